@@ -1,0 +1,1 @@
+//! Load and fault harness for posgate (grows in the load-harness issue).

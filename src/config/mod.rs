@@ -1,0 +1,120 @@
+//! The flags of `posgate serve` and their validation into the settings a pod runs with.
+//!
+//! Every flag can also come from an environment variable `POSGATE_<FLAG>`. Secrets never
+//! travel as flag values (they would show in `ps` and in the pod spec): the cluster
+//! secret comes from `POSGATE_CLUSTER_SECRET` or `--cluster-secret-file`, the Redis
+//! password from the URL, `POSGATE_REDIS_PASSWORD` or `--redis-password-file`. Types that
+//! hold a secret redact it in `Debug`.
+//!
+//! [`ServeArgs::resolve`] checks everything once, before anything starts; each error is
+//! one line naming the flag. Layout: this file holds the resolved settings and the error
+//! type, `serve_args.rs` the clap flags and their resolution, `secrets.rs` where secrets
+//! come from and how a Redis URL carries or hides one.
+//!
+//! What this module does not do: logging setup or connecting (that is `main.rs`), or
+//! the timing rules themselves ([`CoreConfig::validate`]).
+
+mod secrets;
+mod serve_args;
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::core::{CoreConfig, PodId};
+use crate::peer::ClusterSecret;
+
+use self::secrets::redact_url;
+pub use self::serve_args::ServeArgs;
+
+/// Environment variable holding the cluster secret.
+pub const CLUSTER_SECRET_ENV: &str = "POSGATE_CLUSTER_SECRET";
+/// Environment variable holding the Redis password.
+pub const REDIS_PASSWORD_ENV: &str = "POSGATE_REDIS_PASSWORD";
+/// Cluster name used when `--cluster` is not given.
+pub const DEFAULT_CLUSTER: &str = "default";
+/// Redis response timeout used when `--store-timeout` is not given.
+pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Log line format of the binary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Json,
+    Text,
+}
+
+/// Everything a pod needs besides its store and its listener.
+#[derive(Clone, Debug)]
+pub struct PodConfig {
+    pub core: CoreConfig,
+    pub pod_id: PodId,
+    pub cluster: String,
+    /// How peers reach this pod's HTTP listener.
+    pub advertise_url: String,
+    /// `None` is insecure mode: peer requests go and are accepted unsigned.
+    pub cluster_secret: Option<ClusterSecret>,
+    /// Redis command response timeout.
+    pub store_timeout: Duration,
+}
+
+impl PodConfig {
+    /// A pod of cluster [`DEFAULT_CLUSTER`] with the default store timeout, for pods built
+    /// in-process (tests, demo). Nothing is validated; call `core.validate()` if needed.
+    pub fn new(
+        pod_id: PodId,
+        advertise_url: impl Into<String>,
+        core: CoreConfig,
+        cluster_secret: Option<ClusterSecret>,
+    ) -> Self {
+        PodConfig {
+            core,
+            pod_id,
+            cluster: DEFAULT_CLUSTER.to_string(),
+            advertise_url: advertise_url.into(),
+            cluster_secret,
+            store_timeout: DEFAULT_STORE_TIMEOUT,
+        }
+    }
+}
+
+/// How to reach the coordination store.
+#[derive(Clone)]
+pub struct StoreSettings {
+    /// May contain a password; `Debug` redacts it.
+    pub redis_url: String,
+    pub cluster: String,
+    pub store_timeout: Duration,
+}
+
+impl fmt::Debug for StoreSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoreSettings")
+            .field("redis_url", &redact_url(&self.redis_url))
+            .field("cluster", &self.cluster)
+            .field("store_timeout", &self.store_timeout)
+            .finish()
+    }
+}
+
+/// A configuration `posgate serve` refuses to start with.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    /// `flag` is the flag at fault, without the dashes (`lease-ttl`).
+    #[error("invalid --{flag}: {reason}")]
+    Invalid { flag: &'static str, reason: String },
+    #[error("invalid {var}: {reason}")]
+    InvalidEnv { var: &'static str, reason: String },
+    #[error(
+        "no cluster secret: set {CLUSTER_SECRET_ENV} or --cluster-secret-file (at least 16 \
+         bytes), or pass --insecure to run without peer authentication"
+    )]
+    MissingSecret,
+}
+
+fn invalid(flag: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        flag,
+        reason: reason.into(),
+    }
+}

@@ -1,0 +1,306 @@
+//! [`ServeArgs`]: the clap flags of `posgate serve`, and their resolution into a
+//! [`PodConfig`] and [`StoreSettings`], with the defaults that depend on the machine
+//! (hostname, pod id, advertise URL).
+//!
+//! What it does not do: read secrets itself (`secrets.rs`) or check timings beyond the
+//! store timeout (`CoreConfig::validate` does).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use rand::Rng;
+use redis::IntoConnectionInfo;
+
+use super::secrets::{inject_password, secret_from};
+use super::{
+    invalid, ConfigError, LogFormat, PodConfig, StoreSettings, CLUSTER_SECRET_ENV, DEFAULT_CLUSTER,
+    REDIS_PASSWORD_ENV,
+};
+use crate::core::config::ConfigError as CoreConfigError;
+use crate::core::{CoreConfig, PodId};
+use crate::peer::ClusterSecret;
+
+/// Flags of `posgate serve`.
+#[derive(Clone, clap::Args)]
+pub struct ServeArgs {
+    /// Redis URL of the coordination store: redis://[user[:password]@]host:port[/db],
+    /// rediss:// for TLS
+    #[arg(
+        long,
+        env = "POSGATE_REDIS_URL",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
+    #[arg(default_value = "redis://127.0.0.1:6379")]
+    pub redis_url: String,
+    /// File with the Redis password, injected into --redis-url (alternatively set
+    /// POSGATE_REDIS_PASSWORD)
+    #[arg(long, env = "POSGATE_REDIS_PASSWORD_FILE", value_name = "PATH")]
+    pub redis_password_file: Option<PathBuf>,
+    /// Name of the cluster; pods of one cluster share keys in Redis ([A-Za-z0-9._-], 1-64)
+    #[arg(long, env = "POSGATE_CLUSTER", default_value = DEFAULT_CLUSTER, value_parser = parse_cluster)]
+    pub cluster: String,
+    /// Identity of this pod [default: <hostname>-<pid>-<random>]
+    #[arg(long, env = "POSGATE_POD_ID", value_parser = |s: &str| PodId::new(s))]
+    pub pod_id: Option<PodId>,
+    /// Address the HTTP listener binds
+    #[arg(
+        long,
+        env = "POSGATE_LISTEN",
+        default_value = "0.0.0.0:8080",
+        value_name = "ADDR"
+    )]
+    pub listen: SocketAddr,
+    /// How peers reach this pod, e.g. http://$(POD_IP):8080 [default: http://<listen
+    /// address>, or http://<hostname>:<port> when listening on all interfaces]
+    #[arg(long, env = "POSGATE_ADVERTISE_URL", value_name = "URL", value_parser = parse_advertise_url)]
+    pub advertise_url: Option<String>,
+    /// Number of shards; every pod of a cluster must use the same
+    #[arg(long, env = "POSGATE_SHARDS", default_value_t = 64)]
+    pub shards: u32,
+    /// Lease time-to-live in the store
+    #[arg(long, env = "POSGATE_LEASE_TTL", default_value = "15s", value_parser = parse_duration)]
+    pub lease_ttl: Duration,
+    /// How often held leases are renewed
+    #[arg(long, env = "POSGATE_RENEW_INTERVAL", default_value = "5s", value_parser = parse_duration)]
+    pub renew_interval: Duration,
+    /// Safety margin subtracted from the lease TTL for the local deadline
+    #[arg(long, env = "POSGATE_LEASE_MARGIN", default_value = "1s", value_parser = parse_duration)]
+    pub lease_margin: Duration,
+    /// Membership registration time-to-live
+    #[arg(long, env = "POSGATE_MEMBER_TTL", default_value = "15s", value_parser = parse_duration)]
+    pub member_ttl: Duration,
+    /// How often the registration is refreshed [default: --member-ttl / 3]
+    #[arg(long, env = "POSGATE_HEARTBEAT_INTERVAL", value_parser = parse_duration)]
+    pub heartbeat_interval: Option<Duration>,
+    /// How often the store is polled when no change notification arrives
+    #[arg(long, env = "POSGATE_POLL_INTERVAL", default_value = "1s", value_parser = parse_duration)]
+    pub poll_interval: Duration,
+    /// A membership change is applied once the view was stable this long
+    #[arg(long, env = "POSGATE_REBALANCE_DEBOUNCE", default_value = "1s", value_parser = parse_duration)]
+    pub rebalance_debounce: Duration,
+    /// Time a shard's connections get to close after it stops being served
+    #[arg(long, env = "POSGATE_CLOSE_BUDGET", default_value = "2s", value_parser = parse_duration)]
+    pub close_budget: Duration,
+    /// Upper bound for a graceful shutdown
+    #[arg(long, env = "POSGATE_SHUTDOWN_BUDGET", default_value = "10s", value_parser = parse_duration)]
+    pub shutdown_budget: Duration,
+    /// Redis command response timeout; must be below --lease-ttl minus --renew-interval
+    #[arg(long, env = "POSGATE_STORE_TIMEOUT", default_value = "1s", value_parser = parse_duration)]
+    pub store_timeout: Duration,
+    /// File with the cluster secret pods sign peer requests with, at least 16 bytes
+    /// (alternatively set POSGATE_CLUSTER_SECRET)
+    #[arg(long, env = "POSGATE_CLUSTER_SECRET_FILE", value_name = "PATH")]
+    pub cluster_secret_file: Option<PathBuf>,
+    /// Allow starting without a cluster secret: peer endpoints are then unauthenticated
+    #[arg(long, env = "POSGATE_INSECURE", value_parser = clap::builder::BoolishValueParser::new())]
+    pub insecure: bool,
+    /// Log format [default: json when stderr is not a terminal, else text]
+    #[arg(long, env = "POSGATE_LOG_FORMAT", value_enum)]
+    pub log_format: Option<LogFormat>,
+    /// Log filter directives, e.g. info or posgate=debug [default: $RUST_LOG, else info]
+    #[arg(long, env = "POSGATE_LOG_LEVEL", value_name = "FILTER")]
+    pub log_level: Option<String>,
+}
+
+impl ServeArgs {
+    /// Validates the flags and derives the defaults that depend on the environment
+    /// (hostname, secrets from environment variables).
+    pub fn resolve(self) -> Result<(PodConfig, StoreSettings, SocketAddr), ConfigError> {
+        self.resolve_with(|name| std::env::var(name).ok())
+    }
+
+    /// [`Self::resolve`] with environment variables read through `env`.
+    pub(super) fn resolve_with(
+        self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<(PodConfig, StoreSettings, SocketAddr), ConfigError> {
+        let core = CoreConfig {
+            shards: self.shards,
+            lease_ttl: self.lease_ttl,
+            renew_interval: self.renew_interval,
+            lease_margin: self.lease_margin,
+            member_ttl: self.member_ttl,
+            heartbeat_interval: self.heartbeat_interval.unwrap_or(self.member_ttl / 3),
+            poll_interval: self.poll_interval,
+            debounce: self.rebalance_debounce,
+            close_budget: self.close_budget,
+            shutdown_budget: self.shutdown_budget,
+        };
+        core.validate()
+            .map_err(|e| invalid(core_error_flag(&e), e.to_string()))?;
+        // A Redis call may hang for the whole timeout; renewals must still land before
+        // the lease expires, so a hung renewal is noticed in time for one more try.
+        let renew_window = self.lease_ttl.saturating_sub(self.renew_interval);
+        if self.store_timeout.is_zero() || self.store_timeout >= renew_window {
+            return Err(invalid(
+                "store-timeout",
+                format!(
+                    "must be greater than zero and less than --lease-ttl minus --renew-interval \
+                     ({renew_window:?}), got {:?}",
+                    self.store_timeout
+                ),
+            ));
+        }
+
+        let hostname = hostname(&env);
+        let pod_id = match self.pod_id {
+            Some(id) => id,
+            None => default_pod_id(hostname.as_deref()),
+        };
+        let advertise_url = match self.advertise_url {
+            Some(url) => url,
+            None => default_advertise_url(self.listen, hostname.as_deref())?,
+        };
+
+        let secret = secret_from(
+            "cluster-secret-file",
+            self.cluster_secret_file.as_deref(),
+            CLUSTER_SECRET_ENV,
+            &env,
+        )?;
+        let cluster_secret = match secret {
+            Some((origin, bytes)) => {
+                Some(ClusterSecret::new(bytes).map_err(|e| origin.error(e.to_string()))?)
+            }
+            None if self.insecure => None,
+            None => return Err(ConfigError::MissingSecret),
+        };
+
+        let password = secret_from(
+            "redis-password-file",
+            self.redis_password_file.as_deref(),
+            REDIS_PASSWORD_ENV,
+            &env,
+        )?;
+        let redis_url = match password {
+            Some((origin, bytes)) => {
+                let password = String::from_utf8(bytes)
+                    .map_err(|_| origin.error("the Redis password must be UTF-8"))?;
+                inject_password(&self.redis_url, &password)
+                    .map_err(|reason| origin.error(reason))?
+            }
+            None => self.redis_url,
+        };
+        // Parse now so a typo fails at start, naming the flag. The redis crate's messages
+        // never echo the URL, so no password leaks into the error.
+        redis_url
+            .as_str()
+            .into_connection_info()
+            .map_err(|e| invalid("redis-url", format!("not a valid Redis URL: {e}")))?;
+
+        let config = PodConfig {
+            core,
+            pod_id,
+            cluster: self.cluster.clone(),
+            advertise_url,
+            cluster_secret,
+            store_timeout: self.store_timeout,
+        };
+        let store = StoreSettings {
+            redis_url,
+            cluster: self.cluster,
+            store_timeout: self.store_timeout,
+        };
+        Ok((config, store, self.listen))
+    }
+}
+
+/// The flag a core validation error is about.
+fn core_error_flag(err: &CoreConfigError) -> &'static str {
+    match err {
+        CoreConfigError::Shards(_) => "shards",
+        CoreConfigError::Zero { flag } => flag,
+        CoreConfigError::TtlTooShort { .. } => "lease-ttl",
+        CoreConfigError::Heartbeat { .. } => "heartbeat-interval",
+        CoreConfigError::MemberTtlTooShort { .. } => "member-ttl",
+    }
+}
+
+/// The machine's hostname: `/proc/sys/kernel/hostname`, else `$HOSTNAME`.
+fn hostname(env: &impl Fn(&str) -> Option<String>) -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| env("HOSTNAME"))
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+}
+
+/// `<hostname>-<pid>-<6 random lowercase alphanumerics>`: readable in logs, and unique per
+/// process lifetime even when a restarted container gets the same hostname and pid.
+fn default_pod_id(hostname: Option<&str>) -> PodId {
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let host: String = hostname
+        .unwrap_or("posgate")
+        .chars()
+        .take(100)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let mut rng = rand::rng();
+    let suffix: String = (0..6)
+        .map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())]))
+        .collect();
+    let id = format!("{host}-{}-{suffix}", std::process::id());
+    // At most 100 + 1 + 10 + 1 + 6 characters, all from the PodId charset.
+    PodId::new(id).expect("sanitized default pod id is valid")
+}
+
+fn default_advertise_url(
+    listen: SocketAddr,
+    hostname: Option<&str>,
+) -> Result<String, ConfigError> {
+    if !listen.ip().is_unspecified() {
+        return Ok(format!("http://{listen}"));
+    }
+    // 0.0.0.0 is not an address peers can dial; the hostname usually is (or set the flag).
+    let host = hostname.ok_or_else(|| {
+        invalid(
+            "advertise-url",
+            "no hostname to derive a default from; set --advertise-url",
+        )
+    })?;
+    parse_advertise_url(&format!("http://{host}:{}", listen.port())).map_err(|reason| {
+        invalid(
+            "advertise-url",
+            format!("default from the hostname: {reason}; set --advertise-url"),
+        )
+    })
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s)
+        .map_err(|e| format!("not a duration ({e}); use e.g. 500ms, 5s, 1m"))
+}
+
+fn parse_cluster(s: &str) -> Result<String, String> {
+    let ok = (1..=64).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(s.to_string())
+    } else {
+        Err("must be 1-64 characters of [A-Za-z0-9._-]".to_string())
+    }
+}
+
+/// An `http(s)://host[:port][/prefix]` URL, returned without a trailing slash.
+fn parse_advertise_url(s: &str) -> Result<String, String> {
+    let uri: http::Uri = s.parse().map_err(|_| "not a URL".to_string())?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) {
+        return Err("must start with http:// or https://".to_string());
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err("must name a host".to_string());
+    }
+    if uri.query().is_some() {
+        return Err("must not have a query".to_string());
+    }
+    Ok(s.trim_end_matches('/').to_string())
+}

@@ -1,0 +1,171 @@
+//! Flag parsing and resolution: defaults, environment variables, errors that name the
+//! flag, and secrets that never show in `Debug` output.
+
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use clap::Parser;
+
+use super::*;
+
+/// Clap reads `POSGATE_*` from the process environment while parsing; tests that
+/// parse hold this lock so one test's variables never leak into another's parse.
+static ENV_LOCK: Mutex<()> = Mutex::new(());
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+/// Parses a whitespace-separated command line.
+fn parse(args: &str) -> Result<ServeArgs, clap::Error> {
+    let _guard = ENV_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let argv = std::iter::once("posgate").chain(args.split_whitespace());
+    Cli::try_parse_from(argv).map(|c| c.serve)
+}
+
+const SECRET: &str = "0123456789abcdef-secret";
+
+/// An environment with only a cluster secret (plus `extra`).
+fn env_with(extra: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    let vars: Vec<(String, String)> = [(CLUSTER_SECRET_ENV, SECRET)]
+        .iter()
+        .chain(extra)
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    move |name| {
+        vars.iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    }
+}
+
+fn resolve(args: &str) -> Result<(PodConfig, StoreSettings, SocketAddr), ConfigError> {
+    parse(args)
+        .expect("flags parse")
+        .resolve_with(env_with(&[]))
+}
+
+#[test]
+fn defaults_resolve() {
+    let (config, store, listen) = resolve("").unwrap();
+    assert_eq!(config.core, CoreConfig::default());
+    assert_eq!(
+        (config.cluster.as_str(), config.store_timeout),
+        ("default", DEFAULT_STORE_TIMEOUT)
+    );
+    assert!(config.cluster_secret.is_some());
+    assert_eq!(listen, "0.0.0.0:8080".parse().unwrap());
+    assert_eq!(store.redis_url, "redis://127.0.0.1:6379");
+    // <hostname>-<pid>-<6 random lowercase alphanumerics>
+    let id = config.pod_id.as_str();
+    let (rest, suffix) = id.rsplit_once('-').unwrap();
+    assert!(rest.ends_with(&format!("-{}", std::process::id())), "{id}");
+    let lower_alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    assert!(suffix.len() == 6 && suffix.bytes().all(lower_alnum), "{id}");
+    let url = &config.advertise_url;
+    assert!(
+        url.starts_with("http://") && url.ends_with(":8080"),
+        "{url}"
+    );
+}
+
+#[test]
+fn flags_derive_dependent_defaults() {
+    let (config, _, _) = resolve("--listen 127.0.0.1:9000 --member-ttl 30s --pod-id p1").unwrap();
+    assert_eq!(config.advertise_url, "http://127.0.0.1:9000");
+    assert_eq!(config.core.heartbeat_interval, Duration::from_secs(10));
+    assert_eq!(config.pod_id.as_str(), "p1");
+    let (config, _, _) = resolve("--advertise-url https://pod-1.gw:8443/").unwrap();
+    assert_eq!(config.advertise_url, "https://pod-1.gw:8443");
+}
+
+#[test]
+fn environment_variables_set_flags_and_flags_win() {
+    let _guard = ENV_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    std::env::set_var("POSGATE_LEASE_TTL", "20s");
+    std::env::set_var("POSGATE_INSECURE", "true");
+    let from_env = Cli::try_parse_from(["posgate"]);
+    let overridden = Cli::try_parse_from(["posgate", "--lease-ttl", "30s"]);
+    std::env::remove_var("POSGATE_LEASE_TTL");
+    std::env::remove_var("POSGATE_INSECURE");
+    let from_env = from_env.unwrap().serve;
+    assert_eq!(from_env.lease_ttl, Duration::from_secs(20));
+    assert!(from_env.insecure);
+    assert_eq!(overridden.unwrap().serve.lease_ttl, Duration::from_secs(30));
+}
+
+/// Values clap cannot refuse alone (relations between flags); `tests/cli.rs` covers
+/// the ones the parser refuses.
+#[test]
+fn invalid_values_name_the_flag() {
+    for (args, flag) in [
+        ("--lease-ttl 2s", "lease-ttl"),
+        ("--shards 0", "shards"),
+        ("--poll-interval 0s", "poll-interval"),
+        ("--heartbeat-interval 10s", "heartbeat-interval"),
+        ("--store-timeout 10s", "store-timeout"),
+        ("--redis-url http://x", "redis-url"),
+    ] {
+        let err = resolve(args).unwrap_err();
+        let line = err.to_string();
+        assert!(line.starts_with(&format!("invalid --{flag}: ")), "{line}");
+        assert!(!line.contains('\n'), "{line}");
+        assert_eq!(blamed(&err), flag, "{line}");
+    }
+}
+
+/// The flag or variable an error blames.
+fn blamed(err: &ConfigError) -> &'static str {
+    match err {
+        ConfigError::Invalid { flag, .. } => flag,
+        ConfigError::InvalidEnv { var, .. } => var,
+        ConfigError::MissingSecret => "nothing",
+    }
+}
+
+#[test]
+fn cluster_secret_sources() {
+    let none = |_: &str| None;
+    let resolved = |args: &str, env: &dyn Fn(&str) -> Option<String>| {
+        let config = parse(args)
+            .unwrap()
+            .resolve_with(env)
+            .map(|(config, _, _)| config);
+        config.map(|config| config.cluster_secret)
+    };
+    assert_eq!(resolved("", &none).unwrap_err(), ConfigError::MissingSecret);
+    assert!(resolved("--insecure", &none).unwrap().is_none());
+    let short = resolved("", &|_: &str| Some("short".to_string())).unwrap_err();
+    assert_eq!(blamed(&short), CLUSTER_SECRET_ENV);
+
+    let mut file = tempfile::NamedTempFile::new().unwrap();
+    std::io::Write::write_all(&mut file, format!("  {SECRET}\n").as_bytes()).unwrap();
+    let flag = format!("--cluster-secret-file {}", file.path().display());
+    assert!(resolved(&flag, &none).unwrap().is_some());
+    let both = resolved(&flag, &env_with(&[])).unwrap_err();
+    assert_eq!(blamed(&both), "cluster-secret-file");
+}
+
+#[test]
+fn redis_password_is_injected_and_never_printed() {
+    let env = env_with(&[(REDIS_PASSWORD_ENV, "p@ss word")]);
+    let (config, store, _) = parse("").unwrap().resolve_with(env).unwrap();
+    assert_eq!(store.redis_url, "redis://:p%40ss%20word@127.0.0.1:6379");
+    let debug = format!("{store:?} {config:?}");
+    assert!(!debug.contains("p%40ss"), "{debug}");
+    assert!(!debug.contains(SECRET), "{debug}");
+    assert!(debug.contains("redis://:***@127.0.0.1:6379"), "{debug}");
+
+    let env = env_with(&[(REDIS_PASSWORD_ENV, "other")]);
+    let twice = parse("--redis-url redis://u:pw@h:6379")
+        .unwrap()
+        .resolve_with(env);
+    assert_eq!(blamed(&twice.unwrap_err()), REDIS_PASSWORD_ENV);
+    let unix = redact_url("redis+unix:///r.sock?db=1&pass=pw");
+    assert_eq!(unix, "redis+unix:///r.sock?***");
+    assert_eq!(redact_url("redis://u:pw@h:1/2"), "redis://u:***@h:1/2");
+}

@@ -1,0 +1,52 @@
+//! What a pod knows about the cluster: the members registered in the store and the
+//! holders of every shard lease, as returned by one poll of the store.
+//!
+//! These are plain records; liveness was already judged by the store (by its own clock),
+//! so a [`Snapshot`] only ever lists members whose registration had not expired.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::types::{Epoch, PodId};
+
+/// One registered pod, as written by its heartbeat.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    pub pod: PodId,
+    /// How peers reach this pod's HTTP listener (e.g. `http://10.1.2.3:8080`).
+    pub url: String,
+    /// The posgate binary version.
+    pub version: String,
+    /// The ring algorithm this pod computes assignments with (`ring::RING_VERSION`).
+    pub ring_version: String,
+    /// Wall-clock start time of the pod, milliseconds since the Unix epoch (informational).
+    pub started_ms: u64,
+}
+
+/// The store's generation: a random id created whenever the store finds it missing, i.e.
+/// on first use and after Redis restarted empty. A change of generation is how pods learn
+/// that every lease and registration they had was lost at once.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GenerationInfo {
+    pub id: String,
+    /// How long ago the generation was created, by the store's clock.
+    pub age: Duration,
+}
+
+/// A shard lease as seen in the store.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    pub owner: PodId,
+    pub epoch: Epoch,
+}
+
+/// One poll of the store: members and all lease holders, read atomically.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Snapshot {
+    pub generation: GenerationInfo,
+    /// Live members, sorted by pod id.
+    pub members: Vec<Member>,
+    /// Index = shard; `None` when nobody holds the lease.
+    pub leases: Vec<Option<Lease>>,
+}

@@ -1,0 +1,493 @@
+//! The reconciler: one pod's ownership state machine.
+//!
+//! It turns what the pod learns (store snapshots, lease results, peer answers, the
+//! passing of time) into [`Action`]s: register, poll, acquire, renew, release, start,
+//! suspend or stop serving a shard, ask the peers. It performs no IO and reads no clock;
+//! every input carries `now`. The grammar follows quinn-proto: `handle_*(now, ..)` feeds
+//! an input, [`Reconciler::poll_action`] drains what to do, [`Reconciler::poll_timeout`]
+//! says when to call [`Reconciler::handle_timeout`] next.
+//!
+//! The rules it enforces (each is argued in `docs/design.md`):
+//! 1. A shard is served only while its local deadline (`sent + serve_window`) lies ahead.
+//! 2. Shards the ring no longer assigns to this pod are stopped and released **before**
+//!    any newly assigned shard is claimed.
+//! 3. A lost renewal (missing key, other owner) stops serving at once.
+//! 4. Membership changes are applied after `debounce` of stability.
+//! 5. When the store generation changes (Redis restarted empty) or the store returns after
+//!    the local deadlines passed, held shards are re-claimed with `SET NX` and nothing else
+//!    is claimed or released until the generation is one member TTL old
+//!    ([`recovery`]).
+//! 6. When the store is unreachable, peers are asked whether they reach it: only when
+//!    some answer and none does (a cluster-wide outage) are expiring shards suspended
+//!    instead of given up.
+//!
+//! What it does not do: talk to Redis, dial terminals, or decide *which* pod should own a
+//! shard (that is [`crate::core::ring`]).
+
+mod recovery;
+mod rules;
+mod shard;
+#[cfg(test)]
+mod tests;
+mod timers;
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+pub use shard::{AfterStop, ShardState, StopReason};
+
+use self::shard::Shard;
+use self::timers::{Debounce, Timer};
+use super::config::CoreConfig;
+use super::lease::{AcquireOutcome, Checked, RenewOutcome};
+use super::membership::{Lease, Member, Snapshot};
+use super::ring::Assignment;
+use super::types::{Epoch, PodId, ShardId};
+
+/// Something the driver must do. Store operations report back through the matching
+/// `handle_*` method; serving changes are performed at once (and `StopServing` is
+/// acknowledged with [`Reconciler::handle_serving_stopped`] once connections are closed).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Register or refresh this pod's membership -> [`Reconciler::handle_heartbeat`].
+    Heartbeat { generation: String },
+    /// Read members and lease holders -> [`Reconciler::handle_snapshot`].
+    Poll,
+    /// `SET NX PX` these shards -> [`Reconciler::handle_acquire`].
+    Acquire {
+        generation: String,
+        shards: Vec<ShardId>,
+    },
+    /// Owner-checked renewal of these shards -> [`Reconciler::handle_renew`].
+    Renew {
+        generation: String,
+        shards: Vec<ShardId>,
+    },
+    /// Owner-checked delete of these leases -> [`Reconciler::handle_release`].
+    Release { shards: Vec<ShardId> },
+    /// Remove this pod's registration -> [`Reconciler::handle_deregister`].
+    Deregister,
+    /// Begin serving (or resume with a new epoch): dial the shard's terminals with `epoch`.
+    StartServing { shard: ShardId, epoch: Epoch },
+    /// Stop delivering on the shard but keep its connections (cluster-wide outage).
+    SuspendServing { shard: ShardId, epoch: Epoch },
+    /// Stop delivering and close the shard's connections, then acknowledge.
+    StopServing {
+        shard: ShardId,
+        epoch: Epoch,
+        reason: StopReason,
+    },
+    /// Ask these peers whether they reach the store -> [`Reconciler::handle_peer_report`].
+    ProbePeers { peers: Vec<Member> },
+}
+
+/// A store call failed or timed out; it may or may not have taken effect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpFailed;
+
+/// The result of a store operation as seen by the core.
+pub type OpResult<T> = Result<T, OpFailed>;
+
+/// What the peers said about the store, after a [`Action::ProbePeers`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PeerReport {
+    /// Peers that answered at all.
+    pub answered: usize,
+    /// Peers that answered and reach the store.
+    pub reaching: usize,
+}
+
+/// This pod's judgement of a store outage it is experiencing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outage {
+    /// The store answers.
+    None,
+    /// The store fails for us; peers not asked yet (treated as `Isolated`).
+    Unknown,
+    /// Some peer reaches the store, or no peer answered: only we are cut off.
+    Isolated,
+    /// Peers answered and none reaches the store: nobody can acquire.
+    ClusterWide,
+}
+
+/// One pod's ownership state machine. See the module docs.
+pub struct Reconciler {
+    cfg: CoreConfig,
+    me: PodId,
+    generation: Option<String>,
+    /// While `now < hold_until`, nothing is claimed or released except re-claims.
+    hold_until: Option<Instant>,
+    applied: Assignment,
+    debounce: Debounce,
+    members: Vec<Member>,
+    leases: Vec<Option<Lease>>,
+    registered: bool,
+    ready: bool,
+    shards: Vec<Shard>,
+    heartbeat: Timer,
+    poll: Timer,
+    renew: Timer,
+    probe: Timer,
+    renew_sent: Option<(Instant, Vec<ShardId>)>,
+    store_failing_since: Option<Instant>,
+    store_ever_ok: bool,
+    outage: Outage,
+    /// When the current `Isolated` verdict was first reached.
+    isolated_since: Option<Instant>,
+    shutdown: Option<Instant>,
+    deregister_sent: bool,
+    deregistered: bool,
+    actions: VecDeque<Action>,
+}
+
+impl Reconciler {
+    /// A pod that knows nothing yet; its first action is a poll. `cfg` must be valid.
+    pub fn new(cfg: CoreConfig, me: PodId, now: Instant) -> Self {
+        let shards = (0..cfg.shards).map(|_| Shard::new()).collect();
+        Reconciler {
+            leases: vec![None; cfg.shards as usize],
+            applied: Assignment::compute(&[], cfg.shards),
+            debounce: Debounce::default(),
+            heartbeat: Timer::due_at(now),
+            poll: Timer::due_at(now),
+            renew: Timer::due_at(now),
+            probe: Timer::due_at(now),
+            cfg,
+            me,
+            generation: None,
+            hold_until: None,
+            members: Vec::new(),
+            registered: false,
+            ready: false,
+            shards,
+            renew_sent: None,
+            store_failing_since: None,
+            store_ever_ok: false,
+            outage: Outage::None,
+            isolated_since: None,
+            shutdown: None,
+            deregister_sent: false,
+            deregistered: false,
+            actions: VecDeque::new(),
+        }
+    }
+
+    // ----- outputs -------------------------------------------------------------------
+
+    /// The next thing to do, if any.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    /// When [`Reconciler::handle_timeout`] must be called next (earlier calls are fine).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.is_finished() {
+            return None;
+        }
+        if let Some(started) = self.shutdown {
+            // Shutdown progresses on answers; only its budget is a timer.
+            return Some(started + self.cfg.shutdown_budget);
+        }
+        let mut next: Option<Instant> = None;
+        let mut at = |t: Option<Instant>| {
+            if let Some(t) = t {
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+        };
+        at(self.poll.next());
+        if self.generation.is_some() {
+            at(self.heartbeat.next());
+        }
+        if !self.renewable().is_empty() {
+            at(self.renew.next());
+        }
+        if self.store_failing_since.is_some() {
+            at(self.probe.next());
+        }
+        let claims_allowed = self.claims_allowed();
+        for (i, s) in self.shards.iter().enumerate() {
+            if let ShardState::Serving { deadline, .. } = s.state {
+                at(Some(deadline));
+            }
+            let retry_pending = claims_allowed
+                && s.state == ShardState::Idle
+                && s.claim_sent.is_none()
+                && self.applied.owner(i as ShardId) == Some(&self.me);
+            if retry_pending {
+                at(s.last_claim.map(|t| t + self.cfg.renew_interval));
+            }
+        }
+        if self
+            .shards
+            .iter()
+            .any(|s| matches!(s.state, ShardState::Suspended { .. }))
+        {
+            at(self.give_up_suspended_at());
+        }
+        at(self.debounce.due(self.cfg.debounce));
+        at(self.hold_until);
+        next
+    }
+
+    /// The epoch this pod serves `shard` with at `now`, if it serves it.
+    pub fn serving(&self, shard: ShardId, now: Instant) -> Option<Epoch> {
+        match self.shards.get(shard as usize)?.state {
+            ShardState::Serving { epoch, deadline } if now < deadline => Some(epoch),
+            _ => None,
+        }
+    }
+
+    /// Whether graceful shutdown completed (or ran out of budget).
+    pub fn is_finished(&self) -> bool {
+        self.deregistered
+    }
+
+    pub fn pod(&self) -> &PodId {
+        &self.me
+    }
+    pub fn config(&self) -> &CoreConfig {
+        &self.cfg
+    }
+    /// The assignment of the applied (debounced) membership view.
+    pub fn assignment(&self) -> &Assignment {
+        &self.applied
+    }
+    /// Live members from the last snapshot.
+    pub fn members(&self) -> &[Member] {
+        &self.members
+    }
+    /// Lease holders from the last snapshot, index = shard.
+    pub fn leases(&self) -> &[Option<Lease>] {
+        &self.leases
+    }
+    pub fn shard_state(&self, shard: ShardId) -> Option<ShardState> {
+        self.shards.get(shard as usize).map(|s| s.state)
+    }
+    pub fn registered(&self) -> bool {
+        self.registered
+    }
+    /// True once registered with every assigned shard served; never reset.
+    pub fn ready(&self) -> bool {
+        self.ready
+    }
+    pub fn outage(&self) -> Outage {
+        self.outage
+    }
+    /// Whether the last store call succeeded.
+    pub fn store_reachable(&self) -> bool {
+        self.store_ever_ok && self.store_failing_since.is_none()
+    }
+    pub fn generation(&self) -> Option<&str> {
+        self.generation.as_deref()
+    }
+    /// Whether new claims are on hold after a store generation change or a long outage.
+    pub fn holding(&self, now: Instant) -> bool {
+        self.hold_until.is_some_and(|t| now < t)
+    }
+
+    // ----- inputs --------------------------------------------------------------------
+
+    /// Time passed: expire deadlines, fire timers, reconcile.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.reconcile(now);
+    }
+
+    /// A change notification from the store (join, leave, release): poll now.
+    pub fn handle_change_notification(&mut self, now: Instant) {
+        self.poll.reschedule(now);
+        self.reconcile(now);
+    }
+
+    pub fn handle_snapshot(&mut self, now: Instant, result: OpResult<Snapshot>) {
+        self.poll.finish(now + self.cfg.poll_interval);
+        match result {
+            Err(OpFailed) => self.store_failed(now),
+            Ok(snap) => {
+                self.store_ok(now);
+                self.observe_generation(now, &snap.generation);
+                self.registered = snap.members.iter().any(|m| m.pod == self.me);
+                let ids: Vec<PodId> = snap.members.iter().map(|m| m.pod.clone()).collect();
+                self.debounce.observe(now, ids, self.applied.pods());
+                self.members = snap.members;
+                self.leases = snap.leases;
+                self.leases.resize(self.cfg.shards as usize, None);
+            }
+        }
+        self.reconcile(now);
+    }
+
+    pub fn handle_heartbeat(&mut self, now: Instant, result: OpResult<Checked<()>>) {
+        match result {
+            Err(OpFailed) => {
+                self.heartbeat.finish(now + self.cfg.heartbeat_interval / 4);
+                self.store_failed(now);
+            }
+            Ok(Checked::GenerationChanged(info)) => {
+                self.heartbeat.finish(now);
+                self.store_ok(now);
+                self.observe_generation(now, &info);
+            }
+            Ok(Checked::Ok(())) => {
+                self.heartbeat.finish(now + self.cfg.heartbeat_interval);
+                self.store_ok(now);
+            }
+        }
+        self.reconcile(now);
+    }
+
+    pub fn handle_acquire(
+        &mut self,
+        now: Instant,
+        shards: &[ShardId],
+        result: OpResult<Checked<Vec<AcquireOutcome>>>,
+    ) {
+        match result {
+            Err(OpFailed) => {
+                self.store_failed(now);
+                for &s in shards {
+                    let sh = &mut self.shards[s as usize];
+                    if sh.claim_sent.take().is_some() && sh.state == ShardState::Idle {
+                        sh.maybe_ours = true;
+                    }
+                }
+            }
+            Ok(Checked::GenerationChanged(info)) => {
+                self.store_ok(now);
+                for &s in shards {
+                    self.shards[s as usize].claim_sent = None;
+                }
+                self.observe_generation(now, &info);
+            }
+            Ok(Checked::Ok(outcomes)) => {
+                self.store_ok(now);
+                for (&s, outcome) in shards.iter().zip(outcomes) {
+                    self.claim_answered(now, s, outcome);
+                }
+            }
+        }
+        self.reconcile(now);
+    }
+
+    pub fn handle_renew(
+        &mut self,
+        now: Instant,
+        shards: &[ShardId],
+        result: OpResult<Checked<Vec<RenewOutcome>>>,
+    ) {
+        let sent = match self.renew_sent.take() {
+            Some((sent, ref sent_shards)) if sent_shards == shards => sent,
+            other => {
+                // Not the renewal we are waiting for (cannot happen with one driver);
+                // keep waiting for ours.
+                self.renew_sent = other;
+                return;
+            }
+        };
+        match result {
+            Err(OpFailed) => {
+                self.renew.finish(now + self.cfg.renew_interval / 4);
+                self.store_failed(now);
+            }
+            Ok(Checked::GenerationChanged(info)) => {
+                self.renew.finish(now + self.cfg.renew_interval);
+                self.store_ok(now);
+                self.observe_generation(now, &info);
+            }
+            Ok(Checked::Ok(outcomes)) => {
+                self.renew.finish(now + self.cfg.renew_interval);
+                self.store_ok(now);
+                for (&s, outcome) in shards.iter().zip(outcomes) {
+                    self.renewal_answered(now, sent, s, outcome);
+                }
+            }
+        }
+        self.reconcile(now);
+    }
+
+    pub fn handle_release(
+        &mut self,
+        now: Instant,
+        shards: &[ShardId],
+        result: OpResult<Vec<bool>>,
+    ) {
+        match result {
+            // The lease expires by itself; we stopped serving before sending the release.
+            Err(OpFailed) => self.store_failed(now),
+            Ok(_) => self.store_ok(now),
+        }
+        for &s in shards {
+            let sh = &mut self.shards[s as usize];
+            sh.maybe_ours = false;
+            if sh.state == (ShardState::Releasing { sent: true }) {
+                sh.state = ShardState::Idle;
+            }
+        }
+        self.reconcile(now);
+    }
+
+    pub fn handle_deregister(&mut self, now: Instant, result: OpResult<()>) {
+        // Even a failed deregistration ends shutdown: the registration expires by TTL.
+        let _ = result;
+        self.deregistered = true;
+        self.registered = false;
+        self.reconcile(now);
+    }
+
+    /// The connections of a shard that was told to stop are closed.
+    pub fn handle_serving_stopped(&mut self, now: Instant, shard: ShardId) {
+        if let Some(sh) = self.shards.get_mut(shard as usize) {
+            if let ShardState::Stopping { then, .. } = sh.state {
+                sh.state = match then {
+                    AfterStop::Release => ShardState::Releasing { sent: false },
+                    AfterStop::Forget => ShardState::Idle,
+                };
+            }
+        }
+        self.reconcile(now);
+    }
+
+    /// A terminal refused `epoch` on `shard` as stale: a newer owner exists.
+    pub fn handle_stale_epoch(&mut self, now: Instant, shard: ShardId, epoch: Epoch) {
+        if self.shards.get(shard as usize).and_then(Shard::held_epoch) == Some(epoch) {
+            self.stop(shard, StopReason::StaleEpoch, AfterStop::Forget);
+        }
+        self.reconcile(now);
+    }
+
+    pub fn handle_peer_report(&mut self, now: Instant, report: PeerReport) {
+        let failing = self.store_failing_since.is_some();
+        if failing {
+            let verdict = if report.answered > 0 && report.reaching == 0 {
+                Outage::ClusterWide
+            } else {
+                Outage::Isolated
+            };
+            if verdict == Outage::Isolated && self.outage != Outage::Isolated {
+                self.isolated_since = Some(now);
+            }
+            self.outage = verdict;
+        }
+        // A peer whose last store call predates the outage still says it reaches the
+        // store. While we serve, ask again well before our deadlines rather than one
+        // renew interval later, or a cluster-wide outage is mistaken for isolation.
+        let serving = self
+            .shards
+            .iter()
+            .any(|s| matches!(s.state, ShardState::Serving { .. }));
+        let again = if failing && report.reaching > 0 && serving {
+            self.cfg.renew_interval / 4
+        } else {
+            self.cfg.renew_interval
+        };
+        self.probe.finish(now + again);
+        self.reconcile(now);
+    }
+
+    /// Start a graceful shutdown: stop serving everything, release, deregister.
+    pub fn begin_shutdown(&mut self, now: Instant) {
+        if self.shutdown.is_none() {
+            self.shutdown = Some(now);
+        }
+        self.reconcile(now);
+    }
+}

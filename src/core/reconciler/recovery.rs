@@ -1,0 +1,79 @@
+//! Recovery after the store lost everything or could not be reached for longer than the
+//! lease deadlines (rule 5 of the reconciler).
+//!
+//! The danger in both cases is the same: the store no longer proves who holds what, while
+//! pods may still be serving. So every pod that notices re-claims (`SET NX`) exactly the
+//! shards it still holds, re-registers, and claims or releases nothing else until the
+//! store generation is one member TTL old (or, after an outage, for one member TTL).
+//! After a generation change only shards still within their deadline count as held: a
+//! suspended shard (deadline passed in a cluster-wide outage) may have been taken by
+//! another pod before the wipe, so it is given up (found by the simulation, seed 4453).
+//! By then every live pod has re-registered and re-claimed its own shards, so the ring is
+//! computed from the full membership again and no shard changes owner.
+//!
+//! Why a pod that has never seen the old generation must hold too: it cannot tell a fresh
+//! cluster from a restarted one, and a pod still serving from before the restart may not
+//! have re-claimed yet. `CoreConfig::validate` requires the member TTL to outlast every
+//! pre-restart lease deadline, so when the hold ends those deadlines have passed.
+
+use std::time::Instant;
+
+use super::{AfterStop, Reconciler, ShardState, StopReason};
+use crate::core::membership::GenerationInfo;
+
+impl Reconciler {
+    /// Adopts the store generation reported by any answer.
+    pub(super) fn observe_generation(&mut self, now: Instant, info: &GenerationInfo) {
+        if self.generation.as_deref() == Some(info.id.as_str()) {
+            return;
+        }
+        let first = self.generation.is_none();
+        self.generation = Some(info.id.clone());
+        let hold = now + self.cfg.member_ttl.saturating_sub(info.age);
+        self.hold(hold);
+        if first {
+            return;
+        }
+        // Everything the store knew is gone: leases, registrations, our view of holders.
+        self.registered = false;
+        self.heartbeat.reschedule(now);
+        self.leases.iter_mut().for_each(|l| *l = None);
+        for s in 0..self.cfg.shards {
+            let sh = &mut self.shards[s as usize];
+            // A lease we may have taken in the old generation no longer exists.
+            sh.maybe_ours = false;
+            match sh.state {
+                // Our deadline proves we were the only holder; nobody could have taken it
+                // in the old generation since, and nobody can claim in the new one before
+                // the hold ends. Re-claim it.
+                ShardState::Serving { .. } => sh.needs_reclaim = true,
+                // Past its deadline the lease may have expired and been taken by another
+                // pod before the store was wiped, and that pod may be serving it now: with
+                // the store's record gone, only giving it up is safe.
+                ShardState::Suspended { .. } => self.stop(s, StopReason::Lost, AfterStop::Forget),
+                _ => {}
+            }
+        }
+    }
+
+    /// The store answers again after failing since `since`. If the outage outlasted the
+    /// lease deadlines, leases expired in the store while their holders kept (suspended)
+    /// connections; those holders re-claim them now. Every pod that saw the outage holds
+    /// its own new claims for one member TTL so the holders win that race — including a
+    /// pod that never reached the store before, which cannot know what it missed.
+    pub(super) fn store_returned(&mut self, now: Instant, since: Instant) {
+        let suspended = self
+            .shards
+            .iter()
+            .any(|s| matches!(s.state, ShardState::Suspended { .. }));
+        let long = now.saturating_duration_since(since) >= self.cfg.serve_window();
+        if suspended || long || !self.store_ever_ok {
+            self.hold(now + self.cfg.member_ttl);
+            self.heartbeat.reschedule(now);
+        }
+    }
+
+    fn hold(&mut self, until: Instant) {
+        self.hold_until = Some(self.hold_until.map_or(until, |t| t.max(until)));
+    }
+}

@@ -1,0 +1,371 @@
+//! The rules themselves: what [`Reconciler::reconcile`] does after every input, and how
+//! store answers change a shard's state. See the numbered rules in the parent module.
+
+use std::time::Instant;
+
+use super::shard::Shard;
+use super::{Action, AfterStop, Outage, Reconciler, ShardState, StopReason};
+use crate::core::lease::{AcquireOutcome, RenewOutcome};
+use crate::core::membership::Lease;
+use crate::core::ring::Assignment;
+use crate::core::ShardId;
+
+impl Reconciler {
+    pub(super) fn reconcile(&mut self, now: Instant) {
+        if self.deregistered {
+            return;
+        }
+        self.expire_deadlines(now);
+        if let Some(started) = self.shutdown {
+            self.drive_shutdown(now, started);
+            return;
+        }
+        if self.debounce.ready(now, self.cfg.debounce) {
+            if let Some(view) = self.debounce.take() {
+                self.applied = Assignment::compute(&view, self.cfg.shards);
+            }
+        }
+        let holding = self.holding(now);
+        if !holding {
+            self.hold_until = None;
+            self.stop_unassigned();
+        }
+        self.send_releases();
+        // While the store fails, polls (not claims) find out when it is back.
+        let mut claims = if self.store_failing_since.is_none() {
+            self.reclaims()
+        } else {
+            Vec::new()
+        };
+        if self.claims_allowed() {
+            claims.extend(self.fresh_claims(now));
+        }
+        self.send_claims(now, claims);
+        self.fire_timers(now);
+        self.update_ready();
+    }
+
+    pub(super) fn expire_deadlines(&mut self, now: Instant) {
+        let give_up = self.give_up_suspended_at().is_some_and(|t| now >= t);
+        for s in 0..self.cfg.shards {
+            let sh = &mut self.shards[s as usize];
+            match sh.state {
+                ShardState::Serving { epoch, deadline } if now >= deadline => {
+                    if self.outage == Outage::ClusterWide {
+                        sh.state = ShardState::Suspended { epoch };
+                        sh.needs_reclaim = true;
+                        self.actions
+                            .push_back(Action::SuspendServing { shard: s, epoch });
+                    } else {
+                        self.stop(s, StopReason::Expired, AfterStop::Forget);
+                    }
+                }
+                ShardState::Suspended { .. } if give_up => {
+                    self.stop(s, StopReason::Isolated, AfterStop::Forget);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    pub(super) fn stop(&mut self, shard: ShardId, reason: StopReason, then: AfterStop) {
+        let sh = &mut self.shards[shard as usize];
+        if let Some(epoch) = sh.held_epoch() {
+            sh.state = ShardState::Stopping { epoch, then };
+            sh.needs_reclaim = false;
+            self.actions.push_back(Action::StopServing {
+                shard,
+                epoch,
+                reason,
+            });
+        }
+    }
+
+    /// Rule 2, first half: stop serving what the ring gave to someone else.
+    pub(super) fn stop_unassigned(&mut self) {
+        for s in 0..self.cfg.shards {
+            let mine = self.applied.owner(s) == Some(&self.me);
+            let sh = &mut self.shards[s as usize];
+            if mine {
+                continue;
+            }
+            if sh.held_epoch().is_some() && sh.claim_sent.is_none() {
+                self.stop(s, StopReason::Rebalance, AfterStop::Release);
+            } else if sh.state == ShardState::Idle && sh.maybe_ours && sh.claim_sent.is_none() {
+                sh.state = ShardState::Releasing { sent: false };
+            }
+        }
+    }
+
+    pub(super) fn send_releases(&mut self) {
+        let mut shards = Vec::new();
+        for (s, sh) in self.shards.iter_mut().enumerate() {
+            if sh.state == (ShardState::Releasing { sent: false }) {
+                sh.state = ShardState::Releasing { sent: true };
+                shards.push(s as ShardId);
+            }
+        }
+        if !shards.is_empty() {
+            self.actions.push_back(Action::Release { shards });
+        }
+    }
+
+    /// Rule 2, second half: claim what the ring gives us, pacing retries against a holder.
+    pub(super) fn fresh_claims(&self, now: Instant) -> Vec<ShardId> {
+        (0..self.cfg.shards)
+            .filter(|&s| {
+                let sh = &self.shards[s as usize];
+                if self.applied.owner(s) != Some(&self.me)
+                    || sh.state != ShardState::Idle
+                    || sh.claim_sent.is_some()
+                {
+                    return false;
+                }
+                let free = match &self.leases[s as usize] {
+                    None => true,
+                    Some(lease) => lease.owner == self.me,
+                };
+                let retry_due = sh
+                    .last_claim
+                    .is_none_or(|t| now >= t + self.cfg.renew_interval);
+                free || sh.maybe_ours || retry_due
+            })
+            .collect()
+    }
+
+    pub(super) fn send_claims(&mut self, now: Instant, shards: Vec<ShardId>) {
+        let Some(generation) = self.generation.clone() else {
+            return;
+        };
+        if shards.is_empty() {
+            return;
+        }
+        for &s in &shards {
+            let sh = &mut self.shards[s as usize];
+            sh.claim_sent = Some(now);
+            if sh.state == ShardState::Idle {
+                sh.last_claim = Some(now);
+            }
+        }
+        self.actions
+            .push_back(Action::Acquire { generation, shards });
+    }
+
+    pub(super) fn claim_answered(&mut self, now: Instant, s: ShardId, outcome: AcquireOutcome) {
+        let window = self.cfg.serve_window();
+        let wanted = self.shutdown.is_none() && self.applied.owner(s) == Some(&self.me);
+        let sh = &mut self.shards[s as usize];
+        let Some(sent) = sh.claim_sent.take() else {
+            return;
+        };
+        sh.maybe_ours = false;
+        let late = sent + window <= now;
+        match (outcome, sh.state) {
+            // The answer came too late to serve on (e.g. the pod was paused meanwhile):
+            // the lease may be ours until its TTL, so claim it afresh or release it.
+            (AcquireOutcome::Acquired { .. } | AcquireOutcome::AlreadyMine { .. }, _) if late => {
+                sh.maybe_ours = true;
+            }
+            (AcquireOutcome::Acquired { epoch } | AcquireOutcome::AlreadyMine { epoch }, state) => {
+                match state {
+                    ShardState::Idle if !wanted => sh.state = ShardState::Releasing { sent: false },
+                    ShardState::Idle
+                    | ShardState::Serving { .. }
+                    | ShardState::Suspended { .. } => {
+                        let resumed =
+                            !matches!(state, ShardState::Serving { epoch: e, .. } if e == epoch);
+                        sh.state = ShardState::Serving {
+                            epoch,
+                            deadline: sent + window,
+                        };
+                        sh.needs_reclaim = false;
+                        if resumed {
+                            self.actions
+                                .push_back(Action::StartServing { shard: s, epoch });
+                        }
+                    }
+                    // Stopped meanwhile: the release that follows deletes this lease too.
+                    ShardState::Stopping { .. } | ShardState::Releasing { .. } => {}
+                }
+            }
+            (AcquireOutcome::HeldBy { owner, epoch }, state) => {
+                self.leases[s as usize] = Some(Lease { owner, epoch });
+                if matches!(
+                    state,
+                    ShardState::Serving { .. } | ShardState::Suspended { .. }
+                ) {
+                    self.stop(s, StopReason::Stolen, AfterStop::Forget);
+                }
+            }
+        }
+    }
+
+    pub(super) fn renewal_answered(
+        &mut self,
+        now: Instant,
+        sent: Instant,
+        s: ShardId,
+        outcome: RenewOutcome,
+    ) {
+        let window = self.cfg.serve_window();
+        let sh = &mut self.shards[s as usize];
+        match (outcome, sh.state) {
+            (RenewOutcome::Renewed, ShardState::Serving { epoch, deadline }) => {
+                sh.state = ShardState::Serving {
+                    epoch,
+                    deadline: deadline.max(sent + window),
+                };
+            }
+            (RenewOutcome::Renewed, ShardState::Suspended { epoch }) if sent + window > now => {
+                sh.state = ShardState::Serving {
+                    epoch,
+                    deadline: sent + window,
+                };
+                sh.needs_reclaim = false;
+                self.actions
+                    .push_back(Action::StartServing { shard: s, epoch });
+            }
+            // After a long outage the key expired: re-claim it rather than give it up.
+            (RenewOutcome::Missing, ShardState::Suspended { .. }) => sh.needs_reclaim = true,
+            (RenewOutcome::Missing, ShardState::Serving { .. }) => {
+                self.stop(s, StopReason::Lost, AfterStop::Forget)
+            }
+            (
+                RenewOutcome::HeldBy { .. },
+                ShardState::Serving { .. } | ShardState::Suspended { .. },
+            ) => self.stop(s, StopReason::Stolen, AfterStop::Forget),
+            _ => {}
+        }
+    }
+
+    pub(super) fn fire_timers(&mut self, now: Instant) {
+        if self.poll.due(now) {
+            self.poll.start();
+            self.actions.push_back(Action::Poll);
+        }
+        if self.store_failing_since.is_some() && self.probe.due(now) {
+            self.probe.start();
+            let peers = self
+                .members
+                .iter()
+                .filter(|m| m.pod != self.me)
+                .cloned()
+                .collect();
+            self.actions.push_back(Action::ProbePeers { peers });
+        }
+        let Some(generation) = self.generation.clone() else {
+            return;
+        };
+        if self.heartbeat.due(now) {
+            self.heartbeat.start();
+            self.actions.push_back(Action::Heartbeat {
+                generation: generation.clone(),
+            });
+        }
+        let renewable = self.renewable();
+        if renewable.is_empty() && !self.renew.in_flight() {
+            // Nothing held: the first renewal comes one interval after the first claim.
+            self.renew.finish(now + self.cfg.renew_interval);
+        }
+        if !renewable.is_empty() && self.renew.due(now) && self.renew_sent.is_none() {
+            self.renew.start();
+            self.renew_sent = Some((now, renewable.clone()));
+            self.actions.push_back(Action::Renew {
+                generation,
+                shards: renewable,
+            });
+        }
+    }
+
+    pub(super) fn update_ready(&mut self) {
+        if self.ready || !self.registered || !self.applied.pods().contains(&self.me) {
+            return;
+        }
+        let all_served = (0..self.cfg.shards).all(|s| {
+            self.applied.owner(s) != Some(&self.me)
+                || matches!(self.shards[s as usize].state, ShardState::Serving { .. })
+        });
+        self.ready = all_served;
+    }
+
+    pub(super) fn drive_shutdown(&mut self, now: Instant, started: Instant) {
+        for s in 0..self.cfg.shards {
+            let sh = &mut self.shards[s as usize];
+            if sh.held_epoch().is_some() {
+                self.stop(s, StopReason::Shutdown, AfterStop::Release);
+            } else if sh.state == ShardState::Idle && sh.maybe_ours && sh.claim_sent.is_none() {
+                sh.state = ShardState::Releasing { sent: false };
+            }
+        }
+        self.send_releases();
+        let busy = self
+            .shards
+            .iter()
+            .any(|s| s.releasing() || s.claim_sent.is_some());
+        let out_of_time = now >= started + self.cfg.shutdown_budget;
+        if out_of_time {
+            self.deregistered = true;
+        } else if !busy && !self.deregister_sent {
+            self.deregister_sent = true;
+            self.actions.push_back(Action::Deregister);
+        }
+    }
+
+    pub(super) fn store_ok(&mut self, now: Instant) {
+        if let Some(since) = self.store_failing_since.take() {
+            self.outage = Outage::None;
+            self.isolated_since = None;
+            self.store_returned(now, since);
+        }
+        self.store_ever_ok = true;
+    }
+
+    pub(super) fn store_failed(&mut self, now: Instant) {
+        if self.store_failing_since.is_none() {
+            self.store_failing_since = Some(now);
+            self.outage = Outage::Unknown;
+            self.probe.reschedule(now);
+        }
+    }
+
+    /// New shards may be claimed: no recovery hold, the store answers, and every release
+    /// this pod owes has been sent and answered (rule 2).
+    pub(super) fn claims_allowed(&self) -> bool {
+        self.hold_until.is_none()
+            && self.shutdown.is_none()
+            && self.store_failing_since.is_none()
+            && !self.shards.iter().any(Shard::releasing)
+    }
+
+    /// When suspended shards are given up: once the verdict has been `Isolated` for a
+    /// renew interval. Not at once, because at the end of a cluster-wide outage pods
+    /// regain the store at slightly different moments, and a pod whose first call back
+    /// is still failing sees peers that already reach it. Giving up then would
+    /// disconnect its terminals for nothing; the shards are not served meanwhile, and
+    /// peers that failed as long hold their own claims for a member TTL.
+    pub(super) fn give_up_suspended_at(&self) -> Option<Instant> {
+        match self.outage {
+            Outage::Isolated => self.isolated_since.map(|t| t + self.cfg.renew_interval),
+            _ => None,
+        }
+    }
+
+    /// Held shards to include in the next renewal (not those being re-claimed).
+    pub(super) fn renewable(&self) -> Vec<ShardId> {
+        (0..self.cfg.shards)
+            .filter(|&s| {
+                let sh = &self.shards[s as usize];
+                sh.held_epoch().is_some() && sh.claim_sent.is_none() && !sh.needs_reclaim
+            })
+            .collect()
+    }
+
+    pub(super) fn reclaims(&self) -> Vec<ShardId> {
+        (0..self.cfg.shards)
+            .filter(|&s| {
+                let sh = &self.shards[s as usize];
+                sh.needs_reclaim && sh.held_epoch().is_some() && sh.claim_sent.is_none()
+            })
+            .collect()
+    }
+}

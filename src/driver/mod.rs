@@ -1,0 +1,277 @@
+//! The driver: the one task that owns a pod's [`Reconciler`] and performs its actions.
+//!
+//! The reconciler decides and the driver does: it feeds the reconciler time
+//! (`tokio::time::Instant`, so tests can pause the clock), store answers and change
+//! notifications, runs the store calls and peer probes it asks for concurrently (each
+//! bounded by the store timeout), mirrors the serving state into the [`ServingTable`]
+//! and the [`ServingHook`], publishes [`PodStatus`] and logs what changed.
+//!
+//! Not for: policy (who owns what and when to give up is `crate::core`), HTTP, or the
+//! start-up checks of a pod (`crate::pod`).
+
+mod ops;
+mod report;
+mod serving;
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+pub use self::serving::{ServingHook, ServingTable};
+
+use self::ops::{Done, Op, OpContext, StoreHealth};
+use self::report::{name, Situation};
+use self::serving::Slot;
+use crate::config::PodConfig;
+use crate::core::config::ConfigError;
+use crate::core::membership::Member;
+use crate::core::reconciler::{Action, Reconciler};
+use crate::core::ring::RING_VERSION;
+use crate::core::ShardId;
+use crate::peer::PeerClient;
+use crate::status::PodStatus;
+use crate::store::{ClusterMeta, CoordStore};
+
+/// Peers get this long at most to say whether they reach the store: the answer is only
+/// useful before the next renewal.
+const MAX_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Monotonic time for the reconciler, from tokio's clock so a paused test clock applies.
+fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+/// One pod's reconciler and everything needed to carry out its actions.
+pub struct Driver<S, H = ()> {
+    rec: Reconciler,
+    cx: Arc<OpContext<S>>,
+    peers: PeerClient,
+    hook: H,
+    ops: FuturesUnordered<Op>,
+    health: StoreHealth,
+    /// What the table holds, as of the last step.
+    slots: Vec<Slot>,
+    table: ServingTable,
+    status: watch::Sender<PodStatus>,
+    situation: Situation,
+}
+
+impl<S: CoordStore, H: ServingHook> Driver<S, H> {
+    /// A driver for the pod `config` describes, not yet running. Fails when
+    /// `config.core` is not a valid configuration.
+    pub fn new(config: &PodConfig, store: Arc<S>, hook: H) -> Result<Self, ConfigError> {
+        config.core.validate()?;
+        let core = config.core.clone();
+        let rec = Reconciler::new(core.clone(), config.pod_id.clone(), now());
+        let member = Member {
+            pod: config.pod_id.clone(),
+            url: config.advertise_url.clone(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            ring_version: RING_VERSION.to_string(),
+            // Informational only; a clock before 1970 is reported as 0.
+            started_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+        };
+        let probe_timeout = core.renew_interval.min(MAX_PROBE_TIMEOUT);
+        let (status, _) = watch::channel(report::pod_status(&rec, now()));
+        Ok(Driver {
+            peers: PeerClient::new(config.cluster_secret.clone(), probe_timeout),
+            cx: Arc::new(OpContext {
+                store,
+                member,
+                meta: ClusterMeta::current(core.shards),
+                store_timeout: config.store_timeout,
+                core: core.clone(),
+            }),
+            hook,
+            ops: FuturesUnordered::new(),
+            health: StoreHealth::default(),
+            slots: vec![Slot::Idle; core.shards as usize],
+            table: ServingTable::new(core.shards),
+            status,
+            situation: Situation::new(&rec),
+            rec,
+        })
+    }
+
+    /// The table of shards this pod serves, kept current while the driver runs.
+    pub fn serving_table(&self) -> ServingTable {
+        self.table.clone()
+    }
+
+    /// The pod's status, republished whenever it changes.
+    pub fn status(&self) -> watch::Receiver<PodStatus> {
+        self.status.subscribe()
+    }
+
+    /// Runs the pod's ownership until `shutdown` resolves and the graceful shutdown that
+    /// follows (stop serving, release, deregister; bounded by the shutdown budget) is
+    /// done. Store failures never end it: the reconciler rides them out.
+    pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
+        let mut shutdown = pin!(shutdown);
+        let mut shutting_down = false;
+        let mut changes = self.cx.store.changes();
+        changes.borrow_and_update();
+        let mut changes_open = true;
+        self.rec.handle_timeout(now());
+        loop {
+            self.step();
+            if self.rec.is_finished() {
+                info!("shutdown complete");
+                return;
+            }
+            let wake = self.rec.poll_timeout();
+            tokio::select! {
+                Some(done) = self.ops.next(), if !self.ops.is_empty() => self.complete(done),
+                changed = changes.changed(), if changes_open => match changed {
+                    Ok(()) => self.rec.handle_change_notification(now()),
+                    // The store dropped its notifier; polling alone still converges.
+                    Err(_) => changes_open = false,
+                },
+                () = sleep_until(wake) => self.rec.handle_timeout(now()),
+                () = &mut shutdown, if !shutting_down => {
+                    shutting_down = true;
+                    info!("shutting down: stopping service, releasing shards, deregistering");
+                    self.rec.begin_shutdown(now());
+                }
+            }
+        }
+    }
+
+    /// After every input: mirror the shard states, carry out the actions, report.
+    fn step(&mut self) {
+        let now = now();
+        let slots: Vec<Slot> = (0..self.rec.config().shards)
+            .map(|s| self.rec.shard_state(s).map_or(Slot::Idle, Slot::of))
+            .collect();
+        // The table changes before the hook hears of it, so a connection layer told to
+        // start or stop already sees the new state.
+        if slots != self.slots {
+            self.table.set(&slots);
+        }
+        let mut suspended = Vec::new();
+        while let Some(action) = self.rec.poll_action() {
+            self.perform(action, &mut suspended);
+        }
+        if !suspended.is_empty() {
+            warn!(
+                shards = ?suspended,
+                "serving suspended: deadlines passed while nobody reaches the store"
+            );
+        }
+        self.slots = slots;
+        self.situation.update(&self.rec);
+        let status = report::pod_status(&self.rec, now);
+        self.status.send_if_modified(|current| {
+            let changed = *current != status;
+            if changed {
+                *current = status;
+            }
+            changed
+        });
+    }
+
+    fn perform(&mut self, action: Action, suspended: &mut Vec<ShardId>) {
+        debug!(?action, "action");
+        let op = match action {
+            Action::Poll => self.cx.poll(),
+            Action::Heartbeat { generation } => self.cx.heartbeat(generation),
+            Action::Acquire { generation, shards } => self.cx.acquire(generation, shards),
+            Action::Renew { generation, shards } => self.cx.renew(generation, shards),
+            Action::Release { shards } => self.cx.release(shards),
+            Action::Deregister => self.cx.deregister(),
+            Action::ProbePeers { peers } => ops::probe_peers(self.peers.clone(), peers),
+            Action::StartServing { shard, epoch } => {
+                let me = self.rec.pod();
+                let from = self.rec.leases()[shard as usize].as_ref().map(|l| &l.owner);
+                match self.slots[shard as usize] {
+                    Slot::Suspended { epoch: held } if held == epoch => {
+                        info!(shard, epoch, "shard serving resumed")
+                    }
+                    Slot::Idle => info!(
+                        shard, epoch, from = %name(from), to = %me, reason = %"acquired",
+                        "shard ownership changed"
+                    ),
+                    Slot::Serving { .. } | Slot::Suspended { .. } => info!(
+                        shard, epoch, from = %me, to = %me, reason = %"reclaimed",
+                        "shard ownership changed"
+                    ),
+                }
+                self.hook.start(shard, epoch);
+                return;
+            }
+            Action::SuspendServing { shard, epoch } => {
+                suspended.push(shard);
+                self.hook.suspend(shard, epoch);
+                return;
+            }
+            Action::StopServing {
+                shard,
+                epoch,
+                reason,
+            } => {
+                let me = self.rec.pod();
+                // Who takes over, as far as we know: the lease holder when it is someone
+                // else (stolen), otherwise the ring's choice (rebalance).
+                let holder = self.rec.leases()[shard as usize].as_ref().map(|l| &l.owner);
+                let to = holder.filter(|&p| p != me).or(self
+                    .rec
+                    .assignment()
+                    .owner(shard)
+                    .filter(|&p| p != me));
+                info!(
+                    shard, epoch, from = %me, to = %name(to), reason = %reason.as_str(),
+                    "shard ownership changed"
+                );
+                let closed = self.hook.stop(shard, epoch, reason);
+                async move {
+                    closed.await;
+                    Done::Stopped(shard)
+                }
+                .boxed()
+            }
+        };
+        self.ops.push(op);
+    }
+
+    fn complete(&mut self, done: Done) {
+        let now = now();
+        let (rec, health) = (&mut self.rec, &mut self.health);
+        match done {
+            Done::Snapshot(r) => rec.handle_snapshot(now, health.check(now, "snapshot", r)),
+            Done::Heartbeat(r) => rec.handle_heartbeat(now, health.check(now, "heartbeat", r)),
+            Done::Acquire(shards, r) => {
+                rec.handle_acquire(now, &shards, health.check(now, "acquire", r))
+            }
+            Done::Renew(shards, r) => rec.handle_renew(now, &shards, health.check(now, "renew", r)),
+            Done::Release(shards, r) => {
+                rec.handle_release(now, &shards, health.check(now, "release", r))
+            }
+            Done::Deregister(r) => rec.handle_deregister(now, health.check(now, "deregister", r)),
+            Done::Peers(report) => {
+                debug!(
+                    answered = report.answered,
+                    reaching = report.reaching,
+                    "peers probed"
+                );
+                rec.handle_peer_report(now, report);
+            }
+            Done::Stopped(shard) => rec.handle_serving_stopped(now, shard),
+        }
+    }
+}
+
+/// Sleeps until `at`, or forever when the reconciler has nothing scheduled.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,130 @@
+//! What the driver tells people: the [`PodStatus`] it publishes and the log lines for
+//! changes of the pod's situation (registration, readiness, outage judgement, store
+//! generation, applied assignment).
+//!
+//! Only changes are logged at INFO or above, never a steady state, so a healthy pod is
+//! quiet and a log shows the story of an incident line by line.
+
+use std::collections::BTreeSet;
+use std::time::Instant;
+
+use tracing::{info, warn};
+
+use crate::core::reconciler::{Outage, Reconciler, ShardState};
+use crate::core::ring::Assignment;
+use crate::core::{PodId, ShardId};
+use crate::status::{PodStatus, ShardStatus};
+
+/// The status of the pod behind `rec` at `now`.
+pub(super) fn pod_status(rec: &Reconciler, now: Instant) -> PodStatus {
+    let shards = (0..rec.config().shards)
+        .map(|shard| {
+            let lease = rec.leases().get(shard as usize).and_then(Option::as_ref);
+            ShardStatus {
+                shard,
+                assigned: rec.assignment().owner(shard).cloned(),
+                owner: lease.map(|l| l.owner.clone()),
+                epoch: lease.map(|l| l.epoch),
+                serving: rec.serving(shard, now).is_some(),
+                suspended: matches!(rec.shard_state(shard), Some(ShardState::Suspended { .. })),
+            }
+        })
+        .collect();
+    PodStatus {
+        pod: Some(rec.pod().clone()),
+        registered: rec.registered(),
+        ready: rec.ready(),
+        store_reachable: rec.store_reachable(),
+        members: rec.members().to_vec(),
+        shards,
+    }
+}
+
+/// A pod id for a log field, `none` for nobody.
+pub(super) fn name(pod: Option<&PodId>) -> &str {
+    pod.map_or("none", PodId::as_str)
+}
+
+/// The pod-level facts last logged, to log each change once.
+pub(super) struct Situation {
+    registered: bool,
+    ready: bool,
+    outage: Outage,
+    generation: Option<String>,
+    applied: Assignment,
+}
+
+impl Situation {
+    pub fn new(rec: &Reconciler) -> Self {
+        Situation {
+            registered: rec.registered(),
+            ready: rec.ready(),
+            outage: rec.outage(),
+            generation: rec.generation().map(str::to_owned),
+            applied: rec.assignment().clone(),
+        }
+    }
+
+    /// Logs what changed since the last call.
+    pub fn update(&mut self, rec: &Reconciler) {
+        if rec.generation() != self.generation.as_deref() {
+            let generation = rec.generation().unwrap_or_default();
+            if self.generation.is_none() {
+                info!(generation, "joined store generation");
+            } else {
+                warn!(
+                    generation,
+                    previous = self.generation.as_deref().unwrap_or_default(),
+                    "store generation changed (the store lost its data): re-claiming held shards"
+                );
+            }
+            self.generation = rec.generation().map(str::to_owned);
+        }
+        if rec.registered() != self.registered {
+            self.registered = rec.registered();
+            if self.registered {
+                info!(members = rec.members().len(), "registered in the cluster");
+            } else if rec.is_finished() {
+                info!("deregistered");
+            } else {
+                warn!("registration missing from the store");
+            }
+        }
+        if rec.outage() != self.outage {
+            self.outage = rec.outage();
+            match self.outage {
+                // The recovery line, with the outage's length, comes from the op bookkeeping.
+                Outage::None => {}
+                Outage::Unknown => warn!("store unreachable: asking peers whether they reach it"),
+                Outage::Isolated => warn!(
+                    "store unreachable from this pod only: shards are given up at their deadlines"
+                ),
+                Outage::ClusterWide => warn!(
+                    "store unreachable cluster-wide: shards are suspended at their deadlines, \
+                     connections kept"
+                ),
+            }
+        }
+        if rec.assignment() != &self.applied {
+            let me = rec.pod();
+            let before: BTreeSet<ShardId> = self.applied.shards_of(me).collect();
+            let after: BTreeSet<ShardId> = rec.assignment().shards_of(me).collect();
+            info!(
+                members = rec.assignment().pods().len(),
+                assigned = after.len(),
+                gained = after.difference(&before).count(),
+                lost = before.difference(&after).count(),
+                "rebalance applied"
+            );
+            self.applied = rec.assignment().clone();
+        }
+        // Readiness is never withdrawn (see `Reconciler::ready`).
+        if rec.ready() && !self.ready {
+            self.ready = true;
+            info!(
+                shards = self.applied.shards_of(rec.pod()).count(),
+                "ready: every assigned shard is served"
+            );
+        }
+    }
+}

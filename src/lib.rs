@@ -1,0 +1,28 @@
+//! posgate: keeps persistent, fenced push connections to POS terminals, sharded across
+//! the pods of a fixed-replica Deployment by shard leases in Redis.
+//!
+//! # Layout
+//! - [`core`]: the sans-IO ownership core (shard hash, ring, lease rules, reconciler).
+//! - [`store`]: the `CoordStore` seam with the Redis and in-memory implementations.
+//! - [`driver`]: the task that runs the reconciler against a store.
+//! - [`pod`]: `Pod::run`, one pod as a library value (HTTP listener + driver).
+//! - [`http`]: the pod's HTTP surface (health, cluster view, peer endpoints).
+//! - [`peer`]: pod-to-pod authentication (HMAC) and the peer client.
+//! - [`status`]: the status a pod publishes for HTTP and peers.
+//! - [`config`]: CLI flags and their validation.
+//! - [`ring_report`]: `posgate ring-report`, the ring algorithm comparison.
+//! - [`sim`]: deterministic simulation of a cluster (reconcilers + in-memory store).
+//!
+//! `docs/design.md` explains the rules; this crate documents where they live.
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod core;
+pub mod driver;
+pub mod http;
+pub mod peer;
+pub mod pod;
+pub mod ring_report;
+pub mod sim;
+pub mod status;
+pub mod store;

@@ -1,0 +1,315 @@
+//! The `posgate` binary: parses the command line, sets up logging and runs one pod
+//! (`posgate serve`), the ring algorithm report (`posgate ring-report`) or the
+//! deterministic cluster simulation (`posgate simulate`).
+//!
+//! This is the only place that uses `anyhow` and decides exit codes: `0` success, `1` a
+//! runtime failure (or an invariant violation in `simulate`), `2` an invalid command line
+//! or configuration (one line on stderr,
+//! `error: invalid --flag: reason`). Everything else lives in the library.
+
+use std::future::Future;
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::{Parser, Subcommand};
+use posgate::config::{ConfigError, LogFormat, PodConfig, ServeArgs, StoreSettings};
+use posgate::pod::Pod;
+use posgate::ring_report::RingReportArgs;
+use posgate::sim::{run_seed, SimConfig, SimStats};
+use posgate::store::redis::{RedisOptions, RedisStore};
+use posgate::store::StoreError;
+use tracing_subscriber::EnvFilter;
+
+/// Exit code for an invalid command line or configuration (as clap uses).
+const USAGE_ERROR: u8 = 2;
+/// How often `posgate simulate` reports progress on stderr.
+const SIM_PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+#[derive(Parser)]
+#[command(name = "posgate", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one gateway pod: join the cluster in Redis, own shards, serve HTTP.
+    Serve(Box<ServeArgs>),
+    /// Compare ring algorithms (balance and movement on membership changes).
+    RingReport(RingReportArgs),
+    /// Run the deterministic cluster simulation over many seeds, or replay one.
+    Simulate(SimulateArgs),
+}
+
+/// Flags of `posgate simulate`.
+#[derive(clap::Args)]
+struct SimulateArgs {
+    /// Run only this seed, e.g. to replay a failure
+    #[arg(long, value_name = "N", conflicts_with_all = ["first", "seeds"])]
+    seed: Option<u64>,
+    /// With --seed: print every simulated event to stderr as it happens
+    #[arg(long, requires = "seed")]
+    trace: bool,
+    /// First seed of the range
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    first: u64,
+    /// Number of seeds to run
+    #[arg(long, value_name = "M", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    seeds: u64,
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            if matches!(
+                err.kind(),
+                ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
+                err.exit();
+            }
+            eprintln!("error: {}", clap_error_line(&err));
+            return ExitCode::from(USAGE_ERROR);
+        }
+    };
+    match cli.command {
+        Command::Serve(args) => serve(*args),
+        Command::RingReport(args) => {
+            let report = posgate::ring_report::run(&args);
+            println!("{}", report.trim_end());
+            ExitCode::SUCCESS
+        }
+        Command::Simulate(args) => simulate(&args),
+    }
+}
+
+fn serve(args: ServeArgs) -> ExitCode {
+    // Validate everything before logging starts, so a bad flag is one plain line.
+    let resolved = log_settings(&args).and_then(|log| Ok((log, args.resolve()?)));
+    let ((format, filter), (config, settings, listen)) = match resolved {
+        Ok(resolved) => resolved,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return ExitCode::from(USAGE_ERROR);
+        }
+    };
+    init_tracing(format, filter);
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            tracing::error!(error = %err, "cannot start the async runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run_pod(config, settings, listen)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            tracing::error!(error = format!("{err:#}"), "posgate stopped");
+            // Settings the store refused will not work on a retry either.
+            match err.downcast_ref::<StoreError>() {
+                Some(StoreError::Config(_)) => ExitCode::from(USAGE_ERROR),
+                _ => ExitCode::FAILURE,
+            }
+        }
+    }
+}
+
+async fn run_pod(
+    config: PodConfig,
+    settings: StoreSettings,
+    listen: SocketAddr,
+) -> anyhow::Result<()> {
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        pod = %config.pod_id,
+        cluster = %config.cluster,
+        advertise_url = %config.advertise_url,
+        %listen,
+        shards = config.core.shards,
+        store = ?settings,
+        "starting"
+    );
+    if config.cluster_secret.is_none() {
+        tracing::warn!(
+            "RUNNING WITHOUT PEER AUTHENTICATION (--insecure): anyone who reaches {listen} can \
+             call the internal endpoints; never do this outside local development"
+        );
+    }
+    let shutdown = shutdown_signal()?;
+    let options = RedisOptions {
+        response_timeout: settings.store_timeout,
+        ..Default::default()
+    };
+    // Lazy: a pod may start before Redis does (a fresh cluster, a node restart); it then
+    // serves health and retries in the background instead of crash-looping.
+    let store = RedisStore::connect_lazy(&settings.redis_url, &settings.cluster, options)
+        .context("cannot set up the Redis store")?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen}"))?;
+    Pod::run(config, store, listener, shutdown)
+        .await
+        .context("pod failed")
+}
+
+/// Resolves on SIGTERM (Kubernetes stopping the pod) or Ctrl-C. The handlers are
+/// installed now, so a signal arriving during start-up is not lost.
+fn shutdown_signal() -> anyhow::Result<impl Future<Output = ()> + Send + 'static> {
+    #[cfg(unix)]
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("cannot install the SIGTERM handler")?;
+    let ctrl_c = tokio::signal::ctrl_c();
+    Ok(async move {
+        #[cfg(unix)]
+        let signal = tokio::select! {
+            _ = terminate.recv() => "SIGTERM",
+            _ = ctrl_c => "SIGINT",
+        };
+        #[cfg(not(unix))]
+        let signal = {
+            let _ = ctrl_c.await;
+            "Ctrl-C"
+        };
+        tracing::info!(signal, "shutting down");
+    })
+}
+
+/// Runs the seeds `args` select, stopping at the first invariant violation.
+fn simulate(args: &SimulateArgs) -> ExitCode {
+    let (first, count) = match args.seed {
+        Some(seed) => (seed, 1),
+        None => (args.first, args.seeds),
+    };
+    let Some(end) = first.checked_add(count) else {
+        eprintln!("error: invalid --seeds: --first plus --seeds must fit in 64 bits");
+        return ExitCode::from(USAGE_ERROR);
+    };
+    if args.trace {
+        // The simulation's checker reads this when each run starts. Set before any
+        // thread exists, so nothing reads the environment concurrently.
+        std::env::set_var("POSGATE_SIM_TRACE", "1");
+    }
+    let cfg = SimConfig::default();
+    let started = Instant::now();
+    let mut reported = started;
+    let mut total = SimStats::default();
+    for seed in first..end {
+        match run_seed(seed, &cfg) {
+            Ok(stats) => total.add(&stats),
+            Err(violation) => {
+                // The violation ends with a newline and names the replay command.
+                eprint!("error: invariant violated in {violation}");
+                let line = sim_line(seed - first, &total, started.elapsed());
+                eprintln!("before it: {line}");
+                return ExitCode::FAILURE;
+            }
+        }
+        if reported.elapsed() >= SIM_PROGRESS_EVERY {
+            let line = sim_line(seed + 1 - first, &total, started.elapsed());
+            eprintln!("progress: {line} (at seed {seed}, last {})", end - 1);
+            reported = Instant::now();
+        }
+    }
+    println!(
+        "simulated seeds {first}..{end}: {}",
+        sim_line(count, &total, started.elapsed())
+    );
+    ExitCode::SUCCESS
+}
+
+/// `<n> seeds in <t>s, <r> seeds/s, <e> events, <r> events/s, <f> faults, <a> acquisitions`.
+fn sim_line(seeds: u64, total: &SimStats, elapsed: Duration) -> String {
+    let secs = elapsed.as_secs_f64();
+    let rate = |n: u64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
+    format!(
+        "{seeds} seeds in {secs:.1}s, {:.1} seeds/s, {} events, {:.0} events/s, {} faults, \
+         {} acquisitions, {} handovers",
+        rate(seeds),
+        total.events,
+        rate(total.events),
+        total.faults,
+        total.acquisitions,
+        total.handovers,
+    )
+}
+
+/// `--log-format` (default: JSON unless stderr is a terminal) and the filter from
+/// `--log-level`, else `RUST_LOG`, else `info`.
+fn log_settings(args: &ServeArgs) -> Result<(LogFormat, EnvFilter), ConfigError> {
+    let format = args
+        .log_format
+        .unwrap_or(if std::io::stderr().is_terminal() {
+            LogFormat::Text
+        } else {
+            LogFormat::Json
+        });
+    let rust_log = std::env::var("RUST_LOG").ok().filter(|v| !v.is_empty());
+    let filter = match (&args.log_level, rust_log) {
+        (Some(level), _) => EnvFilter::try_new(level).map_err(|e| ConfigError::Invalid {
+            flag: "log-level",
+            reason: e.to_string(),
+        })?,
+        (None, Some(env)) => EnvFilter::try_new(env).map_err(|e| ConfigError::InvalidEnv {
+            var: "RUST_LOG",
+            reason: e.to_string(),
+        })?,
+        (None, None) => EnvFilter::new("info"),
+    };
+    Ok((format, filter))
+}
+
+fn init_tracing(format: LogFormat, filter: EnvFilter) {
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+/// One line (without the `error: ` prefix) for a command-line error, naming the flag for
+/// bad values (`invalid --lease-ttl: ...`); clap's own rendering spans several lines.
+fn clap_error_line(err: &clap::Error) -> String {
+    let context = |kind| match err.get(kind) {
+        Some(ContextValue::String(s)) => Some(s.as_str()),
+        _ => None,
+    };
+    if matches!(
+        err.kind(),
+        ErrorKind::InvalidValue | ErrorKind::ValueValidation
+    ) {
+        if let Some(arg) = context(ContextKind::InvalidArg) {
+            // "--lease-ttl <LEASE_TTL>" -> "--lease-ttl"
+            let flag = arg.split_whitespace().next().unwrap_or(arg);
+            let value = context(ContextKind::InvalidValue).unwrap_or_default();
+            let reason = match (
+                std::error::Error::source(err),
+                err.get(ContextKind::ValidValue),
+            ) {
+                (Some(source), _) => source.to_string(),
+                (None, Some(ContextValue::Strings(valid))) => {
+                    format!("expected one of {}", valid.join(", "))
+                }
+                (None, _) => "not accepted".to_string(),
+            };
+            return format!("invalid {flag}: {reason} (got {value:?})");
+        }
+    }
+    if err.kind() == ErrorKind::MissingRequiredArgument {
+        // clap lists the missing arguments on the lines after the first.
+        if let Some(ContextValue::Strings(missing)) = err.get(ContextKind::InvalidArg) {
+            return format!("missing {}", missing.join(", "));
+        }
+    }
+    let rendered = err.render().to_string();
+    let first = rendered.lines().next().unwrap_or("invalid command line");
+    first.strip_prefix("error: ").unwrap_or(first).to_string()
+}

@@ -1,0 +1,234 @@
+//! One pod as a library value: HTTP listener plus ownership driver over a store.
+//!
+//! [`Pod::run`] is what `posgate serve` calls; [`Pod::start`] runs the same pod on a task
+//! and hands back what tests and the demo observe (status, serving table) with a
+//! shutdown trigger. Nothing here is process-global, so one process can run many pods,
+//! and everything a pod spawns dies with it: dropping the `run` future, or the
+//! [`PodHandle`], stops the pod at once (a crash, as far as the cluster can tell: its
+//! leases and registration expire by TTL).
+//!
+//! Start-up order: the HTTP listener first (liveness must answer while the store is
+//! still unreachable), then the cluster metadata is pinned (retrying until the store
+//! answers; a mismatch is fatal), then the driver runs. Shutdown runs the other way:
+//! the driver's graceful shutdown (stop serving, release, deregister), then HTTP.
+
+use std::future::Future;
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::{oneshot, watch};
+use tokio::task::{JoinError, JoinHandle};
+use tracing::{info, warn, Instrument};
+
+use crate::config::PodConfig;
+use crate::core::config::ConfigError;
+use crate::driver::{Driver, ServingHook, ServingTable};
+use crate::http::{self, HttpState};
+use crate::status::PodStatus;
+use crate::store::{ClusterMeta, CoordStore, StoreError};
+
+/// First and longest wait between attempts to reach the store at start-up.
+const PIN_RETRY_MIN: Duration = Duration::from_millis(200);
+const PIN_RETRY_MAX: Duration = Duration::from_secs(5);
+/// How long in-flight HTTP requests get to finish once the driver is done.
+const HTTP_DRAIN: Duration = Duration::from_secs(5);
+
+/// Why a pod stopped other than by a requested shutdown.
+#[derive(Debug, thiserror::Error)]
+pub enum PodError {
+    #[error("invalid configuration: {0}")]
+    Config(#[from] ConfigError),
+    /// The store is pinned to other cluster settings; this pod refuses to join.
+    #[error("refusing to start: {0}")]
+    Meta(StoreError),
+    #[error("HTTP server failed: {0}")]
+    Http(#[source] io::Error),
+    #[error("pod task failed: {0}")]
+    Task(#[from] JoinError),
+}
+
+/// Runs pods. See the module docs.
+pub struct Pod;
+
+impl Pod {
+    /// Runs one pod until `shutdown` resolves and its graceful shutdown is done, or until
+    /// it fails. Dropping the returned future stops the pod without a graceful shutdown.
+    pub async fn run<S: CoordStore>(
+        config: PodConfig,
+        store: S,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), PodError> {
+        let mut pod = Pod::start(config, store, listener, ())?;
+        tokio::select! {
+            () = shutdown => pod.shutdown(),
+            ended = pod.wait() => return ended,
+        }
+        pod.wait().await
+    }
+
+    /// Starts one pod on a new task, telling `hook` about serving transitions. Must be
+    /// called within a tokio runtime.
+    pub fn start<S: CoordStore, H: ServingHook>(
+        config: PodConfig,
+        store: S,
+        listener: TcpListener,
+        hook: H,
+    ) -> Result<PodHandle, PodError> {
+        let store = Arc::new(store);
+        let driver = Driver::new(&config, store.clone(), hook)?;
+        let status = driver.status();
+        let serving = driver.serving_table();
+        let http_state = HttpState {
+            status: status.clone(),
+            secrets: config.cluster_secret.clone().map(|s| vec![s]),
+        };
+        let meta = ClusterMeta::current(config.core.shards);
+        let (stop, stopped) = oneshot::channel();
+        let span = tracing::info_span!("pod", pod = %config.pod_id);
+        let task = tokio::spawn(
+            run_pod(
+                driver,
+                store,
+                meta,
+                config.store_timeout,
+                listener,
+                http_state,
+                stopped,
+            )
+            .instrument(span),
+        );
+        Ok(PodHandle {
+            status,
+            serving,
+            stop: Some(stop),
+            task: Some(task),
+        })
+    }
+}
+
+/// A pod started with [`Pod::start`]. Dropping it stops the pod at once (no graceful
+/// shutdown), like [`PodHandle::abort`].
+pub struct PodHandle {
+    /// The pod's status, as its HTTP endpoints report it.
+    pub status: watch::Receiver<PodStatus>,
+    /// The shards the pod serves.
+    pub serving: ServingTable,
+    stop: Option<oneshot::Sender<()>>,
+    /// `None` once [`PodHandle::wait`] reported the end.
+    task: Option<JoinHandle<Result<(), PodError>>>,
+}
+
+impl PodHandle {
+    /// Begins the graceful shutdown; [`PodHandle::wait`] tells when it is done.
+    pub fn shutdown(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+
+    /// Waits until the pod stopped (after a shutdown, a failure or an abort) and reports
+    /// how; later calls return `Ok(())` at once. Cancel-safe.
+    pub async fn wait(&mut self) -> Result<(), PodError> {
+        let Some(task) = &mut self.task else {
+            return Ok(());
+        };
+        let ended = task.await;
+        self.task = None;
+        ended?
+    }
+
+    /// Stops the pod at once, like a crash: nothing is released or deregistered.
+    pub fn abort(&self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for PodHandle {
+    fn drop(&mut self) {
+        self.abort();
+    }
+}
+
+/// The pod task. Every part runs inside this one future (no further spawns), so
+/// aborting the task stops all of them.
+async fn run_pod<S: CoordStore, H: ServingHook>(
+    driver: Driver<S, H>,
+    store: Arc<S>,
+    meta: ClusterMeta,
+    store_timeout: Duration,
+    listener: TcpListener,
+    http_state: HttpState,
+    mut stopped: oneshot::Receiver<()>,
+) -> Result<(), PodError> {
+    let (stop_http, http_stopped) = oneshot::channel::<()>();
+    let http = http::serve(listener, http::router(http_state), async move {
+        let _ = http_stopped.await;
+    });
+    let ownership = async move {
+        tokio::select! {
+            pinned = pin_meta(&*store, &meta, store_timeout) => pinned.map_err(PodError::Meta)?,
+            // Asked to stop before the store was ever reached: nothing to give back.
+            _ = &mut stopped => return Ok::<_, PodError>(()),
+        }
+        // A dropped handle aborts this task, so a closed channel needs no separate case.
+        driver
+            .run(async move {
+                let _ = stopped.await;
+            })
+            .await;
+        Ok(())
+    };
+    let mut http = std::pin::pin!(http);
+    let mut ownership = std::pin::pin!(ownership);
+    tokio::select! {
+        owned = &mut ownership => {
+            let _ = stop_http.send(());
+            let served = tokio::time::timeout(HTTP_DRAIN, http).await.unwrap_or_else(|_| {
+                warn!("HTTP requests still running after the drain period; dropping them");
+                Ok(())
+            });
+            owned?;
+            served.map_err(PodError::Http)
+        }
+        // The HTTP server only ends when asked to; if it ends anyway the pod is
+        // unreachable for probes and peers, so it stops. Its leases expire by TTL.
+        served = &mut http => Err(PodError::Http(served.err().unwrap_or_else(|| {
+            io::Error::other("HTTP server stopped unexpectedly")
+        }))),
+    }
+}
+
+/// Pins the cluster metadata. While the store is unreachable it retries with capped
+/// backoff, because a pod may start before Redis does; a mismatch is final.
+async fn pin_meta<S: CoordStore>(
+    store: &S,
+    meta: &ClusterMeta,
+    timeout: Duration,
+) -> Result<(), StoreError> {
+    let mut wait = PIN_RETRY_MIN;
+    let mut attempt = 1u32;
+    loop {
+        let pinned = tokio::time::timeout(timeout, store.pin_meta(meta))
+            .await
+            .unwrap_or(Err(StoreError::Timeout(timeout)));
+        match pinned {
+            Ok(()) => {
+                info!(attempts = attempt, "cluster metadata pinned");
+                return Ok(());
+            }
+            Err(mismatch @ StoreError::MetaMismatch { .. }) => return Err(mismatch),
+            Err(error) => {
+                let retry_in_ms = wait.as_millis() as u64;
+                warn!(attempt, %error, retry_in_ms, "cannot reach the store to pin cluster metadata");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(PIN_RETRY_MAX);
+                attempt += 1;
+            }
+        }
+    }
+}

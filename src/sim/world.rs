@@ -1,0 +1,603 @@
+//! The simulation engine: a virtual clock, an event queue, simulated pods around real
+//! reconcilers, and the in-memory store.
+//!
+//! Time: `Duration` since the start is "true" time (the store's clock). Each pod sees its
+//! own monotonic clock running at `rate` (1 +- skew) from a shared origin, converted to
+//! `Instant`s for its reconciler. Messages take 1-10 ms each way; a call to an unreachable
+//! store fails after the store timeout, and a reply may be lost after the store applied
+//! the call.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::checks::{Checker, Violation};
+use super::faults::{self, Fault};
+use super::{SimConfig, SimStats};
+use crate::core::lease::{AcquireOutcome, Checked, RenewOutcome};
+use crate::core::membership::{Member, Snapshot};
+use crate::core::reconciler::{Action, OpFailed, OpResult, PeerReport, Reconciler};
+use crate::core::ring::Assignment;
+use crate::core::{PodId, ShardId};
+use crate::store::memory::MemoryState;
+use crate::store::ClusterMeta;
+
+/// Store calls fail after this long when the store cannot be reached.
+const STORE_TIMEOUT: Duration = Duration::from_millis(800);
+/// Store time at virtual time zero (milliseconds since the Unix epoch), so epochs look real.
+const STORE_EPOCH_MS: u64 = 1_800_000_000_000;
+/// Hard cap on events per seed: a run beyond it is reported as a livelock.
+const MAX_EVENTS: u64 = 3_000_000;
+
+#[derive(Clone, Debug)]
+enum Call {
+    Heartbeat(String),
+    Poll,
+    Acquire(String, Vec<ShardId>),
+    Renew(String, Vec<ShardId>),
+    Release(Vec<ShardId>),
+    Deregister,
+}
+
+#[derive(Clone, Debug)]
+enum Reply {
+    Heartbeat(OpResult<Checked<()>>),
+    Snapshot(OpResult<Snapshot>),
+    Acquire(Vec<ShardId>, OpResult<Checked<Vec<AcquireOutcome>>>),
+    Renew(Vec<ShardId>, OpResult<Checked<Vec<RenewOutcome>>>),
+    Release(Vec<ShardId>, OpResult<Vec<bool>>),
+    Deregister(OpResult<()>),
+}
+
+#[derive(Clone, Debug)]
+enum Ev {
+    Start(usize),
+    Wake(usize),
+    Arrive(usize, Call),
+    Reply(usize, Reply),
+    Notify(usize),
+    Peers(usize, PeerReport),
+    StopAck(usize, ShardId),
+    Fault(Fault),
+    Resume(usize),
+    Heal(usize),
+    StoreUp,
+}
+
+struct SimPod {
+    id: PodId,
+    rec: Option<Reconciler>,
+    rate: f64,
+    alive: bool,
+    /// Graceful shutdown begun.
+    leaving: bool,
+    paused_until: Option<Duration>,
+    partitioned: bool,
+    deferred: Vec<Ev>,
+    wake_at: Option<Duration>,
+}
+
+pub struct World<'a> {
+    cfg: &'a SimConfig,
+    rng: StdRng,
+    origin: Instant,
+    now: Duration,
+    seq: u64,
+    queue: BinaryHeap<Reverse<(Duration, u64, usize)>>,
+    events: Vec<Option<Ev>>,
+    store: MemoryState,
+    store_up: bool,
+    notifications: u64,
+    pods: Vec<SimPod>,
+    check: Checker,
+    stats: SimStats,
+}
+
+impl<'a> World<'a> {
+    pub fn new(seed: u64, cfg: &'a SimConfig) -> Self {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let store = MemoryState::new(rng.random());
+        let mut w = World {
+            cfg,
+            origin: Instant::now(),
+            now: Duration::ZERO,
+            seq: 0,
+            queue: BinaryHeap::new(),
+            events: Vec::new(),
+            store,
+            store_up: true,
+            notifications: 0,
+            pods: Vec::new(),
+            check: Checker::new(seed, cfg.core.shards),
+            stats: SimStats::default(),
+            rng,
+        };
+        for _ in 0..cfg.initial_pods {
+            let at = Duration::from_millis(w.rng.random_range(0..2_000));
+            w.add_pod(at);
+        }
+        for (at, fault) in faults::plan(&mut w.rng, cfg) {
+            w.schedule(at, Ev::Fault(fault));
+        }
+        w
+    }
+
+    pub fn run(mut self) -> Result<SimStats, Violation> {
+        let settle = self.cfg.core.lease_ttl.max(self.cfg.core.member_ttl) + Duration::from_secs(3);
+        let end = self.cfg.fault_end + settle;
+        while let Some(Reverse((at, _, idx))) = self.queue.pop() {
+            if at > end {
+                break;
+            }
+            self.now = at;
+            let ev = self.events[idx].take().expect("event taken once");
+            self.stats.events += 1;
+            if self.stats.events + 40 > MAX_EVENTS {
+                self.check.log(at, format_args!("event {ev:?}"));
+            }
+            if self.stats.events > MAX_EVENTS {
+                return Err(self
+                    .check
+                    .violation(at, "event limit reached (livelock?)".into()));
+            }
+            self.step(ev)?;
+        }
+        self.now = end;
+        self.converged()?;
+        self.stats.invariant_checks = self.check.checks;
+        Ok(self.stats)
+    }
+
+    fn schedule(&mut self, at: Duration, ev: Ev) {
+        self.events.push(Some(ev));
+        self.seq += 1;
+        self.queue
+            .push(Reverse((at, self.seq, self.events.len() - 1)));
+    }
+
+    fn latency(&mut self) -> Duration {
+        Duration::from_micros(self.rng.random_range(1_000..10_000))
+    }
+
+    fn local(&self, pod: usize) -> Instant {
+        self.origin + self.now.mul_f64(self.pods[pod].rate)
+    }
+
+    fn add_pod(&mut self, at: Duration) {
+        let idx = self.pods.len();
+        let skew = self.cfg.clock_skew;
+        let rate = 1.0
+            + if skew > 0.0 {
+                self.rng.random_range(-skew..skew)
+            } else {
+                0.0
+            };
+        self.pods.push(SimPod {
+            id: PodId::new(format!("pod-{idx}")).expect("valid id"),
+            rec: None,
+            rate,
+            alive: true,
+            leaving: false,
+            paused_until: None,
+            partitioned: false,
+            deferred: Vec::new(),
+            wake_at: None,
+        });
+        self.schedule(at, Ev::Start(idx));
+    }
+
+    fn alive(&self) -> Vec<usize> {
+        (0..self.pods.len())
+            .filter(|&i| self.pods[i].alive && self.pods[i].rec.is_some())
+            .collect()
+    }
+
+    fn step(&mut self, ev: Ev) -> Result<(), Violation> {
+        match ev {
+            Ev::Fault(f) => self.fault(f),
+            Ev::StoreUp => {
+                self.check.log(self.now, "store up");
+                self.store_up = true;
+                Ok(())
+            }
+            Ev::Arrive(pod, call) => self.arrive(pod, call),
+            Ev::Resume(pod) => {
+                self.check.log(self.now, format_args!("pod-{pod} resumed"));
+                self.pods[pod].paused_until = None;
+                for ev in std::mem::take(&mut self.pods[pod].deferred) {
+                    self.deliver(pod, ev)?;
+                }
+                // Timers that fired during the pause fire now.
+                self.pods[pod].wake_at = Some(self.now);
+                self.deliver(pod, Ev::Wake(pod))
+            }
+            Ev::Heal(pod) => {
+                self.pods[pod].partitioned = false;
+                Ok(())
+            }
+            Ev::Start(pod) | Ev::Wake(pod) | Ev::Notify(pod) => self.deliver(pod, ev),
+            Ev::Reply(pod, _) | Ev::Peers(pod, _) | Ev::StopAck(pod, _) => self.deliver(pod, ev),
+        }
+    }
+
+    /// Hands an event to a pod's reconciler, honouring crashes and pauses.
+    fn deliver(&mut self, pod: usize, ev: Ev) -> Result<(), Violation> {
+        let p = &mut self.pods[pod];
+        if !p.alive {
+            return Ok(());
+        }
+        if p.paused_until.is_some() {
+            if !matches!(ev, Ev::Wake(_)) {
+                p.deferred.push(ev);
+            }
+            return Ok(());
+        }
+        if let Ev::Wake(_) = ev {
+            if p.wake_at != Some(self.now) {
+                return Ok(()); // superseded
+            }
+            p.wake_at = None;
+        }
+        if self.check.tracing() && !matches!(ev, Ev::Wake(_)) {
+            self.check
+                .log(self.now, format_args!("pod-{pod} <- {ev:?}"));
+        }
+        let now = self.local(pod);
+        let p = &mut self.pods[pod];
+        if let Ev::Start(_) = ev {
+            p.rec = Some(Reconciler::new(self.cfg.core.clone(), p.id.clone(), now));
+        }
+        let Some(rec) = p.rec.as_mut() else {
+            return Ok(());
+        };
+        match ev {
+            Ev::Start(_) | Ev::Wake(_) => rec.handle_timeout(now),
+            Ev::Notify(_) => rec.handle_change_notification(now),
+            Ev::Peers(_, report) => rec.handle_peer_report(now, report),
+            Ev::StopAck(_, shard) => rec.handle_serving_stopped(now, shard),
+            Ev::Reply(_, reply) => match reply {
+                Reply::Heartbeat(r) => rec.handle_heartbeat(now, r),
+                Reply::Snapshot(r) => rec.handle_snapshot(now, r),
+                Reply::Acquire(s, r) => rec.handle_acquire(now, &s, r),
+                Reply::Renew(s, r) => rec.handle_renew(now, &s, r),
+                Reply::Release(s, r) => rec.handle_release(now, &s, r),
+                Reply::Deregister(r) => rec.handle_deregister(now, r),
+            },
+            _ => unreachable!("not a pod event"),
+        }
+        self.perform(pod)?;
+        self.check_exclusive(pod)?;
+        self.schedule_wake(pod);
+        Ok(())
+    }
+
+    fn perform(&mut self, pod: usize) -> Result<(), Violation> {
+        while let Some(action) = self.pods[pod]
+            .rec
+            .as_mut()
+            .and_then(Reconciler::poll_action)
+        {
+            if self.check.tracing() {
+                self.check
+                    .log(self.now, format_args!("pod-{pod} {action:?}"));
+            }
+            match action {
+                Action::Heartbeat { generation } => self.send(pod, Call::Heartbeat(generation)),
+                Action::Poll => self.send(pod, Call::Poll),
+                Action::Acquire { generation, shards } => {
+                    self.send(pod, Call::Acquire(generation, shards))
+                }
+                Action::Renew { generation, shards } => {
+                    self.send(pod, Call::Renew(generation, shards))
+                }
+                Action::Release { shards } => self.send(pod, Call::Release(shards)),
+                Action::Deregister => self.send(pod, Call::Deregister),
+                Action::StartServing { shard, epoch } => {
+                    let id = self.pods[pod].id.clone();
+                    self.check
+                        .log(self.now, format_args!("{id} serves {shard} epoch {epoch}"));
+                    self.check.started(self.now, &id, shard, epoch)?;
+                    self.stats.handovers += 1;
+                }
+                Action::SuspendServing { shard, epoch } => {
+                    self.check.log(
+                        self.now,
+                        format_args!("pod-{pod} suspends {shard} epoch {epoch}"),
+                    );
+                }
+                Action::StopServing {
+                    shard,
+                    epoch,
+                    reason,
+                } => {
+                    self.check.log(
+                        self.now,
+                        format_args!(
+                            "pod-{pod} stops {shard} epoch {epoch} ({})",
+                            reason.as_str()
+                        ),
+                    );
+                    let close = self
+                        .cfg
+                        .core
+                        .close_budget
+                        .mul_f64(self.rng.random_range(0.0..0.5));
+                    self.schedule(self.now + close, Ev::StopAck(pod, shard));
+                }
+                Action::ProbePeers { peers } => {
+                    let mut report = PeerReport::default();
+                    for m in &peers {
+                        let peer = self.pods.iter().find(|p| p.id == m.pod);
+                        if let Some(peer) = peer.filter(|p| p.alive && p.paused_until.is_none()) {
+                            report.answered += 1;
+                            let reaches =
+                                peer.rec.as_ref().is_some_and(Reconciler::store_reachable);
+                            report.reaching += usize::from(reaches);
+                        }
+                    }
+                    let at = self.now + self.latency();
+                    self.schedule(at, Ev::Peers(pod, report));
+                }
+            }
+        }
+        let rec = self.pods[pod].rec.as_ref();
+        if rec.is_some_and(Reconciler::is_finished) {
+            self.check
+                .log(self.now, format_args!("pod-{pod} finished shutdown"));
+            self.pods[pod].alive = false;
+        }
+        Ok(())
+    }
+
+    fn send(&mut self, pod: usize, call: Call) {
+        if self.pods[pod].partitioned || !self.store_up {
+            let at = self.now + STORE_TIMEOUT;
+            self.schedule(at, Ev::Reply(pod, failed(call)));
+        } else {
+            let at = self.now + self.latency();
+            self.schedule(at, Ev::Arrive(pod, call));
+        }
+    }
+
+    /// A call reaches the store: apply it and send the reply (which may get lost).
+    fn arrive(&mut self, pod: usize, call: Call) -> Result<(), Violation> {
+        if self.pods[pod].partitioned || !self.store_up {
+            let at = self.now + STORE_TIMEOUT;
+            self.schedule(at, Ev::Reply(pod, failed(call)));
+            return Ok(());
+        }
+        let ms = STORE_EPOCH_MS + self.now.as_millis() as u64;
+        let core = &self.cfg.core;
+        let id = self.pods[pod].id.clone();
+        let store = &mut self.store;
+        let reply = match call {
+            Call::Heartbeat(g) => {
+                let member = Member {
+                    pod: id.clone(),
+                    url: format!("http://sim/{id}"),
+                    version: "sim".into(),
+                    ring_version: crate::core::ring::RING_VERSION.into(),
+                    started_ms: ms,
+                };
+                let meta = ClusterMeta::current(core.shards);
+                let r = store
+                    .heartbeat(ms, &g, &member, &meta, core.member_ttl)
+                    .map_err(|_| OpFailed);
+                if !matches!(r, Ok(Checked::Ok(()))) {
+                    self.check
+                        .log(self.now, format_args!("store: {id} heartbeat {r:?}"));
+                }
+                Reply::Heartbeat(r)
+            }
+            Call::Poll => Reply::Snapshot(Ok(store.snapshot(ms, core.shards))),
+            Call::Acquire(g, shards) => {
+                let r = store
+                    .acquire(ms, &g, &id, &shards, core.lease_ttl)
+                    .map_err(|_| OpFailed);
+                if let Ok(Checked::Ok(outcomes)) = &r {
+                    for (&s, o) in shards.iter().zip(outcomes) {
+                        if let AcquireOutcome::Acquired { epoch } = o {
+                            self.stats.acquisitions += 1;
+                            self.check.log(
+                                self.now,
+                                format_args!("store: {id} acquired {s} epoch {epoch}"),
+                            );
+                            self.check.granted(self.now, s, *epoch)?;
+                        }
+                    }
+                }
+                Reply::Acquire(shards, r)
+            }
+            Call::Renew(g, shards) => {
+                let r = store
+                    .renew(ms, &g, &id, &shards, core.lease_ttl)
+                    .map_err(|_| OpFailed);
+                Reply::Renew(shards, r)
+            }
+            Call::Release(shards) => {
+                let r = store.release(ms, &id, &shards);
+                Reply::Release(shards, Ok(r))
+            }
+            Call::Deregister => {
+                store.deregister(ms, &id);
+                Reply::Deregister(Ok(()))
+            }
+        };
+        let n = self.store.notifications();
+        if n != self.notifications {
+            self.notifications = n;
+            for p in self.alive() {
+                if !self.pods[p].partitioned {
+                    let at = self.now + self.latency();
+                    self.schedule(at, Ev::Notify(p));
+                }
+            }
+        }
+        if self.rng.random_bool(self.cfg.reply_loss) {
+            let at = self.now + STORE_TIMEOUT;
+            self.schedule(at, Ev::Reply(pod, failed_reply(reply)));
+        } else {
+            let at = self.now + self.latency();
+            self.schedule(at, Ev::Reply(pod, reply));
+        }
+        Ok(())
+    }
+
+    fn schedule_wake(&mut self, pod: usize) {
+        let Some(next) = self.pods[pod]
+            .rec
+            .as_ref()
+            .and_then(Reconciler::poll_timeout)
+        else {
+            return;
+        };
+        let local = next.saturating_duration_since(self.origin);
+        // Round up so the pod's clock has reached `next` when it wakes.
+        let at = Duration::from_secs_f64(local.as_secs_f64() / self.pods[pod].rate)
+            + Duration::from_micros(1);
+        let at = at.max(self.now);
+        if self.pods[pod]
+            .wake_at
+            .is_none_or(|w| at < w || w < self.now)
+        {
+            self.pods[pod].wake_at = Some(at);
+            self.schedule(at, Ev::Wake(pod));
+        }
+    }
+
+    fn check_exclusive(&mut self, pod: usize) -> Result<(), Violation> {
+        let now_of: Vec<Instant> = (0..self.pods.len()).map(|i| self.local(i)).collect();
+        let Some(rec) = self.pods[pod].rec.as_ref() else {
+            return Ok(());
+        };
+        for shard in 0..self.cfg.core.shards {
+            if rec.serving(shard, now_of[pod]).is_none() {
+                continue;
+            }
+            let servers: Vec<&PodId> = self
+                .pods
+                .iter()
+                .enumerate()
+                .filter(|(i, p)| {
+                    p.alive
+                        && p.rec
+                            .as_ref()
+                            .is_some_and(|r| r.serving(shard, now_of[*i]).is_some())
+                })
+                .map(|(_, p)| &p.id)
+                .collect();
+            if servers.len() > 1 {
+                let servers: Vec<PodId> = servers.into_iter().cloned().collect();
+                let refs: Vec<&PodId> = servers.iter().collect();
+                return self.check.exclusive(self.now, shard, &refs);
+            }
+            self.check.checks += 1;
+        }
+        Ok(())
+    }
+
+    fn fault(&mut self, fault: Fault) -> Result<(), Violation> {
+        self.stats.faults += 1;
+        let staying: Vec<usize> = self
+            .alive()
+            .into_iter()
+            .filter(|&p| !self.pods[p].leaving)
+            .collect();
+        let can_lose = staying.len() > 1;
+        let alive: Vec<usize> = staying
+            .into_iter()
+            .filter(|&p| self.pods[p].paused_until.is_none())
+            .collect();
+        let victim = if alive.is_empty() {
+            None
+        } else {
+            Some(alive[self.rng.random_range(0..alive.len())])
+        };
+        self.check
+            .log(self.now, format_args!("fault {fault:?} victim {victim:?}"));
+        match (fault, victim) {
+            (Fault::Join, _) if self.alive().len() < self.cfg.max_pods => self.add_pod(self.now),
+            (Fault::Leave, Some(v)) if can_lose => {
+                self.pods[v].leaving = true;
+                let now = self.local(v);
+                if let Some(rec) = self.pods[v].rec.as_mut() {
+                    rec.begin_shutdown(now);
+                }
+                self.perform(v)?;
+                self.schedule_wake(v);
+            }
+            (Fault::Crash, Some(v)) if can_lose => self.pods[v].alive = false,
+            (Fault::Pause(d), Some(v)) => {
+                self.pods[v].paused_until = Some(self.now + d);
+                self.schedule(self.now + d, Ev::Resume(v));
+            }
+            (Fault::Partition(d), Some(v)) => {
+                self.pods[v].partitioned = true;
+                self.schedule(self.now + d, Ev::Heal(v));
+            }
+            (Fault::StoreOutage(d), _) => {
+                self.store_up = false;
+                self.schedule(self.now + d, Ev::StoreUp);
+            }
+            (Fault::StoreWipe, _) => self.store.wipe(),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// After faults stop and the settle time passes: each shard served by exactly its
+    /// assigned pod.
+    fn converged(&mut self) -> Result<(), Violation> {
+        let alive = self.alive();
+        let ids: Vec<PodId> = alive.iter().map(|&p| self.pods[p].id.clone()).collect();
+        let assignment = Assignment::compute(&ids, self.cfg.core.shards);
+        for shard in 0..self.cfg.core.shards {
+            let servers: Vec<PodId> = alive
+                .iter()
+                .filter(|&&p| {
+                    let now = self.local(p);
+                    self.pods[p]
+                        .rec
+                        .as_ref()
+                        .is_some_and(|r| r.serving(shard, now).is_some())
+                })
+                .map(|&p| self.pods[p].id.clone())
+                .collect();
+            let want = assignment.owner(shard).cloned();
+            if servers.len() != 1 || Some(&servers[0]) != want.as_ref() {
+                return Err(self.check.violation(
+                    self.now,
+                    format!(
+                        "not converged: shard {shard} assigned to {want:?}, served by {servers:?}"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn failed(call: Call) -> Reply {
+    match call {
+        Call::Heartbeat(_) => Reply::Heartbeat(Err(OpFailed)),
+        Call::Poll => Reply::Snapshot(Err(OpFailed)),
+        Call::Acquire(_, s) => Reply::Acquire(s, Err(OpFailed)),
+        Call::Renew(_, s) => Reply::Renew(s, Err(OpFailed)),
+        Call::Release(s) => Reply::Release(s, Err(OpFailed)),
+        Call::Deregister => Reply::Deregister(Err(OpFailed)),
+    }
+}
+
+fn failed_reply(reply: Reply) -> Reply {
+    match reply {
+        Reply::Heartbeat(_) => Reply::Heartbeat(Err(OpFailed)),
+        Reply::Snapshot(_) => Reply::Snapshot(Err(OpFailed)),
+        Reply::Acquire(s, _) => Reply::Acquire(s, Err(OpFailed)),
+        Reply::Renew(s, _) => Reply::Renew(s, Err(OpFailed)),
+        Reply::Release(s, _) => Reply::Release(s, Err(OpFailed)),
+        Reply::Deregister(_) => Reply::Deregister(Err(OpFailed)),
+    }
+}

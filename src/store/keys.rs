@@ -1,0 +1,135 @@
+//! Redis key names of one posgate cluster, and the notification channel.
+//!
+//! Every name carries the same hash tag `{<cluster>}`, so all keys of a cluster live in
+//! one Redis Cluster hash slot and every Lua script may touch any of them. Scripts never
+//! build key names themselves: the names computed here are passed as `KEYS`, which is
+//! what Redis Cluster requires to route a script.
+//!
+//! | name | type | content |
+//! |---|---|---|
+//! | `posgate:{<cluster>}:meta` | string | JSON [`ClusterMeta`](super::ClusterMeta) pinned by the first pod (`shards`, `shard_hash`, `ring`); pods with different settings refuse to join |
+//! | `posgate:{<cluster>}:gen` | hash | the store generation: `id` (`<seconds>.<micros>-<random>` from Redis `TIME`) and `created_ms` (Redis `TIME`, ms). Created by the first script that finds it missing; a new id tells pods that Redis lost everything |
+//! | `posgate:{<cluster>}:members` | sorted set | pod id -> registration expiry, ms by Redis `TIME`. A member is live while its score is >= now; expired entries are pruned by the snapshot script |
+//! | `posgate:{<cluster>}:member-info` | hash | pod id -> JSON [`Member`](crate::core::membership::Member) (url, version, ring version, start time); written and removed together with `members` |
+//! | `posgate:{<cluster>}:epochs` | hash | shard -> last fencing epoch handed out. Never deleted by posgate, so epochs stay monotonic while Redis keeps its data; after a data loss `max(last + 1, now_ms)` keeps them increasing |
+//! | `posgate:{<cluster>}:lease:<shard>` | string, `PX` ttl | the shard's lease: value = owner pod id, expiry = lease TTL by Redis time. Its epoch is the `epochs` entry of the shard |
+//! | `posgate:{<cluster>}:events` | pub/sub channel | notifications `join <pod>`, `leave <pod>`, `release <shard>`; receivers treat any message as "poll now" |
+//!
+//! What this module does not do: talk to Redis or decide key lifetimes (the scripts in
+//! `store/lua/` do that).
+
+use std::fmt;
+
+use crate::core::ShardId;
+
+/// Why a string cannot name a cluster.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("cluster name must be 1-64 characters of [A-Za-z0-9._-], got {0:?}")]
+pub struct InvalidCluster(pub String);
+
+/// The key names of one cluster. Cheap to clone; computing a name allocates.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Keys {
+    cluster: String,
+    /// `posgate:{<cluster>}:`, shared by every name.
+    prefix: String,
+}
+
+impl Keys {
+    /// Key names for `cluster`. The name becomes a hash tag, so it must not contain
+    /// braces; the allowed set is also safe in logs and metrics labels.
+    pub fn new(cluster: &str) -> Result<Keys, InvalidCluster> {
+        let ok = !cluster.is_empty()
+            && cluster.len() <= 64
+            && cluster
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+        if !ok {
+            return Err(InvalidCluster(cluster.to_string()));
+        }
+        Ok(Keys {
+            cluster: cluster.to_string(),
+            prefix: format!("posgate:{{{cluster}}}:"),
+        })
+    }
+
+    pub fn cluster(&self) -> &str {
+        &self.cluster
+    }
+
+    fn name(&self, suffix: impl fmt::Display) -> String {
+        format!("{}{suffix}", self.prefix)
+    }
+
+    /// Pinned cluster metadata (JSON string).
+    pub fn meta(&self) -> String {
+        self.name("meta")
+    }
+
+    /// Store generation (hash `id`, `created_ms`).
+    pub fn generation(&self) -> String {
+        self.name("gen")
+    }
+
+    /// Registrations: sorted set pod -> expiry ms.
+    pub fn members(&self) -> String {
+        self.name("members")
+    }
+
+    /// Registration details: hash pod -> JSON member.
+    pub fn member_info(&self) -> String {
+        self.name("member-info")
+    }
+
+    /// Last epoch per shard: hash shard -> epoch.
+    pub fn epochs(&self) -> String {
+        self.name("epochs")
+    }
+
+    /// The lease of `shard`: string owner pod id with a `PX` expiry.
+    pub fn lease(&self, shard: ShardId) -> String {
+        self.name(format_args!("lease:{shard}"))
+    }
+
+    /// The pub/sub channel for join, leave and release notifications.
+    pub fn events(&self) -> String {
+        self.name("events")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_share_one_hash_tag() {
+        let k = Keys::new("prod-eu.1").unwrap();
+        assert_eq!(k.cluster(), "prod-eu.1");
+        let all = [
+            k.meta(),
+            k.generation(),
+            k.members(),
+            k.member_info(),
+            k.epochs(),
+            k.lease(0),
+            k.lease(63),
+            k.events(),
+        ];
+        for name in &all {
+            assert!(name.starts_with("posgate:{prod-eu.1}:"), "{name}");
+        }
+        assert_eq!(k.lease(7), "posgate:{prod-eu.1}:lease:7");
+        assert_eq!(k.generation(), "posgate:{prod-eu.1}:gen");
+    }
+
+    #[test]
+    fn cluster_name_validation() {
+        assert!(Keys::new("default").is_ok());
+        assert!(Keys::new(&"a".repeat(64)).is_ok());
+        assert!(Keys::new("").is_err());
+        assert!(Keys::new(&"a".repeat(65)).is_err());
+        assert!(Keys::new("a}b").is_err());
+        assert!(Keys::new("a b").is_err());
+        assert!(Keys::new("a:b").is_err());
+    }
+}

@@ -1,0 +1,33 @@
+-- acquire: try to take a batch of shard leases.
+-- KEYS[1] gen, KEYS[2] epochs, KEYS[3..] lease:<shard> (one per shard, in call order)
+-- ARGV[1] caller generation, ARGV[2] nonce, ARGV[3] pod id, ARGV[4] ttl ms,
+-- ARGV[5..] shard ids (the epochs hash fields), aligned with KEYS[3..]
+-- Reply: {'gen', id, age_ms} | {'ok', outcome...} where outcome is
+--   {'acquired', epoch} | {'mine', epoch} | {'held', owner, epoch}
+-- Epoch rule: max(last + 1, now_ms). `last + 1` makes epochs strictly increase while
+-- Redis keeps the epochs hash; `now_ms` keeps them increasing after Redis lost it
+-- (a restart takes longer than one millisecond per acquisition made before it).
+local g, now = check_gen(KEYS[1], ARGV[1], ARGV[2])
+if g then
+  return g
+end
+local pod, ttl = ARGV[3], ARGV[4]
+local out = {'ok'}
+for i = 3, #KEYS do
+  local shard = ARGV[i + 2]
+  local owner = redis.call('GET', KEYS[i])
+  local last = tonumber(redis.call('HGET', KEYS[2], shard)) or 0
+  if not owner then
+    local epoch = math.max(last + 1, now)
+    redis.call('SET', KEYS[i], pod, 'NX', 'PX', ttl)
+    redis.call('HSET', KEYS[2], shard, int(epoch))
+    out[#out + 1] = {'acquired', epoch}
+  elseif owner == pod then
+    -- An earlier acquire whose answer was lost: extend, keep the epoch.
+    redis.call('PEXPIRE', KEYS[i], ttl)
+    out[#out + 1] = {'mine', last}
+  else
+    out[#out + 1] = {'held', owner, last}
+  end
+end
+return out

@@ -1,0 +1,23 @@
+-- heartbeat: register or refresh a member, re-pinning the metadata if Redis lost it.
+-- KEYS[1] gen, KEYS[2] members, KEYS[3] member-info, KEYS[4] meta
+-- ARGV[1] caller generation, ARGV[2] nonce, ARGV[3] pod id, ARGV[4] member JSON,
+-- ARGV[5] metadata JSON, ARGV[6] ttl ms, ARGV[7] events channel
+-- Reply: {'gen', id, age_ms} | {'meta', stored_json} | {'ok'}
+-- Order matters and is mirrored by MemoryState: generation, then metadata, then writes.
+local g, now = check_gen(KEYS[1], ARGV[1], ARGV[2])
+if g then
+  return g
+end
+local m = check_meta(KEYS[4], ARGV[5])
+if m then
+  return m
+end
+local pod = ARGV[3]
+local old = redis.call('ZSCORE', KEYS[2], pod)
+redis.call('ZADD', KEYS[2], int(now + tonumber(ARGV[6])), pod)
+redis.call('HSET', KEYS[3], pod, ARGV[4])
+-- An expired registration not pruned yet counts as new: peers already dropped it.
+if (not old) or tonumber(old) < now then
+  redis.call('PUBLISH', ARGV[7], 'join ' .. pod)
+end
+return {'ok'}

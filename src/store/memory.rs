@@ -1,0 +1,549 @@
+//! The in-memory coordination store: the same contract as the Redis scripts, in one
+//! process.
+//!
+//! Two layers:
+//! - [`MemoryState`] is a synchronous, deterministic model of the keys in
+//!   `store::keys` and of every script in `store/lua/`. The caller passes the store
+//!   clock (`now_ms`) and the generation ids come from a seeded RNG, so the
+//!   deterministic simulation drives it directly with virtual time and replays runs from
+//!   a seed. Keys expire lazily, judged by the `now_ms` of each call, exactly where Redis
+//!   would judge them: a lease is live while `now_ms <= expiry` (Redis deletes a key
+//!   once `now > expiry`), a member while its expiry `>= now_ms`, and expired members
+//!   are pruned only by [`MemoryState::snapshot`], like the snapshot script does.
+//! - [`MemoryStore`] wraps it for real use (single-process embedded mode, tests): a
+//!   shared lock, the wall clock in milliseconds since the Unix epoch (so epochs look
+//!   like Redis ones) and a `watch` channel bumped on notifications.
+//!
+//! What it does not do: persist anything, or simulate partial failures (a call here
+//! never fails with `Unavailable`/`Timeout`; tests that need those use the Redis store
+//! behind a TCP proxy).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::sync::watch;
+
+use super::{ClusterMeta, CoordStore, StoreError};
+use crate::core::lease::{AcquireOutcome, Checked, RenewOutcome};
+use crate::core::membership::{GenerationInfo, Lease, Member, Snapshot};
+use crate::core::{Epoch, PodId, ShardId};
+
+/// A TTL in whole milliseconds, at least 1: Redis refuses `PX 0`, and both stores must
+/// treat the same inputs the same way.
+pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+/// Everything the store holds, as plain data. See the module docs for the expiry rules.
+#[derive(Debug)]
+pub struct MemoryState {
+    rng: StdRng,
+    /// Generation id and creation time (store ms).
+    generation: Option<(String, u64)>,
+    meta: Option<ClusterMeta>,
+    /// Pod -> (registration expiry ms, details).
+    members: BTreeMap<PodId, (u64, Member)>,
+    /// Last epoch handed out per shard.
+    epochs: BTreeMap<ShardId, Epoch>,
+    /// Shard -> (owner, expiry ms).
+    leases: BTreeMap<ShardId, (PodId, u64)>,
+    notifications: u64,
+}
+
+impl MemoryState {
+    /// An empty store whose generation ids derive from `seed`.
+    pub fn new(seed: u64) -> Self {
+        MemoryState {
+            rng: StdRng::seed_from_u64(seed),
+            generation: None,
+            meta: None,
+            members: BTreeMap::new(),
+            epochs: BTreeMap::new(),
+            leases: BTreeMap::new(),
+            notifications: 0,
+        }
+    }
+
+    /// Simulates Redis restarting empty: every key is gone, epochs and generation too.
+    /// The notification counter and the RNG are client-side state and survive.
+    pub fn wipe(&mut self) {
+        self.generation = None;
+        self.meta = None;
+        self.members.clear();
+        self.epochs.clear();
+        self.leases.clear();
+    }
+
+    /// How many join, leave and release notifications were published so far.
+    pub fn notifications(&self) -> u64 {
+        self.notifications
+    }
+
+    /// The generation check every writing script starts with (`check_gen` in
+    /// `lua/lib.lua`): `None` when `caller` is current; otherwise the current generation,
+    /// created first when missing.
+    fn check_generation(&mut self, now_ms: u64, caller: &str) -> Option<GenerationInfo> {
+        match &self.generation {
+            Some((id, _)) if id == caller => None,
+            Some((id, created)) => Some(GenerationInfo {
+                id: id.clone(),
+                age: Duration::from_millis(now_ms.saturating_sub(*created)),
+            }),
+            None => {
+                // Same shape as the Lua id: `<seconds>.<micros>-<random>`.
+                let nonce: u64 = self.rng.random();
+                let id = format!(
+                    "{}.{:06}-{nonce:016x}",
+                    now_ms / 1000,
+                    (now_ms % 1000) * 1000
+                );
+                self.generation = Some((id.clone(), now_ms));
+                Some(GenerationInfo {
+                    id,
+                    age: Duration::ZERO,
+                })
+            }
+        }
+    }
+
+    /// `SET meta NX`, then compare (`check_meta` in `lua/lib.lua`).
+    pub fn pin_meta(&mut self, meta: &ClusterMeta) -> Result<(), StoreError> {
+        match &self.meta {
+            None => {
+                self.meta = Some(meta.clone());
+                Ok(())
+            }
+            Some(stored) if stored == meta => Ok(()),
+            Some(stored) => Err(StoreError::MetaMismatch {
+                stored: stored.clone(),
+                ours: meta.clone(),
+            }),
+        }
+    }
+
+    /// The live owner of `shard`, deleting an expired lease like Redis would on access.
+    fn lease_owner(&mut self, now_ms: u64, shard: ShardId) -> Option<&PodId> {
+        if matches!(self.leases.get(&shard), Some((_, expiry)) if now_ms > *expiry) {
+            self.leases.remove(&shard);
+        }
+        self.leases.get(&shard).map(|(owner, _)| owner)
+    }
+
+    /// See `lua/heartbeat.lua`.
+    pub fn heartbeat(
+        &mut self,
+        now_ms: u64,
+        generation: &str,
+        member: &Member,
+        meta: &ClusterMeta,
+        ttl: Duration,
+    ) -> Result<Checked<()>, StoreError> {
+        if let Some(info) = self.check_generation(now_ms, generation) {
+            return Ok(Checked::GenerationChanged(info));
+        }
+        self.pin_meta(meta)?;
+        let expiry = now_ms.saturating_add(ttl_ms(ttl));
+        let old = self
+            .members
+            .insert(member.pod.clone(), (expiry, member.clone()));
+        // A registration that expired but was not pruned yet counts as a new join.
+        if !matches!(old, Some((old_expiry, _)) if old_expiry >= now_ms) {
+            self.notifications += 1;
+        }
+        Ok(Checked::Ok(()))
+    }
+
+    /// See `lua/deregister.lua`: removes the registration (expired or not) and notifies
+    /// only if there was one.
+    pub fn deregister(&mut self, _now_ms: u64, pod: &PodId) {
+        if self.members.remove(pod).is_some() {
+            self.notifications += 1;
+        }
+    }
+
+    /// See `lua/acquire.lua`.
+    pub fn acquire(
+        &mut self,
+        now_ms: u64,
+        generation: &str,
+        pod: &PodId,
+        shards: &[ShardId],
+        ttl: Duration,
+    ) -> Result<Checked<Vec<AcquireOutcome>>, StoreError> {
+        if let Some(info) = self.check_generation(now_ms, generation) {
+            return Ok(Checked::GenerationChanged(info));
+        }
+        let expiry = now_ms.saturating_add(ttl_ms(ttl));
+        let mut out = Vec::with_capacity(shards.len());
+        for &shard in shards {
+            let last = self.epochs.get(&shard).copied().unwrap_or(0);
+            let outcome = match self.lease_owner(now_ms, shard).cloned() {
+                None => {
+                    let epoch = (last + 1).max(now_ms);
+                    self.leases.insert(shard, (pod.clone(), expiry));
+                    self.epochs.insert(shard, epoch);
+                    AcquireOutcome::Acquired { epoch }
+                }
+                Some(owner) if &owner == pod => {
+                    self.leases.insert(shard, (owner, expiry));
+                    AcquireOutcome::AlreadyMine { epoch: last }
+                }
+                Some(owner) => AcquireOutcome::HeldBy { owner, epoch: last },
+            };
+            out.push(outcome);
+        }
+        Ok(Checked::Ok(out))
+    }
+
+    /// See `lua/renew.lua`.
+    pub fn renew(
+        &mut self,
+        now_ms: u64,
+        generation: &str,
+        pod: &PodId,
+        shards: &[ShardId],
+        ttl: Duration,
+    ) -> Result<Checked<Vec<RenewOutcome>>, StoreError> {
+        if let Some(info) = self.check_generation(now_ms, generation) {
+            return Ok(Checked::GenerationChanged(info));
+        }
+        let expiry = now_ms.saturating_add(ttl_ms(ttl));
+        let mut out = Vec::with_capacity(shards.len());
+        for &shard in shards {
+            let outcome = match self.lease_owner(now_ms, shard).cloned() {
+                None => RenewOutcome::Missing,
+                Some(owner) if &owner == pod => {
+                    self.leases.insert(shard, (owner, expiry));
+                    RenewOutcome::Renewed
+                }
+                Some(owner) => RenewOutcome::HeldBy { owner },
+            };
+            out.push(outcome);
+        }
+        Ok(Checked::Ok(out))
+    }
+
+    /// See `lua/release.lua`: no generation check, owner-checked delete, one
+    /// notification per deleted lease.
+    pub fn release(&mut self, now_ms: u64, pod: &PodId, shards: &[ShardId]) -> Vec<bool> {
+        shards
+            .iter()
+            .map(|&shard| {
+                let mine = self.lease_owner(now_ms, shard) == Some(pod);
+                if mine {
+                    self.leases.remove(&shard);
+                    self.notifications += 1;
+                }
+                mine
+            })
+            .collect()
+    }
+
+    /// See `lua/snapshot.lua`: creates the generation if missing, prunes expired
+    /// members, and lists live members (sorted by pod id) and the holders of shards
+    /// `0..shards`.
+    pub fn snapshot(&mut self, now_ms: u64, shards: u32) -> Snapshot {
+        // "" never matches, so this always answers the current (or a new) generation.
+        let generation = self
+            .check_generation(now_ms, "")
+            .expect("the empty generation id never matches");
+        self.members.retain(|_, (expiry, _)| *expiry >= now_ms);
+        let members = self.members.values().map(|(_, m)| m.clone()).collect();
+        let leases = (0..shards)
+            .map(|shard| {
+                let owner = self.lease_owner(now_ms, shard)?.clone();
+                let epoch = self.epochs.get(&shard).copied().unwrap_or(0);
+                Some(Lease { owner, epoch })
+            })
+            .collect();
+        Snapshot {
+            generation,
+            members,
+            leases,
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch: the memory store's clock, so its epochs are
+/// comparable with the ones Redis hands out from `TIME`.
+fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// [`MemoryState`] behind a lock, with the wall clock, implementing [`CoordStore`].
+/// Clones share the same state.
+#[derive(Clone, Debug)]
+pub struct MemoryStore {
+    state: Arc<Mutex<MemoryState>>,
+    changes: Arc<watch::Sender<u64>>,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryStore {
+    /// An empty store with a randomly seeded generation RNG.
+    pub fn new() -> Self {
+        Self::from_state(MemoryState::new(rand::random()))
+    }
+
+    /// A store over an existing state (e.g. seeded for a reproducible test).
+    pub fn from_state(state: MemoryState) -> Self {
+        let (tx, _) = watch::channel(state.notifications());
+        MemoryStore {
+            state: Arc::new(Mutex::new(state)),
+            changes: Arc::new(tx),
+        }
+    }
+
+    /// Test hook: forget everything, like a Redis that restarted empty.
+    pub fn wipe(&self) {
+        self.lock().wipe();
+    }
+
+    fn lock(&self) -> MutexGuard<'_, MemoryState> {
+        // A panic while holding the lock cannot leave the plain-data state half-written
+        // in a way that matters more than the panic itself; keep serving.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Runs `f` on the state at the current wall time and bumps the change counter if
+    /// `f` published notifications.
+    fn with_state<T>(&self, f: impl FnOnce(&mut MemoryState, u64) -> T) -> T {
+        let mut state = self.lock();
+        let before = state.notifications();
+        let out = f(&mut state, wall_ms());
+        let after = state.notifications();
+        drop(state);
+        if after != before {
+            self.changes.send_replace(after);
+        }
+        out
+    }
+}
+
+impl CoordStore for MemoryStore {
+    async fn pin_meta(&self, meta: &ClusterMeta) -> Result<(), StoreError> {
+        self.with_state(|s, _| s.pin_meta(meta))
+    }
+
+    async fn heartbeat(
+        &self,
+        generation: &str,
+        member: &Member,
+        meta: &ClusterMeta,
+        ttl: Duration,
+    ) -> Result<Checked<()>, StoreError> {
+        self.with_state(|s, now| s.heartbeat(now, generation, member, meta, ttl))
+    }
+
+    async fn deregister(&self, pod: &PodId) -> Result<(), StoreError> {
+        self.with_state(|s, now| s.deregister(now, pod));
+        Ok(())
+    }
+
+    async fn acquire(
+        &self,
+        generation: &str,
+        pod: &PodId,
+        shards: &[ShardId],
+        ttl: Duration,
+    ) -> Result<Checked<Vec<AcquireOutcome>>, StoreError> {
+        self.with_state(|s, now| s.acquire(now, generation, pod, shards, ttl))
+    }
+
+    async fn renew(
+        &self,
+        generation: &str,
+        pod: &PodId,
+        shards: &[ShardId],
+        ttl: Duration,
+    ) -> Result<Checked<Vec<RenewOutcome>>, StoreError> {
+        self.with_state(|s, now| s.renew(now, generation, pod, shards, ttl))
+    }
+
+    async fn release(&self, pod: &PodId, shards: &[ShardId]) -> Result<Vec<bool>, StoreError> {
+        Ok(self.with_state(|s, now| s.release(now, pod, shards)))
+    }
+
+    async fn snapshot(&self, shards: u32) -> Result<Snapshot, StoreError> {
+        Ok(self.with_state(|s, now| s.snapshot(now, shards)))
+    }
+
+    fn changes(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TTL: Duration = Duration::from_millis(1000);
+
+    fn pod(id: &str) -> PodId {
+        PodId::new(id).unwrap()
+    }
+
+    fn member(id: &str) -> Member {
+        Member {
+            pod: pod(id),
+            url: format!("http://{id}:8080"),
+            version: "test".into(),
+            ring_version: "r".into(),
+            started_ms: 1,
+        }
+    }
+
+    /// Learns the generation the way a pod does: the first call answers it.
+    fn generation(s: &mut MemoryState, now: u64) -> String {
+        match s.acquire(now, "", &pod("x"), &[], TTL).unwrap() {
+            Checked::GenerationChanged(g) => g.id,
+            Checked::Ok(_) => panic!("the empty generation must never match"),
+        }
+    }
+
+    #[test]
+    fn generation_is_created_once_and_checked() {
+        let mut s = MemoryState::new(7);
+        let g = generation(&mut s, 1_000);
+        assert!(g.starts_with("1.000000-"), "{g}");
+        assert_eq!(
+            s.acquire(1_500, &g, &pod("a"), &[0], TTL).unwrap(),
+            Checked::Ok(vec![AcquireOutcome::Acquired { epoch: 1_500 }])
+        );
+        match s.renew(2_000, "stale", &pod("a"), &[0], TTL).unwrap() {
+            Checked::GenerationChanged(info) => {
+                assert_eq!(info.id, g);
+                assert_eq!(info.age, Duration::from_millis(1_000));
+            }
+            other => panic!("{other:?}"),
+        }
+        // Same seed, same ids: the simulation replays.
+        assert_eq!(generation(&mut MemoryState::new(7), 1_000), g);
+    }
+
+    #[test]
+    fn epochs_increase_and_survive_wipe_by_the_clock() {
+        let mut s = MemoryState::new(1);
+        let g = generation(&mut s, 10);
+        let a = pod("a");
+        let epoch = |c: Checked<Vec<AcquireOutcome>>| match c {
+            Checked::Ok(v) => match v[0] {
+                AcquireOutcome::Acquired { epoch } => epoch,
+                ref o => panic!("{o:?}"),
+            },
+            other => panic!("{other:?}"),
+        };
+        let e1 = epoch(s.acquire(100, &g, &a, &[3], TTL).unwrap());
+        assert_eq!(s.release(100, &a, &[3]), vec![true]);
+        // Same millisecond: last + 1 wins over the clock.
+        let e2 = epoch(s.acquire(100, &g, &a, &[3], TTL).unwrap());
+        assert_eq!((e1, e2), (100, 101));
+        s.wipe();
+        let g2 = generation(&mut s, 200);
+        assert_ne!(g, g2);
+        let e3 = epoch(s.acquire(200, &g2, &a, &[3], TTL).unwrap());
+        assert!(e3 > e2);
+    }
+
+    #[test]
+    fn owner_checks_and_expiry() {
+        let mut s = MemoryState::new(2);
+        let g = generation(&mut s, 0);
+        let (a, b) = (pod("a"), pod("b"));
+        s.acquire(0, &g, &a, &[1], TTL).unwrap();
+        assert_eq!(
+            s.acquire(10, &g, &b, &[1], TTL).unwrap(),
+            Checked::Ok(vec![AcquireOutcome::HeldBy {
+                owner: a.clone(),
+                epoch: 1
+            }])
+        );
+        assert_eq!(
+            s.renew(10, &g, &b, &[1, 2], TTL).unwrap(),
+            Checked::Ok(vec![
+                RenewOutcome::HeldBy { owner: a.clone() },
+                RenewOutcome::Missing
+            ])
+        );
+        assert_eq!(s.release(10, &b, &[1]), vec![false]);
+        assert_eq!(
+            s.acquire(20, &g, &a, &[1], TTL).unwrap(),
+            Checked::Ok(vec![AcquireOutcome::AlreadyMine { epoch: 1 }])
+        );
+        // Extended to 20 + 1000: still live at 1020, gone at 1021.
+        assert!(s.snapshot(1_020, 4).leases[1].is_some());
+        assert_eq!(
+            s.renew(1_021, &g, &a, &[1], TTL).unwrap(),
+            Checked::Ok(vec![RenewOutcome::Missing])
+        );
+        assert_eq!(s.notifications(), 0);
+    }
+
+    #[test]
+    fn membership_notifications_and_meta() {
+        let mut s = MemoryState::new(3);
+        let g = generation(&mut s, 0);
+        let meta = ClusterMeta::current(64);
+        assert_eq!(
+            s.heartbeat(0, &g, &member("b"), &meta, TTL).unwrap(),
+            Checked::Ok(())
+        );
+        s.heartbeat(0, &g, &member("a"), &meta, TTL).unwrap();
+        s.heartbeat(500, &g, &member("a"), &meta, TTL).unwrap();
+        assert_eq!(s.notifications(), 2, "a refresh is not a join");
+        let snap = s.snapshot(1_000, 2);
+        assert_eq!(
+            snap.members
+                .iter()
+                .map(|m| m.pod.as_str())
+                .collect::<Vec<_>>(),
+            ["a", "b"]
+        );
+        let snap = s.snapshot(1_001, 2);
+        assert_eq!(snap.members.len(), 1, "b expired at 1000");
+        s.deregister(1_001, &pod("a"));
+        s.deregister(1_001, &pod("a"));
+        assert_eq!(s.notifications(), 3, "only a real removal notifies");
+        let other = ClusterMeta {
+            shards: 32,
+            ..meta.clone()
+        };
+        assert!(matches!(
+            s.heartbeat(1_002, &g, &member("c"), &other, TTL),
+            Err(StoreError::MetaMismatch { .. })
+        ));
+        assert!(
+            s.snapshot(1_002, 0).members.is_empty(),
+            "a refused heartbeat writes nothing"
+        );
+    }
+
+    #[tokio::test]
+    async fn memory_store_bumps_changes() {
+        let store = MemoryStore::from_state(MemoryState::new(4));
+        let mut rx = store.changes();
+        let snap = store.snapshot(1).await.unwrap();
+        let g = snap.generation.id;
+        let a = pod("a");
+        store.acquire(&g, &a, &[0], TTL).await.unwrap();
+        assert!(!rx.has_changed().unwrap());
+        assert_eq!(store.release(&a, &[0]).await.unwrap(), vec![true]);
+        assert!(rx.has_changed().unwrap());
+        assert_eq!(*rx.borrow_and_update(), 1);
+        store.wipe();
+        assert_ne!(store.snapshot(1).await.unwrap().generation.id, g);
+    }
+}

@@ -1,0 +1,135 @@
+//! The `CoordStore` seam: everything posgate needs from its coordination store.
+//!
+//! Two implementations share one contract: [`redis::RedisStore`] (production; every
+//! multi-key step is one Lua script, so it is atomic) and [`memory::MemoryStore`]
+//! (single-process embedded mode and the deterministic simulation). A differential test
+//! runs one operation script against both and compares the answers.
+//!
+//! Semantics every implementation must keep (see `docs/design.md`, "Keys and scripts"):
+//! - **Generation.** Every call that writes takes the caller's generation id and writes
+//!   nothing when it differs, answering [`Checked::GenerationChanged`]. When the store
+//!   has no generation (first use, or Redis restarted empty) the call creates one with a
+//!   fresh random id. `""` never matches, so a pod's first call learns the generation.
+//! - **Liveness by the store's clock.** Member and lease expiry use the store's clock
+//!   (`TIME` in Redis), never the caller's.
+//! - **Epochs never decrease**, even across a restart that lost everything:
+//!   `epoch = max(last_epoch(shard) + 1, store_time_ms)`.
+//! - **Owner checks.** Renew and release act only on keys whose value is the caller.
+//! - **Notifications.** Joins, graceful leaves and releases bump [`CoordStore::changes`]
+//!   so peers poll at once instead of waiting for the poll interval.
+//!
+//! What it does not do: decide anything. Policy (who should own what, when to give up)
+//! lives in `crate::core`.
+
+use std::future::Future;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::core::lease::{AcquireOutcome, Checked, RenewOutcome};
+use crate::core::membership::{Member, Snapshot};
+use crate::core::{PodId, ShardId};
+
+pub mod keys;
+pub mod memory;
+pub mod redis;
+
+/// Settings every pod of a cluster must share, pinned in the store by the first pod.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterMeta {
+    pub shards: u32,
+    pub shard_hash: String,
+    pub ring: String,
+}
+
+impl ClusterMeta {
+    /// The metadata this binary runs with for `shards` shards.
+    pub fn current(shards: u32) -> Self {
+        ClusterMeta {
+            shards,
+            shard_hash: crate::core::shard::SHARD_HASH.to_string(),
+            ring: crate::core::ring::RING_VERSION.to_string(),
+        }
+    }
+}
+
+/// Why a store call failed. A failed call may or may not have taken effect.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The settings themselves are wrong (URL, cluster name, TLS set-up): retrying cannot
+    /// help, unlike every other variant.
+    #[error("invalid store configuration: {0}")]
+    Config(String),
+    #[error("store unreachable: {0}")]
+    Unavailable(String),
+    #[error("store call timed out after {0:?}")]
+    Timeout(Duration),
+    #[error(
+        "cluster metadata mismatch: the store has {stored:?} but this pod runs {ours:?}; \
+         every pod of a cluster must use the same --shards, shard hash and ring version"
+    )]
+    MetaMismatch {
+        stored: ClusterMeta,
+        ours: ClusterMeta,
+    },
+    #[error("unexpected store reply: {0}")]
+    Protocol(String),
+}
+
+/// The coordination store. All methods are cancel-safe to drop; a dropped or failed call
+/// may still have been applied.
+pub trait CoordStore: Send + Sync + 'static {
+    /// Writes `meta` if the store has none; fails with [`StoreError::MetaMismatch`] if it
+    /// holds a different one.
+    fn pin_meta(&self, meta: &ClusterMeta) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Registers or refreshes `member` for `ttl` (by the store clock) and re-pins `meta`
+    /// if the store lost it. Publishes a join notification when the member was not
+    /// registered before.
+    fn heartbeat(
+        &self,
+        generation: &str,
+        member: &Member,
+        meta: &ClusterMeta,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Checked<()>, StoreError>> + Send;
+
+    /// Removes `pod`'s registration at once and publishes a leave notification.
+    fn deregister(&self, pod: &PodId) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Tries to take each shard's lease for `ttl` (`SET NX PX` + epoch), in one call.
+    /// Outcomes are in the order of `shards`.
+    fn acquire(
+        &self,
+        generation: &str,
+        pod: &PodId,
+        shards: &[ShardId],
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Checked<Vec<AcquireOutcome>>, StoreError>> + Send;
+
+    /// Extends each of `pod`'s leases to `ttl` if `pod` still holds it, in one call.
+    fn renew(
+        &self,
+        generation: &str,
+        pod: &PodId,
+        shards: &[ShardId],
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Checked<Vec<RenewOutcome>>, StoreError>> + Send;
+
+    /// Deletes each lease that `pod` holds (owner-checked) and publishes a release
+    /// notification. Returns, per shard, whether a lease of `pod` was deleted.
+    fn release(
+        &self,
+        pod: &PodId,
+        shards: &[ShardId],
+    ) -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send;
+
+    /// Live members and all lease holders in one atomic read; creates the generation if
+    /// the store has none.
+    fn snapshot(&self, shards: u32) -> impl Future<Output = Result<Snapshot, StoreError>> + Send;
+
+    /// A counter bumped on every join, leave or release notification. Implementations
+    /// keep the subscription alive (reconnecting as needed) for the store's lifetime.
+    fn changes(&self) -> watch::Receiver<u64>;
+}

@@ -1,0 +1,479 @@
+//! The production [`CoordStore`]: Redis, one Lua script per operation.
+//!
+//! Every operation is exactly one script call (one client round trip, counted by
+//! [`RedisStore::round_trips`]), so each is atomic in Redis; the scripts live in
+//! `store/lua/` with `lib.lua` prepended, and take every key name as `KEYS` (all under
+//! one hash tag, see `store::keys`) so they also run on Redis Cluster.
+//!
+//! | operation | script | keys (all passed as `KEYS`) | generation check |
+//! |---|---|---|---|
+//! | `pin_meta` | `pin_meta.lua` | meta | no |
+//! | `heartbeat` | `heartbeat.lua` | gen, members, member-info, meta | yes, then meta |
+//! | `deregister` | `deregister.lua` | members, member-info | no |
+//! | `acquire` | `acquire.lua` | gen, epochs, `lease:<s>`... | yes |
+//! | `renew` | `renew.lua` | gen, `lease:<s>`... | yes |
+//! | `release` | `release.lua` | `lease:<s>`... | no (owner check only) |
+//! | `snapshot` | `snapshot.lua` | gen, members, member-info, epochs, `lease:0..n` | creates it if missing |
+//!
+//! Connection handling, and why:
+//! - A `ConnectionManager` with a response timeout, a connect timeout and a few retries
+//!   with backoff. Each call is additionally bounded by the response timeout on our side,
+//!   because a call waiting on a reconnect would otherwise wait for all its retries.
+//! - A timed-out command leaves the socket in place, so a half-open connection could
+//!   linger: TCP keepalive and `TCP_USER_TIMEOUT` make the kernel drop it, and after
+//!   [`REBUILD_AFTER_TIMEOUTS`] timeouts in a row the manager is replaced outright.
+//! - Errors map to `StoreError::Config` (bad URL or cluster name, TLS set-up),
+//!   `Timeout` (no answer in time), `Unavailable` (connection, auth, failover states) or
+//!   `Protocol` (script errors, unexpected reply shapes, parsed in `reply.rs`). None of
+//!   them panics and nothing retries in a loop: the caller's next call reconnects.
+//!   URL checks, socket options and the error mapping are in `client.rs`.
+//! - `changes()` is fed by a background task holding its own pub/sub connection
+//!   (`events.rs`), resubscribing with backoff after any loss.
+//!
+//! Two ways to start: [`RedisStore::connect`] fails fast, with the server's reason, when
+//! Redis is unreachable or refuses the credentials (one-shot CLI commands, tests);
+//! [`RedisStore::connect_lazy`] only checks the settings and connects in the background,
+//! so a pod can start before Redis does (`posgate serve`).
+//!
+//! URLs: `redis://[user[:password]@]host[:port][/db]` and `rediss://` (rustls with the
+//! ring provider, roots from the system store). The password never appears in logs or
+//! errors.
+//!
+//! What it does not do: decide anything (policy is in `crate::core`), or talk to more
+//! than one Redis endpoint (no Sentinel or cluster client).
+
+mod client;
+mod events;
+mod reply;
+
+use std::fmt;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redis::aio::ConnectionManager;
+use redis::{AsyncConnectionConfig, Client, Script, Value};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{debug, info, warn};
+
+use self::client::{bounded, cannot_connect, lazy_manager, open};
+use self::events::{Events, Subscription};
+use self::reply::{
+    acquire_outcome, bad, checked, map_ok, parse_snapshot, released, renew_outcome, uint,
+};
+use super::keys::Keys;
+use super::memory::ttl_ms;
+use super::{ClusterMeta, CoordStore, StoreError};
+use crate::core::lease::{AcquireOutcome, Checked, RenewOutcome};
+use crate::core::membership::{Member, Snapshot};
+use crate::core::{PodId, ShardId};
+
+/// Timeouts in a row after which the connection manager is rebuilt.
+pub const REBUILD_AFTER_TIMEOUTS: u32 = 3;
+/// At most one `warn!` per this interval for failed calls; the rest go to `debug!`.
+const WARN_EVERY_MS: u64 = 5_000;
+
+/// Client-side timeouts. The pod sets `response_timeout` well below
+/// `lease TTL - renew interval`, so a stuck call cannot eat a lease's safety margin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RedisOptions {
+    /// Longest wait for one call's answer (including a reconnect it has to wait for).
+    pub response_timeout: Duration,
+    /// Longest wait for one connection attempt (TCP, TLS, AUTH).
+    pub connect_timeout: Duration,
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        RedisOptions {
+            response_timeout: Duration::from_secs(1),
+            connect_timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+/// A script body with the shared helpers prepended.
+macro_rules! script {
+    ($file:literal) => {
+        Script::new(concat!(
+            include_str!("../lua/lib.lua"),
+            include_str!(concat!("../lua/", $file))
+        ))
+    };
+}
+
+struct Scripts {
+    pin_meta: Script,
+    heartbeat: Script,
+    deregister: Script,
+    acquire: Script,
+    renew: Script,
+    release: Script,
+    snapshot: Script,
+}
+
+impl Scripts {
+    fn new() -> Self {
+        Scripts {
+            pin_meta: script!("pin_meta.lua"),
+            heartbeat: script!("heartbeat.lua"),
+            deregister: script!("deregister.lua"),
+            acquire: script!("acquire.lua"),
+            renew: script!("renew.lua"),
+            release: script!("release.lua"),
+            snapshot: script!("snapshot.lua"),
+        }
+    }
+}
+
+struct Shared {
+    client: Client,
+    keys: Keys,
+    opts: RedisOptions,
+    scripts: Scripts,
+    /// Swapped for a fresh one after repeated timeouts; calls clone it out of the lock.
+    manager: Mutex<ConnectionManager>,
+    timeouts_in_row: AtomicU32,
+    round_trips: Arc<AtomicU64>,
+    started: Instant,
+    /// Milliseconds since `started` of the last `warn!` + 1 (0: never).
+    last_warn: AtomicU64,
+    url: String,
+}
+
+/// Aborts the pub/sub task when the last clone of the store goes away.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The Redis store. Clones share the connection and the change subscription.
+#[derive(Clone)]
+pub struct RedisStore {
+    shared: Arc<Shared>,
+    changes: watch::Receiver<u64>,
+    _events: Arc<AbortOnDrop>,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("url", &self.shared.url)
+            .field("cluster", &self.shared.keys.cluster())
+            .finish_non_exhaustive()
+    }
+}
+
+fn nonce() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
+
+impl RedisStore {
+    /// Connects to `url` for cluster `cluster`: checks the URL, the cluster name,
+    /// reachability and credentials (one PING), and subscribes to the event channel.
+    /// For one-shot commands that should fail at once with the server's reason.
+    pub async fn connect(
+        url: &str,
+        cluster: &str,
+        opts: RedisOptions,
+    ) -> Result<RedisStore, StoreError> {
+        let (client, keys, redacted) = open(url, cluster)?;
+        let context = |e| cannot_connect(&redacted, e);
+        // A plain connection first: a wrong address or password fails here, once, with
+        // the server's reason, instead of inside the manager's retries.
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(opts.connect_timeout))
+            .set_response_timeout(Some(opts.response_timeout));
+        let mut probe = bounded(
+            opts.connect_timeout + opts.response_timeout,
+            client.get_multiplexed_async_connection_with_config(&config),
+        )
+        .await
+        .map_err(context)?;
+        bounded(
+            opts.response_timeout,
+            redis::cmd("PING").query_async::<()>(&mut probe),
+        )
+        .await
+        .map_err(context)?;
+        drop(probe);
+        let first = events::subscribe(&client, &keys.events(), &opts)
+            .await
+            .map_err(context)?;
+        let store = Self::assemble(client, keys, redacted, opts, Some(first), 2)?;
+        info!(url = %store.shared.url, cluster = store.keys().cluster(), "connected to redis");
+        Ok(store)
+    }
+
+    /// Checks the URL and the cluster name (errors are [`StoreError::Config`]) but does
+    /// not contact Redis: the first call connects, and the event subscription is made in
+    /// the background, retried with backoff until Redis answers; `changes()` is bumped
+    /// once it is in place. Until then calls fail with `Unavailable` or `Timeout`, each
+    /// within the response timeout; the first call after Redis comes up may still fail
+    /// once, reporting the reconnect that failed before it (the next one succeeds). For
+    /// a pod, which may start before Redis does.
+    ///
+    /// Must be called within a Tokio runtime (it spawns the subscription task).
+    pub fn connect_lazy(
+        url: &str,
+        cluster: &str,
+        opts: RedisOptions,
+    ) -> Result<RedisStore, StoreError> {
+        let (client, keys, redacted) = open(url, cluster)?;
+        let store = Self::assemble(client, keys, redacted, opts, None, 0)?;
+        info!(url = %store.shared.url, cluster = store.keys().cluster(), "using redis (connecting in the background)");
+        Ok(store)
+    }
+
+    /// The store around `client`, with the events task started from `first` (or
+    /// subscribing on its own) and `round_trips` already spent.
+    fn assemble(
+        client: Client,
+        keys: Keys,
+        url: String,
+        opts: RedisOptions,
+        first: Option<Subscription>,
+        round_trips: u64,
+    ) -> Result<RedisStore, StoreError> {
+        // Only an invalid manager configuration fails here; ours is fixed, so this is a
+        // bug or an unsupported URL option, not an outage.
+        let manager = lazy_manager(&client, &opts).map_err(|e| {
+            StoreError::Config(format!("cannot set up the Redis connection for {url}: {e}"))
+        })?;
+        let round_trips = Arc::new(AtomicU64::new(round_trips));
+        let (tx, rx) = watch::channel(0);
+        let events = Events {
+            client: client.clone(),
+            channel: keys.events(),
+            opts,
+            tx,
+            round_trips: round_trips.clone(),
+        };
+        let task = tokio::spawn(events::run(events, first));
+        Ok(RedisStore {
+            shared: Arc::new(Shared {
+                client,
+                keys,
+                opts,
+                scripts: Scripts::new(),
+                manager: Mutex::new(manager),
+                timeouts_in_row: AtomicU32::new(0),
+                round_trips,
+                started: Instant::now(),
+                last_warn: AtomicU64::new(0),
+                url,
+            }),
+            changes: rx,
+            _events: Arc::new(AbortOnDrop(task)),
+        })
+    }
+
+    /// Client-side round trips so far (one per script call, subscription or PING).
+    pub fn round_trips(&self) -> u64 {
+        self.shared.round_trips.load(Ordering::Relaxed)
+    }
+
+    /// The key names this store uses.
+    pub fn keys(&self) -> &Keys {
+        &self.shared.keys
+    }
+
+    /// One script call with our deadline, latency logging and timeout bookkeeping.
+    async fn call(
+        &self,
+        op: &'static str,
+        script: &Script,
+        keys: Vec<String>,
+        args: Vec<String>,
+    ) -> Result<Value, StoreError> {
+        let mut inv = script.prepare_invoke();
+        for key in keys {
+            inv.key(key);
+        }
+        for arg in args {
+            inv.arg(arg);
+        }
+        let s = &self.shared;
+        let mut conn = s.manager.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        s.round_trips.fetch_add(1, Ordering::Relaxed);
+        let started = Instant::now();
+        let result = bounded(
+            s.opts.response_timeout,
+            inv.invoke_async::<Value>(&mut conn),
+        )
+        .await;
+        let latency_ms = started.elapsed().as_secs_f64() * 1e3;
+        match &result {
+            Ok(_) => {
+                s.timeouts_in_row.store(0, Ordering::Relaxed);
+                debug!(op, latency_ms, "redis call");
+            }
+            Err(e) => {
+                if matches!(e, StoreError::Timeout(_)) {
+                    let in_row = s.timeouts_in_row.fetch_add(1, Ordering::Relaxed) + 1;
+                    if in_row >= REBUILD_AFTER_TIMEOUTS {
+                        self.rebuild(in_row);
+                    }
+                } else {
+                    s.timeouts_in_row.store(0, Ordering::Relaxed);
+                }
+                let now = s.started.elapsed().as_millis() as u64 + 1;
+                let last = s.last_warn.load(Ordering::Relaxed);
+                let due = last == 0 || now.saturating_sub(last) >= WARN_EVERY_MS;
+                if due
+                    && s.last_warn
+                        .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                        .is_ok()
+                {
+                    warn!(op, latency_ms, error = %e, "redis call failed");
+                } else {
+                    debug!(op, latency_ms, error = %e, "redis call failed");
+                }
+            }
+        }
+        result
+    }
+
+    /// Replaces the connection manager: a socket that keeps timing out may be half-open,
+    /// and the manager only reconnects on I/O errors. The new one connects lazily.
+    fn rebuild(&self, in_row: u32) {
+        let s = &self.shared;
+        match lazy_manager(&s.client, &s.opts) {
+            Ok(fresh) => {
+                *s.manager.lock().unwrap_or_else(|p| p.into_inner()) = fresh;
+                s.timeouts_in_row.store(0, Ordering::Relaxed);
+                warn!(timeouts_in_row = in_row, url = %s.url, "rebuilt redis connection after repeated timeouts");
+            }
+            Err(e) => warn!(error = %e, "could not rebuild redis connection"),
+        }
+    }
+
+    /// `prefix` followed by the lease key of each shard.
+    fn with_leases(&self, mut prefix: Vec<String>, shards: &[ShardId]) -> Vec<String> {
+        prefix.extend(shards.iter().map(|&s| self.shared.keys.lease(s)));
+        prefix
+    }
+}
+
+fn to_json(v: &impl serde::Serialize) -> Result<String, StoreError> {
+    serde_json::to_string(v).map_err(|e| bad(format!("cannot encode: {e}")))
+}
+
+fn shard_args(mut prefix: Vec<String>, shards: &[ShardId]) -> Vec<String> {
+    prefix.extend(shards.iter().map(ShardId::to_string));
+    prefix
+}
+
+impl CoordStore for RedisStore {
+    async fn pin_meta(&self, meta: &ClusterMeta) -> Result<(), StoreError> {
+        let (keys, args) = (vec![self.shared.keys.meta()], vec![to_json(meta)?]);
+        let reply = self.call("pin_meta", &self.shared.scripts.pin_meta, keys, args);
+        match checked(reply.await?, Some(meta), 0)? {
+            Checked::Ok(_) => Ok(()),
+            Checked::GenerationChanged(_) => Err(bad("pin_meta answered a generation")),
+        }
+    }
+
+    async fn heartbeat(
+        &self,
+        generation: &str,
+        member: &Member,
+        meta: &ClusterMeta,
+        ttl: Duration,
+    ) -> Result<Checked<()>, StoreError> {
+        let k = &self.shared.keys;
+        let keys = vec![k.generation(), k.members(), k.member_info(), k.meta()];
+        let args = vec![
+            generation.to_string(),
+            nonce(),
+            member.pod.to_string(),
+            to_json(member)?,
+            to_json(meta)?,
+            ttl_ms(ttl).to_string(),
+            k.events(),
+        ];
+        let reply = self.call("heartbeat", &self.shared.scripts.heartbeat, keys, args);
+        map_ok(checked(reply.await?, Some(meta), 0)?, |_| Ok(()))
+    }
+
+    async fn deregister(&self, pod: &PodId) -> Result<(), StoreError> {
+        let k = &self.shared.keys;
+        let (keys, args) = (
+            vec![k.members(), k.member_info()],
+            vec![pod.to_string(), k.events()],
+        );
+        let reply = self.call("deregister", &self.shared.scripts.deregister, keys, args);
+        uint(&reply.await?).map(|_| ())
+    }
+
+    async fn acquire(
+        &self,
+        generation: &str,
+        pod: &PodId,
+        shards: &[ShardId],
+        ttl: Duration,
+    ) -> Result<Checked<Vec<AcquireOutcome>>, StoreError> {
+        let k = &self.shared.keys;
+        let keys = self.with_leases(vec![k.generation(), k.epochs()], shards);
+        let args = vec![
+            generation.to_string(),
+            nonce(),
+            pod.to_string(),
+            ttl_ms(ttl).to_string(),
+        ];
+        let reply = self.call(
+            "acquire",
+            &self.shared.scripts.acquire,
+            keys,
+            shard_args(args, shards),
+        );
+        map_ok(checked(reply.await?, None, shards.len())?, |v| {
+            v.into_iter().map(acquire_outcome).collect()
+        })
+    }
+
+    async fn renew(
+        &self,
+        generation: &str,
+        pod: &PodId,
+        shards: &[ShardId],
+        ttl: Duration,
+    ) -> Result<Checked<Vec<RenewOutcome>>, StoreError> {
+        let keys = self.with_leases(vec![self.shared.keys.generation()], shards);
+        let args = vec![
+            generation.to_string(),
+            nonce(),
+            pod.to_string(),
+            ttl_ms(ttl).to_string(),
+        ];
+        let reply = self.call("renew", &self.shared.scripts.renew, keys, args);
+        map_ok(checked(reply.await?, None, shards.len())?, |v| {
+            v.into_iter().map(renew_outcome).collect()
+        })
+    }
+
+    async fn release(&self, pod: &PodId, shards: &[ShardId]) -> Result<Vec<bool>, StoreError> {
+        let keys = self.with_leases(Vec::new(), shards);
+        let args = shard_args(vec![pod.to_string(), self.shared.keys.events()], shards);
+        let reply = self.call("release", &self.shared.scripts.release, keys, args);
+        released(reply.await?, shards.len())
+    }
+
+    async fn snapshot(&self, shards: u32) -> Result<Snapshot, StoreError> {
+        let k = &self.shared.keys;
+        let all: Vec<ShardId> = (0..shards).collect();
+        let prefix = vec![k.generation(), k.members(), k.member_info(), k.epochs()];
+        let keys = self.with_leases(prefix, &all);
+        let args = shard_args(vec![nonce()], &all);
+        let reply = self.call("snapshot", &self.shared.scripts.snapshot, keys, args);
+        parse_snapshot(reply.await?, shards)
+    }
+
+    fn changes(&self) -> watch::Receiver<u64> {
+        self.changes.clone()
+    }
+}

@@ -1,0 +1,186 @@
+//! The `posgate` binary's command line: bad flags and missing secrets are refused before
+//! anything starts, with exit code 2 and one line on stderr naming the culprit; and
+//! `posgate simulate` runs seeds and reports its rates.
+
+use std::process::{Command, Output};
+
+/// Runs the binary with `args` and only the environment in `env` (so a developer's
+/// `POSGATE_*` variables cannot change the outcome).
+fn posgate(args: &[&str], env: &[(&str, &str)]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_posgate"))
+        .args(args)
+        .env_clear()
+        .envs(env.iter().copied())
+        .output()
+        .expect("the binary runs")
+}
+
+/// Asserts a refusal with exit code 2 and a single stderr line starting with `prefix`;
+/// returns the line.
+fn refused(args: &[&str], env: &[(&str, &str)], prefix: &str) -> String {
+    let out = posgate(args, env);
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "{args:?}: expected one line, got {stderr:?}"
+    );
+    assert!(
+        lines[0].starts_with(prefix),
+        "{args:?}: {stderr:?} should start with {prefix:?}"
+    );
+    lines[0].to_string()
+}
+
+const INSECURE: &[(&str, &str)] = &[("POSGATE_INSECURE", "true")];
+
+#[test]
+fn invalid_timings_and_sizes_name_the_flag() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["serve", "--lease-ttl", "2s"],
+            "error: invalid --lease-ttl: ",
+        ),
+        (&["serve", "--shards", "0"], "error: invalid --shards: "),
+        (&["serve", "--shards", "many"], "error: invalid --shards: "),
+        (
+            &["serve", "--lease-ttl", "nonsense"],
+            "error: invalid --lease-ttl: ",
+        ),
+        (
+            &["serve", "--store-timeout", "12s"],
+            "error: invalid --store-timeout: ",
+        ),
+        (
+            &["serve", "--heartbeat-interval", "10s"],
+            "error: invalid --heartbeat-interval: ",
+        ),
+        (
+            &["serve", "--cluster", "no spaces"],
+            "error: invalid --cluster: ",
+        ),
+        (
+            &["serve", "--advertise-url", "10.0.0.1:8080"],
+            "error: invalid --advertise-url: ",
+        ),
+        (
+            &["serve", "--log-format", "xml"],
+            "error: invalid --log-format: ",
+        ),
+        (
+            &["serve", "--redis-url", "http://x"],
+            "error: invalid --redis-url: ",
+        ),
+    ];
+    for (args, prefix) in cases {
+        refused(args, INSECURE, prefix);
+    }
+}
+
+#[test]
+fn environment_variables_are_checked_like_flags() {
+    refused(
+        &["serve"],
+        &[("POSGATE_SHARDS", "0"), ("POSGATE_INSECURE", "1")],
+        "error: invalid --shards: ",
+    );
+    refused(
+        &["serve"],
+        &[("POSGATE_LEASE_TTL", "soon"), ("POSGATE_INSECURE", "1")],
+        "error: invalid --lease-ttl: ",
+    );
+    refused(
+        &["serve"],
+        &[("POSGATE_INSECURE", "maybe")],
+        "error: invalid --insecure: ",
+    );
+}
+
+#[test]
+fn serve_without_a_secret_refuses_unless_insecure() {
+    let line = refused(&["serve"], &[], "error: no cluster secret");
+    assert!(
+        line.contains("POSGATE_CLUSTER_SECRET") && line.contains("--insecure"),
+        "{line}"
+    );
+    refused(
+        &["serve", "--cluster-secret-file", "/nonexistent/secret"],
+        &[],
+        "error: invalid --cluster-secret-file: ",
+    );
+}
+
+#[test]
+fn a_bad_secret_is_refused_without_being_printed() {
+    let line = refused(
+        &["serve"],
+        &[("POSGATE_CLUSTER_SECRET", "tooshort")],
+        "error: invalid POSGATE_CLUSTER_SECRET: ",
+    );
+    assert!(!line.contains("tooshort"), "{line}");
+    let env = [
+        ("POSGATE_CLUSTER_SECRET", "a-long-enough-cluster-secret"),
+        ("POSGATE_REDIS_PASSWORD", "hunter2"),
+    ];
+    let line = refused(
+        &["serve", "--redis-url", "redis://u:pw@h:6379"],
+        &env,
+        "error: invalid POSGATE_REDIS_PASSWORD: ",
+    );
+    assert!(
+        !line.contains("hunter2") && !line.contains(":pw@"),
+        "{line}"
+    );
+}
+
+#[test]
+fn unknown_flags_and_commands_are_one_line_errors() {
+    refused(&["serve", "--no-such-flag"], &[], "error: ");
+    refused(&["frobnicate"], &[], "error: ");
+    refused(
+        &["serve", "--cluster-secret", "given-as-a-flag"],
+        &[],
+        "error: ",
+    );
+}
+
+#[test]
+fn version_and_help() {
+    let out = posgate(&["--version"], &[]);
+    assert!(out.status.success());
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(
+        stdout.trim(),
+        format!("posgate {}", env!("CARGO_PKG_VERSION"))
+    );
+
+    let out = posgate(&["serve", "--help"], &[]);
+    assert!(out.status.success());
+    let help = String::from_utf8(out.stdout).unwrap();
+    for expected in [
+        "--lease-ttl",
+        "POSGATE_LEASE_TTL",
+        "--cluster-secret-file",
+        "--insecure",
+    ] {
+        assert!(help.contains(expected), "help lacks {expected}:\n{help}");
+    }
+}
+
+#[test]
+fn simulate_runs_seeds_and_reports_rates() {
+    let out = posgate(&["simulate", "--first", "0", "--seeds", "3"], &[]);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    let summary = stdout.lines().last().unwrap_or_default();
+    assert!(
+        summary.contains("3 seeds") && summary.contains("seeds/s") && summary.contains("events/s"),
+        "{stdout}"
+    );
+    // --trace only makes sense for one replayed seed.
+    refused(&["simulate", "--trace"], &[], "error: missing --seed");
+    refused(&["simulate", "--seed", "1", "--seeds", "5"], &[], "error: ");
+}

@@ -1,0 +1,399 @@
+//! The harness of `tests/cluster_redis.rs`: whole pods (`Pod::start`) against one real
+//! `redis-server`, each behind its own `TcpProxy`, plus the two observers every test
+//! asserts with:
+//! - a `ServingHook` that records serving transitions with timestamps ([`Events`]), so
+//!   orderings (stopped here before started there) can be checked;
+//! - a sampler that checks every 20 ms that no shard is served by two pods at once, each
+//!   pod's `ServingTable` read with the same `now` (which also applies the deadlines).
+//!
+//! Not for: assertions about a scenario; those live in the test file.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use posgate::config::PodConfig;
+use posgate::core::membership::Snapshot;
+use posgate::core::reconciler::StopReason;
+use posgate::core::ring::Assignment;
+use posgate::core::{CoreConfig, Epoch, PodId, ShardId};
+use posgate::driver::{ServingHook, ServingTable};
+use posgate::peer::ClusterSecret;
+use posgate::pod::{Pod, PodHandle};
+use posgate::store::redis::{RedisOptions, RedisStore};
+use posgate::store::CoordStore;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+use crate::support::{RedisServer, TcpProxy};
+
+pub const SHARDS: u32 = 64;
+pub const CLUSTER: &str = "test";
+/// Redis response and connect timeout, and the driver's own bound on store calls. A cut
+/// proxy blackholes requests, so this is how long a call takes to fail.
+pub const STORE_TIMEOUT: Duration = Duration::from_millis(300);
+const SAMPLE_EVERY: Duration = Duration::from_millis(20);
+
+pub fn core() -> CoreConfig {
+    CoreConfig::fast()
+}
+
+pub fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+pub fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+// ----- serving transitions, recorded by the hook -----------------------------------
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Start,
+    Suspend,
+    Stop(StopReason),
+}
+
+#[derive(Clone, Debug)]
+pub struct Event {
+    pub at: Instant,
+    pub pod: PodId,
+    pub shard: ShardId,
+    pub epoch: Epoch,
+    pub kind: Kind,
+}
+
+#[derive(Clone, Default)]
+pub struct Events(Arc<Mutex<Vec<Event>>>);
+
+impl Events {
+    pub fn since(&self, t: Instant) -> Vec<Event> {
+        lock(&self.0)
+            .iter()
+            .filter(|e| e.at >= t)
+            .cloned()
+            .collect()
+    }
+}
+
+/// The hook of one pod: records every transition; stops are acknowledged at once.
+struct Recorder {
+    pod: PodId,
+    events: Events,
+}
+
+impl Recorder {
+    fn record(&self, shard: ShardId, epoch: Epoch, kind: Kind) {
+        let event = Event {
+            at: Instant::now(),
+            pod: self.pod.clone(),
+            shard,
+            epoch,
+            kind,
+        };
+        lock(&self.events.0).push(event);
+    }
+}
+
+impl ServingHook for Recorder {
+    fn start(&self, shard: ShardId, epoch: Epoch) {
+        self.record(shard, epoch, Kind::Start);
+    }
+
+    fn suspend(&self, shard: ShardId, epoch: Epoch) {
+        self.record(shard, epoch, Kind::Suspend);
+    }
+
+    fn stop(
+        &self,
+        shard: ShardId,
+        epoch: Epoch,
+        reason: StopReason,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        self.record(shard, epoch, Kind::Stop(reason));
+        std::future::ready(())
+    }
+}
+
+// ----- the overlap sampler ------------------------------------------------------------
+
+#[derive(Default)]
+struct Samples {
+    taken: u64,
+    overlaps: Vec<String>,
+}
+
+/// Checks every [`SAMPLE_EVERY`] that each shard is served by at most one pod. Pods
+/// stay in the table after they die: a dead pod's table still answers by its deadlines,
+/// which is exactly what must not overlap with the next owner.
+struct Sampler {
+    tables: Arc<Mutex<Vec<(PodId, ServingTable)>>>,
+    samples: Arc<Mutex<Samples>>,
+    task: JoinHandle<()>,
+}
+
+impl Sampler {
+    fn start() -> Sampler {
+        let tables: Arc<Mutex<Vec<(PodId, ServingTable)>>> = Arc::default();
+        let samples: Arc<Mutex<Samples>> = Arc::default();
+        let (t, s) = (tables.clone(), samples.clone());
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(SAMPLE_EVERY);
+            loop {
+                tick.tick().await;
+                let now = now();
+                let tables = lock(&t).clone();
+                let mut samples = lock(&s);
+                samples.taken += 1;
+                for shard in 0..SHARDS {
+                    let serving: Vec<String> = tables
+                        .iter()
+                        .filter_map(|(pod, table)| {
+                            table
+                                .serving(shard, now)
+                                .map(|epoch| format!("{pod}@{epoch}"))
+                        })
+                        .collect();
+                    if serving.len() > 1 {
+                        samples.overlaps.push(format!("shard {shard}: {serving:?}"));
+                    }
+                }
+            }
+        });
+        Sampler {
+            tables,
+            samples,
+            task,
+        }
+    }
+
+    fn watch(&self, pod: PodId, table: ServingTable) {
+        lock(&self.tables).push((pod, table));
+    }
+
+    pub fn assert_no_overlap(&self, test: &str) {
+        let samples = lock(&self.samples);
+        eprintln!(
+            "[{test}] overlap samples: {} of {} taken",
+            samples.overlaps.len(),
+            samples.taken
+        );
+        assert!(
+            samples.taken > 50,
+            "the sampler barely ran ({} samples)",
+            samples.taken
+        );
+        assert!(
+            samples.overlaps.is_empty(),
+            "shards served twice: {:?}",
+            &samples.overlaps[..samples.overlaps.len().min(10)]
+        );
+    }
+}
+
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+// ----- a cluster of pods ---------------------------------------------------------------
+
+pub struct TestPod {
+    pub id: PodId,
+    pub proxy: TcpProxy,
+    pub handle: PodHandle,
+}
+
+impl TestPod {
+    pub fn serving(&self, shard: ShardId) -> Option<Epoch> {
+        self.handle.serving.serving(shard, now())
+    }
+
+    pub fn served(&self) -> BTreeMap<ShardId, Epoch> {
+        (0..SHARDS)
+            .filter_map(|s| self.serving(s).map(|e| (s, e)))
+            .collect()
+    }
+
+    pub fn ready(&self) -> bool {
+        self.handle.status.borrow().ready
+    }
+}
+
+pub struct Cluster {
+    pub redis: RedisServer,
+    pub pods: Vec<TestPod>,
+    /// Pods that are still running (not aborted).
+    alive: Vec<bool>,
+    pub events: Events,
+    sampler: Sampler,
+}
+
+pub fn store_options() -> RedisOptions {
+    RedisOptions {
+        response_timeout: STORE_TIMEOUT,
+        connect_timeout: STORE_TIMEOUT,
+    }
+}
+
+pub fn pod_config(id: &PodId, url: String) -> PodConfig {
+    let secret = ClusterSecret::new(*b"cluster-redis-test-secret").unwrap();
+    let mut config = PodConfig::new(id.clone(), url, core(), Some(secret));
+    config.cluster = CLUSTER.to_string();
+    config.store_timeout = STORE_TIMEOUT;
+    config
+}
+
+impl Cluster {
+    pub async fn start(pods: usize) -> Cluster {
+        let mut cluster = Cluster {
+            redis: RedisServer::start(),
+            pods: Vec::new(),
+            alive: Vec::new(),
+            events: Events::default(),
+            sampler: Sampler::start(),
+        };
+        for _ in 0..pods {
+            cluster.add_pod().await;
+        }
+        cluster
+    }
+
+    pub async fn add_pod(&mut self) -> usize {
+        let i = self.pods.len();
+        let id = PodId::new(format!("pod-{i}")).unwrap();
+        let proxy = TcpProxy::start(self.redis.addr()).await;
+        let store = RedisStore::connect(&proxy.redis_url(""), CLUSTER, store_options())
+            .await
+            .unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let hook = Recorder {
+            pod: id.clone(),
+            events: self.events.clone(),
+        };
+        let handle = Pod::start(pod_config(&id, url), store, listener, hook).unwrap();
+        self.sampler.watch(id.clone(), handle.serving.clone());
+        self.pods.push(TestPod { id, proxy, handle });
+        self.alive.push(true);
+        i
+    }
+
+    pub fn kill(&mut self, i: usize) {
+        self.pods[i].handle.abort();
+        self.alive[i] = false;
+    }
+
+    pub fn live(&self) -> impl Iterator<Item = &TestPod> {
+        self.pods
+            .iter()
+            .zip(&self.alive)
+            .filter(|(_, &alive)| alive)
+            .map(|(p, _)| p)
+    }
+
+    /// The ring's assignment for the live pods.
+    pub fn assignment(&self) -> Assignment {
+        let ids: Vec<PodId> = self.live().map(|p| p.id.clone()).collect();
+        Assignment::compute(&ids, SHARDS)
+    }
+
+    pub fn pod(&self, id: &PodId) -> &TestPod {
+        self.pods.iter().find(|p| &p.id == id).unwrap()
+    }
+
+    /// Every shard served by exactly its assigned live pod, every live pod ready.
+    pub fn converged(&self) -> bool {
+        let assignment = self.assignment();
+        self.live().all(TestPod::ready)
+            && (0..SHARDS).all(|s| {
+                let serving: Vec<&PodId> = self
+                    .live()
+                    .filter(|p| p.serving(s).is_some())
+                    .map(|p| &p.id)
+                    .collect();
+                serving.len() == 1 && assignment.owner(s) == Some(serving[0])
+            })
+    }
+
+    /// Who serves each shard with which epoch (live pods).
+    pub fn owners(&self) -> BTreeMap<ShardId, (PodId, Epoch)> {
+        self.live()
+            .flat_map(|p| p.served().into_iter().map(|(s, e)| (s, (p.id.clone(), e))))
+            .collect()
+    }
+
+    pub async fn wait_converged(&self, what: &str, limit: Duration) -> Duration {
+        wait_for(what, limit, || self.converged()).await
+    }
+
+    /// A direct (unproxied) read of Redis.
+    pub async fn redis_snapshot(&self) -> Snapshot {
+        let store = RedisStore::connect(&self.redis.url(), CLUSTER, store_options())
+            .await
+            .unwrap();
+        store.snapshot(SHARDS).await.unwrap()
+    }
+
+    /// Graceful shutdown of every live pod; afterwards Redis holds no lease and no member.
+    pub async fn shutdown(mut self, test: &str) {
+        let started = Instant::now();
+        for (pod, &alive) in self.pods.iter_mut().zip(&self.alive) {
+            if alive {
+                pod.handle.shutdown();
+            }
+        }
+        for (pod, &alive) in self.pods.iter_mut().zip(&self.alive) {
+            if alive {
+                let ended = tokio::time::timeout(Duration::from_secs(10), pod.handle.wait()).await;
+                ended.expect("graceful shutdown ends in time").unwrap();
+            }
+        }
+        eprintln!(
+            "[{test}] graceful shutdown of all pods took {:.3} s",
+            secs(started.elapsed())
+        );
+        self.sampler.assert_no_overlap(test);
+        let snapshot = self.redis_snapshot().await;
+        let still_held: Vec<_> = snapshot
+            .leases
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.is_some())
+            .collect();
+        assert!(
+            still_held.is_empty(),
+            "leases left after shutdown: {still_held:?}"
+        );
+        let members: Vec<_> = snapshot.members.iter().map(|m| &m.pod).collect();
+        assert!(
+            members.is_empty(),
+            "members left after shutdown: {members:?}"
+        );
+    }
+}
+
+/// Polls `cond` every 10 ms until it holds; panics after `limit`. Returns the wait.
+pub async fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) -> Duration {
+    let started = Instant::now();
+    while !cond() {
+        assert!(
+            started.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    started.elapsed()
+}
+
+/// Fresh generation: pods hold claims for one member TTL, then debounce and claim.
+pub fn startup_limit() -> Duration {
+    let c = core();
+    c.member_ttl + c.debounce + c.poll_interval + Duration::from_secs(5)
+}

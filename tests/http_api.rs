@@ -1,0 +1,403 @@
+//! The pod's HTTP surface (`posgate::http`) and the peer client (`posgate::peer`) over
+//! real sockets, with a status channel the test feeds itself instead of a driver.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, StatusCode};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::Frame;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use posgate::core::membership::Member;
+use posgate::core::PodId;
+use posgate::http::{router, serve, HttpState};
+use posgate::peer::{
+    sign, ClusterSecret, PeerAnswer, PeerClient, PeerError, MAX_INTERNAL_BODY, STORE_REACHABLE_PATH,
+};
+use posgate::status::{PodStatus, ShardStatus};
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio::sync::{oneshot, watch};
+
+/// A running router plus the handles the test drives it with.
+struct Server {
+    base: String,
+    status: watch::Sender<PodStatus>,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Server {
+    async fn start(secrets: Option<Vec<ClusterSecret>>) -> Server {
+        let (status, receiver) = watch::channel(PodStatus::default());
+        let app = router(HttpState {
+            status: receiver,
+            secrets,
+        });
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(serve(listener, app, async {
+            let _ = stopped.await;
+        }));
+        Server {
+            base,
+            status,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    /// Shuts the server down gracefully and checks it ended cleanly.
+    async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        let ended = tokio::time::timeout(Duration::from_secs(5), self.task).await;
+        ended.expect("graceful shutdown finishes").unwrap().unwrap();
+    }
+}
+
+fn secret(byte: u8) -> ClusterSecret {
+    ClusterSecret::new(vec![byte; 32]).unwrap()
+}
+
+fn pod(id: &str) -> PodId {
+    PodId::new(id).unwrap()
+}
+
+fn status_of(id: &str, store_reachable: bool) -> PodStatus {
+    PodStatus {
+        pod: Some(pod(id)),
+        registered: true,
+        store_reachable,
+        ..PodStatus::default()
+    }
+}
+
+type TestBody = BoxBody<Bytes, Infallible>;
+
+/// An HTTP/1.1 client, as probes and operators use.
+fn http1() -> Client<HttpConnector, TestBody> {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+async fn send(request: Request<TestBody>) -> (StatusCode, HeaderMap, String) {
+    let response = http1().request(request).await.expect("request completes");
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    (
+        parts.status,
+        parts.headers,
+        String::from_utf8(body.to_vec()).unwrap(),
+    )
+}
+
+fn full(body: impl Into<Bytes>) -> TestBody {
+    Full::new(body.into()).boxed()
+}
+
+async fn get(url: &str) -> (StatusCode, String) {
+    let (status, _, body) = send(Request::get(url).body(full("")).unwrap()).await;
+    (status, body)
+}
+
+async fn post(url: &str, headers: HeaderMap, body: TestBody) -> (StatusCode, Value) {
+    let mut request = Request::post(url).body(body).unwrap();
+    *request.headers_mut() = headers;
+    let (status, _, body) = send(request).await;
+    (status, serde_json::from_str(&body).expect("JSON body"))
+}
+
+fn signed(secret: &ClusterSecret, at: SystemTime) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    sign(secret, &Method::POST, STORE_REACHABLE_PATH, at, b"").apply(&mut headers);
+    headers
+}
+
+#[tokio::test]
+async fn health_and_readiness() {
+    let server = Server::start(Some(vec![secret(1)])).await;
+    assert_eq!(
+        get(&format!("{}/healthz", server.base)).await,
+        (StatusCode::OK, "ok".into())
+    );
+
+    let readyz = format!("{}/readyz", server.base);
+    let (code, body) = get(&readyz).await;
+    assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["ready"], false);
+    assert!(
+        body["reason"].as_str().is_some_and(|r| !r.is_empty()),
+        "{body}"
+    );
+
+    server.status.send_modify(|s| {
+        *s = PodStatus {
+            ready: true,
+            ..status_of("pod-a", true)
+        };
+    });
+    let (code, body) = get(&readyz).await;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap(),
+        json!({"ready": true})
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn cluster_view_shape() {
+    let server = Server::start(Some(vec![secret(1)])).await;
+    let member = |id: &str, url: &str| Member {
+        pod: pod(id),
+        url: url.to_string(),
+        version: "0.1.0".to_string(),
+        ring_version: "test".to_string(),
+        started_ms: 1,
+    };
+    server.status.send_replace(PodStatus {
+        members: vec![
+            member("pod-a", "http://a:8080"),
+            member("pod-b", "http://b:8080"),
+        ],
+        shards: vec![
+            ShardStatus {
+                shard: 0,
+                assigned: Some(pod("pod-a")),
+                owner: Some(pod("pod-a")),
+                epoch: Some(7),
+                serving: true,
+                suspended: false,
+            },
+            ShardStatus {
+                shard: 1,
+                assigned: Some(pod("pod-b")),
+                owner: None,
+                epoch: None,
+                serving: false,
+                suspended: true,
+            },
+        ],
+        ..status_of("pod-a", true)
+    });
+    let (code, body) = get(&format!("{}/v1/cluster", server.base)).await;
+    assert_eq!(code, StatusCode::OK);
+    let expected = json!({
+        "pod": "pod-a",
+        "members": [{"pod": "pod-a", "url": "http://a:8080"}, {"pod": "pod-b", "url": "http://b:8080"}],
+        "shards": [
+            {"shard": 0, "assigned": "pod-a", "owner": "pod-a", "epoch": 7, "serving": true, "suspended": false},
+            {"shard": 1, "assigned": "pod-b", "owner": null, "epoch": null, "serving": false, "suspended": true},
+        ],
+    });
+    assert_eq!(serde_json::from_str::<Value>(&body).unwrap(), expected);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn unknown_routes_and_methods_are_json_errors() {
+    let server = Server::start(Some(vec![secret(1)])).await;
+    let (code, body) = get(&format!("{}/nope", server.base)).await;
+    assert_eq!(code, StatusCode::NOT_FOUND);
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["error"],
+        "not_found"
+    );
+    let (code, body) = post(
+        &format!("{}/healthz", server.base),
+        HeaderMap::new(),
+        full(""),
+    )
+    .await;
+    assert_eq!(code, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(body["error"], "method_not_allowed");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn internal_endpoint_requires_a_fresh_signature() {
+    let good = secret(1);
+    let server = Server::start(Some(vec![secret(9), good.clone()])).await;
+    server.status.send_replace(status_of("pod-a", true));
+    let url = format!("{}{STORE_REACHABLE_PATH}", server.base);
+    let now = SystemTime::now();
+
+    let refused = [
+        ("unsigned", HeaderMap::new()),
+        ("wrong secret", signed(&secret(2), now)),
+        ("stale", signed(&good, now - Duration::from_secs(120))),
+        (
+            "from the future",
+            signed(&good, now + Duration::from_secs(120)),
+        ),
+    ];
+    for (case, headers) in refused {
+        let (code, body) = post(&url, headers, full("")).await;
+        assert_eq!(code, StatusCode::UNAUTHORIZED, "{case}: {body}");
+        assert_eq!(body["error"], "unauthorized", "{case}");
+        assert!(
+            body["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{case}: {body}"
+        );
+    }
+
+    // Signed by hand over HTTP/1.1 ...
+    let (code, body) = post(&url, signed(&good, now), full("")).await;
+    assert_eq!(
+        (code, body),
+        (
+            StatusCode::OK,
+            json!({"pod": "pod-a", "store_reachable": true})
+        )
+    );
+    // ... and by the peer client over h2c, with any of the accepted secrets.
+    let client = PeerClient::new(Some(good), Duration::from_secs(2));
+    let answer = client.store_reachable(&server.base).await.unwrap();
+    assert_eq!(
+        answer,
+        PeerAnswer {
+            pod: pod("pod-a"),
+            store_reachable: true
+        }
+    );
+    server.status.send_replace(status_of("pod-a", false));
+    let answer = client
+        .store_reachable(&format!("{}/", server.base))
+        .await
+        .unwrap();
+    assert!(!answer.store_reachable);
+
+    let stranger = PeerClient::new(Some(secret(3)), Duration::from_secs(2));
+    let err = stranger.store_reachable(&server.base).await.unwrap_err();
+    assert!(
+        matches!(err, PeerError::Status { status: 401, .. }),
+        "{err}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn oversize_bodies_are_refused_before_authentication() {
+    let good = secret(1);
+    let server = Server::start(Some(vec![good.clone()])).await;
+    server.status.send_replace(status_of("pod-a", true));
+    let url = format!("{}{STORE_REACHABLE_PATH}", server.base);
+
+    let announced = full(vec![b'x'; MAX_INTERNAL_BODY + 1]);
+    let (code, body) = post(&url, signed(&good, SystemTime::now()), announced).await;
+    assert_eq!(code, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
+    assert_eq!(body["error"], "payload_too_large");
+
+    // Chunked, without a length up front: caught while buffering.
+    let chunks = (0..20).map(|_| Ok::<_, Infallible>(Frame::data(Bytes::from(vec![b'x'; 4096]))));
+    let streamed = StreamBody::new(futures::stream::iter(chunks)).boxed();
+    let (code, _) = post(&url, HeaderMap::new(), streamed).await;
+    assert_eq!(code, StatusCode::PAYLOAD_TOO_LARGE);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn insecure_mode_accepts_unsigned_peers() {
+    let server = Server::start(None).await;
+    let client = PeerClient::new(None, Duration::from_secs(2));
+    // No status published yet: the pod cannot answer for itself.
+    let err = client.store_reachable(&server.base).await.unwrap_err();
+    assert!(
+        matches!(err, PeerError::Status { status: 503, .. }),
+        "{err}"
+    );
+    server.status.send_replace(status_of("pod-b", true));
+    let answer = client.store_reachable(&server.base).await.unwrap();
+    assert_eq!(
+        answer,
+        PeerAnswer {
+            pod: pod("pod-b"),
+            store_reachable: true
+        }
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_pod_whose_driver_is_gone_does_not_vouch_for_the_store() {
+    let server = Server::start(None).await;
+    server.status.send_replace(status_of("pod-b", true));
+    let client = PeerClient::new(None, Duration::from_secs(2));
+    assert!(
+        client
+            .store_reachable(&server.base)
+            .await
+            .unwrap()
+            .store_reachable
+    );
+    // The driver owns the sender; it is dropped when the pod's coordination loop ends.
+    let Server {
+        base,
+        status,
+        stop,
+        task,
+    } = server;
+    drop(status);
+    let err = client.store_reachable(&base).await.unwrap_err();
+    assert!(
+        matches!(err, PeerError::Status { status: 503, .. }),
+        "{err}"
+    );
+    Server {
+        base,
+        status: watch::channel(PodStatus::default()).0,
+        stop,
+        task,
+    }
+    .stop()
+    .await;
+}
+
+#[tokio::test]
+async fn peer_client_fails_fast_without_a_listener() {
+    let addr: SocketAddr = {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        listener.local_addr().unwrap()
+    };
+    let client = PeerClient::new(Some(secret(1)), Duration::from_secs(5));
+    let started = Instant::now();
+    let err = client
+        .store_reachable(&format!("http://{addr}"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, PeerError::Transport(_)), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        started.elapsed()
+    );
+
+    let err = client
+        .store_reachable("https://example.invalid")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, PeerError::Url { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn peer_client_times_out_on_a_silent_peer() {
+    // Accepts connections (kernel backlog) but never speaks HTTP.
+    let silent = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", silent.local_addr().unwrap());
+    let client = PeerClient::new(Some(secret(1)), Duration::from_millis(300));
+    let started = Instant::now();
+    let err = client.store_reachable(&base).await.unwrap_err();
+    assert!(matches!(err, PeerError::Timeout(_)), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        started.elapsed()
+    );
+    drop(silent);
+}

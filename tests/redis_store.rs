@@ -1,0 +1,386 @@
+//! `RedisStore` against a real `redis-server`: the rules that depend on Redis itself
+//! (epochs across a restart, owner checks in Lua, pub/sub, timeouts, auth, URLs), and a
+//! lazily connected store that starts before Redis does.
+//!
+//! `rediss://` is only exercised up to the TLS handshake (against a plain server, which
+//! must fail cleanly): a TLS redis-server would need a CA the client trusts, and
+//! `RedisStore::connect` reads roots from the system store only.
+
+pub mod support;
+
+use std::time::{Duration, Instant};
+
+use posgate::core::lease::{AcquireOutcome, Checked, RenewOutcome};
+use posgate::core::{Epoch, PodId};
+use posgate::store::redis::{RedisOptions, RedisStore, REBUILD_AFTER_TIMEOUTS};
+use posgate::store::{CoordStore, StoreError};
+use support::redis_server::free_port;
+use support::{RedisServer, TcpProxy};
+
+const TTL: Duration = Duration::from_secs(30);
+const FAST: RedisOptions = RedisOptions {
+    response_timeout: Duration::from_millis(300),
+    connect_timeout: Duration::from_millis(300),
+};
+
+fn pod(id: &str) -> PodId {
+    PodId::new(id).unwrap()
+}
+
+async fn connect(url: &str) -> RedisStore {
+    RedisStore::connect(url, "test", RedisOptions::default())
+        .await
+        .expect("connect")
+}
+
+async fn generation(store: &RedisStore) -> String {
+    store.snapshot(4).await.expect("snapshot").generation.id
+}
+
+fn acquired(c: Checked<Vec<AcquireOutcome>>) -> Vec<Epoch> {
+    match c {
+        Checked::Ok(outs) => outs
+            .into_iter()
+            .map(|o| match o {
+                AcquireOutcome::Acquired { epoch } => epoch,
+                other => panic!("expected Acquired, got {other:?}"),
+            })
+            .collect(),
+        other => panic!("expected Ok, got {other:?}"),
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// Retries `snapshot` until the store answers (after a restart or a heal).
+async fn until_ok(store: &RedisStore, within: Duration) -> String {
+    let deadline = Instant::now() + within;
+    loop {
+        match store.snapshot(4).await {
+            Ok(snap) => return snap.generation.id,
+            Err(e) => assert!(Instant::now() < deadline, "store did not recover: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn epochs_never_decrease_across_restart_empty() {
+    let mut server = RedisServer::start();
+    let store = connect(&server.url()).await;
+    let a = pod("a");
+    let g = generation(&store).await;
+    let before = acquired(store.acquire(&g, &a, &[0, 1, 2, 3], TTL).await.unwrap());
+    server.restart_empty();
+    let g2 = until_ok(&store, Duration::from_secs(10)).await;
+    assert_ne!(g, g2, "a restart without data must start a new generation");
+    // The old generation is refused and nothing is written.
+    assert!(
+        matches!(store.acquire(&g, &a, &[0], TTL).await.unwrap(), Checked::GenerationChanged(info) if info.id == g2)
+    );
+    let after = acquired(store.acquire(&g2, &a, &[0, 1, 2, 3], TTL).await.unwrap());
+    for (b, a) in before.iter().zip(&after) {
+        assert!(a > b, "epoch went from {b} to {a} across the restart");
+    }
+}
+
+#[tokio::test]
+async fn epoch_is_max_of_last_plus_one_and_redis_time() {
+    let server = RedisServer::start();
+    let store = connect(&server.url()).await;
+    let g = generation(&store).await;
+    let far = now_ms() + 1_000_000_000;
+    let field = far.to_string();
+    assert_eq!(
+        server.command(&["HSET", &store.keys().epochs(), "2", &field]),
+        ":1"
+    );
+    let t0 = now_ms();
+    let epochs = acquired(store.acquire(&g, &pod("a"), &[2, 3], TTL).await.unwrap());
+    assert_eq!(epochs[0], far + 1, "last + 1 wins when it is larger");
+    assert!(
+        epochs[1] >= t0.saturating_sub(5) && epochs[1] <= now_ms() + 5,
+        "time wins: {} vs {t0}",
+        epochs[1]
+    );
+}
+
+#[tokio::test]
+async fn owner_checks_on_renew_and_release() {
+    let server = RedisServer::start();
+    let store = connect(&server.url()).await;
+    let (a, b) = (pod("a"), pod("b"));
+    let g = generation(&store).await;
+    let epoch = acquired(store.acquire(&g, &a, &[1], TTL).await.unwrap())[0];
+    assert_eq!(
+        store.renew(&g, &b, &[1], TTL).await.unwrap(),
+        Checked::Ok(vec![RenewOutcome::HeldBy { owner: a.clone() }])
+    );
+    assert_eq!(
+        store.acquire(&g, &b, &[1], TTL).await.unwrap(),
+        Checked::Ok(vec![AcquireOutcome::HeldBy {
+            owner: a.clone(),
+            epoch
+        }])
+    );
+    assert_eq!(store.release(&b, &[1]).await.unwrap(), vec![false]);
+    let snap = store.snapshot(4).await.unwrap();
+    assert_eq!(
+        snap.leases[1].as_ref().map(|l| (&l.owner, l.epoch)),
+        Some((&a, epoch))
+    );
+    assert_eq!(
+        store.renew(&g, &a, &[1], TTL).await.unwrap(),
+        Checked::Ok(vec![RenewOutcome::Renewed])
+    );
+}
+
+#[tokio::test]
+async fn release_is_seen_on_changes_within_a_second() {
+    let server = RedisServer::start();
+    let owner = connect(&server.url()).await;
+    let peer = connect(&server.url()).await;
+    let a = pod("a");
+    let g = generation(&owner).await;
+    acquired(owner.acquire(&g, &a, &[0], TTL).await.unwrap());
+    let mut rx = peer.changes();
+    rx.borrow_and_update();
+    let sent = Instant::now();
+    assert_eq!(owner.release(&a, &[0]).await.unwrap(), vec![true]);
+    tokio::time::timeout(Duration::from_secs(1), rx.changed())
+        .await
+        .expect("no change within 1 s")
+        .unwrap();
+    eprintln!("release seen after {:?}", sent.elapsed());
+}
+
+#[tokio::test]
+async fn changes_resubscribe_after_restart() {
+    let mut server = RedisServer::start();
+    let store = connect(&server.url()).await;
+    let mut rx = store.changes();
+    rx.borrow_and_update();
+    server.restart_empty();
+    // The resubscription itself bumps the counter (messages may have been missed).
+    tokio::time::timeout(Duration::from_secs(10), rx.changed())
+        .await
+        .expect("no bump after resubscribing")
+        .unwrap();
+    let g = until_ok(&store, Duration::from_secs(5)).await;
+    let a = pod("a");
+    acquired(store.acquire(&g, &a, &[0], TTL).await.unwrap());
+    rx.borrow_and_update();
+    store.release(&a, &[0]).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(1), rx.changed())
+        .await
+        .expect("no change after resubscribing")
+        .unwrap();
+}
+
+#[tokio::test]
+async fn round_trips_count_one_per_call() {
+    let server = RedisServer::start();
+    let store = connect(&server.url()).await;
+    let start = store.round_trips();
+    let g = generation(&store).await;
+    store.acquire(&g, &pod("a"), &[0, 1, 2], TTL).await.unwrap();
+    store.release(&pod("a"), &[0, 1, 2]).await.unwrap();
+    assert_eq!(store.round_trips() - start, 3);
+}
+
+#[tokio::test]
+async fn cut_network_fails_within_the_response_timeout_and_recovers() {
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(server.addr()).await;
+    let store = RedisStore::connect(&proxy.redis_url(""), "test", FAST)
+        .await
+        .expect("connect");
+    until_ok(&store, Duration::from_secs(2)).await;
+    proxy.cut();
+    for _ in 0..5 {
+        let t = Instant::now();
+        let err = store
+            .snapshot(4)
+            .await
+            .expect_err("a cut network must fail");
+        assert!(
+            matches!(err, StoreError::Timeout(_) | StoreError::Unavailable(_)),
+            "{err}"
+        );
+        assert!(
+            t.elapsed() < FAST.response_timeout + Duration::from_millis(300),
+            "took {:?}: {err}",
+            t.elapsed()
+        );
+    }
+    proxy.restore();
+    until_ok(&store, Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
+async fn stalled_connection_is_replaced() {
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(server.addr()).await;
+    let store = RedisStore::connect(&proxy.redis_url(""), "test", FAST)
+        .await
+        .expect("connect");
+    until_ok(&store, Duration::from_secs(2)).await;
+    // The socket stays open and ACKed but never answers: only a rebuild helps.
+    proxy.stall();
+    let mut timeouts = 0;
+    for _ in 0..REBUILD_AFTER_TIMEOUTS + 3 {
+        match store.snapshot(4).await {
+            Ok(_) => break,
+            Err(StoreError::Timeout(_)) => timeouts += 1,
+            Err(e) => panic!("unexpected error: {e}"),
+        }
+    }
+    assert_eq!(
+        timeouts, REBUILD_AFTER_TIMEOUTS,
+        "the connection must be rebuilt after {REBUILD_AFTER_TIMEOUTS} timeouts"
+    );
+    store
+        .snapshot(4)
+        .await
+        .expect("the rebuilt connection works");
+}
+
+#[tokio::test]
+async fn unreachable_at_connect_is_a_clear_error() {
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(server.addr()).await;
+    proxy.cut();
+    let t = Instant::now();
+    let err = RedisStore::connect(&proxy.redis_url(""), "test", FAST)
+        .await
+        .expect_err("must not connect");
+    assert!(
+        matches!(err, StoreError::Timeout(_) | StoreError::Unavailable(_)),
+        "{err}"
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        t.elapsed()
+    );
+    let port = free_port();
+    let err = RedisStore::connect(&format!("redis://127.0.0.1:{port}/"), "test", FAST)
+        .await
+        .expect_err("nothing listens");
+    assert!(err.to_string().contains("cannot connect"), "{err}");
+}
+
+#[tokio::test]
+async fn password_and_acl_user_urls() {
+    let server = RedisServer::start_with(&[
+        "--requirepass",
+        "s3cret",
+        "--user",
+        "alice",
+        "on",
+        ">alice-pw",
+        "~*",
+        "&*",
+        "+@all",
+    ]);
+    let base = format!("127.0.0.1:{}", server.port());
+    let store = connect(&format!("redis://:s3cret@{base}/")).await;
+    generation(&store).await;
+    let alice = connect(&format!("redis://alice:alice-pw@{base}/3")).await;
+    generation(&alice).await;
+    for url in [
+        format!("redis://:wrong-pw@{base}/"),
+        format!("redis://alice:wrong-pw@{base}/"),
+        format!("redis://{base}/"),
+    ] {
+        let err = RedisStore::connect(&url, "test", FAST)
+            .await
+            .expect_err("bad credentials must fail");
+        let msg = err.to_string();
+        assert!(matches!(err, StoreError::Unavailable(_)), "{msg}");
+        assert!(
+            msg.contains("cannot connect") && !msg.contains("wrong-pw"),
+            "{msg}"
+        );
+        eprintln!("{msg}");
+    }
+}
+
+#[tokio::test]
+async fn bad_urls_and_names_are_clear_errors() {
+    let server = RedisServer::start();
+    for url in [
+        "http://127.0.0.1:6379",
+        "",
+        "redis://",
+        "redis://u:topsecret@127.0.0.1:notaport/",
+        "redis://127.0.0.1:6379/notadb",
+    ] {
+        let err = RedisStore::connect(url, "test", FAST).await.expect_err(url);
+        let msg = err.to_string();
+        assert!(matches!(err, StoreError::Config(_)), "{url}: {msg}");
+        assert!(
+            msg.contains("Redis") && !msg.contains("topsecret"),
+            "{url}: {msg}"
+        );
+        let lazy = RedisStore::connect_lazy(url, "test", FAST).expect_err(url);
+        assert!(matches!(lazy, StoreError::Config(_)), "{url}: {lazy}");
+    }
+    let err = RedisStore::connect(&server.url(), "bad{name}", FAST)
+        .await
+        .expect_err("bad cluster name");
+    assert!(matches!(err, StoreError::Config(_)), "{err}");
+    assert!(err.to_string().contains("cluster name"), "{err}");
+    let lazy = RedisStore::connect_lazy(&server.url(), "bad{name}", FAST).expect_err("bad name");
+    assert!(matches!(lazy, StoreError::Config(_)), "{lazy}");
+    // rediss:// against a plain server: the TLS handshake fails, cleanly.
+    let tls = format!("rediss://127.0.0.1:{}/", server.port());
+    let err = RedisStore::connect(&tls, "test", FAST)
+        .await
+        .expect_err("no TLS on this server");
+    assert!(err.to_string().contains("cannot connect"), "{err}");
+    eprintln!("rediss to a plain server: {err}");
+}
+
+#[tokio::test]
+async fn lazy_store_starts_before_redis_and_catches_up() {
+    let port = free_port();
+    let store = RedisStore::connect_lazy(&format!("redis://127.0.0.1:{port}/"), "test", FAST)
+        .expect("starting must not need Redis");
+    let mut rx = store.changes();
+    rx.borrow_and_update();
+    for _ in 0..3 {
+        let t = Instant::now();
+        let err = store.snapshot(4).await.expect_err("nothing listens yet");
+        assert!(
+            matches!(err, StoreError::Timeout(_) | StoreError::Unavailable(_)),
+            "{err}"
+        );
+        assert!(
+            t.elapsed() < FAST.response_timeout + Duration::from_millis(300),
+            "took {:?}: {err}",
+            t.elapsed()
+        );
+    }
+
+    let _server = RedisServer::start_on(port);
+    let g = until_ok(&store, Duration::from_secs(5)).await;
+    // The background subscription bumps the counter once it is in place.
+    tokio::time::timeout(Duration::from_secs(10), rx.changed())
+        .await
+        .expect("no bump after the first subscription")
+        .unwrap();
+    let a = pod("a");
+    acquired(store.acquire(&g, &a, &[0], TTL).await.unwrap());
+    rx.borrow_and_update();
+    store.release(&a, &[0]).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(1), rx.changed())
+        .await
+        .expect("a release must be seen on changes()")
+        .unwrap();
+}

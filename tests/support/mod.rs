@@ -1,0 +1,14 @@
+//! Shared harness for the integration tests: a throwaway `redis-server` per test and a
+//! TCP proxy that can cut or stall the network between a client and Redis.
+//!
+//! Declare it as `pub mod support;` in a test file: public items of a public module are
+//! not dead code, so each test file may use just the parts it needs.
+//!
+//! What it does not do: install Redis (`scripts/test` does) or reach anything but
+//! 127.0.0.1.
+
+pub mod redis_server;
+pub mod tcp_proxy;
+
+pub use redis_server::RedisServer;
+pub use tcp_proxy::TcpProxy;

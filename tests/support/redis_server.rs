@@ -1,0 +1,191 @@
+//! `RedisServer`: one `redis-server` child process on a free loopback port, with no
+//! persistence, killed on drop.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running `redis-server` in its own temporary directory.
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    args: Vec<String>,
+    dir: tempfile::TempDir,
+}
+
+fn binary() -> PathBuf {
+    let found = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
+        .chain([PathBuf::from("/usr/bin"), PathBuf::from("/usr/local/bin")])
+        .map(|dir| dir.join("redis-server"))
+        .find(|path| path.is_file());
+    found.unwrap_or_else(|| {
+        panic!("redis-server not found on PATH: run `scripts/test`, which installs it (apt-get install redis-server)")
+    })
+}
+
+/// A loopback port nothing listens on right now. It is free when we look; a rare race
+/// with another process is handled by `start_with` retrying on a new port.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind 127.0.0.1:0")
+        .port()
+}
+
+/// Sends one command in RESP and returns the raw first reply line (e.g. `+PONG`).
+fn raw_command(port: u16, args: &[&str], timeout: Duration) -> std::io::Result<String> {
+    let mut stream =
+        TcpStream::connect_timeout(&SocketAddr::from(([127, 0, 0, 1], port)), timeout)?;
+    stream.set_read_timeout(Some(timeout))?;
+    let mut req = format!("*{}\r\n", args.len());
+    for arg in args {
+        req.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+    }
+    stream.write_all(req.as_bytes())?;
+    let mut reply = Vec::new();
+    let mut byte = [0u8; 1];
+    while !reply.ends_with(b"\r\n") {
+        if stream.read(&mut byte)? == 0 {
+            break;
+        }
+        reply.push(byte[0]);
+    }
+    Ok(String::from_utf8_lossy(&reply).trim_end().to_string())
+}
+
+impl RedisServer {
+    /// Starts a plain server (no password).
+    pub fn start() -> RedisServer {
+        Self::start_with(&[])
+    }
+
+    /// Starts a server with extra `redis-server` arguments, e.g.
+    /// `["--requirepass", "secret"]`.
+    pub fn start_with(extra: &[&str]) -> RedisServer {
+        let args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        for _ in 0..5 {
+            let dir = tempfile::tempdir().expect("temp dir for redis-server");
+            let mut server = RedisServer {
+                child: None,
+                port: free_port(),
+                args: args.clone(),
+                dir,
+            };
+            if server.spawn() {
+                return server;
+            }
+        }
+        panic!("redis-server did not start after 5 attempts");
+    }
+
+    /// Starts a plain server on `port`, e.g. one a client was pointed at before Redis
+    /// was up (see [`free_port`]). Panics if it cannot start there.
+    pub fn start_on(port: u16) -> RedisServer {
+        let mut server = RedisServer {
+            child: None,
+            port,
+            args: Vec::new(),
+            dir: tempfile::tempdir().expect("temp dir for redis-server"),
+        };
+        assert!(server.spawn(), "redis-server did not start on port {port}");
+        server
+    }
+
+    /// Spawns the child on `self.port` and waits until it answers; false if it failed.
+    fn spawn(&mut self) -> bool {
+        let log = self.dir.path().join("redis.log");
+        let mut cmd = Command::new(binary());
+        cmd.args([
+            "--port",
+            &self.port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .arg("--dir")
+        .arg(self.dir.path())
+        .arg("--logfile")
+        .arg(&log)
+        .args(&self.args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+        let mut child = cmd.spawn().expect("spawn redis-server");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                eprintln!(
+                    "redis-server exited early: {}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+                return false;
+            }
+            // Any reply (+PONG, or -NOAUTH with a password) means it is serving.
+            if let Ok(reply) = raw_command(self.port, &["PING"], Duration::from_millis(200)) {
+                if reply.starts_with('+') || reply.starts_with('-') {
+                    self.child = Some(child);
+                    return true;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        false
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// `redis://127.0.0.1:<port>/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// Runs one command on a fresh connection (servers without a password only) and
+    /// returns the first reply line, e.g. `+OK`.
+    pub fn command(&self, args: &[&str]) -> String {
+        raw_command(self.port, args, Duration::from_secs(2)).expect("redis command")
+    }
+
+    /// Kills the server and starts an empty one on the same port: like a Redis that
+    /// restarted without persistence. Clients see their connections drop.
+    pub fn restart_empty(&mut self) {
+        self.stop();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.spawn() {
+            assert!(
+                Instant::now() < deadline,
+                "redis-server did not restart on port {}",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Kills the server (SIGKILL: nothing is saved). Idempotent.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
