@@ -145,6 +145,8 @@ async fn run_pod(
     let shutdown = shutdown_signal()?;
     let options = RedisOptions {
         response_timeout: settings.store_timeout,
+        ca_file: settings.redis_ca_file,
+        client_cert: settings.redis_client_cert,
         ..Default::default()
     };
     // Lazy: a pod may start before Redis does (a fresh cluster, a node restart); it then

@@ -2,9 +2,8 @@
 //! (epochs across a restart, owner checks in Lua, pub/sub, timeouts, auth, URLs), and a
 //! lazily connected store that starts before Redis does.
 //!
-//! `rediss://` is only exercised up to the TLS handshake (against a plain server, which
-//! must fail cleanly): a TLS redis-server would need a CA the client trusts, and
-//! `RedisStore::connect` reads roots from the system store only.
+//! `rediss://` is only exercised here up to the TLS handshake (against a plain server,
+//! which must fail cleanly); `redis_tls.rs` runs it against a TLS server.
 
 pub mod support;
 
@@ -21,6 +20,8 @@ const TTL: Duration = Duration::from_secs(30);
 const FAST: RedisOptions = RedisOptions {
     response_timeout: Duration::from_millis(300),
     connect_timeout: Duration::from_millis(300),
+    ca_file: None,
+    client_cert: None,
 };
 
 fn pod(id: &str) -> PodId {

@@ -418,6 +418,7 @@ async fn memory_and_redis_agree() {
     let opts = RedisOptions {
         response_timeout: Duration::from_secs(2),
         connect_timeout: Duration::from_secs(1),
+        ..Default::default()
     };
     let redis = RedisStore::connect(&server.url(), "diff", opts)
         .await

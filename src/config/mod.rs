@@ -9,7 +9,9 @@
 //! [`ServeArgs::resolve`] checks everything once, before anything starts; each error is
 //! one line naming the flag. Layout: this file holds the resolved settings and the error
 //! type, `serve_args.rs` the clap flags and their resolution, `secrets.rs` where secrets
-//! come from and how a Redis URL carries or hides one.
+//! come from and how a Redis URL carries or hides one. The `rediss://` TLS files
+//! (`--redis-ca-file`, `--redis-client-cert` with `--redis-client-key`) are passed on as
+//! paths: the store reads and checks them when it is created, still before anything runs.
 //!
 //! What this module does not do: logging setup or connecting (that is `main.rs`), or
 //! the timing rules themselves ([`CoreConfig::validate`]).
@@ -20,10 +22,12 @@ mod serve_args;
 mod tests;
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::core::{CoreConfig, PodId};
 use crate::peer::ClusterSecret;
+use crate::store::redis::ClientCert;
 
 use self::secrets::redact_url;
 pub use self::serve_args::ServeArgs;
@@ -85,6 +89,10 @@ pub struct StoreSettings {
     pub redis_url: String,
     pub cluster: String,
     pub store_timeout: Duration,
+    /// CA certificates for `rediss://` instead of the system store.
+    pub redis_ca_file: Option<PathBuf>,
+    /// Client certificate for mutual TLS. Only paths: `Debug` may show them.
+    pub redis_client_cert: Option<ClientCert>,
 }
 
 impl fmt::Debug for StoreSettings {
@@ -93,6 +101,8 @@ impl fmt::Debug for StoreSettings {
             .field("redis_url", &redact_url(&self.redis_url))
             .field("cluster", &self.cluster)
             .field("store_timeout", &self.store_timeout)
+            .field("redis_ca_file", &self.redis_ca_file)
+            .field("redis_client_cert", &self.redis_client_cert)
             .finish()
     }
 }

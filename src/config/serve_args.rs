@@ -20,6 +20,7 @@ use super::{
 use crate::core::config::ConfigError as CoreConfigError;
 use crate::core::{CoreConfig, PodId};
 use crate::peer::ClusterSecret;
+use crate::store::redis::ClientCert;
 
 /// Flags of `posgate serve`.
 #[derive(Clone, clap::Args)]
@@ -38,6 +39,26 @@ pub struct ServeArgs {
     /// POSGATE_REDIS_PASSWORD)
     #[arg(long, env = "POSGATE_REDIS_PASSWORD_FILE", value_name = "PATH")]
     pub redis_password_file: Option<PathBuf>,
+    /// PEM file with the CA certificates to trust for rediss:// instead of the system
+    /// store, e.g. a private CA
+    #[arg(long, env = "POSGATE_REDIS_CA_FILE", value_name = "PATH")]
+    pub redis_ca_file: Option<PathBuf>,
+    /// PEM certificate chain presented to Redis for mutual TLS (with --redis-client-key)
+    #[arg(
+        long,
+        env = "POSGATE_REDIS_CLIENT_CERT",
+        value_name = "PATH",
+        requires = "redis_client_key"
+    )]
+    pub redis_client_cert: Option<PathBuf>,
+    /// PEM private key of --redis-client-cert
+    #[arg(
+        long,
+        env = "POSGATE_REDIS_CLIENT_KEY",
+        value_name = "PATH",
+        requires = "redis_client_cert"
+    )]
+    pub redis_client_key: Option<PathBuf>,
     /// Name of the cluster; pods of one cluster share keys in Redis ([A-Za-z0-9._-], 1-64)
     #[arg(long, env = "POSGATE_CLUSTER", default_value = DEFAULT_CLUSTER, value_parser = parse_cluster)]
     pub cluster: String,
@@ -189,6 +210,28 @@ impl ServeArgs {
             .as_str()
             .into_connection_info()
             .map_err(|e| invalid("redis-url", format!("not a valid Redis URL: {e}")))?;
+        // The files themselves are read and checked when the store is created, at start.
+        if !redis_url.starts_with("rediss://") {
+            let tls_flag = if self.redis_ca_file.is_some() {
+                Some("redis-ca-file")
+            } else {
+                self.redis_client_cert.as_ref().map(|_| "redis-client-cert")
+            };
+            if let Some(flag) = tls_flag {
+                return Err(invalid(
+                    flag,
+                    "TLS files need a rediss:// --redis-url, or they would be ignored",
+                ));
+            }
+        }
+        // clap's `requires` makes the two come together.
+        let redis_client_cert =
+            self.redis_client_cert
+                .zip(self.redis_client_key)
+                .map(|(cert_file, key_file)| ClientCert {
+                    cert_file,
+                    key_file,
+                });
 
         let config = PodConfig {
             core,
@@ -202,6 +245,8 @@ impl ServeArgs {
             redis_url,
             cluster: self.cluster,
             store_timeout: self.store_timeout,
+            redis_ca_file: self.redis_ca_file,
+            redis_client_cert,
         };
         Ok((config, store, self.listen))
     }

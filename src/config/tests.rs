@@ -169,3 +169,55 @@ fn redis_password_is_injected_and_never_printed() {
     assert_eq!(unix, "redis+unix:///r.sock?***");
     assert_eq!(redact_url("redis://u:pw@h:1/2"), "redis://u:***@h:1/2");
 }
+
+#[test]
+fn redis_tls_files_need_rediss_and_come_in_pairs() {
+    let tls = "--redis-url rediss://h:6380 --redis-ca-file /ca.pem \
+               --redis-client-cert /c.pem --redis-client-key /k.pem";
+    let (_, store, _) = resolve(tls).unwrap();
+    assert_eq!(store.redis_ca_file, Some("/ca.pem".into()));
+    let cert = store.redis_client_cert.clone().unwrap();
+    assert_eq!(
+        (cert.cert_file, cert.key_file),
+        ("/c.pem".into(), "/k.pem".into())
+    );
+    assert!(format!("{store:?}").contains("/k.pem"), "{store:?}");
+    let (_, plain, _) = resolve("").unwrap();
+    assert_eq!((plain.redis_ca_file, plain.redis_client_cert), (None, None));
+
+    for (args, flag) in [
+        ("--redis-ca-file /ca.pem", "redis-ca-file"),
+        (
+            "--redis-client-cert /c.pem --redis-client-key /k.pem",
+            "redis-client-cert",
+        ),
+    ] {
+        let err = resolve(args).unwrap_err();
+        assert_eq!(blamed(&err), flag, "{err}");
+        assert!(err.to_string().contains("rediss://"), "{err}");
+    }
+    for half in ["--redis-client-cert /c.pem", "--redis-client-key /k.pem"] {
+        let err = parse(&format!("--redis-url rediss://h {half}")).err();
+        assert!(err.is_some(), "{half} alone must be refused");
+    }
+
+    // From the environment, like every flag; the pair rule holds there too.
+    let _guard = ENV_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    std::env::set_var("POSGATE_REDIS_CA_FILE", "/env-ca.pem");
+    std::env::set_var("POSGATE_REDIS_CLIENT_KEY", "/env-k.pem");
+    let half = Cli::try_parse_from(["posgate"]).err();
+    std::env::set_var("POSGATE_REDIS_CLIENT_CERT", "/env-c.pem");
+    let whole = Cli::try_parse_from(["posgate"]);
+    for var in [
+        "POSGATE_REDIS_CA_FILE",
+        "POSGATE_REDIS_CLIENT_CERT",
+        "POSGATE_REDIS_CLIENT_KEY",
+    ] {
+        std::env::remove_var(var);
+    }
+    assert!(half.is_some(), "a client key without a certificate");
+    let whole = whole.unwrap().serve;
+    assert_eq!(whole.redis_ca_file, Some("/env-ca.pem".into()));
+    assert_eq!(whole.redis_client_cert, Some("/env-c.pem".into()));
+    assert_eq!(whole.redis_client_key, Some("/env-k.pem".into()));
+}

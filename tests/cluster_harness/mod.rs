@@ -239,6 +239,7 @@ pub fn store_options() -> RedisOptions {
     RedisOptions {
         response_timeout: STORE_TIMEOUT,
         connect_timeout: STORE_TIMEOUT,
+        ..Default::default()
     }
 }
 

@@ -1,5 +1,6 @@
-//! Shared harness for the integration tests: a throwaway `redis-server` per test and a
-//! TCP proxy that can cut or stall the network between a client and Redis.
+//! Shared harness for the integration tests: a throwaway `redis-server` per test (plain,
+//! or also serving TLS), a TCP proxy that can cut or stall the network between a client
+//! and Redis, and a throwaway CA for the TLS tests.
 //!
 //! Declare it as `pub mod support;` in a test file: public items of a public module are
 //! not dead code, so each test file may use just the parts it needs.
@@ -9,6 +10,7 @@
 
 pub mod redis_server;
 pub mod tcp_proxy;
+pub mod tls;
 
 pub use redis_server::RedisServer;
 pub use tcp_proxy::TcpProxy;

@@ -1,5 +1,5 @@
 //! `RedisServer`: one `redis-server` child process on a free loopback port, with no
-//! persistence, killed on drop.
+//! persistence, killed on drop; optionally also serving TLS on a second port.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -7,10 +7,14 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::tls::TestPki;
+
 /// A running `redis-server` in its own temporary directory.
 pub struct RedisServer {
     child: Option<Child>,
     port: u16,
+    /// The TLS port, if any; the plain port stays open for readiness checks and `command`.
+    tls_port: Option<u16>,
     args: Vec<String>,
     dir: tempfile::TempDir,
 }
@@ -67,13 +71,43 @@ impl RedisServer {
     /// `["--requirepass", "secret"]`.
     pub fn start_with(extra: &[&str]) -> RedisServer {
         let args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        Self::start_attempts(|| (args.clone(), None))
+    }
+
+    /// Starts a server that also serves TLS on [`Self::tls_port`] with `pki`'s server
+    /// certificate. With `client_auth`, TLS clients must present a certificate issued
+    /// by `pki`'s CA (`tls-auth-clients yes`).
+    pub fn start_tls(pki: &TestPki, client_auth: bool) -> RedisServer {
+        let path = |name: &str| pki.path(name).to_str().expect("UTF-8 path").to_string();
+        Self::start_attempts(|| {
+            let tls_port = free_port();
+            let args = [
+                "--tls-port",
+                &tls_port.to_string(),
+                "--tls-cert-file",
+                &path("server"),
+                "--tls-key-file",
+                &path("server-key"),
+                "--tls-ca-cert-file",
+                &path("ca"),
+                "--tls-auth-clients",
+                if client_auth { "yes" } else { "no" },
+            ];
+            (args.map(String::from).to_vec(), Some(tls_port))
+        })
+    }
+
+    /// Tries a few times with fresh ports from `setup` (arguments and TLS port), in
+    /// case another process takes a port between `free_port` and the bind.
+    fn start_attempts(mut setup: impl FnMut() -> (Vec<String>, Option<u16>)) -> RedisServer {
         for _ in 0..5 {
-            let dir = tempfile::tempdir().expect("temp dir for redis-server");
+            let (args, tls_port) = setup();
             let mut server = RedisServer {
                 child: None,
                 port: free_port(),
-                args: args.clone(),
-                dir,
+                tls_port,
+                args,
+                dir: tempfile::tempdir().expect("temp dir for redis-server"),
             };
             if server.spawn() {
                 return server;
@@ -88,6 +122,7 @@ impl RedisServer {
         let mut server = RedisServer {
             child: None,
             port,
+            tls_port: None,
             args: Vec::new(),
             dir: tempfile::tempdir().expect("temp dir for redis-server"),
         };
@@ -152,6 +187,11 @@ impl RedisServer {
     /// `redis://127.0.0.1:<port>/`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// The TLS port of a server from [`Self::start_tls`].
+    pub fn tls_port(&self) -> u16 {
+        self.tls_port.expect("started with start_tls")
     }
 
     /// Runs one command on a fresh connection (servers without a password only) and

@@ -1,18 +1,28 @@
 //! Turning settings into a Redis client, and Redis errors into [`StoreError`]s.
 //!
-//! Checks the URL and the cluster name before anything is sent (failures are
-//! [`StoreError::Config`], with the password redacted), sets the socket options that
-//! make a vanished peer fail in seconds rather than hours, installs the TLS crypto
-//! provider for `rediss://`, and bounds every Redis future by a deadline of our own.
+//! Checks the URL, the cluster name and the TLS files before anything is sent (failures
+//! are [`StoreError::Config`], with the password redacted and the file named), sets the
+//! socket options that make a vanished peer fail in seconds rather than hours, installs
+//! the TLS crypto provider for `rediss://`, and bounds every Redis future by a deadline
+//! of our own.
 //!
 //! What it does not do: hold connections or retry (that is [`super::RedisStore`]).
 
+use std::fmt::Display;
 use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::io::tcp::{socket2::TcpKeepalive, TcpSettings};
-use redis::{Client, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind};
+use redis::{
+    Client, ClientTlsConfig, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind,
+    TlsCertificates,
+};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::sign::CertifiedKey;
+use rustls::RootCertStore;
 
 use super::reply::bad;
 use super::RedisOptions;
@@ -66,9 +76,103 @@ fn ensure_crypto_provider() {
     }
 }
 
-/// Checks `url` and `cluster` and builds the client; nothing is sent to Redis yet.
-/// Returns the client, the key names and the redacted URL.
-pub(super) fn open(url: &str, cluster: &str) -> Result<(Client, Keys, String), StoreError> {
+/// A TLS client certificate: two PEM files, read once when the store is created.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClientCert {
+    /// The certificate chain, leaf first.
+    pub cert_file: PathBuf,
+    /// Its private key (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: PathBuf,
+}
+
+fn tls_error(what: &str, path: &Path, why: impl Display) -> StoreError {
+    StoreError::Config(format!("Redis TLS {what} {}: {why}", path.display()))
+}
+
+fn read_pem(what: &str, path: &Path) -> Result<Vec<u8>, StoreError> {
+    std::fs::read(path).map_err(|e| tls_error(what, path, format!("cannot read it: {e}")))
+}
+
+/// The certificates in a PEM file; none at all is an error, because an empty trust store
+/// or chain would only fail later, at every connection, with a vaguer message.
+fn certificates(
+    what: &str,
+    path: &Path,
+    pem: &[u8],
+) -> Result<Vec<CertificateDer<'static>>, StoreError> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|_| tls_error(what, path, "not a valid PEM file"))?;
+    if certs.is_empty() {
+        return Err(tls_error(what, path, "no PEM CERTIFICATE in it"));
+    }
+    Ok(certs)
+}
+
+/// Reads and checks the TLS files of `opts`, returned as the PEM bytes the redis crate
+/// takes. It would parse them itself, but with errors that do not name the file, and
+/// rustls compares the client key with its certificate only when connecting: a wrong
+/// file would then look like an outage instead of failing at start.
+fn tls_certificates(opts: &RedisOptions) -> Result<TlsCertificates, StoreError> {
+    let root_cert = match &opts.ca_file {
+        Some(path) => {
+            let pem = read_pem("CA file", path)?;
+            let mut roots = RootCertStore::empty();
+            for cert in certificates("CA file", path, &pem)? {
+                roots.add(cert).map_err(|e| {
+                    tls_error("CA file", path, format!("not a usable CA certificate: {e}"))
+                })?;
+            }
+            Some(pem)
+        }
+        None => None,
+    };
+    let client_tls = match &opts.client_cert {
+        Some(ClientCert {
+            cert_file,
+            key_file,
+        }) => {
+            let client_cert = read_pem("client certificate", cert_file)?;
+            let client_key = read_pem("client key", key_file)?;
+            let chain = certificates("client certificate", cert_file, &client_cert)?;
+            // The parse error is not shown: it could quote a piece of the key.
+            let key = PrivateKeyDer::from_pem_slice(&client_key).map_err(|_| {
+                tls_error(
+                    "client key",
+                    key_file,
+                    "no PEM private key (PKCS#8, PKCS#1 or SEC1) in it",
+                )
+            })?;
+            // ring is the provider `ensure_crypto_provider` installs.
+            CertifiedKey::from_der(chain, key, &rustls::crypto::ring::default_provider()).map_err(
+                |e| {
+                    let pair = format!("{} and {}", cert_file.display(), key_file.display());
+                    StoreError::Config(format!(
+                        "Redis TLS client certificate {pair}: the key does not match the \
+                         certificate or is of an unsupported type ({e})"
+                    ))
+                },
+            )?;
+            Some(ClientTlsConfig {
+                client_cert,
+                client_key,
+            })
+        }
+        None => None,
+    };
+    Ok(TlsCertificates {
+        client_tls,
+        root_cert,
+    })
+}
+
+/// Checks `url`, `cluster` and the TLS files of `opts`, and builds the client; nothing
+/// is sent to Redis yet. Returns the client, the key names and the redacted URL.
+pub(super) fn open(
+    url: &str,
+    cluster: &str,
+    opts: &RedisOptions,
+) -> Result<(Client, Keys, String), StoreError> {
     let redacted = redact(url);
     let invalid = |why: String| StoreError::Config(format!("Redis URL {redacted:?}: {why}"));
     let keys = Keys::new(cluster).map_err(|e| StoreError::Config(e.to_string()))?;
@@ -96,9 +200,19 @@ pub(super) fn open(url: &str, cluster: &str) -> Result<(Client, Keys, String), S
     // Unacknowledged writes fail the socket after this, instead of ~15 minutes.
     #[cfg(target_os = "linux")]
     let tcp = tcp.set_user_timeout(Duration::from_secs(10));
-    // Client::open also builds the TLS configuration for rediss://.
-    let client = Client::open(info.set_tcp_settings(tcp)).map_err(|e| invalid(e.to_string()))?;
-    Ok((client, keys, redacted))
+    let info = info.set_tcp_settings(tcp);
+    let client = if opts.ca_file.is_none() && opts.client_cert.is_none() {
+        // Also sets rediss:// up, with the system's trust roots.
+        Client::open(info)
+    } else if tls {
+        Client::build_with_tls(info, tls_certificates(opts)?)
+    } else {
+        // Ignoring them would send in plain text what the operator meant to protect.
+        return Err(invalid(
+            "a CA file or client certificate is set, but only rediss:// uses TLS".into(),
+        ));
+    };
+    Ok((client.map_err(|e| invalid(e.to_string()))?, keys, redacted))
 }
 
 fn manager_config(opts: &RedisOptions) -> ConnectionManagerConfig {
@@ -153,7 +267,7 @@ mod tests {
             ("redis://u:topsecret@h:notaport/", "c"),
             ("redis://h:6379", "bad{name}"),
         ] {
-            match open(url, cluster) {
+            match open(url, cluster, &RedisOptions::default()) {
                 Err(StoreError::Config(why)) => assert!(!why.contains("topsecret"), "{why}"),
                 other => panic!("{url} {cluster}: {:?}", other.map(|_| ())),
             }

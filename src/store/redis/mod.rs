@@ -36,7 +36,10 @@
 //! so a pod can start before Redis does (`posgate serve`).
 //!
 //! URLs: `redis://[user[:password]@]host[:port][/db]` and `rediss://` (rustls with the
-//! ring provider, roots from the system store). The password never appears in logs or
+//! ring provider). `rediss://` trusts the system store, or only the certificates of
+//! [`RedisOptions::ca_file`] (a private CA), and may present a client certificate; those
+//! files are read and checked when the store is created (a bad one is a `Config` error
+//! naming it), so replacing them takes a restart. The password never appears in logs or
 //! errors.
 //!
 //! What it does not do: decide anything (policy is in `crate::core`), or talk to more
@@ -47,6 +50,7 @@ mod events;
 mod reply;
 
 use std::fmt;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -57,6 +61,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
+pub use self::client::ClientCert;
 use self::client::{bounded, cannot_connect, lazy_manager, open};
 use self::events::{Events, Subscription};
 use self::reply::{
@@ -74,14 +79,21 @@ pub const REBUILD_AFTER_TIMEOUTS: u32 = 3;
 /// At most one `warn!` per this interval for failed calls; the rest go to `debug!`.
 const WARN_EVERY_MS: u64 = 5_000;
 
-/// Client-side timeouts. The pod sets `response_timeout` well below
-/// `lease TTL - renew interval`, so a stuck call cannot eat a lease's safety margin.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Client-side timeouts and the TLS files for `rediss://`. The pod sets
+/// `response_timeout` well below `lease TTL - renew interval`, so a stuck call cannot eat
+/// a lease's safety margin.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RedisOptions {
     /// Longest wait for one call's answer (including a reconnect it has to wait for).
     pub response_timeout: Duration,
     /// Longest wait for one connection attempt (TCP, TLS, AUTH).
     pub connect_timeout: Duration,
+    /// PEM file with the CA certificates that `rediss://` trusts *instead of* the system
+    /// store, e.g. a private CA. `rediss://` only.
+    pub ca_file: Option<PathBuf>,
+    /// Certificate to present to a server that asks for one (mutual TLS, Redis's
+    /// `tls-auth-clients yes`). `rediss://` only.
+    pub client_cert: Option<ClientCert>,
 }
 
 impl Default for RedisOptions {
@@ -89,6 +101,8 @@ impl Default for RedisOptions {
         RedisOptions {
             response_timeout: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(1),
+            ca_file: None,
+            client_cert: None,
         }
     }
 }
@@ -181,7 +195,7 @@ impl RedisStore {
         cluster: &str,
         opts: RedisOptions,
     ) -> Result<RedisStore, StoreError> {
-        let (client, keys, redacted) = open(url, cluster)?;
+        let (client, keys, redacted) = open(url, cluster, &opts)?;
         let context = |e| cannot_connect(&redacted, e);
         // A plain connection first: a wrong address or password fails here, once, with
         // the server's reason, instead of inside the manager's retries.
@@ -223,7 +237,7 @@ impl RedisStore {
         cluster: &str,
         opts: RedisOptions,
     ) -> Result<RedisStore, StoreError> {
-        let (client, keys, redacted) = open(url, cluster)?;
+        let (client, keys, redacted) = open(url, cluster, &opts)?;
         let store = Self::assemble(client, keys, redacted, opts, None, 0)?;
         info!(url = %store.shared.url, cluster = store.keys().cluster(), "using redis (connecting in the background)");
         Ok(store)
@@ -249,7 +263,7 @@ impl RedisStore {
         let events = Events {
             client: client.clone(),
             channel: keys.events(),
-            opts,
+            opts: opts.clone(),
             tx,
             round_trips: round_trips.clone(),
         };
