@@ -1,1 +1,5 @@
-//! Load and fault harness for posgate (grows in the load-harness issue).
+//! Load and fault harness for posgate: the POS terminal simulator ([`pos_sim`]), and later
+//! the push load generator and the scenario runner (load-harness issue).
+#![forbid(unsafe_code)]
+
+pub mod pos_sim;

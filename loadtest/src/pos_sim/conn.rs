@@ -1,0 +1,298 @@
+//! The terminal side of one connection: TCP accept, faults, SNI routing, the TLS handshake,
+//! HTTP/2 serving of `POST /hello` and `POST <push path>`, and closing on request.
+//!
+//! Which terminal a connection belongs to is decided by the SNI of the ClientHello, read
+//! before the handshake completes, so unknown and offline terminals are refused without
+//! spending a full handshake. The protocol decisions themselves are in [`super::record`];
+//! this module only parses, waits and answers.
+
+use std::{convert::Infallible, net::SocketAddr, pin::pin, sync::Arc, time::Duration};
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::{body::Incoming, server::conn::http2, service::service_fn};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::{
+    net::{TcpListener, TcpStream},
+    sync::watch,
+    time::{sleep, sleep_until, timeout, Instant},
+};
+use tokio_rustls::{server::TlsStream, LazyConfigAcceptor};
+use tracing::{debug, warn};
+
+use super::{
+    certs::ALPN_H2,
+    counters::Counters,
+    record::{CloseCmd, ConnId, HelloOutcome, PushOutcome},
+    Shared,
+};
+
+/// Header names of the wire contract.
+pub const H_EPOCH: &str = "posgate-epoch";
+pub const H_POD: &str = "posgate-pod";
+pub const H_TERMINAL: &str = "posgate-terminal";
+pub const H_STALE_EPOCH: &str = "posgate-stale-epoch";
+pub const H_IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+/// Largest push body accepted; larger ones get 413.
+const MAX_BODY: usize = 1 << 20;
+/// Back-off after a failed accept (e.g. out of file descriptors), instead of spinning.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Accepts connections on one listener until the task is aborted.
+pub(crate) async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
+    loop {
+        match listener.accept().await {
+            Ok((tcp, peer)) => {
+                Counters::bump(&shared.counters.tcp_accepted);
+                tokio::spawn(serve(shared.clone(), tcp, peer));
+            }
+            Err(error) => {
+                warn!(%error, "accept failed; backing off");
+                sleep(ACCEPT_BACKOFF).await;
+            }
+        }
+    }
+}
+
+/// What a request handler needs to know about its connection.
+struct ConnCtx {
+    shared: Arc<Shared>,
+    index: usize,
+    id: String,
+    conn: ConnId,
+}
+
+/// Records the connection's end even if its task is aborted or panics.
+struct CloseGuard {
+    shared: Arc<Shared>,
+    index: usize,
+    conn: ConnId,
+}
+
+impl Drop for CloseGuard {
+    fn drop(&mut self) {
+        let s = &self.shared;
+        s.terminal(self.index)
+            .close(self.conn, s.config.session_overlap_threshold, &s.counters);
+    }
+}
+
+async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr) {
+    let faults = shared.faults();
+    if faults.refuse_connections {
+        Counters::bump(&shared.counters.tcp_refused);
+        return;
+    }
+    if !faults.handshake_delay().is_zero() {
+        sleep(faults.handshake_delay()).await;
+    }
+    // Pushes are small request/response exchanges; do not let Nagle delay them.
+    let _ = tcp.set_nodelay(true);
+    let handshake = timeout(shared.config.handshake_timeout, handshake(&shared, tcp)).await;
+    let Ok(Some((index, tls))) = handshake else {
+        if handshake.is_err() {
+            Counters::bump(&shared.counters.handshakes_failed);
+        }
+        return;
+    };
+    let conn = shared.next_conn_id();
+    let (ctl_tx, mut ctl) = watch::channel(CloseCmd::Keep);
+    shared
+        .terminal(index)
+        .open(conn, peer, ctl_tx, &shared.counters);
+    let _guard = CloseGuard {
+        shared: shared.clone(),
+        index,
+        conn,
+    };
+    let id = shared.id_of_index(index);
+    debug!(terminal = %id, conn, %peer, "connection opened");
+    let ctx = Arc::new(ConnCtx {
+        shared: shared.clone(),
+        index,
+        id,
+        conn,
+    });
+    let service = service_fn(move |req| {
+        let ctx = ctx.clone();
+        async move { Ok::<_, Infallible>(handle(&ctx, req).await) }
+    });
+    let mut builder = http2::Builder::new(TokioExecutor::new());
+    builder.timer(TokioTimer::new());
+    let mut http = pin!(builder.serve_connection(TokioIo::new(tls), service));
+    let mut grace_deadline: Option<Instant> = None;
+    loop {
+        tokio::select! {
+            result = http.as_mut() => {
+                if let Err(error) = result {
+                    debug!(conn, %error, "connection ended with an error");
+                }
+                return;
+            }
+            changed = ctl.changed(), if grace_deadline.is_none() => {
+                let cmd = if changed.is_ok() { *ctl.borrow_and_update() } else { CloseCmd::Abort };
+                match cmd {
+                    CloseCmd::Keep => {}
+                    CloseCmd::Graceful => {
+                        // GOAWAY: the client sees the session end; in-flight requests finish.
+                        http.as_mut().graceful_shutdown();
+                        grace_deadline = Some(Instant::now() + shared.config.supersede_grace);
+                    }
+                    CloseCmd::Abort => {
+                        Counters::bump(&shared.counters.connections_dropped);
+                        return;
+                    }
+                }
+            }
+            () = sleep_until(grace_deadline.unwrap_or_else(Instant::now)), if grace_deadline.is_some() => {
+                debug!(conn, "superseded connection outlived its grace period; closing");
+                return;
+            }
+        }
+    }
+}
+
+/// Reads the ClientHello, routes by SNI, and completes the handshake. `None` when the
+/// connection was refused or failed (already counted).
+async fn handshake(shared: &Shared, tcp: TcpStream) -> Option<(usize, TlsStream<TcpStream>)> {
+    let c = &shared.counters;
+    let start = match LazyConfigAcceptor::new(rustls::server::Acceptor::default(), tcp).await {
+        Ok(start) => start,
+        Err(error) => {
+            debug!(%error, "no valid ClientHello");
+            Counters::bump(&c.handshakes_failed);
+            return None;
+        }
+    };
+    let sni = start.client_hello().server_name().map(str::to_owned);
+    let Some((n, index)) = sni.as_deref().and_then(|s| shared.route(s)) else {
+        debug!(sni = ?sni, "unknown SNI refused");
+        Counters::bump(&c.unknown_sni_refused);
+        return None;
+    };
+    if shared.faults().is_offline(n, &shared.id_of_index(index)) {
+        Counters::bump(&c.offline_refused);
+        return None;
+    }
+    match start.into_stream(shared.tls.clone()).await {
+        Ok(tls) if tls.get_ref().1.alpn_protocol() == Some(ALPN_H2) => Some((index, tls)),
+        Ok(_) => {
+            debug!(sni = ?sni, "client did not negotiate ALPN h2");
+            Counters::bump(&c.handshakes_failed);
+            None
+        }
+        Err(error) => {
+            debug!(sni = ?sni, %error, "TLS handshake failed");
+            Counters::bump(&c.handshakes_failed);
+            None
+        }
+    }
+}
+
+fn respond(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+    *resp.status_mut() = status;
+    resp
+}
+
+fn stale(highest: u64) -> Response<Full<Bytes>> {
+    let mut resp = respond(StatusCode::CONFLICT, "stale epoch\n");
+    resp.headers_mut()
+        .insert(H_STALE_EPOCH, highest.to_string().parse().expect("digits"));
+    resp
+}
+
+/// The single, non-empty, visible-ASCII value of a protocol header; a repeated header is
+/// as malformed as a missing one (which copy would be meant?).
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    let mut values = headers.get_all(name).iter();
+    match (values.next(), values.next()) {
+        (Some(value), None) => value.to_str().ok().filter(|v| !v.is_empty()),
+        _ => None,
+    }
+}
+
+/// The epoch of the common headers of hello and push; `Err` is the reason for a 400.
+fn common_headers(ctx: &ConnCtx, headers: &HeaderMap) -> Result<u64, &'static str> {
+    let Some(epoch) = header(headers, H_EPOCH).and_then(|v| v.parse::<u64>().ok()) else {
+        return Err("missing or malformed posgate-epoch\n");
+    };
+    if header(headers, H_POD).is_none() {
+        return Err("missing posgate-pod\n");
+    }
+    if header(headers, H_TERMINAL) != Some(ctx.id.as_str()) {
+        return Err("posgate-terminal does not name this terminal\n");
+    }
+    Ok(epoch)
+}
+
+async fn handle(ctx: &ConnCtx, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    let latency = ctx.shared.faults().response_latency();
+    if !latency.is_zero() {
+        sleep(latency).await;
+    }
+    let is_push = req.uri().path() == ctx.shared.config.push_path;
+    let resp = match (req.method(), req.uri().path()) {
+        (&Method::POST, "/hello") => hello(ctx, req.headers()),
+        (&Method::POST, _) if is_push => push(ctx, req).await,
+        _ => respond(StatusCode::NOT_FOUND, "not found\n"),
+    };
+    if resp.status().is_client_error()
+        && !matches!(
+            resp.status(),
+            StatusCode::CONFLICT | StatusCode::PRECONDITION_REQUIRED
+        )
+    {
+        Counters::bump(&ctx.shared.counters.requests_rejected);
+    }
+    resp
+}
+
+fn hello(ctx: &ConnCtx, headers: &HeaderMap) -> Response<Full<Bytes>> {
+    let epoch = match common_headers(ctx, headers) {
+        Ok(epoch) => epoch,
+        Err(why) => return respond(StatusCode::BAD_REQUEST, why),
+    };
+    let s = &ctx.shared;
+    let outcome = s.terminal(ctx.index).hello(ctx.conn, epoch, &s.counters);
+    debug!(terminal = %ctx.id, conn = ctx.conn, epoch, pod = header(headers, H_POD), ?outcome, "hello");
+    match outcome {
+        HelloOutcome::Accepted { .. } => respond(StatusCode::OK, "hello\n"),
+        HelloOutcome::Stale { highest } => stale(highest),
+        HelloOutcome::Closing => respond(
+            StatusCode::MISDIRECTED_REQUEST,
+            "this connection's session was superseded; open a new connection\n",
+        ),
+    }
+}
+
+async fn push(ctx: &ConnCtx, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    let (parts, body) = req.into_parts();
+    let epoch = match common_headers(ctx, &parts.headers) {
+        Ok(epoch) => epoch,
+        Err(why) => return respond(StatusCode::BAD_REQUEST, why),
+    };
+    let Some(key) = header(&parts.headers, H_IDEMPOTENCY_KEY) else {
+        return respond(StatusCode::BAD_REQUEST, "missing idempotency-key\n");
+    };
+    // The payload is read in full (as a terminal would) but not kept: only its size matters.
+    let size = match Limited::new(body, MAX_BODY).collect().await {
+        Ok(collected) => collected.to_bytes().len(),
+        Err(_) => return respond(StatusCode::PAYLOAD_TOO_LARGE, "body too large or broken\n"),
+    };
+    let s = &ctx.shared;
+    let outcome = s
+        .terminal(ctx.index)
+        .push(ctx.conn, epoch, key, &s.counters);
+    debug!(terminal = %ctx.id, conn = ctx.conn, epoch, key, size, ?outcome, "push");
+    match outcome {
+        PushOutcome::Accepted => respond(StatusCode::OK, "accepted\n"),
+        PushOutcome::Stale { highest } => stale(highest),
+        PushOutcome::NoSession => respond(
+            StatusCode::PRECONDITION_REQUIRED,
+            "no accepted hello with this epoch on this connection\n",
+        ),
+    }
+}

@@ -1,0 +1,106 @@
+//! Farm-wide counters: lock-free atomics bumped by the connection code, and the
+//! [`FarmCounters`] snapshot served as JSON (`GET /counters`, `counters.json`).
+//!
+//! The counters are totals since start (plus three gauges). They are what a load test
+//! asserts on; per-terminal details live in [`super::record`].
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use serde::{Deserialize, Serialize};
+
+macro_rules! counters {
+    ($($(#[$doc:meta])* $name:ident,)*) => {
+        /// Live counters; see [`FarmCounters`] for what each means.
+        #[derive(Debug, Default)]
+        pub(crate) struct Counters {
+            $(pub(crate) $name: AtomicU64,)*
+        }
+
+        /// A snapshot of the farm's counters.
+        #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+        pub struct FarmCounters {
+            /// Number of terminals this farm serves.
+            pub terminals: u64,
+            $($(#[$doc])* pub $name: u64,)*
+        }
+
+        impl Counters {
+            pub(crate) fn snapshot(&self, terminals: u64) -> FarmCounters {
+                FarmCounters {
+                    terminals,
+                    $($name: self.$name.load(Relaxed),)*
+                }
+            }
+        }
+    };
+}
+
+counters! {
+    /// TCP connections accepted by the listeners.
+    tcp_accepted,
+    /// TCP connections closed at once because of the `refuse_connections` fault.
+    tcp_refused,
+    /// TLS handshakes that failed or timed out (after the SNI was accepted), or that did not
+    /// negotiate ALPN `h2`.
+    handshakes_failed,
+    /// Connections refused because their SNI names no terminal of this farm (or none).
+    unknown_sni_refused,
+    /// Connections refused because their terminal is offline (fault).
+    offline_refused,
+    /// TLS connections established to a terminal.
+    connections_opened,
+    /// TLS connections to a terminal that ended.
+    connections_closed,
+    /// Gauge: TLS connections to terminals open now.
+    connections_open,
+    /// Gauge: terminals with at least one open connection now.
+    terminals_connected,
+    /// Connections that opened while the same terminal already had another open.
+    raw_overlaps,
+    /// Connections closed by the terminal on purpose (fault: drop, offline).
+    connections_dropped,
+    /// Hellos answered 200.
+    sessions_accepted,
+    /// Older sessions the terminal closed because a newer hello was accepted.
+    sessions_superseded,
+    /// Superseded sessions whose connection stayed open longer than the session-overlap
+    /// threshold (1 s by default) after the newer hello was accepted.
+    session_overlaps,
+    /// Gauge: superseded sessions whose connection has not closed yet.
+    session_overlaps_open,
+    /// Longest time, in ms, a superseded session's connection stayed open.
+    max_session_overlap_ms,
+    /// Hellos answered 409 because their epoch was below the highest seen.
+    stale_hellos_refused,
+    /// Pushes answered 409 because their epoch was below the highest seen.
+    stale_pushes_refused,
+    /// Pushes answered 428: no current session with that epoch on the connection.
+    pushes_without_session,
+    /// Requests answered 400 (missing or malformed headers, wrong terminal id), 404, 413 or
+    /// 421.
+    requests_rejected,
+    /// Pushes answered 200.
+    pushes_accepted,
+    /// Idempotency keys accepted more than once by one terminal (each key counted once).
+    keys_delivered_twice,
+    /// Accepted pushes whose key that terminal had already accepted (every repeat counted).
+    duplicate_deliveries,
+}
+
+impl Counters {
+    pub(crate) fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Relaxed);
+    }
+
+    pub(crate) fn drop_one(counter: &AtomicU64) {
+        counter.fetch_sub(1, Relaxed);
+    }
+
+    pub(crate) fn raise_to(counter: &AtomicU64, value: u64) {
+        counter.fetch_max(value, Relaxed);
+    }
+}

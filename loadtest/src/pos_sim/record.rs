@@ -1,0 +1,356 @@
+//! One terminal's state and bookkeeping: its open connections, the highest epoch it has
+//! seen, its current session, the idempotency keys it accepted, and a short history.
+//!
+//! This is the protocol's decision core (hello and push rules of `docs/pos-protocol.md`):
+//! pure functions of the state, called with the terminal's lock held, with no I/O and no
+//! waiting. Closing a connection is only *requested* here, through its control channel;
+//! the connection task carries it out.
+
+use std::{
+    collections::{BTreeMap, HashMap, VecDeque},
+    net::SocketAddr,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use serde::Serialize;
+use tokio::sync::watch;
+
+use super::counters::Counters;
+
+/// Identifies one accepted connection within the farm.
+pub(crate) type ConnId = u64;
+
+/// How many connection events and pushes a terminal keeps for its report.
+const HISTORY: usize = 32;
+
+/// What a connection task is asked to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CloseCmd {
+    Keep,
+    /// Send GOAWAY, let in-flight requests finish, then close (hard after a grace period).
+    Graceful,
+    /// Close now.
+    Abort,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Session {
+    None,
+    Current { epoch: u64 },
+    Superseded { epoch: u64, since: Instant },
+}
+
+#[derive(Debug)]
+struct OpenConn {
+    peer: SocketAddr,
+    opened_ms: u64,
+    session: Session,
+    ctl: watch::Sender<CloseCmd>,
+}
+
+/// Result of a hello.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum HelloOutcome {
+    /// 200; this many older sessions were asked to close.
+    Accepted { superseded: usize },
+    /// 409 with the highest epoch seen.
+    Stale { highest: u64 },
+    /// 421: this connection's session was superseded and the connection is closing.
+    Closing,
+}
+
+/// Result of a push.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum PushOutcome {
+    /// 200.
+    Accepted,
+    /// 409 with the highest epoch seen.
+    Stale { highest: u64 },
+    /// 428: no current session with this epoch on this connection.
+    NoSession,
+}
+
+/// A connection's open or close, for the report.
+#[derive(Debug, Clone, Serialize)]
+pub struct ConnEvent {
+    pub conn: ConnId,
+    pub peer: SocketAddr,
+    /// `opened` or `closed`.
+    pub event: &'static str,
+    pub at_unix_ms: u64,
+}
+
+/// An accepted push, for the report.
+#[derive(Debug, Clone, Serialize)]
+pub struct PushRecord {
+    pub conn: ConnId,
+    pub idempotency_key: String,
+    pub epoch: u64,
+    pub at_unix_ms: u64,
+}
+
+/// A connection open now, for the report.
+#[derive(Debug, Clone, Serialize)]
+pub struct OpenConnReport {
+    pub conn: ConnId,
+    pub peer: SocketAddr,
+    pub opened_unix_ms: u64,
+    /// Epoch of the accepted hello on this connection, if any.
+    pub session_epoch: Option<u64>,
+    /// Whether a newer session superseded this one (the connection is closing).
+    pub superseded: bool,
+}
+
+/// Per-terminal totals, same meanings as the farm counters of the same names.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TerminalStats {
+    pub connections_opened: u64,
+    pub raw_overlaps: u64,
+    pub sessions_accepted: u64,
+    pub session_overlaps: u64,
+    pub max_session_overlap_ms: u64,
+    pub stale_hellos_refused: u64,
+    pub stale_pushes_refused: u64,
+    pub pushes_without_session: u64,
+    pub pushes_accepted: u64,
+    pub keys_delivered_twice: u64,
+    pub duplicate_deliveries: u64,
+}
+
+/// Everything recorded about one terminal (`GET /terminals/{id}`).
+#[derive(Debug, Clone, Serialize)]
+pub struct TerminalReport {
+    pub id: String,
+    pub server_name: String,
+    pub addr: SocketAddr,
+    pub offline: bool,
+    pub highest_epoch: Option<u64>,
+    pub open_connections: Vec<OpenConnReport>,
+    pub stats: TerminalStats,
+    /// Last connection events, oldest first.
+    pub recent_connections: Vec<ConnEvent>,
+    /// Last accepted pushes, oldest first.
+    pub recent_pushes: Vec<PushRecord>,
+}
+
+/// One terminal's mutable state.
+#[derive(Debug, Default)]
+pub(crate) struct TerminalState {
+    highest_epoch: Option<u64>,
+    open: BTreeMap<ConnId, OpenConn>,
+    keys: HashMap<String, u32>,
+    history: VecDeque<ConnEvent>,
+    pushes: VecDeque<PushRecord>,
+    stats: TerminalStats,
+}
+
+pub(crate) fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn push_bounded<T>(queue: &mut VecDeque<T>, item: T) {
+    if queue.len() == HISTORY {
+        queue.pop_front();
+    }
+    queue.push_back(item);
+}
+
+impl TerminalState {
+    /// Records a new TLS connection; counts a raw overlap if another one is open.
+    pub(crate) fn open(
+        &mut self,
+        conn: ConnId,
+        peer: SocketAddr,
+        ctl: watch::Sender<CloseCmd>,
+        c: &Counters,
+    ) {
+        Counters::bump(&c.connections_opened);
+        Counters::bump(&c.connections_open);
+        self.stats.connections_opened += 1;
+        if self.open.is_empty() {
+            Counters::bump(&c.terminals_connected);
+        } else {
+            Counters::bump(&c.raw_overlaps);
+            self.stats.raw_overlaps += 1;
+        }
+        let opened_ms = unix_ms();
+        self.open.insert(
+            conn,
+            OpenConn {
+                peer,
+                opened_ms,
+                session: Session::None,
+                ctl,
+            },
+        );
+        let event = ConnEvent {
+            conn,
+            peer,
+            event: "opened",
+            at_unix_ms: opened_ms,
+        };
+        push_bounded(&mut self.history, event);
+    }
+
+    /// Records the end of a connection; measures the session overlap if it was superseded.
+    pub(crate) fn close(&mut self, conn: ConnId, overlap_threshold: Duration, c: &Counters) {
+        let Some(entry) = self.open.remove(&conn) else {
+            return;
+        };
+        Counters::bump(&c.connections_closed);
+        Counters::drop_one(&c.connections_open);
+        if self.open.is_empty() {
+            Counters::drop_one(&c.terminals_connected);
+        }
+        if let Session::Superseded { since, .. } = entry.session {
+            Counters::drop_one(&c.session_overlaps_open);
+            let overlap = since.elapsed();
+            let ms = overlap.as_millis() as u64;
+            self.stats.max_session_overlap_ms = self.stats.max_session_overlap_ms.max(ms);
+            Counters::raise_to(&c.max_session_overlap_ms, ms);
+            if overlap > overlap_threshold {
+                self.stats.session_overlaps += 1;
+                Counters::bump(&c.session_overlaps);
+            }
+        }
+        let event = ConnEvent {
+            conn,
+            peer: entry.peer,
+            event: "closed",
+            at_unix_ms: unix_ms(),
+        };
+        push_bounded(&mut self.history, event);
+    }
+
+    /// Applies a hello: accept if the epoch is at least the highest seen, and ask every
+    /// other connection holding a current session to close.
+    pub(crate) fn hello(&mut self, conn: ConnId, epoch: u64, c: &Counters) -> HelloOutcome {
+        if let Some(highest) = self.highest_epoch.filter(|&h| epoch < h) {
+            Counters::bump(&c.stale_hellos_refused);
+            self.stats.stale_hellos_refused += 1;
+            return HelloOutcome::Stale { highest };
+        }
+        match self.open.get(&conn).map(|e| e.session) {
+            Some(Session::Superseded { .. }) | None => return HelloOutcome::Closing,
+            Some(Session::None | Session::Current { .. }) => {}
+        }
+        self.highest_epoch = Some(epoch);
+        let now = Instant::now();
+        let mut superseded = 0;
+        for (&id, entry) in &mut self.open {
+            if id == conn {
+                entry.session = Session::Current { epoch };
+            } else if let Session::Current { epoch: old } = entry.session {
+                entry.session = Session::Superseded {
+                    epoch: old,
+                    since: now,
+                };
+                // The connection may already be gone (task ended); close() still runs.
+                let _ = entry.ctl.send(CloseCmd::Graceful);
+                superseded += 1;
+            }
+        }
+        Counters::bump(&c.sessions_accepted);
+        Counters::add(&c.sessions_superseded, superseded as u64);
+        Counters::add(&c.session_overlaps_open, superseded as u64);
+        self.stats.sessions_accepted += 1;
+        HelloOutcome::Accepted { superseded }
+    }
+
+    /// Applies a push: stale epochs first (the most useful answer for the pod), then the
+    /// connection must hold the current session of exactly this epoch.
+    pub(crate) fn push(
+        &mut self,
+        conn: ConnId,
+        epoch: u64,
+        key: &str,
+        c: &Counters,
+    ) -> PushOutcome {
+        if let Some(highest) = self.highest_epoch.filter(|&h| epoch < h) {
+            Counters::bump(&c.stale_pushes_refused);
+            self.stats.stale_pushes_refused += 1;
+            return PushOutcome::Stale { highest };
+        }
+        let current = matches!(
+            self.open.get(&conn).map(|e| e.session),
+            Some(Session::Current { epoch: e }) if e == epoch
+        );
+        if !current {
+            Counters::bump(&c.pushes_without_session);
+            self.stats.pushes_without_session += 1;
+            return PushOutcome::NoSession;
+        }
+        Counters::bump(&c.pushes_accepted);
+        self.stats.pushes_accepted += 1;
+        let seen = self.keys.entry(key.to_owned()).or_insert(0);
+        *seen += 1;
+        if *seen >= 2 {
+            Counters::bump(&c.duplicate_deliveries);
+            self.stats.duplicate_deliveries += 1;
+            if *seen == 2 {
+                Counters::bump(&c.keys_delivered_twice);
+                self.stats.keys_delivered_twice += 1;
+            }
+        }
+        let record = PushRecord {
+            conn,
+            idempotency_key: key.to_owned(),
+            epoch,
+            at_unix_ms: unix_ms(),
+        };
+        push_bounded(&mut self.pushes, record);
+        PushOutcome::Accepted
+    }
+
+    /// Asks the selected open connections to close now; returns how many were asked.
+    pub(crate) fn abort_where(&self, mut pick: impl FnMut(ConnId) -> bool) -> usize {
+        let mut n = 0;
+        for (&id, entry) in &self.open {
+            if pick(id) {
+                let _ = entry.ctl.send(CloseCmd::Abort);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    pub(crate) fn report(
+        &self,
+        id: String,
+        server_name: String,
+        addr: SocketAddr,
+        offline: bool,
+    ) -> TerminalReport {
+        let open_connections = self
+            .open
+            .iter()
+            .map(|(&conn, e)| OpenConnReport {
+                conn,
+                peer: e.peer,
+                opened_unix_ms: e.opened_ms,
+                session_epoch: match e.session {
+                    Session::None => None,
+                    Session::Current { epoch } | Session::Superseded { epoch, .. } => Some(epoch),
+                },
+                superseded: matches!(e.session, Session::Superseded { .. }),
+            })
+            .collect();
+        TerminalReport {
+            id,
+            server_name,
+            addr,
+            offline,
+            highest_epoch: self.highest_epoch,
+            open_connections,
+            stats: self.stats.clone(),
+            recent_connections: self.history.iter().cloned().collect(),
+            recent_pushes: self.pushes.iter().cloned().collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "record_tests.rs"]
+mod tests;

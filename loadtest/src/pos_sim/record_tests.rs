@@ -1,0 +1,76 @@
+//! The hello and push rules of [`super::TerminalState`], without sockets.
+
+use std::{net::SocketAddr, sync::atomic::Ordering::Relaxed, time::Duration};
+
+use tokio::sync::watch;
+
+use super::*;
+
+fn peer() -> SocketAddr {
+    "127.0.0.1:40000".parse().unwrap()
+}
+
+/// Opens connection `id`, returning the receiver of its close commands.
+fn open(t: &mut TerminalState, id: ConnId, c: &Counters) -> watch::Receiver<CloseCmd> {
+    let (tx, rx) = watch::channel(CloseCmd::Keep);
+    t.open(id, peer(), tx, c);
+    rx
+}
+
+#[test]
+fn newer_hello_supersedes_only_sessions() {
+    let (mut t, c) = (TerminalState::default(), Counters::default());
+    let a = open(&mut t, 1, &c);
+    let bare = open(&mut t, 2, &c);
+    let _b = open(&mut t, 3, &c);
+    assert_eq!(c.raw_overlaps.load(Relaxed), 2);
+    assert_eq!(t.hello(1, 5, &c), HelloOutcome::Accepted { superseded: 0 });
+    assert_eq!(t.hello(3, 5, &c), HelloOutcome::Accepted { superseded: 1 });
+    assert_eq!(*a.borrow(), CloseCmd::Graceful);
+    assert_eq!(*bare.borrow(), CloseCmd::Keep, "no hello, not a session");
+    assert_eq!(t.hello(1, 6, &c), HelloOutcome::Closing);
+    assert_eq!(t.hello(2, 4, &c), HelloOutcome::Stale { highest: 5 });
+    assert_eq!(t.push(1, 5, "k", &c), PushOutcome::NoSession);
+    assert_eq!(t.push(3, 5, "k", &c), PushOutcome::Accepted);
+    assert_eq!(c.session_overlaps_open.load(Relaxed), 1);
+    t.close(1, Duration::from_secs(1), &c);
+    assert_eq!(c.session_overlaps_open.load(Relaxed), 0);
+    assert_eq!(c.session_overlaps.load(Relaxed), 0);
+}
+
+#[test]
+fn superseded_connection_open_past_threshold_is_an_overlap() {
+    let (mut t, c) = (TerminalState::default(), Counters::default());
+    let _a = open(&mut t, 1, &c);
+    let _b = open(&mut t, 2, &c);
+    t.hello(1, 1, &c);
+    t.hello(2, 2, &c);
+    std::thread::sleep(Duration::from_millis(20));
+    t.close(1, Duration::from_millis(10), &c);
+    assert_eq!(c.session_overlaps.load(Relaxed), 1);
+    assert!(c.max_session_overlap_ms.load(Relaxed) >= 20);
+    t.close(2, Duration::from_millis(10), &c);
+    assert_eq!(c.connections_open.load(Relaxed), 0);
+    assert_eq!(c.terminals_connected.load(Relaxed), 0);
+}
+
+#[test]
+fn pushes_check_epoch_then_session_and_count_repeated_keys() {
+    let (mut t, c) = (TerminalState::default(), Counters::default());
+    let _a = open(&mut t, 1, &c);
+    assert_eq!(t.push(1, 1, "k", &c), PushOutcome::NoSession);
+    t.hello(1, 7, &c);
+    assert_eq!(t.push(1, 6, "k", &c), PushOutcome::Stale { highest: 7 });
+    assert_eq!(t.push(1, 8, "k", &c), PushOutcome::NoSession);
+    for _ in 0..3 {
+        assert_eq!(t.push(1, 7, "k", &c), PushOutcome::Accepted);
+    }
+    assert_eq!(t.push(1, 7, "other", &c), PushOutcome::Accepted);
+    assert_eq!(c.keys_delivered_twice.load(Relaxed), 1);
+    assert_eq!(c.duplicate_deliveries.load(Relaxed), 2);
+    assert_eq!(c.stale_pushes_refused.load(Relaxed), 1);
+    assert_eq!(c.pushes_without_session.load(Relaxed), 2);
+    let report = t.report("pos-1".into(), "pos-1.t".into(), peer(), false);
+    assert_eq!(report.stats.pushes_accepted, 4);
+    assert_eq!(report.open_connections[0].session_epoch, Some(7));
+}
