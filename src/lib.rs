@@ -6,6 +6,7 @@
 //! - [`store`]: the `CoordStore` seam with the Redis and in-memory implementations.
 //! - [`driver`]: the task that runs the reconciler against a store.
 //! - [`pod`]: `Pod::run`, one pod as a library value (HTTP listener + driver).
+//! - [`pos`]: terminal directory and connections to POS terminals.
 //! - [`http`]: the pod's HTTP surface (health, cluster view, peer endpoints).
 //! - [`peer`]: pod-to-pod authentication (HMAC) and the peer client.
 //! - [`status`]: the status a pod publishes for HTTP and peers.
@@ -22,6 +23,7 @@ pub mod driver;
 pub mod http;
 pub mod peer;
 pub mod pod;
+pub mod pos;
 pub mod ring_report;
 pub mod sim;
 pub mod status;

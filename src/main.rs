@@ -1,6 +1,7 @@
 //! The `posgate` binary: parses the command line, sets up logging and runs one pod
-//! (`posgate serve`), the ring algorithm report (`posgate ring-report`) or the
-//! deterministic cluster simulation (`posgate simulate`).
+//! (`posgate serve`), the ring algorithm report (`posgate ring-report`), the
+//! deterministic cluster simulation (`posgate simulate`) or edits the terminal directory
+//! (`posgate terminals`).
 //!
 //! This is the only place that uses `anyhow` and decides exit codes: `0` success, `1` a
 //! runtime failure (or an invariant violation in `simulate`), `2` an invalid command line
@@ -16,6 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{Parser, Subcommand};
+use posgate::config::terminals_args::{TerminalsArgs, TerminalsCommand};
 use posgate::config::{ConfigError, LogFormat, PodConfig, ServeArgs, StoreSettings};
 use posgate::pod::Pod;
 use posgate::ring_report::RingReportArgs;
@@ -44,6 +46,8 @@ enum Command {
     RingReport(RingReportArgs),
     /// Run the deterministic cluster simulation over many seeds, or replay one.
     Simulate(SimulateArgs),
+    /// Edit the terminal directory in Redis: import a CSV file, remove, count.
+    Terminals(TerminalsArgs),
 }
 
 /// Flags of `posgate simulate`.
@@ -87,6 +91,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Simulate(args) => simulate(&args),
+        Command::Terminals(args) => terminals(args),
     }
 }
 
@@ -314,4 +319,119 @@ fn clap_error_line(err: &clap::Error) -> String {
     let rendered = err.render().to_string();
     let first = rendered.lines().next().unwrap_or("invalid command line");
     first.strip_prefix("error: ").unwrap_or(first).to_string()
+}
+
+/// `posgate terminals ...`: edits the terminal directory. An import file is read and
+/// checked whole before Redis is contacted; a bad line is reported as `FILE:LINE: reason`
+/// and nothing is imported (exit 1). Settings the store refuses (cluster metadata
+/// mismatch, bad TLS files) exit 2, like a bad flag.
+fn terminals(args: TerminalsArgs) -> ExitCode {
+    let settings = match args.resolve() {
+        Ok(settings) => settings,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return ExitCode::from(USAGE_ERROR);
+        }
+    };
+    let import = match &args.command {
+        TerminalsCommand::Import { file, .. } => match read_import(file) {
+            Ok(terminals) => terminals,
+            Err(code) => return code,
+        },
+        _ => Vec::new(),
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("error: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run_terminals(&args, settings, import)) {
+        Ok(summary) => {
+            println!("{summary}");
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            match err.downcast_ref::<StoreError>() {
+                Some(StoreError::Config(_) | StoreError::MetaMismatch { .. }) => {
+                    ExitCode::from(USAGE_ERROR)
+                }
+                _ => ExitCode::FAILURE,
+            }
+        }
+    }
+}
+
+/// Every terminal of the import file, or exit 1 after printing each bad line.
+fn read_import(file: &std::path::Path) -> Result<Vec<posgate::pos::directory::Terminal>, ExitCode> {
+    let name = file.display();
+    let text = std::fs::read_to_string(file).map_err(|err| {
+        eprintln!("error: cannot read {name}: {err}");
+        ExitCode::FAILURE
+    })?;
+    posgate::pos::directory::csv::parse(&text).map_err(|errors| {
+        for e in &errors {
+            eprintln!("{name}:{}: {}", e.line, e.reason);
+        }
+        eprintln!(
+            "error: {name}: {} invalid line(s); nothing was imported",
+            errors.len()
+        );
+        ExitCode::FAILURE
+    })
+}
+
+/// Connects (eagerly: fails at once if Redis is down), checks the cluster metadata and
+/// runs the action; returns the line to print.
+async fn run_terminals(
+    args: &TerminalsArgs,
+    settings: StoreSettings,
+    import: Vec<posgate::pos::directory::Terminal>,
+) -> anyhow::Result<String> {
+    use posgate::pos::directory::DirectoryAdmin;
+    use posgate::store::{ClusterMeta, CoordStore};
+
+    let options = RedisOptions {
+        response_timeout: settings.store_timeout,
+        ca_file: settings.redis_ca_file,
+        client_cert: settings.redis_client_cert,
+        ..Default::default()
+    };
+    let store = RedisStore::connect(&settings.redis_url, &settings.cluster, options).await?;
+    let shards = args.shards;
+    store.pin_meta(&ClusterMeta::current(shards)).await?;
+    Ok(match &args.command {
+        TerminalsCommand::Import { replace, .. } => {
+            let done = if *replace {
+                store.replace_all(shards, &import).await
+            } else {
+                store.upsert(shards, &import).await
+            }
+            .context("import failed part-way (chunks already written stay; rerun the import)")?;
+            let into: std::collections::BTreeSet<_> = import
+                .iter()
+                .map(|t| posgate::core::shard::shard_of(&t.id, shards))
+                .collect();
+            format!(
+                "imported {} terminals ({} added, {} updated, {} removed) into {} shards",
+                import.len(),
+                done.added,
+                done.updated,
+                done.removed,
+                into.len()
+            )
+        }
+        TerminalsCommand::Remove { ids } => {
+            let done = store.remove(shards, ids).await?;
+            format!(
+                "removed {} terminals ({} not found) from {} shards",
+                done.removed,
+                done.unchanged,
+                done.changed_shards.len()
+            )
+        }
+        TerminalsCommand::Count => store.count(shards).await?.to_string(),
+    })
 }

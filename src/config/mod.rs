@@ -18,6 +18,7 @@
 
 mod secrets;
 mod serve_args;
+pub mod terminals_args;
 #[cfg(test)]
 mod tests;
 

@@ -13,6 +13,8 @@
 //! | `posgate:{<cluster>}:member-info` | hash | pod id -> JSON [`Member`](crate::core::membership::Member) (url, version, ring version, start time); written and removed together with `members` |
 //! | `posgate:{<cluster>}:epochs` | hash | shard -> last fencing epoch handed out. Never deleted by posgate, so epochs stay monotonic while Redis keeps its data; after a data loss `max(last + 1, now_ms)` keeps them increasing |
 //! | `posgate:{<cluster>}:lease:<shard>` | string, `PX` ttl | the shard's lease: value = owner pod id, expiry = lease TTL by Redis time. Its epoch is the `epochs` entry of the shard |
+//! | `posgate:{<cluster>}:terminals:<shard>` | hash | the terminal directory of one shard: terminal id -> JSON `{"addr", "server_name"}` ([`Entry`](crate::pos::directory::Entry)); written by `posgate terminals`, read by the shard's owner |
+//! | `posgate:{<cluster>}:terminals-version` | hash | shard -> directory version, set to `max(previous + 1, TIME ms)` by every write that changes the shard's terminals; owners poll it |
 //! | `posgate:{<cluster>}:events` | pub/sub channel | notifications `join <pod>`, `leave <pod>`, `release <shard>`; receivers treat any message as "poll now" |
 //!
 //! What this module does not do: talk to Redis or decide key lifetimes (the scripts in
@@ -91,6 +93,16 @@ impl Keys {
         self.name(format_args!("lease:{shard}"))
     }
 
+    /// The terminal directory of `shard`: hash terminal id -> JSON entry.
+    pub fn terminals(&self, shard: ShardId) -> String {
+        self.name(format_args!("terminals:{shard}"))
+    }
+
+    /// Directory versions: hash shard -> version.
+    pub fn terminals_version(&self) -> String {
+        self.name("terminals-version")
+    }
+
     /// The pub/sub channel for join, leave and release notifications.
     pub fn events(&self) -> String {
         self.name("events")
@@ -114,12 +126,19 @@ mod tests {
             k.lease(0),
             k.lease(63),
             k.events(),
+            k.terminals(5),
+            k.terminals_version(),
         ];
         for name in &all {
             assert!(name.starts_with("posgate:{prod-eu.1}:"), "{name}");
         }
         assert_eq!(k.lease(7), "posgate:{prod-eu.1}:lease:7");
         assert_eq!(k.generation(), "posgate:{prod-eu.1}:gen");
+        assert_eq!(k.terminals(9), "posgate:{prod-eu.1}:terminals:9");
+        assert_eq!(
+            k.terminals_version(),
+            "posgate:{prod-eu.1}:terminals-version"
+        );
     }
 
     #[test]

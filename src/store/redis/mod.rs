@@ -46,6 +46,7 @@
 //! than one Redis endpoint (no Sentinel or cluster client).
 
 mod client;
+mod directory;
 mod events;
 mod reply;
 

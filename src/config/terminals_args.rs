@@ -1,0 +1,271 @@
+//! [`TerminalsArgs`]: the flags of `posgate terminals` (`import`, `remove`, `count`),
+//! which edit the terminal directory in Redis.
+//!
+//! The store flags are those of `posgate serve`, with the same environment variables
+//! (`POSGATE_REDIS_URL`, `POSGATE_REDIS_PASSWORD[_FILE]`, `POSGATE_REDIS_CA_FILE`,
+//! `POSGATE_REDIS_CLIENT_CERT`/`_KEY`, `POSGATE_CLUSTER`, `POSGATE_SHARDS`), so a command
+//! run in a pod's environment reaches that pod's cluster. `--shards` matters: it decides
+//! each terminal's shard, and is checked against the cluster's pinned metadata.
+//!
+//! What it does not do: connect, or read the import file (that is `main.rs`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use redis::IntoConnectionInfo;
+
+use super::secrets::{inject_password, secret_from};
+use super::{invalid, ConfigError, StoreSettings, DEFAULT_CLUSTER, REDIS_PASSWORD_ENV};
+use crate::pos::directory::valid_id;
+use crate::store::redis::ClientCert;
+
+/// Flags of `posgate terminals`.
+#[derive(Clone, clap::Args)]
+pub struct TerminalsArgs {
+    #[command(subcommand)]
+    pub command: TerminalsCommand,
+    /// Redis URL of the coordination store: redis://[user[:password]@]host:port[/db],
+    /// rediss:// for TLS
+    #[arg(
+        long,
+        global = true,
+        env = "POSGATE_REDIS_URL",
+        hide_env_values = true,
+        value_name = "URL",
+        default_value = "redis://127.0.0.1:6379"
+    )]
+    pub redis_url: String,
+    /// File with the Redis password, injected into --redis-url (alternatively set
+    /// POSGATE_REDIS_PASSWORD)
+    #[arg(
+        long,
+        global = true,
+        env = "POSGATE_REDIS_PASSWORD_FILE",
+        value_name = "PATH"
+    )]
+    pub redis_password_file: Option<PathBuf>,
+    /// PEM file with the CA certificates to trust for rediss:// instead of the system
+    /// store
+    #[arg(
+        long,
+        global = true,
+        env = "POSGATE_REDIS_CA_FILE",
+        value_name = "PATH"
+    )]
+    pub redis_ca_file: Option<PathBuf>,
+    /// PEM certificate chain presented to Redis for mutual TLS (with --redis-client-key)
+    #[arg(
+        long,
+        global = true,
+        env = "POSGATE_REDIS_CLIENT_CERT",
+        value_name = "PATH"
+    )]
+    pub redis_client_cert: Option<PathBuf>,
+    /// PEM private key of --redis-client-cert
+    #[arg(
+        long,
+        global = true,
+        env = "POSGATE_REDIS_CLIENT_KEY",
+        value_name = "PATH"
+    )]
+    pub redis_client_key: Option<PathBuf>,
+    /// Name of the cluster ([A-Za-z0-9._-], 1-64)
+    #[arg(long, global = true, env = "POSGATE_CLUSTER", default_value = DEFAULT_CLUSTER)]
+    pub cluster: String,
+    /// Number of shards of the cluster (decides each terminal's shard)
+    #[arg(long, global = true, env = "POSGATE_SHARDS", default_value_t = 64)]
+    pub shards: u32,
+    /// Redis response timeout per call (a call writes at most 1,000 terminals)
+    #[arg(long, global = true, default_value = "5s", value_parser = parse_timeout)]
+    pub store_timeout: Duration,
+}
+
+/// What `posgate terminals` does.
+#[derive(Clone, Debug, clap::Subcommand)]
+pub enum TerminalsCommand {
+    /// Add or update the terminals of a CSV file with the header id,addr,server_name
+    /// (server_name may be empty: it defaults to the host of addr). Every line is checked
+    /// first; if any is bad, nothing is imported.
+    Import {
+        /// The CSV file
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+        /// Also remove every terminal that is not in FILE
+        #[arg(long)]
+        replace: bool,
+    },
+    /// Remove terminals by id
+    Remove {
+        #[arg(value_name = "ID", required = true, num_args = 1.., value_parser = parse_id)]
+        ids: Vec<String>,
+    },
+    /// Print the number of terminals in the directory
+    Count,
+}
+
+impl TerminalsArgs {
+    /// Validates the store flags: the settings to connect with.
+    pub fn resolve(&self) -> Result<StoreSettings, ConfigError> {
+        self.resolve_with(|name| std::env::var(name).ok())
+    }
+
+    /// [`Self::resolve`] with environment variables read through `env`.
+    pub fn resolve_with(
+        &self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<StoreSettings, ConfigError> {
+        if self.shards == 0 || self.shards > 4096 {
+            return Err(invalid(
+                "shards",
+                format!("must be between 1 and 4096, got {}", self.shards),
+            ));
+        }
+        let cluster_ok = (1..=64).contains(&self.cluster.len())
+            && self
+                .cluster
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+        if !cluster_ok {
+            return Err(invalid(
+                "cluster",
+                "must be 1-64 characters of [A-Za-z0-9._-]",
+            ));
+        }
+        let password = secret_from(
+            "redis-password-file",
+            self.redis_password_file.as_deref(),
+            REDIS_PASSWORD_ENV,
+            &env,
+        )?;
+        let redis_url = match password {
+            Some((origin, bytes)) => {
+                let password = String::from_utf8(bytes)
+                    .map_err(|_| origin.error("the Redis password must be UTF-8"))?;
+                inject_password(&self.redis_url, &password)
+                    .map_err(|reason| origin.error(reason))?
+            }
+            None => self.redis_url.clone(),
+        };
+        redis_url
+            .as_str()
+            .into_connection_info()
+            .map_err(|e| invalid("redis-url", format!("not a valid Redis URL: {e}")))?;
+        let redis_client_cert = match (&self.redis_client_cert, &self.redis_client_key) {
+            (Some(cert), Some(key)) => Some(ClientCert {
+                cert_file: cert.clone(),
+                key_file: key.clone(),
+            }),
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(invalid("redis-client-cert", "needs --redis-client-key"))
+            }
+            (None, Some(_)) => {
+                return Err(invalid("redis-client-key", "needs --redis-client-cert"))
+            }
+        };
+        if !redis_url.starts_with("rediss://") {
+            let tls_flag = if self.redis_ca_file.is_some() {
+                Some("redis-ca-file")
+            } else {
+                redis_client_cert.as_ref().map(|_| "redis-client-cert")
+            };
+            if let Some(flag) = tls_flag {
+                return Err(invalid(
+                    flag,
+                    "TLS files need a rediss:// --redis-url, or they would be ignored",
+                ));
+            }
+        }
+        Ok(StoreSettings {
+            redis_url,
+            cluster: self.cluster.clone(),
+            store_timeout: self.store_timeout,
+            redis_ca_file: self.redis_ca_file.clone(),
+            redis_client_cert,
+        })
+    }
+}
+
+fn parse_timeout(s: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(s) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        Ok(_) => Err("must be greater than zero".to_string()),
+        Err(e) => Err(format!("not a duration ({e}); use e.g. 500ms, 5s, 1m")),
+    }
+}
+
+fn parse_id(s: &str) -> Result<String, String> {
+    if valid_id(s) {
+        Ok(s.to_string())
+    } else {
+        Err("a terminal id is 1-64 characters of [A-Za-z0-9._:-]".to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        command: Top,
+    }
+
+    #[derive(clap::Subcommand)]
+    enum Top {
+        Terminals(TerminalsArgs),
+    }
+
+    fn parse(args: &[&str]) -> Result<TerminalsArgs, clap::Error> {
+        let argv = ["posgate", "terminals"].iter().chain(args);
+        Cli::try_parse_from(argv).map(|cli| match cli.command {
+            Top::Terminals(t) => t,
+        })
+    }
+
+    #[test]
+    fn flags_before_or_after_the_action() {
+        let a = parse(&["--shards", "8", "import", "f.csv", "--replace"]).unwrap();
+        assert_eq!(a.shards, 8);
+        assert!(matches!(
+            a.command,
+            TerminalsCommand::Import { replace: true, .. }
+        ));
+        let a = parse(&["remove", "a", "b", "--cluster", "c1"]).unwrap();
+        assert_eq!(a.cluster, "c1");
+        assert!(matches!(a.command, TerminalsCommand::Remove { ref ids } if ids.len() == 2));
+        assert!(parse(&["remove"]).is_err());
+        assert!(parse(&["remove", "bad id"]).is_err());
+        assert!(parse(&["count"]).is_ok());
+    }
+
+    #[test]
+    fn resolve_checks_store_flags() {
+        let none = |_: &str| None;
+        let a = parse(&["count"]).unwrap();
+        let s = a.resolve_with(none).unwrap();
+        assert_eq!(s.cluster, "default");
+        assert_eq!(s.store_timeout, Duration::from_secs(5));
+        let pw = |name: &str| (name == REDIS_PASSWORD_ENV).then(|| "s3cret".to_string());
+        let s = a.resolve_with(pw).unwrap();
+        assert!(s.redis_url.contains("s3cret"));
+        for (args, flag) in [
+            (&["count", "--shards", "0"][..], "shards"),
+            (&["count", "--cluster", "a b"], "cluster"),
+            (&["count", "--redis-url", "http://x"], "redis-url"),
+            (&["count", "--redis-ca-file", "/ca.pem"], "redis-ca-file"),
+            (
+                &["count", "--redis-client-cert", "/c.pem"],
+                "redis-client-cert",
+            ),
+        ] {
+            match parse(args).unwrap().resolve_with(none) {
+                Err(ConfigError::Invalid { flag: f, .. }) => assert_eq!(f, flag, "{args:?}"),
+                other => panic!("{args:?}: {:?}", other.map(|_| ())),
+            }
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! The import file of `posgate terminals import`: CSV with the exact header
+//! `id,addr,server_name`, one terminal per line, `server_name` possibly empty (it then
+//! defaults to the host of `addr`).
+//!
+//! Every line is checked before anything is imported: [`parse`] returns either all
+//! terminals or every bad line with its 1-based line number (the header is line 1).
+//! Fields may be quoted (`"a"`, with `""` for a quote) and are trimmed of surrounding
+//! spaces; blank lines are skipped; a UTF-8 byte order mark and `\r\n` line ends are
+//! accepted. Valid values never contain commas, quotes or line breaks, so a field
+//! spanning lines is an error.
+//!
+//! What it does not do: read the file or talk to a store.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use super::Terminal;
+
+/// The required first line.
+pub const HEADER: &str = "id,addr,server_name";
+
+/// One rejected line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LineError {
+    /// 1-based; the header is line 1.
+    pub line: usize,
+    pub reason: String,
+}
+
+impl fmt::Display for LineError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.line, self.reason)
+    }
+}
+
+/// Splits one CSV line into fields (RFC 4180 quoting, no embedded line breaks).
+fn fields(line: &str) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    let mut chars = line.chars().peekable();
+    loop {
+        while chars.peek() == Some(&' ') || chars.peek() == Some(&'\t') {
+            chars.next();
+        }
+        let mut field = String::new();
+        if chars.peek() == Some(&'"') {
+            chars.next();
+            loop {
+                match chars.next() {
+                    Some('"') if chars.peek() == Some(&'"') => {
+                        chars.next();
+                        field.push('"');
+                    }
+                    Some('"') => break,
+                    Some(c) => field.push(c),
+                    None => return Err("unterminated quoted field".to_string()),
+                }
+            }
+            while chars.peek() == Some(&' ') || chars.peek() == Some(&'\t') {
+                chars.next();
+            }
+            match chars.peek() {
+                None | Some(',') => {}
+                Some(_) => return Err("text after a closing quote".to_string()),
+            }
+        } else {
+            while let Some(&c) = chars.peek() {
+                if c == ',' {
+                    break;
+                }
+                if c == '"' {
+                    return Err("a quote inside an unquoted field".to_string());
+                }
+                field.push(c);
+                chars.next();
+            }
+            field.truncate(field.trim_end().len());
+        }
+        out.push(field);
+        match chars.next() {
+            Some(',') => continue,
+            None => return Ok(out),
+            Some(_) => unreachable!("fields end at a comma or the line end"),
+        }
+    }
+}
+
+/// Every terminal of `text`, or every bad line (sorted by line). Duplicate ids are bad
+/// lines (the later ones, naming the first).
+pub fn parse(text: &str) -> Result<Vec<Terminal>, Vec<LineError>> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let mut lines = text.lines().enumerate();
+    let mut errors = Vec::new();
+    let header = lines.next().map(|(_, l)| l.trim_end_matches('\r'));
+    if header.map(str::trim) != Some(HEADER) {
+        errors.push(LineError {
+            line: 1,
+            reason: format!(
+                "expected the header {HEADER:?}, got {:?}",
+                header.unwrap_or("")
+            ),
+        });
+        return Err(errors);
+    }
+    let mut terminals = Vec::new();
+    let mut first_line: HashMap<String, usize> = HashMap::new();
+    for (index, raw) in lines {
+        let number = index + 1;
+        let raw = raw.trim_end_matches('\r');
+        if raw.trim().is_empty() {
+            continue;
+        }
+        let mut fail = |reason: String| {
+            errors.push(LineError {
+                line: number,
+                reason,
+            })
+        };
+        let parts = match fields(raw) {
+            Ok(parts) => parts,
+            Err(reason) => {
+                fail(reason);
+                continue;
+            }
+        };
+        let [id, addr, server_name] = parts.as_slice() else {
+            fail(format!(
+                "expected 3 fields (id,addr,server_name), got {}",
+                parts.len()
+            ));
+            continue;
+        };
+        match Terminal::new(id, addr, Some(server_name)) {
+            Ok(t) => {
+                if let Some(first) = first_line.get(&t.id) {
+                    fail(format!("duplicate id {:?} (first on line {first})", t.id));
+                    continue;
+                }
+                first_line.insert(t.id.clone(), number);
+                terminals.push(t);
+            }
+            Err(e) => fail(e.to_string()),
+        }
+    }
+    if errors.is_empty() {
+        Ok(terminals)
+    } else {
+        Err(errors)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn good_file() {
+        let text = "\u{feff}id,addr,server_name\r\n\
+                    pos-1,10.0.0.1:443,pos-1.example\r\n\
+                    \r\n\
+                    \"pos-2\", [::1]:8443 ,\r\n\
+                    pos-3,pos-3.example:443,\n";
+        let ts = parse(text).unwrap();
+        assert_eq!(ts.len(), 3);
+        assert_eq!(ts[0].server_name, "pos-1.example");
+        assert_eq!(ts[1].id, "pos-2");
+        assert_eq!(ts[1].addr, "[::1]:8443");
+        assert_eq!(ts[1].server_name, "::1");
+        assert_eq!(ts[2].server_name, "pos-3.example");
+    }
+
+    #[test]
+    fn every_bad_line_is_reported() {
+        let text = "id,addr,server_name\n\
+                    ok-1,h:1,\n\
+                    bad id,h:1,\n\
+                    ok-2,h:0,\n\
+                    ok-1,h:2,\n\
+                    ok-3,h:3\n\
+                    ok-4,\"h:4,\n\
+                    ok-5,h:5,bad name\n";
+        let errors = parse(text).unwrap_err();
+        let lines: Vec<usize> = errors.iter().map(|e| e.line).collect();
+        assert_eq!(lines, vec![3, 4, 5, 6, 7, 8], "{errors:?}");
+        assert!(errors[2].reason.contains("first on line 2"), "{errors:?}");
+    }
+
+    #[test]
+    fn header_is_required() {
+        assert_eq!(parse("").unwrap_err()[0].line, 1);
+        assert_eq!(parse("id,addr\na,h:1\n").unwrap_err()[0].line, 1);
+        assert!(parse("id,addr,server_name\n").unwrap().is_empty());
+    }
+}

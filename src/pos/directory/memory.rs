@@ -1,0 +1,205 @@
+//! [`MemoryDirectory`]: the directory in one process (embedded mode, tests), with the
+//! same answers as the Redis one: terminals sorted by id, a version per shard that is
+//! bumped to `max(previous + 1, wall clock ms)` once per write that changes the shard.
+//!
+//! What it does not do: persist anything, or fail (every call answers `Ok` unless the
+//! input is invalid).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::{
+    by_shard, diff_shard, ids_by_shard, Directory, DirectoryAdmin, Entry, Terminal, WriteSummary,
+};
+use crate::core::ShardId;
+use crate::store::StoreError;
+
+#[derive(Debug, Default)]
+struct State {
+    terminals: BTreeMap<ShardId, BTreeMap<String, Entry>>,
+    versions: BTreeMap<ShardId, u64>,
+}
+
+impl State {
+    fn bump(&mut self, shards: &BTreeSet<ShardId>) {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        for &shard in shards {
+            let v = self.versions.entry(shard).or_insert(0);
+            *v = (*v + 1).max(now);
+        }
+    }
+
+    fn upsert(&mut self, grouped: BTreeMap<ShardId, BTreeMap<String, Entry>>) -> WriteSummary {
+        let mut sum = WriteSummary::default();
+        for (shard, entries) in grouped {
+            let held = self.terminals.entry(shard).or_default();
+            for (id, entry) in entries {
+                match held.insert(id, entry.clone()) {
+                    None => sum.added += 1,
+                    Some(old) if old == entry => {
+                        sum.unchanged += 1;
+                        continue;
+                    }
+                    Some(_) => sum.updated += 1,
+                }
+                sum.changed_shards.insert(shard);
+            }
+            if held.is_empty() {
+                self.terminals.remove(&shard);
+            }
+        }
+        sum
+    }
+
+    fn remove(&mut self, grouped: BTreeMap<ShardId, BTreeSet<String>>) -> WriteSummary {
+        let mut sum = WriteSummary::default();
+        for (shard, ids) in grouped {
+            let Some(held) = self.terminals.get_mut(&shard) else {
+                sum.unchanged += ids.len() as u64;
+                continue;
+            };
+            for id in ids {
+                if held.remove(&id).is_some() {
+                    sum.removed += 1;
+                    sum.changed_shards.insert(shard);
+                } else {
+                    sum.unchanged += 1;
+                }
+            }
+            if held.is_empty() {
+                self.terminals.remove(&shard);
+            }
+        }
+        sum
+    }
+
+    fn terminals(&self, shard: ShardId) -> Vec<Terminal> {
+        self.terminals
+            .get(&shard)
+            .map(|held| {
+                held.iter()
+                    .map(|(id, e)| e.clone().terminal(id.clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// The in-memory directory. Clones share the same terminals.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryDirectory {
+    state: Arc<Mutex<State>>,
+}
+
+impl MemoryDirectory {
+    /// An empty directory.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Directory for MemoryDirectory {
+    async fn terminals(&self, shard: ShardId) -> Result<Vec<Terminal>, StoreError> {
+        Ok(self.lock().terminals(shard))
+    }
+
+    async fn versions(&self, shards: &[ShardId]) -> Result<Vec<u64>, StoreError> {
+        let state = self.lock();
+        Ok(shards
+            .iter()
+            .map(|s| state.versions.get(s).copied().unwrap_or(0))
+            .collect())
+    }
+}
+
+impl DirectoryAdmin for MemoryDirectory {
+    async fn upsert(
+        &self,
+        shards: u32,
+        terminals: &[Terminal],
+    ) -> Result<WriteSummary, StoreError> {
+        let grouped = by_shard(shards, terminals)?;
+        let mut state = self.lock();
+        let sum = state.upsert(grouped);
+        state.bump(&sum.changed_shards);
+        Ok(sum)
+    }
+
+    async fn remove(&self, shards: u32, ids: &[String]) -> Result<WriteSummary, StoreError> {
+        let grouped = ids_by_shard(shards, ids)?;
+        let mut state = self.lock();
+        let sum = state.remove(grouped);
+        state.bump(&sum.changed_shards);
+        Ok(sum)
+    }
+
+    async fn replace_all(
+        &self,
+        shards: u32,
+        terminals: &[Terminal],
+    ) -> Result<WriteSummary, StoreError> {
+        let desired = by_shard(shards, terminals)?;
+        let empty = BTreeMap::new();
+        let mut state = self.lock();
+        let mut sum = WriteSummary::default();
+        for shard in 0..shards {
+            let diff = diff_shard(
+                &state.terminals(shard),
+                desired.get(&shard).unwrap_or(&empty),
+            );
+            let mut part = state.upsert(by_shard(shards, &diff.upserts)?);
+            part.merge(state.remove(ids_by_shard(shards, &diff.removals)?));
+            part.unchanged = diff.unchanged;
+            sum.merge(part);
+        }
+        state.bump(&sum.changed_shards);
+        Ok(sum)
+    }
+
+    async fn count(&self, shards: u32) -> Result<u64, StoreError> {
+        let state = self.lock();
+        Ok(state
+            .terminals
+            .range(0..shards)
+            .map(|(_, held)| held.len() as u64)
+            .sum())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(id: &str, port: u16) -> Terminal {
+        Terminal::new(id, &format!("h:{port}"), None).unwrap()
+    }
+
+    #[tokio::test]
+    async fn writes_bump_only_changed_shards() {
+        let d = MemoryDirectory::new();
+        let all: Vec<ShardId> = (0..4).collect();
+        let sum = d.upsert(4, &[t("a", 1), t("b", 2)]).await.unwrap();
+        assert_eq!(sum.added, 2);
+        let v1 = d.versions(&all).await.unwrap();
+        let sum = d.upsert(4, &[t("a", 1), t("b", 3)]).await.unwrap();
+        assert_eq!((sum.unchanged, sum.updated), (1, 1));
+        let v2 = d.versions(&all).await.unwrap();
+        let b = crate::core::shard::shard_of("b", 4) as usize;
+        for s in 0..4 {
+            assert_eq!(v1[s] != v2[s], s == b, "shard {s}");
+        }
+        let sum = d.replace_all(4, &[t("c", 1)]).await.unwrap();
+        assert_eq!((sum.added, sum.removed), (1, 2));
+        assert_eq!(d.count(4).await.unwrap(), 1);
+        let sum = d.remove(4, &["c".into(), "zz".into()]).await.unwrap();
+        assert_eq!((sum.removed, sum.unchanged), (1, 1));
+        assert_eq!(d.count(4).await.unwrap(), 0);
+    }
+}

@@ -1,0 +1,432 @@
+//! The terminal directory: which terminals exist, where to reach them, and which TLS
+//! name to verify — shared by all pods, partitioned by shard.
+//!
+//! A terminal belongs to shard [`shard_of`]`(id, shards)`. Each shard's terminals are
+//! kept apart (in Redis one hash per shard, see `store::keys`), with a per-shard change
+//! counter, so the owner of a shard reads only its own terminals and notices changes by
+//! polling the counters ([`Directory::versions`]) instead of re-reading everything.
+//!
+//! - [`Directory`]: what a shard owner needs (read one shard, poll versions).
+//! - [`DirectoryAdmin`]: the writes (`posgate terminals ...`): upsert, remove, replace
+//!   all (a per-shard diff, so only shards that really change get a new version), count.
+//! - Implementations: `RedisStore` (`store/redis/directory.rs`) and
+//!   [`MemoryDirectory`] (embedded mode, tests).
+//! - [`Terminal::new`] validates a terminal; [`csv`] parses and validates an import file.
+//!
+//! Versions: a shard's version changes on every write that changes the shard and never
+//! goes back, even when the store lost its data: a write sets it to
+//! `max(previous + 1, store clock in ms)` (the epoch rule of `docs/design.md`). A reader
+//! must read `versions` *before* `terminals`, so a change racing with the read shows up
+//! as a new version on the next poll.
+//!
+//! What it does not do: dial terminals, or make a multi-chunk write atomic. Writes go in
+//! chunks of [`WRITE_CHUNK`] terminals; each chunk is atomic, a failed write may have
+//! applied some chunks (repeating it is safe: every write is idempotent).
+
+pub mod csv;
+mod memory;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::future::Future;
+use std::net::Ipv6Addr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::core::shard::shard_of;
+use crate::core::ShardId;
+use crate::store::StoreError;
+
+pub use self::memory::MemoryDirectory;
+
+/// Terminals (or ids) per write call: one Redis script call each.
+pub const WRITE_CHUNK: usize = 1_000;
+
+/// One terminal as listed in the directory.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Terminal {
+    /// `[A-Za-z0-9._:-]{1,64}`.
+    pub id: String,
+    /// `host:port` to dial.
+    pub addr: String,
+    /// The TLS server name to send (SNI) and verify.
+    pub server_name: String,
+}
+
+/// Read access the connection manager needs. Implemented for Redis and memory.
+pub trait Directory: Send + Sync + 'static {
+    /// Every terminal of `shard`, sorted by id.
+    fn terminals(
+        &self,
+        shard: ShardId,
+    ) -> impl Future<Output = Result<Vec<Terminal>, StoreError>> + Send;
+
+    /// A change counter per shard (index = position in `shards`): it differs from an
+    /// earlier answer whenever the shard's terminals changed since.
+    fn versions(
+        &self,
+        shards: &[ShardId],
+    ) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send;
+}
+
+/// Writes to the directory. `shards` is the cluster's shard count (it decides each
+/// terminal's shard); every call validates its input first and writes nothing if any
+/// terminal or id is invalid or repeated (`StoreError::Config`).
+pub trait DirectoryAdmin: Directory {
+    /// Adds or updates `terminals`; versions change only for shards whose content changed.
+    fn upsert(
+        &self,
+        shards: u32,
+        terminals: &[Terminal],
+    ) -> impl Future<Output = Result<WriteSummary, StoreError>> + Send;
+
+    /// Removes the terminals with these ids (absent ones count as `unchanged`).
+    fn remove(
+        &self,
+        shards: u32,
+        ids: &[String],
+    ) -> impl Future<Output = Result<WriteSummary, StoreError>> + Send;
+
+    /// Makes the directory hold exactly `terminals` in shards `0..shards`: reads each
+    /// shard, computes the difference ([`diff_shard`]) and applies only that.
+    fn replace_all(
+        &self,
+        shards: u32,
+        terminals: &[Terminal],
+    ) -> impl Future<Output = Result<WriteSummary, StoreError>> + Send;
+
+    /// The number of terminals in shards `0..shards`.
+    fn count(&self, shards: u32) -> impl Future<Output = Result<u64, StoreError>> + Send;
+}
+
+/// What a write did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WriteSummary {
+    pub added: u64,
+    pub updated: u64,
+    pub removed: u64,
+    /// Already as asked: an upserted terminal with the same entry, or a removed id that
+    /// was absent.
+    pub unchanged: u64,
+    /// Shards whose content (and so version) changed.
+    pub changed_shards: BTreeSet<ShardId>,
+}
+
+impl WriteSummary {
+    /// Adds `other`'s counts and shards to this one.
+    pub fn merge(&mut self, other: WriteSummary) {
+        self.added += other.added;
+        self.updated += other.updated;
+        self.removed += other.removed;
+        self.unchanged += other.unchanged;
+        self.changed_shards.extend(other.changed_shards);
+    }
+}
+
+/// Why a terminal cannot be listed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidTerminal {
+    #[error("invalid id {0:?}: must be 1-64 characters of [A-Za-z0-9._:-]")]
+    Id(String),
+    #[error("invalid addr {addr:?}: {reason}")]
+    Addr { addr: String, reason: &'static str },
+    #[error("invalid server_name {0:?}: not a valid DNS name or IP address")]
+    ServerName(String),
+    #[error(
+        "no server_name, and the host of addr {0:?} is not a valid DNS name or IP address \
+         to default to; give server_name"
+    )]
+    DefaultServerName(String),
+    #[error("duplicate id {0:?}")]
+    Duplicate(String),
+}
+
+impl From<InvalidTerminal> for StoreError {
+    fn from(e: InvalidTerminal) -> Self {
+        StoreError::Config(e.to_string())
+    }
+}
+
+/// Whether `id` is a valid terminal id: `[A-Za-z0-9._:-]{1,64}`.
+pub fn valid_id(id: &str) -> bool {
+    (1..=64).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+}
+
+fn valid_server_name(name: &str) -> bool {
+    rustls::pki_types::ServerName::try_from(name).is_ok()
+}
+
+/// The host of `addr` (without IPv6 brackets), if `addr` is a valid `host:port`: port
+/// 1-65535; host an IPv4 address, a bracketed IPv6 address or a DNS name.
+pub fn addr_host(addr: &str) -> Result<&str, &'static str> {
+    let (host, port) = if let Some(rest) = addr.strip_prefix('[') {
+        let (host, after) = rest
+            .split_once(']')
+            .ok_or("an IPv6 host needs a closing ']'")?;
+        let port = after.strip_prefix(':').ok_or("missing :port")?;
+        if host.parse::<Ipv6Addr>().is_err() {
+            return Err("not a valid IPv6 address in brackets");
+        }
+        (host, port)
+    } else {
+        let (host, port) = addr.rsplit_once(':').ok_or("missing :port")?;
+        if host.contains(':') {
+            return Err("an IPv6 host must be in brackets, e.g. [::1]:443");
+        }
+        if host.is_empty() {
+            return Err("empty host");
+        }
+        if !valid_server_name(host) {
+            return Err("host is not a valid DNS name or IP address");
+        }
+        (host, port)
+    };
+    let port_ok = !port.is_empty()
+        && port.len() <= 5
+        && port.bytes().all(|b| b.is_ascii_digit())
+        && matches!(port.parse::<u32>(), Ok(1..=65535));
+    if !port_ok {
+        return Err("port must be a number from 1 to 65535");
+    }
+    Ok(host)
+}
+
+impl Terminal {
+    /// A validated terminal; `server_name` `None` (or empty) defaults to the host of
+    /// `addr`, without brackets.
+    pub fn new(id: &str, addr: &str, server_name: Option<&str>) -> Result<Self, InvalidTerminal> {
+        if !valid_id(id) {
+            return Err(InvalidTerminal::Id(id.to_string()));
+        }
+        let host = addr_host(addr).map_err(|reason| InvalidTerminal::Addr {
+            addr: addr.to_string(),
+            reason,
+        })?;
+        let server_name = match server_name.filter(|s| !s.is_empty()) {
+            Some(name) if valid_server_name(name) => name,
+            Some(name) => return Err(InvalidTerminal::ServerName(name.to_string())),
+            None if valid_server_name(host) => host,
+            None => return Err(InvalidTerminal::DefaultServerName(addr.to_string())),
+        };
+        Ok(Terminal {
+            id: id.to_string(),
+            addr: addr.to_string(),
+            server_name: server_name.to_string(),
+        })
+    }
+
+    /// Checks a terminal built by hand (fields are public); `server_name` must be set.
+    pub fn validate(&self) -> Result<(), InvalidTerminal> {
+        if self.server_name.is_empty() {
+            return Err(InvalidTerminal::ServerName(String::new()));
+        }
+        Terminal::new(&self.id, &self.addr, Some(&self.server_name)).map(|_| ())
+    }
+
+    /// What the directory stores for this terminal (besides its id).
+    pub fn entry(&self) -> Entry {
+        Entry {
+            addr: self.addr.clone(),
+            server_name: self.server_name.clone(),
+        }
+    }
+}
+
+/// The stored value of one terminal: JSON `{"addr":..,"server_name":..}` in Redis.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    pub addr: String,
+    pub server_name: String,
+}
+
+impl Entry {
+    /// The terminal `id` with this entry.
+    pub fn terminal(self, id: String) -> Terminal {
+        Terminal {
+            id,
+            addr: self.addr,
+            server_name: self.server_name,
+        }
+    }
+}
+
+/// Validates every terminal and refuses repeated ids; returns them grouped by shard
+/// (sorted by shard, then id).
+pub fn by_shard(
+    shards: u32,
+    terminals: &[Terminal],
+) -> Result<BTreeMap<ShardId, BTreeMap<String, Entry>>, InvalidTerminal> {
+    let mut out: BTreeMap<ShardId, BTreeMap<String, Entry>> = BTreeMap::new();
+    for t in terminals {
+        t.validate()?;
+        let shard = shard_of(&t.id, shards);
+        if out
+            .entry(shard)
+            .or_default()
+            .insert(t.id.clone(), t.entry())
+            .is_some()
+        {
+            return Err(InvalidTerminal::Duplicate(t.id.clone()));
+        }
+    }
+    Ok(out)
+}
+
+/// Validates ids and refuses repeats; returns them grouped by shard.
+pub fn ids_by_shard(
+    shards: u32,
+    ids: &[String],
+) -> Result<BTreeMap<ShardId, BTreeSet<String>>, InvalidTerminal> {
+    let mut out: BTreeMap<ShardId, BTreeSet<String>> = BTreeMap::new();
+    for id in ids {
+        if !valid_id(id) {
+            return Err(InvalidTerminal::Id(id.clone()));
+        }
+        if !out
+            .entry(shard_of(id, shards))
+            .or_default()
+            .insert(id.clone())
+        {
+            return Err(InvalidTerminal::Duplicate(id.clone()));
+        }
+    }
+    Ok(out)
+}
+
+/// What to write to turn one shard's `current` terminals into `desired`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ShardDiff {
+    /// New or changed terminals.
+    pub upserts: Vec<Terminal>,
+    /// Ids to delete.
+    pub removals: Vec<String>,
+    /// Terminals already as desired.
+    pub unchanged: u64,
+}
+
+/// The difference between a shard's `current` terminals and the `desired` ones.
+pub fn diff_shard(current: &[Terminal], desired: &BTreeMap<String, Entry>) -> ShardDiff {
+    let mut diff = ShardDiff::default();
+    let mut have: BTreeMap<&str, &Terminal> = BTreeMap::new();
+    for t in current {
+        have.insert(t.id.as_str(), t);
+        if !desired.contains_key(&t.id) {
+            diff.removals.push(t.id.clone());
+        }
+    }
+    for (id, entry) in desired {
+        match have.get(id.as_str()) {
+            Some(t) if t.addr == entry.addr && t.server_name == entry.server_name => {
+                diff.unchanged += 1;
+            }
+            _ => diff.upserts.push(entry.clone().terminal(id.clone())),
+        }
+    }
+    diff
+}
+
+impl fmt::Display for WriteSummary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} added, {} updated, {} removed, {} unchanged; {} shards changed",
+            self.added,
+            self.updated,
+            self.removed,
+            self.unchanged,
+            self.changed_shards.len()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids() {
+        assert!(valid_id("store-17:till-3"));
+        assert!(valid_id("A.b_c:d-9"));
+        assert!(valid_id(&"x".repeat(64)));
+        assert!(!valid_id(""));
+        assert!(!valid_id(&"x".repeat(65)));
+        assert!(!valid_id("a b"));
+        assert!(!valid_id("a/b"));
+        assert!(!valid_id("a,b"));
+    }
+
+    #[test]
+    fn addresses() {
+        assert_eq!(addr_host("pos1.example.com:443"), Ok("pos1.example.com"));
+        assert_eq!(addr_host("10.0.0.1:8443"), Ok("10.0.0.1"));
+        assert_eq!(addr_host("[::1]:443"), Ok("::1"));
+        assert_eq!(addr_host("h:65535"), Ok("h"));
+        for bad in [
+            "host",
+            ":443",
+            "host:",
+            "host:0",
+            "host:65536",
+            "host:+1",
+            "host:99999999999",
+            "::1:443",
+            "[::1]443",
+            "[::1:443",
+            "[nope]:443",
+            "bad host:443",
+            "a/b:1",
+        ] {
+            assert!(addr_host(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn server_name_defaults_to_host() {
+        let t = Terminal::new("t1", "[::1]:443", None).unwrap();
+        assert_eq!(t.server_name, "::1");
+        let t = Terminal::new("t1", "pos.example:443", Some("")).unwrap();
+        assert_eq!(t.server_name, "pos.example");
+        let t = Terminal::new("t1", "10.1.2.3:443", Some("pos-7.example")).unwrap();
+        assert_eq!(t.server_name, "pos-7.example");
+        assert!(matches!(
+            Terminal::new("t1", "10.1.2.3:443", Some("no spaces")),
+            Err(InvalidTerminal::ServerName(_))
+        ));
+        assert!(matches!(
+            Terminal::new("t 1", "10.1.2.3:443", None),
+            Err(InvalidTerminal::Id(_))
+        ));
+        let mut t = Terminal::new("t1", "h:1", None).unwrap();
+        assert_eq!(t.validate(), Ok(()));
+        t.server_name.clear();
+        assert!(t.validate().is_err());
+    }
+
+    #[test]
+    fn grouping_refuses_duplicates() {
+        let a = Terminal::new("a", "h:1", None).unwrap();
+        let b = Terminal::new("b", "h:2", None).unwrap();
+        let grouped = by_shard(4, &[a.clone(), b.clone()]).unwrap();
+        assert_eq!(grouped.values().map(BTreeMap::len).sum::<usize>(), 2);
+        assert_eq!(
+            by_shard(4, &[a.clone(), b, a]),
+            Err(InvalidTerminal::Duplicate("a".into()))
+        );
+        assert!(ids_by_shard(4, &["a".into(), "a".into()]).is_err());
+        assert!(ids_by_shard(4, &["a b".into()]).is_err());
+    }
+
+    #[test]
+    fn diff() {
+        let t = |id: &str, port: u16| Terminal::new(id, &format!("h:{port}"), None).unwrap();
+        let current = vec![t("a", 1), t("b", 2), t("c", 3)];
+        let desired = by_shard(1, &[t("b", 2), t("c", 4), t("d", 5)]).unwrap();
+        let d = diff_shard(&current, &desired[&0]);
+        assert_eq!(d.upserts, vec![t("c", 4), t("d", 5)]);
+        assert_eq!(d.removals, vec!["a".to_string()]);
+        assert_eq!(d.unchanged, 1);
+    }
+}

@@ -1,0 +1,6 @@
+//! Connections to POS terminals: the terminal directory, the paced TLS + HTTP/2 dialer,
+//! fenced sessions, and the per-shard connection manager the driver starts and stops.
+//!
+//! The wire contract with terminals is documented in `docs/pos-protocol.md`.
+
+pub mod directory;

@@ -1,0 +1,18 @@
+-- directory_remove: delete terminals of some shards (one chunk of a write); bump the
+-- version of each shard that lost one.
+-- KEYS[1] terminals-version; KEYS[1 + i] terminals:<shard i>
+-- ARGV[1..n] the shard of KEYS[1 + i] (n = #KEYS - 1), then pairs (i, terminal id)
+-- Reply: {removed, absent, {changed shard...}}
+local n = #KEYS - 1
+local changed = {}
+local removed, absent = 0, 0
+for j = n + 1, #ARGV, 2 do
+  local i = tonumber(ARGV[j])
+  if redis.call('HDEL', KEYS[i + 1], ARGV[j + 1]) == 1 then
+    removed = removed + 1
+    changed[i] = true
+  else
+    absent = absent + 1
+  end
+end
+return {removed, absent, bump_versions(KEYS[1], changed)}

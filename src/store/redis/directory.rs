@@ -1,0 +1,338 @@
+//! The terminal directory in Redis: [`Directory`] and [`DirectoryAdmin`] for
+//! [`RedisStore`].
+//!
+//! Keys (see `store::keys`): one hash per shard, `terminals:<shard>` (id -> JSON
+//! [`Entry`]), and the hash `terminals-version` (shard -> version). All share the
+//! cluster's hash tag, so a script may touch several shards at once.
+//!
+//! | call | Redis |
+//! |---|---|
+//! | `terminals` | `directory_read.lua` `scan`: `HSCAN` pages of [`PAGE`] entries, so a big shard is never one giant reply |
+//! | `versions` | `directory_read.lua` `versions`: `HMGET` (missing = 0) |
+//! | `count` | `directory_read.lua` `count`: sum of `HLEN` |
+//! | `upsert` | `directory_upsert.lua` per chunk of [`WRITE_CHUNK`] terminals: `HGET`, `HSET` if different, then one version bump per changed shard |
+//! | `remove` | `directory_remove.lua` per chunk: `HDEL`, version bump per changed shard |
+//! | `replace_all` | `terminals` of every shard, [`diff_shard`], then `upsert` + `remove` of only the difference |
+//!
+//! Writes are sorted by shard before chunking, so a chunk touches few shards; up to
+//! [`IN_FLIGHT`] chunks are sent concurrently on the multiplexed connection. Each chunk
+//! is atomic (one script); a whole write is not, and two concurrent `replace_all` calls
+//! may interleave (the last chunk written wins per terminal).
+//!
+//! What it does not do: notify pods (they poll versions), or keep the directory across
+//! a Redis that lost its data (re-import it; versions still move forward).
+
+use std::collections::BTreeMap;
+use std::sync::LazyLock;
+
+use futures::{StreamExt, TryStreamExt};
+use redis::{Script, Value};
+
+use super::reply::{bad, items, uint};
+use super::RedisStore;
+use crate::core::ShardId;
+use crate::pos::directory::{
+    by_shard, diff_shard, ids_by_shard, Directory, DirectoryAdmin, Entry, Terminal, WriteSummary,
+    WRITE_CHUNK,
+};
+use crate::store::StoreError;
+
+/// Entries asked for per `HSCAN` page.
+pub const PAGE: usize = 1_000;
+/// Write chunks (script calls) in flight at once.
+pub const IN_FLIGHT: usize = 8;
+/// Shards per `versions` / `count` call.
+const SHARDS_PER_READ: usize = 1_000;
+
+struct DirScripts {
+    read: Script,
+    upsert: Script,
+    remove: Script,
+}
+
+static SCRIPTS: LazyLock<DirScripts> = LazyLock::new(|| DirScripts {
+    read: Script::new(include_str!("../lua/directory_read.lua")),
+    upsert: Script::new(concat!(
+        include_str!("../lua/lib.lua"),
+        include_str!("../lua/directory_lib.lua"),
+        include_str!("../lua/directory_upsert.lua")
+    )),
+    remove: Script::new(concat!(
+        include_str!("../lua/lib.lua"),
+        include_str!("../lua/directory_lib.lua"),
+        include_str!("../lua/directory_remove.lua")
+    )),
+});
+
+fn string(v: Value) -> Result<String, StoreError> {
+    match v {
+        Value::BulkString(b) => String::from_utf8(b).map_err(|_| bad("non-UTF-8 string in reply")),
+        Value::SimpleString(s) => Ok(s),
+        other => Err(bad(format!("expected a string, got {other:?}"))),
+    }
+}
+
+/// One write chunk: the shards it touches (KEYS after the versions key) and its items,
+/// each naming its shard by index into that list.
+struct Chunk<T> {
+    shards: Vec<ShardId>,
+    items: Vec<(usize, T)>,
+}
+
+/// Splits `(shard, item)` pairs (sorted by shard) into chunks of [`WRITE_CHUNK`].
+fn chunks<T>(all: Vec<(ShardId, T)>) -> Vec<Chunk<T>> {
+    let mut out: Vec<Chunk<T>> = Vec::new();
+    for (shard, item) in all {
+        if out.last().is_none_or(|c| c.items.len() >= WRITE_CHUNK) {
+            out.push(Chunk {
+                shards: Vec::new(),
+                items: Vec::new(),
+            });
+        }
+        let chunk = out.last_mut().expect("pushed above");
+        if chunk.shards.last() != Some(&shard) {
+            chunk.shards.push(shard);
+        }
+        chunk.items.push((chunk.shards.len(), item));
+    }
+    out
+}
+
+/// `{shard...}` from a write script's reply.
+fn changed_shards(v: Value, summary: &mut WriteSummary) -> Result<(), StoreError> {
+    for s in items(v)? {
+        let shard = ShardId::try_from(uint(&s)?).map_err(|_| bad("shard out of range"))?;
+        summary.changed_shards.insert(shard);
+    }
+    Ok(())
+}
+
+impl RedisStore {
+    /// Writes one chunk of `(index, (id, json))` entries.
+    async fn upsert_chunk(
+        &self,
+        chunk: Chunk<(String, String)>,
+    ) -> Result<WriteSummary, StoreError> {
+        let k = self.keys();
+        let mut keys = vec![k.terminals_version()];
+        keys.extend(chunk.shards.iter().map(|&s| k.terminals(s)));
+        let mut args: Vec<String> = chunk.shards.iter().map(ShardId::to_string).collect();
+        for (i, (id, json)) in chunk.items {
+            args.extend([i.to_string(), id, json]);
+        }
+        let reply = self.call("directory_upsert", &SCRIPTS.upsert, keys, args);
+        let [added, updated, unchanged, changed] = <[Value; 4]>::try_from(items(reply.await?)?)
+            .map_err(|v| {
+                bad(format!(
+                    "directory_upsert: expected 4 items, got {}",
+                    v.len()
+                ))
+            })?;
+        let mut summary = WriteSummary {
+            added: uint(&added)?,
+            updated: uint(&updated)?,
+            unchanged: uint(&unchanged)?,
+            ..WriteSummary::default()
+        };
+        changed_shards(changed, &mut summary)?;
+        Ok(summary)
+    }
+
+    /// Removes one chunk of `(index, id)` entries.
+    async fn remove_chunk(&self, chunk: Chunk<String>) -> Result<WriteSummary, StoreError> {
+        let k = self.keys();
+        let mut keys = vec![k.terminals_version()];
+        keys.extend(chunk.shards.iter().map(|&s| k.terminals(s)));
+        let mut args: Vec<String> = chunk.shards.iter().map(ShardId::to_string).collect();
+        for (i, id) in chunk.items {
+            args.extend([i.to_string(), id]);
+        }
+        let reply = self.call("directory_remove", &SCRIPTS.remove, keys, args);
+        let [removed, absent, changed] =
+            <[Value; 3]>::try_from(items(reply.await?)?).map_err(|v| {
+                bad(format!(
+                    "directory_remove: expected 3 items, got {}",
+                    v.len()
+                ))
+            })?;
+        let mut summary = WriteSummary {
+            removed: uint(&removed)?,
+            unchanged: uint(&absent)?,
+            ..WriteSummary::default()
+        };
+        changed_shards(changed, &mut summary)?;
+        Ok(summary)
+    }
+
+    /// Upserts already validated terminals, grouped by shard.
+    async fn upsert_grouped(
+        &self,
+        grouped: BTreeMap<ShardId, BTreeMap<String, Entry>>,
+    ) -> Result<WriteSummary, StoreError> {
+        let mut all = Vec::new();
+        for (shard, entries) in grouped {
+            for (id, entry) in entries {
+                let json = serde_json::to_string(&entry)
+                    .map_err(|e| bad(format!("cannot encode: {e}")))?;
+                all.push((shard, (id, json)));
+            }
+        }
+        futures::stream::iter(chunks(all))
+            .map(|c| self.upsert_chunk(c))
+            .buffer_unordered(IN_FLIGHT)
+            .try_fold(WriteSummary::default(), |mut sum, part| async move {
+                sum.merge(part);
+                Ok(sum)
+            })
+            .await
+    }
+
+    /// Removes already validated ids, grouped by shard.
+    async fn remove_grouped(
+        &self,
+        grouped: BTreeMap<ShardId, impl IntoIterator<Item = String>>,
+    ) -> Result<WriteSummary, StoreError> {
+        let all: Vec<(ShardId, String)> = grouped
+            .into_iter()
+            .flat_map(|(shard, ids)| ids.into_iter().map(move |id| (shard, id)))
+            .collect();
+        futures::stream::iter(chunks(all))
+            .map(|c| self.remove_chunk(c))
+            .buffer_unordered(IN_FLIGHT)
+            .try_fold(WriteSummary::default(), |mut sum, part| async move {
+                sum.merge(part);
+                Ok(sum)
+            })
+            .await
+    }
+}
+
+impl Directory for RedisStore {
+    async fn terminals(&self, shard: ShardId) -> Result<Vec<Terminal>, StoreError> {
+        let key = self.keys().terminals(shard);
+        let mut found: BTreeMap<String, Terminal> = BTreeMap::new();
+        let mut cursor = "0".to_string();
+        loop {
+            let args = vec!["scan".to_string(), cursor, PAGE.to_string()];
+            let reply = self.call("directory_scan", &SCRIPTS.read, vec![key.clone()], args);
+            let [next, page] = <[Value; 2]>::try_from(items(reply.await?)?)
+                .map_err(|v| bad(format!("HSCAN: expected 2 items, got {}", v.len())))?;
+            let mut page = items(page)?.into_iter();
+            while let (Some(id), Some(json)) = (page.next(), page.next()) {
+                let id = string(id)?;
+                let json = string(json)?;
+                let entry: Entry = serde_json::from_str(&json).map_err(|e| {
+                    bad(format!(
+                        "terminal {id:?} in {key} is not a valid entry ({e}): {json:?}"
+                    ))
+                })?;
+                found.insert(id.clone(), entry.terminal(id));
+            }
+            cursor = string(next)?;
+            if cursor == "0" {
+                break;
+            }
+        }
+        Ok(found.into_values().collect())
+    }
+
+    async fn versions(&self, shards: &[ShardId]) -> Result<Vec<u64>, StoreError> {
+        let mut out = Vec::with_capacity(shards.len());
+        for part in shards.chunks(SHARDS_PER_READ) {
+            let mut args = vec!["versions".to_string()];
+            args.extend(part.iter().map(ShardId::to_string));
+            let keys = vec![self.keys().terminals_version()];
+            let reply = self.call("directory_versions", &SCRIPTS.read, keys, args);
+            let values = items(reply.await?)?;
+            if values.len() != part.len() {
+                return Err(bad(format!(
+                    "directory versions: expected {} items, got {}",
+                    part.len(),
+                    values.len()
+                )));
+            }
+            for v in values {
+                out.push(match v {
+                    Value::Nil => 0,
+                    v => {
+                        let s = string(v)?;
+                        s.parse()
+                            .map_err(|_| bad(format!("directory version {s:?} is not a number")))?
+                    }
+                });
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl DirectoryAdmin for RedisStore {
+    async fn upsert(
+        &self,
+        shards: u32,
+        terminals: &[Terminal],
+    ) -> Result<WriteSummary, StoreError> {
+        let grouped = by_shard(shards, terminals)?;
+        self.upsert_grouped(grouped).await
+    }
+
+    async fn remove(&self, shards: u32, ids: &[String]) -> Result<WriteSummary, StoreError> {
+        let grouped = ids_by_shard(shards, ids)?;
+        self.remove_grouped(grouped).await
+    }
+
+    async fn replace_all(
+        &self,
+        shards: u32,
+        terminals: &[Terminal],
+    ) -> Result<WriteSummary, StoreError> {
+        let desired = by_shard(shards, terminals)?;
+        let current: Vec<(ShardId, Vec<Terminal>)> = futures::stream::iter(0..shards)
+            .map(|s| async move { Ok::<_, StoreError>((s, self.terminals(s).await?)) })
+            .buffered(IN_FLIGHT)
+            .try_collect()
+            .await?;
+        let empty = BTreeMap::new();
+        let mut upserts = BTreeMap::new();
+        let mut removals = BTreeMap::new();
+        let mut unchanged = 0;
+        for (shard, held) in current {
+            let diff = diff_shard(&held, desired.get(&shard).unwrap_or(&empty));
+            unchanged += diff.unchanged;
+            if !diff.upserts.is_empty() {
+                let entries: BTreeMap<String, Entry> = diff
+                    .upserts
+                    .into_iter()
+                    .map(|t| {
+                        let entry = t.entry();
+                        (t.id, entry)
+                    })
+                    .collect();
+                upserts.insert(shard, entries);
+            }
+            if !diff.removals.is_empty() {
+                removals.insert(shard, diff.removals);
+            }
+        }
+        let mut summary = self.upsert_grouped(upserts).await?;
+        summary.merge(self.remove_grouped(removals).await?);
+        summary.unchanged += unchanged;
+        Ok(summary)
+    }
+
+    async fn count(&self, shards: u32) -> Result<u64, StoreError> {
+        let all: Vec<ShardId> = (0..shards).collect();
+        let mut total = 0;
+        for part in all.chunks(SHARDS_PER_READ) {
+            let keys = part.iter().map(|&s| self.keys().terminals(s)).collect();
+            let reply = self.call(
+                "directory_count",
+                &SCRIPTS.read,
+                keys,
+                vec!["count".to_string()],
+            );
+            total += uint(&reply.await?)?;
+        }
+        Ok(total)
+    }
+}

@@ -1,0 +1,231 @@
+//! `posgate terminals import|remove|count` run as a binary against a real
+//! `redis-server`: a good file is imported, a file with bad lines imports nothing and
+//! names each bad line, `--replace` removes what the file lacks, and a Redis that is down
+//! or a cluster with other settings is a clear error.
+
+pub mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use support::redis_server::free_port;
+use support::RedisServer;
+
+/// Runs the binary with `args` and only the environment in `env`.
+fn posgate(args: &[&str], env: &[(&str, &str)]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_posgate"))
+        .args(args)
+        .env_clear()
+        .envs(env.iter().copied())
+        .output()
+        .expect("the binary runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Runs `posgate terminals <args> --redis-url <url>` and asserts success; returns stdout.
+fn ok(url: &str, args: &[&str]) -> String {
+    let mut all = vec!["terminals"];
+    all.extend(args);
+    all.extend(["--redis-url", url]);
+    let out = posgate(&all, &[]);
+    assert!(
+        out.status.success(),
+        "{all:?}: {}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+fn count(url: &str) -> u64 {
+    ok(url, &["count"])
+        .trim()
+        .parse()
+        .expect("count prints a number")
+}
+
+fn write(dir: &Path, name: &str, content: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, content).unwrap();
+    path
+}
+
+fn good_csv(n: usize) -> String {
+    let mut s = String::from("id,addr,server_name\n");
+    for i in 0..n {
+        if i % 2 == 0 {
+            s.push_str(&format!("pos-{i:04},10.0.{}.{}:443,\n", i / 256, i % 256));
+        } else {
+            s.push_str(&format!(
+                "pos-{i:04},pos-{i}.shop.example:8443,pos-{i}.example\n"
+            ));
+        }
+    }
+    s
+}
+
+#[test]
+fn import_count_replace_remove() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(dir.path(), "good.csv", &good_csv(2_500));
+    let out = ok(&url, &["import", file.to_str().unwrap()]);
+    assert!(
+        out.starts_with("imported 2500 terminals (2500 added, 0 updated, 0 removed) into "),
+        "{out}"
+    );
+    assert_eq!(count(&url), 2_500);
+
+    // Importing again changes nothing.
+    let out = ok(&url, &["import", file.to_str().unwrap()]);
+    assert!(out.contains("(0 added, 0 updated, 0 removed)"), "{out}");
+
+    // --replace with the first 100 (one with a new address) removes the rest.
+    let mut small = good_csv(100);
+    small = small.replace("pos-0000,10.0.0.0:443,", "pos-0000,10.9.9.9:443,");
+    let file = write(dir.path(), "small.csv", &small);
+    let out = ok(&url, &["import", "--replace", file.to_str().unwrap()]);
+    assert!(
+        out.starts_with("imported 100 terminals (0 added, 1 updated, 2400 removed) into "),
+        "{out}"
+    );
+    assert_eq!(count(&url), 100);
+
+    let out = ok(&url, &["remove", "pos-0001", "pos-0002", "missing-1"]);
+    assert!(
+        out.starts_with("removed 2 terminals (1 not found)"),
+        "{out}"
+    );
+    assert_eq!(count(&url), 98);
+}
+
+#[test]
+fn bad_lines_are_all_named_and_nothing_is_imported() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let dir = tempfile::tempdir().unwrap();
+    let seed = write(dir.path(), "seed.csv", &good_csv(10));
+    ok(&url, &["import", seed.to_str().unwrap()]);
+
+    let bad = "id,addr,server_name\n\
+               bad id,10.0.0.1:443,\n\
+               new-1,10.0.0.2:443,\n\
+               new-2,10.0.0.3:443,\n\
+               new-3,10.0.0.4:99999,\n\
+               new-4,10.0.0.5:443,\n";
+    let file = write(dir.path(), "bad.csv", bad);
+    let name = file.to_str().unwrap();
+    let out = posgate(&["terminals", "import", name, "--redis-url", &url], &[]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert!(lines[0].starts_with(&format!("{name}:2: ")), "{stderr}");
+    assert!(lines[0].contains("bad id"), "{stderr}");
+    assert!(lines[1].starts_with(&format!("{name}:5: ")), "{stderr}");
+    assert!(lines[1].contains("port"), "{stderr}");
+    assert!(lines[2].contains("nothing was imported"), "{stderr}");
+    assert!(text(&out.stdout).is_empty());
+    assert_eq!(count(&url), 10);
+
+    // Duplicates and a wrong header are bad lines too.
+    let file = write(
+        dir.path(),
+        "dup.csv",
+        "id,addr,server_name\na,h:1,\nb,h:2,\na,h:3,\n",
+    );
+    let out = posgate(
+        &[
+            "terminals",
+            "import",
+            file.to_str().unwrap(),
+            "--redis-url",
+            &url,
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains(":4: duplicate id \"a\" (first on line 2)"));
+    let file = write(dir.path(), "header.csv", "id;addr;server_name\na;h:1;\n");
+    let out = posgate(
+        &[
+            "terminals",
+            "import",
+            file.to_str().unwrap(),
+            "--redis-url",
+            &url,
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains(":1: expected the header"));
+    assert_eq!(count(&url), 10);
+}
+
+#[test]
+fn flags_come_from_the_environment_too() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(dir.path(), "t.csv", &good_csv(5));
+    let env = [
+        ("POSGATE_REDIS_URL", url.as_str()),
+        ("POSGATE_CLUSTER", "c2"),
+    ];
+    let out = posgate(&["terminals", "import", file.to_str().unwrap()], &env);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = posgate(&["terminals", "count"], &env);
+    assert_eq!(text(&out.stdout).trim(), "5");
+    // Another cluster name is another directory.
+    assert_eq!(count(&url), 0);
+}
+
+#[test]
+fn redis_down_and_other_settings_are_clear_errors() {
+    let down = format!("redis://127.0.0.1:{}/", free_port());
+    let out = posgate(&["terminals", "count", "--redis-url", &down], &[]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.starts_with("error: "), "{stderr}");
+    assert!(stderr.contains("cannot connect to Redis"), "{stderr}");
+
+    // The file is checked before Redis is contacted.
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(dir.path(), "bad.csv", "id,addr,server_name\nx,nohost,\n");
+    let out = posgate(
+        &[
+            "terminals",
+            "import",
+            file.to_str().unwrap(),
+            "--redis-url",
+            &down,
+        ],
+        &[],
+    );
+    assert!(
+        text(&out.stderr).contains("bad.csv:2: "),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // A cluster pinned with 64 shards refuses a command run with 8.
+    let redis = RedisServer::start();
+    let url = redis.url();
+    assert_eq!(count(&url), 0);
+    let out = posgate(
+        &["terminals", "count", "--shards", "8", "--redis-url", &url],
+        &[],
+    );
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("cluster metadata mismatch"), "{stderr}");
+
+    // Bad flags are usage errors.
+    let out = posgate(&["terminals", "remove", "bad id", "--redis-url", &url], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = posgate(&["terminals", "remove", "--redis-url", &url], &[]);
+    assert_eq!(out.status.code(), Some(2));
+}
