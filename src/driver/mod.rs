@@ -1,10 +1,11 @@
 //! The driver: the one task that owns a pod's [`Reconciler`] and performs its actions.
 //!
 //! The reconciler decides and the driver does: it feeds the reconciler time
-//! (`tokio::time::Instant`, so tests can pause the clock), store answers and change
-//! notifications, runs the store calls and peer probes it asks for concurrently (each
-//! bounded by the store timeout), mirrors the serving state into the [`ServingTable`]
-//! and the [`ServingHook`], publishes [`PodStatus`] and logs what changed.
+//! (`tokio::time::Instant`, so tests can pause the clock), store answers, change
+//! notifications and the stale epochs the connection layer reports, runs the store
+//! calls and peer probes it asks for concurrently (each bounded by the store timeout),
+//! mirrors the serving state into the [`ServingTable`] and the [`ServingHook`],
+//! publishes [`PodStatus`] and logs what changed.
 //!
 //! Not for: policy (who owns what and when to give up is `crate::core`), HTTP, or the
 //! start-up checks of a pod (`crate::pod`).
@@ -12,6 +13,8 @@
 mod ops;
 mod report;
 mod serving;
+#[cfg(test)]
+mod tests;
 
 use std::future::Future;
 use std::pin::pin;
@@ -20,7 +23,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
 pub use self::serving::{ServingHook, ServingTable};
@@ -33,7 +36,7 @@ use crate::core::config::ConfigError;
 use crate::core::membership::Member;
 use crate::core::reconciler::{Action, Reconciler};
 use crate::core::ring::RING_VERSION;
-use crate::core::ShardId;
+use crate::core::{Epoch, ShardId};
 use crate::peer::PeerClient;
 use crate::status::PodStatus;
 use crate::store::{ClusterMeta, CoordStore};
@@ -60,6 +63,8 @@ pub struct Driver<S, H = ()> {
     table: ServingTable,
     status: watch::Sender<PodStatus>,
     situation: Situation,
+    /// Shards and epochs a terminal refused as stale; `None` when not given or closed.
+    stale_epochs: Option<mpsc::UnboundedReceiver<(ShardId, Epoch)>>,
 }
 
 impl<S: CoordStore, H: ServingHook> Driver<S, H> {
@@ -97,8 +102,18 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
             table: ServingTable::new(core.shards),
             status,
             situation: Situation::new(&rec),
+            stale_epochs: None,
             rec,
         })
+    }
+
+    /// Feeds the driver the `(shard, epoch)` pairs a terminal refused as stale (a newer
+    /// owner said hello): the reconciler stops serving such a shard if it still holds
+    /// that epoch. The sending half goes to the connection layer, which is built before
+    /// the driver because the driver owns it as its hook.
+    pub fn with_stale_epochs(mut self, stale: mpsc::UnboundedReceiver<(ShardId, Epoch)>) -> Self {
+        self.stale_epochs = Some(stale);
+        self
     }
 
     /// The table of shards this pod serves, kept current while the driver runs.
@@ -136,6 +151,14 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
                     Err(_) => changes_open = false,
                 },
                 () = sleep_until(wake) => self.rec.handle_timeout(now()),
+                stale = next_stale(&mut self.stale_epochs) => match stale {
+                    Some((shard, epoch)) => {
+                        debug!(shard, epoch, "a terminal refused our epoch as stale");
+                        self.rec.handle_stale_epoch(now(), shard, epoch);
+                    }
+                    // Every sender is gone: nothing can be reported any more.
+                    None => self.stale_epochs = None,
+                },
                 () = &mut shutdown, if !shutting_down => {
                     shutting_down = true;
                     info!("shutting down: stopping service, releasing shards, deregistering");
@@ -265,6 +288,17 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
             }
             Done::Stopped(shard) => rec.handle_serving_stopped(now, shard),
         }
+    }
+}
+
+/// The next stale epoch reported, `None` once every sender is gone; never resolves
+/// without a receiver.
+async fn next_stale(
+    stale: &mut Option<mpsc::UnboundedReceiver<(ShardId, Epoch)>>,
+) -> Option<(ShardId, Epoch)> {
+    match stale {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
     }
 }
 

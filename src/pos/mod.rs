@@ -3,4 +3,15 @@
 //!
 //! The wire contract with terminals is documented in `docs/pos-protocol.md`.
 
+pub mod backoff;
+pub mod dialer;
 pub mod directory;
+mod link;
+pub mod manager;
+pub mod session;
+pub mod tls;
+
+#[cfg(test)]
+mod tests;
+
+pub use self::link::LinkState;

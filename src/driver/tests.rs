@@ -1,0 +1,94 @@
+//! The driver's stale-epoch input, against the in-memory store on the real clock (the
+//! memory store keeps wall time, so a paused tokio clock would not expire its leases).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::*;
+use crate::core::reconciler::StopReason;
+use crate::core::{CoreConfig, PodId};
+use crate::store::memory::MemoryStore;
+
+/// Generous: reached only when something is broken (a fresh store holds claims for one
+/// member TTL, 3 s with the fast timings).
+const LIMIT: Duration = Duration::from_secs(20);
+
+#[derive(Debug, PartialEq, Eq)]
+enum Event {
+    Start(ShardId, Epoch),
+    Stop(ShardId, Epoch, StopReason),
+}
+
+struct Recorder(mpsc::UnboundedSender<Event>);
+
+impl ServingHook for Recorder {
+    fn start(&self, shard: ShardId, epoch: Epoch) {
+        let _ = self.0.send(Event::Start(shard, epoch));
+    }
+
+    fn suspend(&self, _shard: ShardId, _epoch: Epoch) {}
+
+    fn stop(
+        &self,
+        shard: ShardId,
+        epoch: Epoch,
+        reason: StopReason,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let _ = self.0.send(Event::Stop(shard, epoch, reason));
+        std::future::ready(())
+    }
+}
+
+async fn next(events: &mut mpsc::UnboundedReceiver<Event>) -> Event {
+    tokio::time::timeout(LIMIT, events.recv())
+        .await
+        .expect("no serving event in time")
+        .expect("driver gone")
+}
+
+#[tokio::test]
+async fn a_reported_stale_epoch_stops_the_shard() {
+    let core = CoreConfig {
+        shards: 4,
+        ..CoreConfig::fast()
+    };
+    let config = PodConfig::new(
+        PodId::new("pod-1").unwrap(),
+        "http://127.0.0.1:9",
+        core,
+        None,
+    );
+    let (hook, mut events) = mpsc::unbounded_channel();
+    let (stale, stale_rx) = mpsc::unbounded_channel();
+    let driver = Driver::new(&config, Arc::new(MemoryStore::new()), Recorder(hook))
+        .unwrap()
+        .with_stale_epochs(stale_rx);
+    let (shutdown, shutdown_rx) = oneshot::channel::<()>();
+    let run = tokio::spawn(driver.run(async {
+        let _ = shutdown_rx.await;
+    }));
+
+    let (shard, epoch) = loop {
+        if let Event::Start(shard, epoch) = next(&mut events).await {
+            break (shard, epoch);
+        }
+    };
+    // An older epoch is not ours any more: ignored. Ours stops the shard.
+    stale.send((shard, epoch - 1)).unwrap();
+    stale.send((shard, epoch)).unwrap();
+    loop {
+        match next(&mut events).await {
+            Event::Stop(s, e, reason) if s == shard => {
+                assert_eq!((e, reason), (epoch, StopReason::StaleEpoch));
+                break;
+            }
+            Event::Stop(s, e, reason) => panic!("unexpected stop of {s}@{e}: {reason:?}"),
+            Event::Start(..) => {}
+        }
+    }
+
+    shutdown.send(()).unwrap();
+    tokio::time::timeout(LIMIT, run).await.unwrap().unwrap();
+}

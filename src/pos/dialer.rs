@@ -1,0 +1,279 @@
+//! Dialing one terminal: TCP connect, TLS (SNI and verification against the terminal's
+//! `server_name`), ALPN `h2`, the HTTP/2 handshake with PING keep-alive, and the fenced
+//! `hello`, each step bounded by a timeout; failures are classified into [`DialError`]
+//! so the manager can log, count and react (back off, or report a stale epoch).
+//!
+//! Not for: pacing or retrying (the manager does both), or keeping the connection
+//! (that is the [`Session`]).
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::StatusCode;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use rustls::pki_types::ServerName;
+use rustls::{CertificateError, ClientConfig};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio_rustls::TlsConnector;
+use tracing::debug;
+
+use super::directory::Terminal;
+use super::session::{ConnEnd, Peer, Session};
+use super::tls::ALPN_H2;
+use crate::core::{Epoch, PodId};
+
+/// HTTP/2 PING keep-alive: a connection whose PING is unanswered for `timeout` is dead.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Keepalive {
+    pub interval: Duration,
+    pub timeout: Duration,
+}
+
+impl Default for Keepalive {
+    fn default() -> Self {
+        Keepalive {
+            interval: Duration::from_secs(10),
+            timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Settings of a [`Dialer`].
+#[derive(Clone, Debug)]
+pub struct DialerConfig {
+    pub tls: Arc<ClientConfig>,
+    /// This pod, as the hello names it.
+    pub pod: PodId,
+    pub connect_timeout: Duration,
+    /// Bounds the TLS handshake, the HTTP/2 handshake and the hello, each.
+    pub handshake_timeout: Duration,
+    pub keepalive: Keepalive,
+}
+
+impl DialerConfig {
+    /// Defaults: connect and each handshake step 5 s, keep-alive 10 s / 5 s.
+    pub fn new(tls: Arc<ClientConfig>, pod: PodId) -> Self {
+        DialerConfig {
+            tls,
+            pod,
+            connect_timeout: Duration::from_secs(5),
+            handshake_timeout: Duration::from_secs(5),
+            keepalive: Keepalive::default(),
+        }
+    }
+}
+
+/// Which step of a dial timed out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    Connect,
+    Tls,
+    Http2,
+    Hello,
+}
+
+/// Why a dial (or a later hello on a live session) failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DialError {
+    /// The directory entry cannot be dialed as written.
+    #[error("bad terminal entry: {0}")]
+    BadTerminal(String),
+    #[error("connection refused")]
+    Refused,
+    #[error("timed out ({0:?} step)")]
+    Timeout(Stage),
+    #[error("cannot connect: {0}")]
+    Connect(#[source] io::Error),
+    /// The terminal presented a certificate for another name: misrouted address, or
+    /// something impersonating the terminal.
+    #[error("certificate is not valid for server name {server_name:?}: {detail}")]
+    WrongName { server_name: String, detail: String },
+    #[error("TLS handshake failed: {0}")]
+    Tls(#[source] io::Error),
+    #[error("terminal did not negotiate h2 (ALPN: {alpn:?})")]
+    NoH2 { alpn: Option<String> },
+    #[error("HTTP/2: {0}")]
+    Http(#[source] hyper::Error),
+    /// `409`: a newer owner said hello to this terminal; the shard must be dropped.
+    #[error("hello refused: epoch is stale (terminal has seen {highest:?})")]
+    StaleEpoch { highest: Option<Epoch> },
+    #[error("hello rejected with status {status}")]
+    HelloRejected { status: StatusCode },
+}
+
+impl DialError {
+    /// The `result` label of the dial metric (`ok` is the success label).
+    pub fn label(&self) -> &'static str {
+        match self {
+            DialError::Refused => "refused",
+            DialError::Timeout(_) => "timeout",
+            DialError::WrongName { .. } | DialError::Tls(_) | DialError::NoH2 { .. } => "tls_error",
+            DialError::StaleEpoch { .. } => "stale_epoch",
+            DialError::HelloRejected { .. } => "rejected",
+            DialError::BadTerminal(_) | DialError::Connect(_) | DialError::Http(_) => "error",
+        }
+    }
+}
+
+/// Dials terminals with one pod's TLS and HTTP/2 settings. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Dialer {
+    cfg: Arc<DialerConfig>,
+}
+
+impl Dialer {
+    pub fn new(cfg: DialerConfig) -> Self {
+        Dialer { cfg: Arc::new(cfg) }
+    }
+
+    /// The handshake timeout, also used for hellos on live sessions.
+    pub fn handshake_timeout(&self) -> Duration {
+        self.cfg.handshake_timeout
+    }
+
+    /// Connects to `terminal` and says hello with `epoch`. The returned session is
+    /// fenced with `epoch` and its connection is driven by a task of its own.
+    pub async fn dial(&self, terminal: &Terminal, epoch: Epoch) -> Result<Session, DialError> {
+        let mut session = self.connect(terminal).await?;
+        session.hello(epoch, self.cfg.handshake_timeout).await?;
+        Ok(session)
+    }
+
+    /// Everything before the hello: TCP, TLS, ALPN check, HTTP/2 handshake.
+    async fn connect(&self, terminal: &Terminal) -> Result<Session, DialError> {
+        let name = ServerName::try_from(terminal.server_name.clone()).map_err(|e| {
+            DialError::BadTerminal(format!("server name {:?}: {e}", terminal.server_name))
+        })?;
+        let step = self.cfg.handshake_timeout;
+
+        let tcp = timeout(
+            self.cfg.connect_timeout,
+            Stage::Connect,
+            TcpStream::connect(&terminal.addr),
+        )
+        .await?
+        .map_err(|e| match e.kind() {
+            io::ErrorKind::ConnectionRefused => DialError::Refused,
+            _ => DialError::Connect(e),
+        })?;
+        // Pushes are small and latency-sensitive; Nagle would only delay them.
+        tcp.set_nodelay(true).map_err(DialError::Connect)?;
+
+        let connector = TlsConnector::from(self.cfg.tls.clone());
+        let tls = timeout(step, Stage::Tls, connector.connect(name, tcp))
+            .await?
+            .map_err(|e| tls_error(e, &terminal.server_name))?;
+        let alpn = tls.get_ref().1.alpn_protocol();
+        if alpn != Some(ALPN_H2) {
+            return Err(DialError::NoH2 {
+                alpn: alpn.map(|p| String::from_utf8_lossy(p).into_owned()),
+            });
+        }
+
+        let ka = self.cfg.keepalive;
+        let (send, conn) = timeout(
+            step,
+            Stage::Http2,
+            hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+                // Keep-alive needs a timer; without one hyper panics.
+                .timer(TokioTimer::new())
+                .keep_alive_interval(ka.interval)
+                .keep_alive_timeout(ka.timeout)
+                // Push connections are idle most of the time; that is when a dead peer
+                // must still be noticed.
+                .keep_alive_while_idle(true)
+                // Terminals answer with tiny bodies and we send small pushes: small
+                // windows and send buffers bound what one of tens of thousands of
+                // connections may hold in memory.
+                .initial_stream_window_size(64 * 1024)
+                .initial_connection_window_size(256 * 1024)
+                .max_send_buf_size(64 * 1024)
+                .handshake(TokioIo::new(tls)),
+        )
+        .await?
+        .map_err(DialError::Http)?;
+
+        let (ended_tx, ended) = watch::channel(ConnEnd::Open);
+        let terminal_id = terminal.id.clone();
+        let task = tokio::spawn(async move {
+            let error = conn.await.err().map(|e| e.to_string());
+            debug!(terminal = %terminal_id, error = ?error, "terminal connection ended");
+            // Nobody listening means the session is gone already.
+            let _ = ended_tx.send(ConnEnd::Ended { error });
+        });
+        let peer = Peer {
+            terminal: terminal.id.clone(),
+            origin: format!("https://{}", terminal.server_name),
+            pod: self.cfg.pod.clone(),
+        };
+        Ok(Session::new(send, ended, task.abort_handle(), peer))
+    }
+}
+
+async fn timeout<T>(
+    limit: Duration,
+    stage: Stage,
+    fut: impl std::future::Future<Output = T>,
+) -> Result<T, DialError> {
+    tokio::time::timeout(limit, fut)
+        .await
+        .map_err(|_| DialError::Timeout(stage))
+}
+
+/// Tells a certificate for the wrong name apart from other TLS failures: it is the one
+/// an operator must fix in the directory or on the terminal, not a network problem.
+fn tls_error(e: io::Error, server_name: &str) -> DialError {
+    let rustls_error = e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>());
+    match rustls_error {
+        Some(rustls::Error::InvalidCertificate(
+            c @ (CertificateError::NotValidForName
+            | CertificateError::NotValidForNameContext { .. }),
+        )) => DialError::WrongName {
+            server_name: server_name.to_string(),
+            detail: format!("{c:?}"),
+        },
+        _ => DialError::Tls(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wrong_name_is_told_apart_from_other_tls_errors() {
+        let wrong = io::Error::new(
+            io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(CertificateError::NotValidForName),
+        );
+        let e = tls_error(wrong, "pos-1.example");
+        assert!(
+            matches!(&e, DialError::WrongName { server_name, .. } if server_name == "pos-1.example")
+        );
+        assert!(e.to_string().contains("pos-1.example"), "{e}");
+        assert_eq!(e.label(), "tls_error");
+
+        let expired = io::Error::new(
+            io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(CertificateError::Expired),
+        );
+        assert!(matches!(tls_error(expired, "x"), DialError::Tls(_)));
+        let reset = io::Error::from(io::ErrorKind::ConnectionReset);
+        assert!(matches!(tls_error(reset, "x"), DialError::Tls(_)));
+    }
+
+    #[test]
+    fn labels_match_the_metric_contract() {
+        assert_eq!(DialError::Refused.label(), "refused");
+        assert_eq!(DialError::Timeout(Stage::Tls).label(), "timeout");
+        assert_eq!(DialError::NoH2 { alpn: None }.label(), "tls_error");
+        assert_eq!(
+            DialError::StaleEpoch { highest: None }.label(),
+            "stale_epoch"
+        );
+    }
+}

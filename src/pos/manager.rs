@@ -1,0 +1,379 @@
+//! The connection manager: the [`ServingHook`] that keeps one session to every terminal
+//! of every shard this pod serves.
+//!
+//! `start` loads the shard's terminals from the directory and runs one link task per
+//! terminal (see `link`); all dials of the pod share one pacer. `suspend` keeps the
+//! connections but marks the shard not delivering. `start` again with a higher epoch
+//! re-sends the hello on every live connection. `stop` closes every session of the
+//! shard (GOAWAY, bounded by the close budget) and resolves only after, so the lease is
+//! released only when the next owner may dial. The directory's per-shard versions are
+//! polled for all served shards in one call every `directory_poll`: new terminals are
+//! dialed, removed ones closed. A terminal's stale-epoch answer goes to the driver
+//! through the channel given at construction.
+//!
+//! Not for: deciding what to serve (the reconciler), or whether a push may go out now
+//! (the `ServingTable`, checked per push).
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+use tracing::{debug, info, warn};
+
+use super::backoff::BackoffPolicy;
+use super::dialer::Dialer;
+use super::directory::{Directory, Terminal};
+use super::link::{LinkContext, LinkState, LinkTask, Mode, Pacer};
+use crate::core::reconciler::StopReason;
+use crate::core::{Epoch, ShardId};
+use crate::driver::ServingHook;
+use crate::store::StoreError;
+
+/// Settings of a [`ConnectionManager`].
+#[derive(Clone, Debug)]
+pub struct ManagerConfig {
+    /// Dials per second, pod-wide (`--dial-rate`).
+    pub dial_rate: NonZeroU32,
+    /// Random extra wait per dial, so paced dials do not tick in lockstep.
+    pub dial_jitter: Duration,
+    /// TCP + TLS + HTTP/2 + hello handshakes in flight at once.
+    pub max_handshakes: usize,
+    pub backoff: BackoffPolicy,
+    /// How long a stopping shard's sessions get to close before they are dropped.
+    pub close_budget: Duration,
+    /// How often the directory versions are polled (also bounds each directory call).
+    pub directory_poll: Duration,
+    /// Seed of the backoff jitter; `None` seeds from the OS.
+    pub rng_seed: Option<u64>,
+}
+
+impl Default for ManagerConfig {
+    fn default() -> Self {
+        ManagerConfig {
+            dial_rate: NonZeroU32::new(200).expect("non-zero"),
+            dial_jitter: Duration::from_millis(20),
+            max_handshakes: 64,
+            backoff: BackoffPolicy::default(),
+            close_budget: Duration::from_secs(2),
+            directory_poll: Duration::from_secs(2),
+            rng_seed: None,
+        }
+    }
+}
+
+/// One served shard as the manager sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShardView {
+    pub epoch: Epoch,
+    /// False while suspended.
+    pub delivering: bool,
+    /// Every terminal of the shard, by id.
+    pub links: BTreeMap<String, LinkState>,
+}
+
+/// Connections to the terminals of the shards this pod serves. Cheap to clone; every
+/// clone is the same manager. Create it within a tokio runtime.
+pub struct ConnectionManager<D: Directory> {
+    inner: Arc<Inner<D>>,
+}
+
+impl<D: Directory> Clone for ConnectionManager<D> {
+    fn clone(&self) -> Self {
+        ConnectionManager {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+struct Inner<D> {
+    directory: Arc<D>,
+    links: Arc<LinkContext>,
+    directory_poll: Duration,
+    close_budget: Duration,
+    /// Seeds each link's own backoff RNG.
+    rng: Mutex<StdRng>,
+    shards: Mutex<HashMap<ShardId, ShardEntry>>,
+    /// Tells a shard's entry from an earlier one of the same shard (stopped, restarted)
+    /// when a directory load comes back.
+    next_incarnation: AtomicU64,
+}
+
+struct ShardEntry {
+    incarnation: u64,
+    mode: watch::Sender<Mode>,
+    links: HashMap<String, LinkHandle>,
+    /// Every link task of the shard, including removed ones still closing.
+    tasks: JoinSet<()>,
+    /// The directory version the links reflect; `None` before the first load.
+    version: Option<u64>,
+    loading: bool,
+}
+
+/// A running link. Dropping it tells the task to close its session and end.
+struct LinkHandle {
+    terminal: Terminal,
+    state: watch::Receiver<LinkState>,
+}
+
+impl<D: Directory> ConnectionManager<D> {
+    /// A manager dialing with `dialer`, reading `directory`, and sending every stale
+    /// epoch a terminal reports to `stale` (the driver's stale-epoch input). Spawns the
+    /// directory poller, which ends when the last clone of the manager is dropped.
+    pub fn new(
+        directory: Arc<D>,
+        dialer: Dialer,
+        cfg: ManagerConfig,
+        stale: mpsc::UnboundedSender<(ShardId, Epoch)>,
+    ) -> Self {
+        let rng = match cfg.rng_seed {
+            Some(seed) => StdRng::seed_from_u64(seed),
+            None => StdRng::from_os_rng(),
+        };
+        let inner = Arc::new(Inner {
+            directory,
+            links: Arc::new(LinkContext {
+                dialer,
+                pacer: Pacer::new(cfg.dial_rate, cfg.dial_jitter, cfg.max_handshakes),
+                backoff: cfg.backoff,
+                close_budget: cfg.close_budget,
+                stale,
+            }),
+            directory_poll: cfg.directory_poll,
+            close_budget: cfg.close_budget,
+            rng: Mutex::new(rng),
+            shards: Mutex::new(HashMap::new()),
+            next_incarnation: AtomicU64::new(0),
+        });
+        tokio::spawn(poll_directory(Arc::downgrade(&inner), cfg.directory_poll));
+        ConnectionManager { inner }
+    }
+
+    /// The state of `shard`'s connections, if the manager serves it.
+    pub fn shard(&self, shard: ShardId) -> Option<ShardView> {
+        let shards = lock(&self.inner.shards);
+        let entry = shards.get(&shard)?;
+        let mode = *entry.mode.borrow();
+        Some(ShardView {
+            epoch: mode.epoch,
+            delivering: mode.delivering,
+            links: entry
+                .links
+                .iter()
+                .map(|(id, link)| (id.clone(), *link.state.borrow()))
+                .collect(),
+        })
+    }
+}
+
+impl<D: Directory> ServingHook for ConnectionManager<D> {
+    fn start(&self, shard: ShardId, epoch: Epoch) {
+        let inner = &self.inner;
+        let mut shards = lock(&inner.shards);
+        if let Some(entry) = shards.get(&shard) {
+            // Resumed (same epoch) or re-claimed (new epoch): links re-send the hello
+            // when the epoch changed.
+            entry.mode.send_replace(Mode {
+                epoch,
+                delivering: true,
+            });
+            return;
+        }
+        let incarnation = inner.next_incarnation.fetch_add(1, Ordering::Relaxed);
+        let (mode, _) = watch::channel(Mode {
+            epoch,
+            delivering: true,
+        });
+        shards.insert(
+            shard,
+            ShardEntry {
+                incarnation,
+                mode,
+                links: HashMap::new(),
+                tasks: JoinSet::new(),
+                version: None,
+                loading: true,
+            },
+        );
+        drop(shards);
+        tokio::spawn(inner.clone().load(shard, incarnation));
+    }
+
+    fn suspend(&self, shard: ShardId, epoch: Epoch) {
+        if let Some(entry) = lock(&self.inner.shards).get(&shard) {
+            entry.mode.send_replace(Mode {
+                epoch,
+                delivering: false,
+            });
+        }
+    }
+
+    fn stop(
+        &self,
+        shard: ShardId,
+        epoch: Epoch,
+        reason: StopReason,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        // Dropping the entry's link handles (now, not when the future is first polled)
+        // tells every link to close its session; the future waits for their tasks.
+        let entry = lock(&self.inner.shards).remove(&shard);
+        let (tasks, terminals) = match entry {
+            Some(ShardEntry { tasks, links, .. }) => (Some(tasks), links.len()),
+            None => (None, 0),
+        };
+        let budget = self.inner.close_budget;
+        async move {
+            let Some(mut tasks) = tasks else {
+                return;
+            };
+            let all_closed = async { while tasks.join_next().await.is_some() {} };
+            let graceful = tokio::time::timeout(budget, all_closed).await.is_ok();
+            if !graceful {
+                // Aborted tasks drop their sessions, which drops the sockets.
+                tasks.abort_all();
+                while tasks.join_next().await.is_some() {}
+            }
+            info!(
+                shard, epoch, reason = %reason.as_str(), terminals, graceful,
+                "shard connections closed"
+            );
+        }
+    }
+}
+
+impl<D: Directory> Inner<D> {
+    /// Reads `shard`'s version and terminals and brings its links in line.
+    async fn load(self: Arc<Self>, shard: ShardId, incarnation: u64) {
+        let read = async {
+            let versions = self.directory.versions(&[shard]).await?;
+            let terminals = self.directory.terminals(shard).await?;
+            Ok::<_, StoreError>((versions.first().copied(), terminals))
+        };
+        let result = tokio::time::timeout(self.directory_poll, read).await;
+        let mut shards = lock(&self.shards);
+        let Some(entry) = shards
+            .get_mut(&shard)
+            .filter(|e| e.incarnation == incarnation)
+        else {
+            return; // stopped meanwhile
+        };
+        entry.loading = false;
+        match result {
+            Ok(Ok((version, terminals))) => {
+                let (added, removed) = self.sync(shard, entry, terminals);
+                entry.version = version;
+                if added + removed > 0 {
+                    info!(
+                        shard,
+                        added,
+                        removed,
+                        terminals = entry.links.len(),
+                        "shard terminals updated"
+                    );
+                }
+            }
+            // The poller retries: the version still differs from the directory's.
+            Ok(Err(e)) => warn!(shard, error = %e, "cannot read shard terminals; retrying"),
+            Err(_) => warn!(shard, "reading shard terminals timed out; retrying"),
+        }
+    }
+
+    /// Starts links for new terminals, drops those of removed or changed ones.
+    /// Returns (added, removed).
+    fn sync(&self, shard: ShardId, entry: &mut ShardEntry, list: Vec<Terminal>) -> (usize, usize) {
+        let mut wanted: HashMap<String, Terminal> =
+            list.into_iter().map(|t| (t.id.clone(), t)).collect();
+        let before = entry.links.len();
+        // A changed address or name is a new terminal: close and redial.
+        entry
+            .links
+            .retain(|id, link| wanted.get(id) == Some(&link.terminal));
+        let removed = before - entry.links.len();
+        wanted.retain(|id, _| !entry.links.contains_key(id));
+        let added = wanted.len();
+        for (id, terminal) in wanted {
+            let (state_tx, state) = watch::channel(LinkState::Disconnected);
+            let rng = StdRng::from_rng(&mut *lock(&self.rng));
+            entry.tasks.spawn(
+                LinkTask {
+                    cx: self.links.clone(),
+                    shard,
+                    terminal: terminal.clone(),
+                    mode: entry.mode.subscribe(),
+                    state: state_tx,
+                    rng,
+                }
+                .run(),
+            );
+            entry.links.insert(id, LinkHandle { terminal, state });
+        }
+        // Reap the tasks of removed terminals that have finished closing.
+        while entry.tasks.try_join_next().is_some() {}
+        (added, removed)
+    }
+
+    /// One directory poll: reload every served shard whose version moved.
+    async fn poll_once(self: &Arc<Self>) {
+        let known: Vec<(ShardId, u64, Option<u64>)> = lock(&self.shards)
+            .iter()
+            .filter(|(_, e)| !e.loading)
+            .map(|(s, e)| (*s, e.incarnation, e.version))
+            .collect();
+        if known.is_empty() {
+            return;
+        }
+        let shards: Vec<ShardId> = known.iter().map(|k| k.0).collect();
+        let versions =
+            match tokio::time::timeout(self.directory_poll, self.directory.versions(&shards)).await
+            {
+                Ok(Ok(v)) => v,
+                Ok(Err(e)) => {
+                    warn!(error = %e, "cannot poll the terminal directory");
+                    return;
+                }
+                Err(_) => {
+                    warn!("polling the terminal directory timed out");
+                    return;
+                }
+            };
+        let mut entries = lock(&self.shards);
+        for ((shard, incarnation, version), now) in known.into_iter().zip(versions) {
+            if version == Some(now) {
+                continue;
+            }
+            if let Some(entry) = entries
+                .get_mut(&shard)
+                .filter(|e| e.incarnation == incarnation && !e.loading)
+            {
+                debug!(shard, from = ?version, to = now, "directory changed");
+                entry.loading = true;
+                tokio::spawn(self.clone().load(shard, incarnation));
+            }
+        }
+    }
+}
+
+/// Polls the directory while the manager exists.
+async fn poll_directory<D: Directory>(inner: Weak<Inner<D>>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        inner.poll_once().await;
+    }
+}
+
+/// A panic while holding one of these locks cannot leave a half-written value behind
+/// (each critical section is a single insert, remove or read), so poisoning is ignored.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}

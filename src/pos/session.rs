@@ -1,0 +1,210 @@
+//! One live HTTP/2 connection to a terminal: the request handle, a signal that the
+//! connection ended, the fenced `hello`, and a bounded graceful close.
+//!
+//! The connection future runs on its own task; its end (keep-alive PING unanswered,
+//! GOAWAY from the terminal, socket error) is the death signal the manager watches. A
+//! session may carry requests only after a `hello` with the current epoch got a 2xx
+//! answer: the terminal checks that epoch, which is what fences a former owner.
+//!
+//! Not for: dialing (`dialer`), retry policy (`manager`), the push API (comes later).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::client::conn::http2::SendRequest;
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+
+use super::dialer::{DialError, Stage};
+use crate::core::{Epoch, PodId};
+
+/// Request headers of the hello (`docs/pos-protocol.md`).
+pub const HEADER_EPOCH: &str = "posgate-epoch";
+pub const HEADER_POD: &str = "posgate-pod";
+pub const HEADER_TERMINAL: &str = "posgate-terminal";
+/// Response header of a `409`: the highest epoch the terminal has seen.
+pub const HEADER_STALE_EPOCH: &str = "posgate-stale-epoch";
+
+/// How a connection ended, as the session's watcher reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ConnEnd {
+    /// Still running.
+    Open,
+    /// Ended; `error` is why, when it was not a clean close.
+    Ended { error: Option<String> },
+}
+
+/// Who a session speaks for and to: fixed for the session's life.
+#[derive(Clone, Debug)]
+pub(super) struct Peer {
+    pub terminal: String,
+    /// `https://<server_name>`: the `:authority` and scheme of every request.
+    pub origin: String,
+    pub pod: PodId,
+}
+
+/// A live HTTP/2 connection to one terminal.
+#[derive(Debug)]
+pub struct Session {
+    send: SendRequest<Full<Bytes>>,
+    ended: watch::Receiver<ConnEnd>,
+    conn: AbortOnDrop,
+    peer: Peer,
+    /// The epoch of the last accepted hello, if any.
+    epoch: Option<Epoch>,
+}
+
+impl Session {
+    pub(super) fn new(
+        send: SendRequest<Full<Bytes>>,
+        ended: watch::Receiver<ConnEnd>,
+        conn: AbortHandle,
+        peer: Peer,
+    ) -> Self {
+        Session {
+            send,
+            ended,
+            conn: AbortOnDrop(conn),
+            peer,
+            epoch: None,
+        }
+    }
+
+    /// The epoch whose hello the terminal accepted on this connection, if any. Only a
+    /// session whose hello epoch is the shard's current epoch may carry pushes.
+    pub fn epoch(&self) -> Option<Epoch> {
+        self.epoch
+    }
+
+    /// Sends `POST /hello` for `epoch` and waits up to `timeout` for the answer. On
+    /// success the session is fenced with `epoch`; on any failure it is not fenced with
+    /// any epoch (an earlier accepted one no longer counts).
+    pub async fn hello(&mut self, epoch: Epoch, timeout: Duration) -> Result<(), DialError> {
+        self.epoch = None;
+        let request = Request::builder()
+            .method(Method::POST)
+            .uri(format!("{}/hello", self.peer.origin))
+            .header(HEADER_EPOCH, epoch)
+            .header(HEADER_POD, self.peer.pod.as_str())
+            .header(HEADER_TERMINAL, &self.peer.terminal)
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| DialError::BadTerminal(e.to_string()))?;
+        let response = tokio::time::timeout(timeout, self.request(request))
+            .await
+            .map_err(|_| DialError::Timeout(Stage::Hello))?
+            .map_err(DialError::Http)?;
+        classify_hello(
+            response.status(),
+            response.headers().get(HEADER_STALE_EPOCH),
+        )?;
+        self.epoch = Some(epoch);
+        Ok(())
+    }
+
+    /// Sends one request on this connection (the hello now, pushes later).
+    pub async fn request(
+        &mut self,
+        request: Request<Full<Bytes>>,
+    ) -> Result<Response<Incoming>, hyper::Error> {
+        self.send.ready().await?;
+        self.send.send_request(request).await
+    }
+
+    /// Resolves when the connection has ended, with why. Cancel-safe; may be awaited
+    /// again after it resolved.
+    pub async fn ended(&mut self) -> ConnEnd {
+        match self.ended.wait_for(|e| *e != ConnEnd::Open).await {
+            Ok(end) => end.clone(),
+            // The watcher task is gone without a word: it was aborted.
+            Err(_) => ConnEnd::Ended {
+                error: Some("connection task aborted".into()),
+            },
+        }
+    }
+
+    /// Closes the connection: dropping the last request handle makes the HTTP/2 layer
+    /// send GOAWAY and close once in-flight streams are done. Waits up to `budget`,
+    /// then drops the connection outright. Returns whether it closed within budget.
+    pub async fn close(self, budget: Duration) -> bool {
+        let Session {
+            send,
+            mut ended,
+            conn,
+            ..
+        } = self;
+        drop(send);
+        let graceful = tokio::time::timeout(budget, ended.wait_for(|e| *e != ConnEnd::Open))
+            .await
+            .is_ok();
+        // `conn` drops here: the task owns the socket, so the socket closes at once.
+        drop(conn);
+        graceful
+    }
+}
+
+/// Ends the connection task when the session goes away, however it goes: a session
+/// dropped without `close` (task aborted at a stop deadline) must not leave its socket
+/// open, or a stopped shard would still have live connections.
+#[derive(Debug)]
+struct AbortOnDrop(AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The outcome of a hello answer: 2xx accepts; `409` with `posgate-stale-epoch` means
+/// a newer owner said hello; anything else is a refusal to retry later.
+pub(super) fn classify_hello(
+    status: StatusCode,
+    stale: Option<&HeaderValue>,
+) -> Result<(), DialError> {
+    if status.is_success() {
+        return Ok(());
+    }
+    match stale {
+        Some(value) if status == StatusCode::CONFLICT => Err(DialError::StaleEpoch {
+            // An unparsable value still says "stale"; only the number is lost.
+            highest: value.to_str().ok().and_then(|v| v.trim().parse().ok()),
+        }),
+        _ => Err(DialError::HelloRejected { status }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hello_answers_are_classified() {
+        let v = HeaderValue::from_static("1700000000123");
+        assert!(classify_hello(StatusCode::OK, None).is_ok());
+        assert!(classify_hello(StatusCode::NO_CONTENT, Some(&v)).is_ok());
+        assert!(matches!(
+            classify_hello(StatusCode::CONFLICT, Some(&v)),
+            Err(DialError::StaleEpoch {
+                highest: Some(1_700_000_000_123)
+            })
+        ));
+        let junk = HeaderValue::from_static("soon");
+        assert!(matches!(
+            classify_hello(StatusCode::CONFLICT, Some(&junk)),
+            Err(DialError::StaleEpoch { highest: None })
+        ));
+        // A 409 without the header is not a fencing answer: no shard is dropped for it.
+        assert!(matches!(
+            classify_hello(StatusCode::CONFLICT, None),
+            Err(DialError::HelloRejected {
+                status: StatusCode::CONFLICT
+            })
+        ));
+        assert!(matches!(
+            classify_hello(StatusCode::SERVICE_UNAVAILABLE, Some(&v)),
+            Err(DialError::HelloRejected { .. })
+        ));
+    }
+}

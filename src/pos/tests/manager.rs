@@ -1,0 +1,185 @@
+//! The connection manager against fake terminals: epochs, directory changes, stale
+//! epochs, dead connections, stop.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use super::fake::{freezable_proxy, wait_until, FakeTerminal, Pki, LIMIT};
+use crate::core::reconciler::StopReason;
+use crate::driver::ServingHook;
+use crate::pos::dialer::Keepalive;
+use crate::pos::directory::{DirectoryAdmin, MemoryDirectory, Terminal};
+use crate::pos::manager::{ConnectionManager, ManagerConfig};
+use crate::pos::LinkState;
+
+fn manager_config() -> ManagerConfig {
+    ManagerConfig {
+        directory_poll: Duration::from_millis(100),
+        close_budget: Duration::from_secs(2),
+        rng_seed: Some(1),
+        ..ManagerConfig::default()
+    }
+}
+
+fn all_connected(m: &ConnectionManager<MemoryDirectory>, n: usize, epoch: u64) -> bool {
+    m.shard(0).is_some_and(|v| {
+        v.links.len() == n
+            && v.links
+                .values()
+                .all(|s| *s == LinkState::Connected { epoch })
+    })
+}
+
+#[tokio::test]
+async fn manager_follows_epochs_directory_changes_and_stop() {
+    let pki = Pki::new();
+    let server = FakeTerminal::spawn(pki.server("pos-1.test", &[b"h2"])).await;
+    let directory = Arc::new(MemoryDirectory::new());
+    let terminals: Vec<Terminal> = ["pos-1", "pos-2"]
+        .iter()
+        .map(|id| server.terminal(id, "pos-1.test"))
+        .collect();
+    // One shard in this cluster: every terminal is in shard 0.
+    directory.upsert(1, &terminals).await.unwrap();
+    let (stale, _stale_rx) = mpsc::unbounded_channel();
+    let m = ConnectionManager::new(directory.clone(), pki.dialer(), manager_config(), stale);
+
+    m.start(0, 10);
+    wait_until("both connected with epoch 10", || all_connected(&m, 2, 10)).await;
+
+    // Re-claimed with a new epoch: the hello is re-sent on the live connections.
+    m.start(0, 11);
+    wait_until("both re-hello'd with epoch 11", || all_connected(&m, 2, 11)).await;
+    assert_eq!(
+        server.open.load(Ordering::SeqCst),
+        2,
+        "no redial for a new epoch"
+    );
+    let mut with_11: Vec<String> = server
+        .hellos()
+        .into_iter()
+        .filter(|h| h.epoch == 11)
+        .map(|h| h.terminal)
+        .collect();
+    with_11.sort();
+    assert_eq!(with_11, ["pos-1", "pos-2"]);
+
+    // Suspended: connections stay, nothing is delivered.
+    m.suspend(0, 11);
+    let view = m.shard(0).unwrap();
+    assert!(!view.delivering);
+    assert_eq!(view.links.len(), 2);
+
+    // A directory change is picked up by the poller: one added, one removed.
+    directory
+        .upsert(1, &[server.terminal("pos-3", "pos-1.test")])
+        .await
+        .unwrap();
+    directory.remove(1, &["pos-1".to_string()]).await.unwrap();
+    wait_until("pos-3 in, pos-1 out", || {
+        m.shard(0).is_some_and(|v| {
+            v.links.keys().map(String::as_str).eq(["pos-2", "pos-3"])
+                && v.links
+                    .values()
+                    .all(|s| *s == LinkState::Connected { epoch: 11 })
+        })
+    })
+    .await;
+    wait_until("pos-1's connection closed", || {
+        server.open.load(Ordering::SeqCst) == 2
+    })
+    .await;
+
+    // Stop resolves only after every session closed (GOAWAY).
+    m.stop(0, 11, StopReason::Rebalance).await;
+    assert!(m.shard(0).is_none());
+    wait_until("server sees every connection end", || {
+        server.open.load(Ordering::SeqCst) == 0
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn manager_reports_stale_epochs() {
+    let pki = Pki::new();
+    let server = FakeTerminal::spawn(pki.server("pos-1.test", &[b"h2"])).await;
+    *server.highest.lock().unwrap() = 1000;
+    let directory = Arc::new(MemoryDirectory::new());
+    directory
+        .upsert(1, &[server.terminal("pos-1", "pos-1.test")])
+        .await
+        .unwrap();
+    let (stale, mut stale_rx) = mpsc::unbounded_channel();
+    let m = ConnectionManager::new(directory, pki.dialer(), manager_config(), stale);
+    m.start(0, 5);
+    let reported = tokio::time::timeout(LIMIT, stale_rx.recv()).await.unwrap();
+    assert_eq!(reported, Some((0, 5)));
+    let state = m.shard(0).unwrap().links["pos-1"];
+    assert!(
+        !matches!(state, LinkState::Connected { .. }),
+        "a refused hello never counts as connected: {state:?}"
+    );
+    m.stop(0, 5, StopReason::StaleEpoch).await;
+}
+
+#[tokio::test]
+async fn manager_redials_a_dead_connection() {
+    let pki = Pki::new();
+    let server = FakeTerminal::spawn(pki.server("pos-1.test", &[b"h2"])).await;
+    let frozen = Arc::new(AtomicBool::new(false));
+    let proxy = freezable_proxy(server.addr, frozen.clone()).await;
+    let directory = Arc::new(MemoryDirectory::new());
+    let terminal = Terminal {
+        id: "pos-1".into(),
+        addr: proxy.to_string(),
+        server_name: "pos-1.test".into(),
+    };
+    directory.upsert(1, &[terminal]).await.unwrap();
+    let dialer = pki.dialer_with(Keepalive {
+        interval: Duration::from_millis(100),
+        timeout: Duration::from_millis(100),
+    });
+    let (stale, _stale_rx) = mpsc::unbounded_channel();
+    let m = ConnectionManager::new(directory, dialer, manager_config(), stale);
+    m.start(0, 7);
+    wait_until("connected", || all_connected(&m, 1, 7)).await;
+    frozen.store(true, Ordering::SeqCst);
+    wait_until("keep-alive notices the freeze", || !all_connected(&m, 1, 7)).await;
+    frozen.store(false, Ordering::SeqCst);
+    wait_until("redialed", || all_connected(&m, 1, 7)).await;
+    assert_eq!(server.hellos().len(), 2, "one hello per connection");
+    m.stop(0, 7, StopReason::Shutdown).await;
+}
+
+#[tokio::test]
+async fn stop_does_not_wait_for_a_frozen_terminal() {
+    let pki = Pki::new();
+    let server = FakeTerminal::spawn(pki.server("pos-1.test", &[b"h2"])).await;
+    let frozen = Arc::new(AtomicBool::new(false));
+    let proxy = freezable_proxy(server.addr, frozen.clone()).await;
+    let directory = Arc::new(MemoryDirectory::new());
+    let terminal = Terminal {
+        id: "pos-1".into(),
+        addr: proxy.to_string(),
+        server_name: "pos-1.test".into(),
+    };
+    directory.upsert(1, &[terminal]).await.unwrap();
+    let (stale, _stale_rx) = mpsc::unbounded_channel();
+    let config = ManagerConfig {
+        close_budget: Duration::from_millis(200),
+        ..manager_config()
+    };
+    let m = ConnectionManager::new(directory, pki.dialer(), config, stale);
+    m.start(0, 3);
+    wait_until("connected", || all_connected(&m, 1, 3)).await;
+    // The terminal never sees the GOAWAY, and keep-alive (10 s) would notice much
+    // later; stop must still resolve (closing our side is what the lease needs).
+    frozen.store(true, Ordering::SeqCst);
+    tokio::time::timeout(LIMIT, m.stop(0, 3, StopReason::Expired))
+        .await
+        .expect("stop resolves after the close budget");
+    assert!(m.shard(0).is_none());
+}
