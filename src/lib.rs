@@ -5,7 +5,7 @@
 //! - [`core`]: the sans-IO ownership core (shard hash, ring, lease rules, reconciler).
 //! - [`store`]: the `CoordStore` seam with the Redis and in-memory implementations.
 //! - [`driver`]: the task that runs the reconciler against a store.
-//! - [`pod`]: `Pod::run`, one pod as a library value (HTTP listener + driver).
+//! - [`pod`]: one pod as a library value (`Pod::run_with_terminals`: HTTP, driver, POS connections).
 //! - [`pos`]: terminal directory and connections to POS terminals.
 //! - [`http`]: the pod's HTTP surface (health, cluster view, peer endpoints).
 //! - [`peer`]: pod-to-pod authentication (HMAC) and the peer client.

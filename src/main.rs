@@ -19,7 +19,7 @@ use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{Parser, Subcommand};
 use posgate::config::terminals_args::{TerminalsArgs, TerminalsCommand};
 use posgate::config::{ConfigError, LogFormat, PodConfig, ServeArgs, StoreSettings};
-use posgate::pod::Pod;
+use posgate::pod::{Pod, PodError};
 use posgate::ring_report::RingReportArgs;
 use posgate::sim::{run_seed, SimConfig, SimStats};
 use posgate::store::redis::{RedisOptions, RedisStore};
@@ -117,9 +117,15 @@ fn serve(args: ServeArgs) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             tracing::error!(error = format!("{err:#}"), "posgate stopped");
-            // Settings the store refused will not work on a retry either.
+            // Settings the store refused, or unusable POS TLS files, will not work on a
+            // retry either.
+            let bad_pos_tls = matches!(
+                err.downcast_ref::<PodError>(),
+                Some(PodError::PosTls(_) | PodError::Config(_))
+            );
             match err.downcast_ref::<StoreError>() {
                 Some(StoreError::Config(_)) => ExitCode::from(USAGE_ERROR),
+                _ if bad_pos_tls => ExitCode::from(USAGE_ERROR),
                 _ => ExitCode::FAILURE,
             }
         }
@@ -139,6 +145,7 @@ async fn run_pod(
         %listen,
         shards = config.core.shards,
         store = ?settings,
+        pos = ?config.pos,
         "starting"
     );
     if config.cluster_secret.is_none() {
@@ -161,7 +168,7 @@ async fn run_pod(
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
-    Pod::run(config, store, listener, shutdown)
+    Pod::run_with_terminals(config, store, listener, shutdown)
         .await
         .context("pod failed")
 }

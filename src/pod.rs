@@ -1,8 +1,9 @@
 //! One pod as a library value: HTTP listener plus ownership driver over a store.
 //!
-//! [`Pod::run`] is what `posgate serve` calls; [`Pod::start`] runs the same pod on a task
-//! and hands back what tests and the demo observe (status, serving table) with a
-//! shutdown trigger. Nothing here is process-global, so one process can run many pods,
+//! [`Pod::run_with_terminals`] is what `posgate serve` calls: the pod with its POS
+//! connection manager as the serving hook. [`Pod::start_with_terminals`] runs the same pod
+//! on a task and hands back what tests and the demo observe (status, serving table) with a
+//! shutdown trigger; [`Pod::start`] and [`Pod::run`] take any other hook (tests). Nothing here is process-global, so one process can run many pods,
 //! and everything a pod spawns dies with it: dropping the `run` future, or the
 //! [`PodHandle`], stops the pod at once (a crash, as far as the cluster can tell: its
 //! leases and registration expire by TTL).
@@ -18,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::{JoinError, JoinHandle};
 use tracing::{info, warn, Instrument};
 
@@ -26,6 +27,10 @@ use crate::config::PodConfig;
 use crate::core::config::ConfigError;
 use crate::driver::{Driver, ServingHook, ServingTable};
 use crate::http::{self, HttpState};
+use crate::pos::dialer::{Dialer, DialerConfig};
+use crate::pos::directory::Directory;
+use crate::pos::manager::{ConnectionManager, ManagerConfig};
+use crate::pos::tls::{self, TlsConfigError};
 use crate::status::PodStatus;
 use crate::store::{ClusterMeta, CoordStore, StoreError};
 
@@ -40,6 +45,10 @@ const HTTP_DRAIN: Duration = Duration::from_secs(5);
 pub enum PodError {
     #[error("invalid configuration: {0}")]
     Config(#[from] ConfigError),
+    /// The POS TLS files (`--pos-ca`, `--pos-client-cert`/`--pos-client-key`) cannot be
+    /// used; the message names the file.
+    #[error(transparent)]
+    PosTls(#[from] TlsConfigError),
     /// The store is pinned to other cluster settings; this pod refuses to join.
     #[error("refusing to start: {0}")]
     Meta(StoreError),
@@ -69,6 +78,23 @@ impl Pod {
         pod.wait().await
     }
 
+    /// Runs one pod with its POS connection manager (what `posgate serve` does) until
+    /// `shutdown` resolves and its graceful shutdown is done, or until it fails. Dropping
+    /// the returned future stops the pod without a graceful shutdown.
+    pub async fn run_with_terminals<S: CoordStore + Directory>(
+        config: PodConfig,
+        store: S,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), PodError> {
+        let mut pod = Pod::start_with_terminals(config, store, listener)?;
+        tokio::select! {
+            () = shutdown => pod.shutdown(),
+            ended = pod.wait() => return ended,
+        }
+        pod.wait().await
+    }
+
     /// Starts one pod on a new task, telling `hook` about serving transitions. Must be
     /// called within a tokio runtime.
     pub fn start<S: CoordStore, H: ServingHook>(
@@ -79,33 +105,80 @@ impl Pod {
     ) -> Result<PodHandle, PodError> {
         let store = Arc::new(store);
         let driver = Driver::new(&config, store.clone(), hook)?;
-        let status = driver.status();
-        let serving = driver.serving_table();
-        let http_state = HttpState {
-            status: status.clone(),
-            secrets: config.cluster_secret.clone().map(|s| vec![s]),
+        Ok(spawn_pod(&config, driver, store, listener))
+    }
+
+    /// Starts one pod on a new task whose serving hook is a [`ConnectionManager`]
+    /// dialing the terminals of the served shards, as `config.pos` says, with the
+    /// terminal directory read from `store` (the same store value, so a `RedisStore`
+    /// shares its connection). Terminals that refuse an epoch as stale are reported to
+    /// the driver. Reads the POS TLS files now: a bad one fails here, naming the file.
+    /// Like [`Pod::start`], the store need not be reachable yet. Must be called within a
+    /// tokio runtime.
+    pub fn start_with_terminals<S: CoordStore + Directory>(
+        config: PodConfig,
+        store: S,
+        listener: TcpListener,
+    ) -> Result<PodHandle, PodError> {
+        config.core.validate()?;
+        let pos = &config.pos;
+        let tls = tls::client_config(&pos.tls)?;
+        let dialer = Dialer::new(DialerConfig {
+            tls,
+            pod: config.pod_id.clone(),
+            connect_timeout: pos.dial_timeout,
+            handshake_timeout: pos.dial_timeout,
+            keepalive: pos.keepalive,
+        });
+        let manager_config = ManagerConfig {
+            dial_rate: pos.dial_rate,
+            max_handshakes: pos.dial_concurrency,
+            backoff: pos.backoff,
+            close_budget: config.core.close_budget,
+            directory_poll: pos.directory_poll,
+            ..ManagerConfig::default()
         };
-        let meta = ClusterMeta::current(config.core.shards);
-        let (stop, stopped) = oneshot::channel();
-        let span = tracing::info_span!("pod", pod = %config.pod_id);
-        let task = tokio::spawn(
-            run_pod(
-                driver,
-                store,
-                meta,
-                config.store_timeout,
-                listener,
-                http_state,
-                stopped,
-            )
-            .instrument(span),
-        );
-        Ok(PodHandle {
-            status,
-            serving,
-            stop: Some(stop),
-            task: Some(task),
-        })
+        let store = Arc::new(store);
+        let (stale_tx, stale_rx) = mpsc::unbounded_channel();
+        let manager = ConnectionManager::new(store.clone(), dialer, manager_config, stale_tx);
+        let driver = Driver::new(&config, store.clone(), manager)?.with_stale_epochs(stale_rx);
+        Ok(spawn_pod(&config, driver, store, listener))
+    }
+}
+
+/// Spawns the pod task around a built driver and returns its handle.
+fn spawn_pod<S: CoordStore, H: ServingHook>(
+    config: &PodConfig,
+    driver: Driver<S, H>,
+    store: Arc<S>,
+    listener: TcpListener,
+) -> PodHandle {
+    let status = driver.status();
+    let serving = driver.serving_table();
+    let http_state = HttpState {
+        status: status.clone(),
+        secrets: config.cluster_secret.clone().map(|s| vec![s]),
+    };
+    let meta = ClusterMeta::current(config.core.shards);
+    let (stop, stopped) = oneshot::channel();
+    let span = tracing::info_span!("pod", pod = %config.pod_id);
+    let task = tokio::spawn(
+        run_pod(
+            driver,
+            store,
+            meta,
+            config.store_timeout,
+            listener,
+            http_state,
+            stopped,
+        )
+        .instrument(span),
+    );
+    PodHandle {
+        status,
+        serving,
+        stop: Some(stop),
+        task: Some(task),
     }
 }
 
@@ -154,8 +227,9 @@ impl Drop for PodHandle {
     }
 }
 
-/// The pod task. Every part runs inside this one future (no further spawns), so
-/// aborting the task stops all of them.
+/// The pod task. Every part runs inside this one future (no further spawns, except the
+/// connection manager's, which end when the driver owning it is dropped), so aborting the
+/// task stops all of them.
 async fn run_pod<S: CoordStore, H: ServingHook>(
     driver: Driver<S, H>,
     store: Arc<S>,

@@ -8,14 +8,16 @@
 //!
 //! [`ServeArgs::resolve`] checks everything once, before anything starts; each error is
 //! one line naming the flag. Layout: this file holds the resolved settings and the error
-//! type, `serve_args.rs` the clap flags and their resolution, `secrets.rs` where secrets
-//! come from and how a Redis URL carries or hides one. The `rediss://` TLS files
+//! type, `serve_args.rs` the clap flags and their resolution, `pos_args.rs` the POS
+//! connection flags (flattened into `ServeArgs`) and their [`PosSettings`], `secrets.rs`
+//! where secrets come from and how a Redis URL carries or hides one. The `rediss://` TLS files
 //! (`--redis-ca-file`, `--redis-client-cert` with `--redis-client-key`) are passed on as
 //! paths: the store reads and checks them when it is created, still before anything runs.
 //!
 //! What this module does not do: logging setup or connecting (that is `main.rs`), or
 //! the timing rules themselves ([`CoreConfig::validate`]).
 
+mod pos_args;
 mod secrets;
 mod serve_args;
 pub mod terminals_args;
@@ -30,6 +32,7 @@ use crate::core::{CoreConfig, PodId};
 use crate::peer::ClusterSecret;
 use crate::store::redis::ClientCert;
 
+pub use self::pos_args::{PosArgs, PosSettings, MAX_DIRECTORY_POLL};
 use self::secrets::redact_url;
 pub use self::serve_args::ServeArgs;
 
@@ -61,10 +64,12 @@ pub struct PodConfig {
     pub cluster_secret: Option<ClusterSecret>,
     /// Redis command response timeout.
     pub store_timeout: Duration,
+    /// How the pod connects to POS terminals (used by `Pod::start_with_terminals`).
+    pub pos: PosSettings,
 }
 
 impl PodConfig {
-    /// A pod of cluster [`DEFAULT_CLUSTER`] with the default store timeout, for pods built
+    /// A pod of cluster [`DEFAULT_CLUSTER`] with the default store timeout and POS settings, for pods built
     /// in-process (tests, demo). Nothing is validated; call `core.validate()` if needed.
     pub fn new(
         pod_id: PodId,
@@ -79,6 +84,7 @@ impl PodConfig {
             advertise_url: advertise_url.into(),
             cluster_secret,
             store_timeout: DEFAULT_STORE_TIMEOUT,
+            pos: PosSettings::default(),
         }
     }
 }

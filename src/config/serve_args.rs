@@ -14,8 +14,8 @@ use redis::IntoConnectionInfo;
 
 use super::secrets::{inject_password, secret_from};
 use super::{
-    invalid, ConfigError, LogFormat, PodConfig, StoreSettings, CLUSTER_SECRET_ENV, DEFAULT_CLUSTER,
-    REDIS_PASSWORD_ENV,
+    invalid, ConfigError, LogFormat, PodConfig, PosArgs, StoreSettings, CLUSTER_SECRET_ENV,
+    DEFAULT_CLUSTER, REDIS_PASSWORD_ENV,
 };
 use crate::core::config::ConfigError as CoreConfigError;
 use crate::core::{CoreConfig, PodId};
@@ -123,6 +123,8 @@ pub struct ServeArgs {
     /// Log filter directives, e.g. info or posgate=debug [default: $RUST_LOG, else info]
     #[arg(long, env = "POSGATE_LOG_LEVEL", value_name = "FILTER")]
     pub log_level: Option<String>,
+    #[command(flatten)]
+    pub pos: PosArgs,
 }
 
 impl ServeArgs {
@@ -164,6 +166,8 @@ impl ServeArgs {
                 ),
             ));
         }
+
+        let pos = self.pos.resolve()?;
 
         let hostname = hostname(&env);
         let pod_id = match self.pod_id {
@@ -240,6 +244,7 @@ impl ServeArgs {
             advertise_url,
             cluster_secret,
             store_timeout: self.store_timeout,
+            pos,
         };
         let store = StoreSettings {
             redis_url,

@@ -221,3 +221,55 @@ fn redis_tls_files_need_rediss_and_come_in_pairs() {
     assert_eq!(whole.redis_client_cert, Some("/env-c.pem".into()));
     assert_eq!(whole.redis_client_key, Some("/env-k.pem".into()));
 }
+
+#[test]
+fn pos_flags_default_and_resolve() {
+    let (config, _, _) = resolve("").unwrap();
+    assert_eq!(config.pos, PosSettings::default());
+    let (config, _, _) = resolve(
+        "--pos-ca ca.pem --pos-client-cert c.pem --pos-client-key k.pem --pos-keepalive 3s \
+         --pos-keepalive-timeout 1s --dial-rate 1000 --dial-concurrency 8 --dial-timeout 2s \
+         --dial-backoff-base 500ms --dial-backoff-cap 10s --directory-poll 5s",
+    )
+    .unwrap();
+    let pos = config.pos;
+    assert_eq!(pos.tls.ca_file, Some("ca.pem".into()));
+    let client = pos.tls.client.expect("client identity");
+    assert_eq!(
+        (client.cert_file, client.key_file),
+        ("c.pem".into(), "k.pem".into())
+    );
+    assert_eq!(
+        (pos.keepalive.interval, pos.keepalive.timeout),
+        (Duration::from_secs(3), Duration::from_secs(1))
+    );
+    assert_eq!((pos.dial_rate.get(), pos.dial_concurrency), (1000, 8));
+    assert_eq!(pos.dial_timeout, Duration::from_secs(2));
+    assert_eq!(
+        (pos.backoff.base, pos.backoff.cap),
+        (Duration::from_millis(500), Duration::from_secs(10))
+    );
+    assert_eq!(pos.directory_poll, Duration::from_secs(5));
+}
+
+#[test]
+fn pos_flags_are_checked() {
+    for (args, flag) in [
+        ("--dial-rate 0", "dial-rate"),
+        ("--dial-concurrency 0", "dial-concurrency"),
+        ("--dial-timeout 0s", "dial-timeout"),
+        (
+            "--dial-backoff-base 2s --dial-backoff-cap 1s",
+            "dial-backoff-cap",
+        ),
+        ("--directory-poll 6s", "directory-poll"),
+        ("--directory-poll 0s", "directory-poll"),
+    ] {
+        match resolve(args) {
+            Err(ConfigError::Invalid { flag: got, .. }) => assert_eq!(got, flag, "{args}"),
+            other => panic!("{args}: expected an error about --{flag}, got {other:?}"),
+        }
+    }
+    assert!(parse("--pos-client-cert c.pem").is_err());
+    assert!(parse("--pos-client-key k.pem").is_err());
+}

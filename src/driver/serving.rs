@@ -5,8 +5,8 @@
 //! on this shard now?": readers pass their own `now` and the lease's local deadline is
 //! checked on every read, so nothing is delivered past a deadline even when the driver
 //! is late to notice it. The hook is the seam for the connection layer (dial terminals
-//! on start, close them on stop); there is no connection layer yet, so the pod runs with
-//! `()`, which acknowledges every stop at once.
+//! on start, close them on stop): `posgate serve` runs with the POS connection manager;
+//! tests may use `()`, which acknowledges every stop at once.
 //!
 //! Not for: deciding anything. Both mirror the reconciler's shard states.
 

@@ -1,0 +1,200 @@
+//! End to end: two whole pods (`Pod::start_with_terminals`: driver, HTTP and the POS
+//! connection manager) against a real `redis-server` and a `PosFarm` of 2,000 simulated
+//! terminals (TLS + HTTP/2 on loopback), the terminals imported into the Redis directory.
+//!
+//! Checks that every terminal gets a session from the owner of its shard, and that a
+//! graceful shutdown of one pod moves its terminals to the other without two connections
+//! to one terminal at any moment (the farm's `raw_overlaps`) and without a key delivered
+//! twice. Measured durations and the farm counters are printed (`--nocapture`).
+//!
+//! Timings are `CoreConfig::fast()` (lease TTL 3 s, renew 1 s, close budget 300 ms);
+//! each pod dials at most 1,000 terminals per second.
+
+pub mod support;
+
+use std::num::NonZeroU32;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use posgate::config::{PodConfig, PosSettings};
+use posgate::core::shard::shard_of;
+use posgate::core::{CoreConfig, PodId, ShardId};
+use posgate::peer::ClusterSecret;
+use posgate::pod::{Pod, PodHandle};
+use posgate::pos::directory::{DirectoryAdmin, Terminal};
+use posgate::pos::tls::TlsFiles;
+use posgate::store::redis::{RedisOptions, RedisStore};
+use posgate_loadtest::pos_sim::{FarmConfig, PosFarm};
+use support::RedisServer;
+use tokio::net::TcpListener;
+
+const SHARDS: u32 = 64;
+const CLUSTER: &str = "pos-e2e";
+const TERMINALS: u64 = 2_000;
+const STORE_TIMEOUT: Duration = Duration::from_millis(300);
+
+fn store_options() -> RedisOptions {
+    RedisOptions {
+        response_timeout: STORE_TIMEOUT,
+        connect_timeout: STORE_TIMEOUT,
+        ..Default::default()
+    }
+}
+
+async fn start_pod(i: usize, redis_url: &str, ca_file: &Path) -> PodHandle {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let id = PodId::new(format!("pos-pod-{i}")).unwrap();
+    let secret = ClusterSecret::new(*b"pos-connections-test-secret").unwrap();
+    let mut config = PodConfig::new(id, url, CoreConfig::fast(), Some(secret));
+    config.cluster = CLUSTER.to_string();
+    config.store_timeout = STORE_TIMEOUT;
+    config.pos = PosSettings {
+        tls: TlsFiles {
+            ca_file: Some(ca_file.to_owned()),
+            client: None,
+        },
+        dial_rate: NonZeroU32::new(1_000).unwrap(),
+        ..PosSettings::default()
+    };
+    let store = RedisStore::connect_lazy(redis_url, CLUSTER, store_options()).unwrap();
+    Pod::start_with_terminals(config, store, listener).unwrap()
+}
+
+/// Polls `cond` every 50 ms until it holds; panics after `limit`. Returns the wait.
+async fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) -> Duration {
+    let started = Instant::now();
+    while !cond() {
+        assert!(
+            started.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    started.elapsed()
+}
+
+/// True when every terminal has an open, not superseded session whose epoch is the one
+/// its shard is served with by one of `pods` (and every shard is served).
+fn all_sessions_current(farm: &PosFarm, ids: &[String], pods: &[&PodHandle]) -> bool {
+    let now = Instant::now();
+    let epoch_of = |shard: ShardId| pods.iter().find_map(|p| p.serving.serving(shard, now));
+    ids.iter().all(|id| {
+        let Some(epoch) = epoch_of(shard_of(id, SHARDS)) else {
+            return false;
+        };
+        farm.terminal_report(id).is_some_and(|report| {
+            report
+                .open_connections
+                .iter()
+                .any(|c| c.session_epoch == Some(epoch) && !c.superseded)
+        })
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_pods_connect_every_terminal_and_hand_over_gracefully() {
+    let test_started = Instant::now();
+    let redis = RedisServer::start();
+    let mut farm_config = FarmConfig::new(0..TERMINALS);
+    farm_config.port = 0;
+    let farm = PosFarm::start(farm_config).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("pos-ca.pem");
+    std::fs::write(&ca_file, farm.ca_pem()).unwrap();
+
+    let terminals: Vec<Terminal> = farm
+        .terminals()
+        .iter()
+        .map(|t| Terminal::new(&t.id, &t.addr.to_string(), Some(&t.server_name)).unwrap())
+        .collect();
+    let ids: Vec<String> = terminals.iter().map(|t| t.id.clone()).collect();
+    let admin = RedisStore::connect(&redis.url(), CLUSTER, store_options())
+        .await
+        .unwrap();
+    let summary = admin.upsert(SHARDS, &terminals).await.unwrap();
+    eprintln!("[pos] directory import: {summary}");
+    assert_eq!(admin.count(SHARDS).await.unwrap(), TERMINALS);
+
+    let started = Instant::now();
+    let mut pods = vec![
+        start_pod(0, &redis.url(), &ca_file).await,
+        start_pod(1, &redis.url(), &ca_file).await,
+    ];
+    let took = wait_for("2,000 accepted sessions", Duration::from_secs(20), || {
+        farm.counters().sessions_accepted >= TERMINALS
+    })
+    .await;
+    eprintln!(
+        "[pos] 2 pods: {TERMINALS} accepted sessions after {:.3} s",
+        took.as_secs_f64()
+    );
+    wait_for(
+        "every terminal with a session from its shard's owner",
+        Duration::from_secs(15),
+        || all_sessions_current(&farm, &ids, &[&pods[0], &pods[1]]),
+    )
+    .await;
+    let served = |p: &PodHandle| {
+        let now = Instant::now();
+        (0..SHARDS)
+            .filter(|&s| p.serving.serving(s, now).is_some())
+            .count()
+    };
+    eprintln!(
+        "[pos] every terminal current after {:.3} s; shards served: {} + {}",
+        started.elapsed().as_secs_f64(),
+        served(&pods[0]),
+        served(&pods[1])
+    );
+    let before = farm.counters();
+    eprintln!("[pos] counters before the move: {before:?}");
+    assert_eq!(before.raw_overlaps, 0, "raw overlaps before the move");
+    assert_eq!(before.terminals_connected, TERMINALS);
+
+    // Graceful shutdown of pod 0: its shards move to pod 1.
+    let moved = Instant::now();
+    pods[0].shutdown();
+    tokio::time::timeout(Duration::from_secs(10), pods[0].wait())
+        .await
+        .expect("graceful shutdown ends in time")
+        .unwrap();
+    eprintln!(
+        "[pos] pod 0 shut down gracefully in {:.3} s",
+        moved.elapsed().as_secs_f64()
+    );
+    let survivor = pods.pop().unwrap();
+    wait_for(
+        "every terminal with a session from the remaining pod",
+        Duration::from_secs(20),
+        || served(&survivor) == SHARDS as usize && all_sessions_current(&farm, &ids, &[&survivor]),
+    )
+    .await;
+    eprintln!(
+        "[pos] all {TERMINALS} terminals on the remaining pod {:.3} s after the shutdown began",
+        moved.elapsed().as_secs_f64()
+    );
+    let after = farm.counters();
+    eprintln!("[pos] counters after the move: {after:?}");
+    assert_eq!(
+        after.raw_overlaps, 0,
+        "raw overlaps during the graceful move"
+    );
+    assert_eq!(after.keys_delivered_twice, 0);
+    assert_eq!(after.terminals_connected, TERMINALS);
+    assert!(
+        after.sessions_accepted >= before.sessions_accepted,
+        "sessions accepted went backwards"
+    );
+
+    let mut survivor = survivor;
+    survivor.shutdown();
+    tokio::time::timeout(Duration::from_secs(10), survivor.wait())
+        .await
+        .expect("graceful shutdown ends in time")
+        .unwrap();
+    eprintln!(
+        "[pos] test took {:.3} s",
+        test_started.elapsed().as_secs_f64()
+    );
+}
