@@ -18,6 +18,7 @@
 //! the timing rules themselves ([`CoreConfig::validate`]).
 
 mod pos_args;
+mod redis_flags;
 mod secrets;
 mod serve_args;
 pub mod terminals_args;

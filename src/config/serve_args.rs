@@ -9,18 +9,16 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use rand::Rng;
-use redis::IntoConnectionInfo;
-
-use super::secrets::{inject_password, secret_from};
+use super::redis_flags::RedisFlags;
+use super::secrets::secret_from;
 use super::{
     invalid, ConfigError, LogFormat, PodConfig, PosArgs, StoreSettings, CLUSTER_SECRET_ENV,
-    DEFAULT_CLUSTER, REDIS_PASSWORD_ENV,
+    DEFAULT_CLUSTER,
 };
 use crate::core::config::ConfigError as CoreConfigError;
 use crate::core::{CoreConfig, PodId};
 use crate::peer::ClusterSecret;
-use crate::store::redis::ClientCert;
+use rand::Rng;
 
 /// Flags of `posgate serve`.
 #[derive(Clone, clap::Args)]
@@ -193,49 +191,14 @@ impl ServeArgs {
             None => return Err(ConfigError::MissingSecret),
         };
 
-        let password = secret_from(
-            "redis-password-file",
-            self.redis_password_file.as_deref(),
-            REDIS_PASSWORD_ENV,
-            &env,
-        )?;
-        let redis_url = match password {
-            Some((origin, bytes)) => {
-                let password = String::from_utf8(bytes)
-                    .map_err(|_| origin.error("the Redis password must be UTF-8"))?;
-                inject_password(&self.redis_url, &password)
-                    .map_err(|reason| origin.error(reason))?
-            }
-            None => self.redis_url,
-        };
-        // Parse now so a typo fails at start, naming the flag. The redis crate's messages
-        // never echo the URL, so no password leaks into the error.
-        redis_url
-            .as_str()
-            .into_connection_info()
-            .map_err(|e| invalid("redis-url", format!("not a valid Redis URL: {e}")))?;
-        // The files themselves are read and checked when the store is created, at start.
-        if !redis_url.starts_with("rediss://") {
-            let tls_flag = if self.redis_ca_file.is_some() {
-                Some("redis-ca-file")
-            } else {
-                self.redis_client_cert.as_ref().map(|_| "redis-client-cert")
-            };
-            if let Some(flag) = tls_flag {
-                return Err(invalid(
-                    flag,
-                    "TLS files need a rediss:// --redis-url, or they would be ignored",
-                ));
-            }
+        let store = RedisFlags {
+            url: self.redis_url,
+            password_file: self.redis_password_file,
+            ca_file: self.redis_ca_file,
+            client_cert: self.redis_client_cert,
+            client_key: self.redis_client_key,
         }
-        // clap's `requires` makes the two come together.
-        let redis_client_cert =
-            self.redis_client_cert
-                .zip(self.redis_client_key)
-                .map(|(cert_file, key_file)| ClientCert {
-                    cert_file,
-                    key_file,
-                });
+        .resolve(self.cluster.clone(), self.store_timeout, &env)?;
 
         let config = PodConfig {
             core,
@@ -245,13 +208,6 @@ impl ServeArgs {
             cluster_secret,
             store_timeout: self.store_timeout,
             pos,
-        };
-        let store = StoreSettings {
-            redis_url,
-            cluster: self.cluster,
-            store_timeout: self.store_timeout,
-            redis_ca_file: self.redis_ca_file,
-            redis_client_cert,
         };
         Ok((config, store, self.listen))
     }

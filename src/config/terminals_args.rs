@@ -12,12 +12,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use redis::IntoConnectionInfo;
-
-use super::secrets::{inject_password, secret_from};
-use super::{invalid, ConfigError, StoreSettings, DEFAULT_CLUSTER, REDIS_PASSWORD_ENV};
+use super::redis_flags::RedisFlags;
+use super::{invalid, ConfigError, StoreSettings, DEFAULT_CLUSTER};
 use crate::pos::directory::valid_id;
-use crate::store::redis::ClientCert;
 
 /// Flags of `posgate terminals`.
 #[derive(Clone, clap::Args)]
@@ -131,58 +128,14 @@ impl TerminalsArgs {
                 "must be 1-64 characters of [A-Za-z0-9._-]",
             ));
         }
-        let password = secret_from(
-            "redis-password-file",
-            self.redis_password_file.as_deref(),
-            REDIS_PASSWORD_ENV,
-            &env,
-        )?;
-        let redis_url = match password {
-            Some((origin, bytes)) => {
-                let password = String::from_utf8(bytes)
-                    .map_err(|_| origin.error("the Redis password must be UTF-8"))?;
-                inject_password(&self.redis_url, &password)
-                    .map_err(|reason| origin.error(reason))?
-            }
-            None => self.redis_url.clone(),
-        };
-        redis_url
-            .as_str()
-            .into_connection_info()
-            .map_err(|e| invalid("redis-url", format!("not a valid Redis URL: {e}")))?;
-        let redis_client_cert = match (&self.redis_client_cert, &self.redis_client_key) {
-            (Some(cert), Some(key)) => Some(ClientCert {
-                cert_file: cert.clone(),
-                key_file: key.clone(),
-            }),
-            (None, None) => None,
-            (Some(_), None) => {
-                return Err(invalid("redis-client-cert", "needs --redis-client-key"))
-            }
-            (None, Some(_)) => {
-                return Err(invalid("redis-client-key", "needs --redis-client-cert"))
-            }
-        };
-        if !redis_url.starts_with("rediss://") {
-            let tls_flag = if self.redis_ca_file.is_some() {
-                Some("redis-ca-file")
-            } else {
-                redis_client_cert.as_ref().map(|_| "redis-client-cert")
-            };
-            if let Some(flag) = tls_flag {
-                return Err(invalid(
-                    flag,
-                    "TLS files need a rediss:// --redis-url, or they would be ignored",
-                ));
-            }
+        RedisFlags {
+            url: self.redis_url.clone(),
+            password_file: self.redis_password_file.clone(),
+            ca_file: self.redis_ca_file.clone(),
+            client_cert: self.redis_client_cert.clone(),
+            client_key: self.redis_client_key.clone(),
         }
-        Ok(StoreSettings {
-            redis_url,
-            cluster: self.cluster.clone(),
-            store_timeout: self.store_timeout,
-            redis_ca_file: self.redis_ca_file.clone(),
-            redis_client_cert,
-        })
+        .resolve(self.cluster.clone(), self.store_timeout, &env)
     }
 }
 
@@ -207,6 +160,7 @@ mod tests {
     use clap::Parser;
 
     use super::*;
+    use crate::config::REDIS_PASSWORD_ENV;
 
     #[derive(Parser)]
     struct Cli {
