@@ -436,7 +436,10 @@ impl<'a> World<'a> {
                 }
             }
         }
-        if self.rng.random_bool(self.cfg.reply_loss) {
+        // Lost replies are faults too: none after `fault_end`, so convergence is judged
+        // on a quiet network. (Drawn either way, to keep every seed's random sequence.)
+        let lost = self.rng.random_bool(self.cfg.reply_loss);
+        if lost && self.now < self.cfg.fault_end {
             let at = self.now + STORE_TIMEOUT;
             self.schedule(at, Ev::Reply(pod, failed_reply(reply)));
         } else {
