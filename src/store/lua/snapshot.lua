@@ -16,21 +16,28 @@ if #expired > 0 then
     redis.call('HDEL', KEYS[3], pod)
   end
 end
+-- One multi-key read each instead of a call per member and per shard: this script runs
+-- every poll interval on every pod.
 local members = {}
-for _, pod in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], live_from, '+inf')) do
-  local info = redis.call('HGET', KEYS[3], pod)
-  -- heartbeat writes both keys together; a member without details was tampered with.
-  if info then
-    members[#members + 1] = info
+local pods = redis.call('ZRANGEBYSCORE', KEYS[2], live_from, '+inf')
+if #pods > 0 then
+  for _, info in ipairs(redis.call('HMGET', KEYS[3], unpack(pods))) do
+    -- heartbeat writes both keys together; a member without details was tampered with.
+    if info then
+      members[#members + 1] = info
+    end
   end
 end
 local leases = {}
-for i = 5, #KEYS do
-  local owner = redis.call('GET', KEYS[i])
-  if owner then
-    leases[#leases + 1] = {owner, tonumber(redis.call('HGET', KEYS[4], ARGV[i - 3])) or 0}
-  else
-    leases[#leases + 1] = {}
+if #KEYS >= 5 then
+  local owners = redis.call('MGET', unpack(KEYS, 5))
+  local epochs = redis.call('HMGET', KEYS[4], unpack(ARGV, 2))
+  for i, owner in ipairs(owners) do
+    if owner then
+      leases[i] = {owner, tonumber(epochs[i]) or 0}
+    else
+      leases[i] = {}
+    end
   end
 end
 return {g[2], g[3], members, leases}
