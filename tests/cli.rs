@@ -2,18 +2,9 @@
 //! anything starts, with exit code 2 and one line on stderr naming the culprit; and
 //! `posgate simulate` runs seeds and reports its rates.
 
-use std::process::{Command, Output};
+pub mod support;
 
-/// Runs the binary with `args` and only the environment in `env` (so a developer's
-/// `POSGATE_*` variables cannot change the outcome).
-fn posgate(args: &[&str], env: &[(&str, &str)]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_posgate"))
-        .args(args)
-        .env_clear()
-        .envs(env.iter().copied())
-        .output()
-        .expect("the binary runs")
-}
+use support::binary::posgate;
 
 /// Asserts a refusal with exit code 2 and a single stderr line starting with `prefix`;
 /// returns the line.

@@ -6,20 +6,10 @@
 pub mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
+use support::binary::posgate;
 use support::redis_server::free_port;
 use support::RedisServer;
-
-/// Runs the binary with `args` and only the environment in `env`.
-fn posgate(args: &[&str], env: &[(&str, &str)]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_posgate"))
-        .args(args)
-        .env_clear()
-        .envs(env.iter().copied())
-        .output()
-        .expect("the binary runs")
-}
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
