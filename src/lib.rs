@@ -24,6 +24,7 @@ pub mod http;
 pub mod peer;
 pub mod pod;
 pub mod pos;
+pub mod push;
 pub mod ring_report;
 pub mod sim;
 pub mod status;

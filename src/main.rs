@@ -154,6 +154,12 @@ async fn run_pod(
              call the internal endpoints; never do this outside local development"
         );
     }
+    if config.api_tokens.is_none() {
+        tracing::warn!(
+            "RUNNING WITHOUT API AUTHENTICATION (--insecure): anyone who reaches {listen} can \
+             push to terminals; never do this outside local development"
+        );
+    }
     let shutdown = shutdown_signal()?;
     let options = RedisOptions {
         response_timeout: settings.store_timeout,

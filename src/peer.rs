@@ -306,7 +306,7 @@ impl PeerClient {
 
 /// `err` and its sources joined by `": "`: hyper's top-level errors alone ("client
 /// error (Connect)") do not say what went wrong.
-fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
     let mut text = err.to_string();
     let mut source = err.source();
     while let Some(cause) = source {

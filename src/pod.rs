@@ -31,12 +31,15 @@ use crate::pos::dialer::{Dialer, DialerConfig};
 use crate::pos::directory::Directory;
 use crate::pos::manager::{ConnectionManager, ManagerConfig};
 use crate::pos::tls::{self, TlsConfigError};
+use crate::push::{NoTerminals, PushService, Sessions};
 use crate::status::PodStatus;
 use crate::store::{ClusterMeta, CoordStore, StoreError};
 
 /// First and longest wait between attempts to reach the store at start-up.
 const PIN_RETRY_MIN: Duration = Duration::from_millis(200);
 const PIN_RETRY_MAX: Duration = Duration::from_secs(5);
+/// How long connecting to a peer may take when forwarding a push.
+const PEER_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long in-flight HTTP requests get to finish once the driver is done.
 const HTTP_DRAIN: Duration = Duration::from_secs(5);
 
@@ -105,7 +108,13 @@ impl Pod {
     ) -> Result<PodHandle, PodError> {
         let store = Arc::new(store);
         let driver = Driver::new(&config, store.clone(), hook)?;
-        Ok(spawn_pod(&config, driver, store, listener))
+        Ok(spawn_pod(
+            &config,
+            driver,
+            store,
+            listener,
+            Arc::new(NoTerminals),
+        ))
     }
 
     /// Starts one pod on a new task whose serving hook is a [`ConnectionManager`]
@@ -141,8 +150,9 @@ impl Pod {
         let store = Arc::new(store);
         let (stale_tx, stale_rx) = mpsc::unbounded_channel();
         let manager = ConnectionManager::new(store.clone(), dialer, manager_config, stale_tx);
+        let sessions = Arc::new(manager.clone());
         let driver = Driver::new(&config, store.clone(), manager)?.with_stale_epochs(stale_rx);
-        Ok(spawn_pod(&config, driver, store, listener))
+        Ok(spawn_pod(&config, driver, store, listener, sessions))
     }
 }
 
@@ -152,12 +162,25 @@ fn spawn_pod<S: CoordStore, H: ServingHook>(
     driver: Driver<S, H>,
     store: Arc<S>,
     listener: TcpListener,
+    sessions: Arc<dyn Sessions>,
 ) -> PodHandle {
     let status = driver.status();
     let serving = driver.serving_table();
+    let push = PushService::new(
+        config.pod_id.clone(),
+        config.core.shards,
+        serving.clone(),
+        status.clone(),
+        sessions,
+        config.cluster_secret.clone(),
+        PEER_CONNECT_TIMEOUT,
+        config.push.clone(),
+    );
     let http_state = HttpState {
         status: status.clone(),
         secrets: config.cluster_secret.clone().map(|s| vec![s]),
+        tokens: config.api_tokens.clone(),
+        push: Arc::new(push),
     };
     let meta = ClusterMeta::current(config.core.shards);
     let (stop, stopped) = oneshot::channel();

@@ -104,6 +104,46 @@ fn serve_without_a_secret_refuses_unless_insecure() {
 }
 
 #[test]
+fn serve_without_api_tokens_refuses_unless_insecure() {
+    let secret = ("POSGATE_CLUSTER_SECRET", "a-long-enough-cluster-secret");
+    let line = refused(&["serve"], &[secret], "error: no API tokens");
+    assert!(
+        line.contains("POSGATE_API_TOKENS") && line.contains("--insecure"),
+        "{line}"
+    );
+    // A bad token list names the entry, never the token.
+    let line = refused(
+        &["serve"],
+        &[secret, ("POSGATE_API_TOKENS", "acme:short-token")],
+        "error: invalid POSGATE_API_TOKENS: entry 1: token must be",
+    );
+    assert!(!line.contains("short-token"), "{line}");
+    refused(
+        &["serve"],
+        &[secret, ("POSGATE_API_TOKENS", "no-colon-here-0123456789")],
+        "error: invalid POSGATE_API_TOKENS: entry 1: expected tenant:token",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tokens");
+    std::fs::write(&file, "acme:a-good-token-0123456789\nacme\n").unwrap();
+    refused(
+        &["serve", "--api-tokens-file", file.to_str().unwrap()],
+        &[secret],
+        "error: invalid --api-tokens-file: entry 2: expected tenant:token",
+    );
+    refused(
+        &["serve", "--max-push-bytes", "0"],
+        &[secret, ("POSGATE_INSECURE", "1")],
+        "error: invalid --max-push-bytes: ",
+    );
+    refused(
+        &["serve", "--pos-push-path", "push"],
+        &[secret, ("POSGATE_INSECURE", "1")],
+        "error: invalid --pos-push-path: ",
+    );
+}
+
+#[test]
 fn a_bad_secret_is_refused_without_being_printed() {
     let line = refused(
         &["serve"],
@@ -113,6 +153,7 @@ fn a_bad_secret_is_refused_without_being_printed() {
     assert!(!line.contains("tooshort"), "{line}");
     let env = [
         ("POSGATE_CLUSTER_SECRET", "a-long-enough-cluster-secret"),
+        ("POSGATE_API_TOKENS", "acme:a-good-token-0123456789"),
         ("POSGATE_REDIS_PASSWORD", "hunter2"),
     ];
     let line = refused(

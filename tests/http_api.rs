@@ -3,6 +3,7 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
@@ -15,10 +16,12 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use posgate::core::membership::Member;
 use posgate::core::PodId;
+use posgate::driver::ServingTable;
 use posgate::http::{router, serve, HttpState};
 use posgate::peer::{
     sign, ClusterSecret, PeerAnswer, PeerClient, PeerError, MAX_INTERNAL_BODY, STORE_REACHABLE_PATH,
 };
+use posgate::push::{NoTerminals, PushService, PushSettings};
 use posgate::status::{PodStatus, ShardStatus};
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
@@ -35,9 +38,21 @@ struct Server {
 impl Server {
     async fn start(secrets: Option<Vec<ClusterSecret>>) -> Server {
         let (status, receiver) = watch::channel(PodStatus::default());
+        let push = PushService::new(
+            pod("test-pod"),
+            64,
+            ServingTable::new(64),
+            receiver.clone(),
+            Arc::new(NoTerminals),
+            secrets.as_ref().map(|s| s[0].clone()),
+            Duration::from_secs(1),
+            PushSettings::default(),
+        );
         let app = router(HttpState {
             status: receiver,
             secrets,
+            tokens: None,
+            push: Arc::new(push),
         });
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());

@@ -9,7 +9,8 @@
 //! [`ServeArgs::resolve`] checks everything once, before anything starts; each error is
 //! one line naming the flag. Layout: this file holds the resolved settings and the error
 //! type, `serve_args.rs` the clap flags and their resolution, `pos_args.rs` the POS
-//! connection flags (flattened into `ServeArgs`) and their [`PosSettings`], `secrets.rs`
+//! connection flags (flattened into `ServeArgs`) and their [`PosSettings`], `push_args.rs`
+//! the push API flags (tokens, limits), `secrets.rs`
 //! where secrets come from and how a Redis URL carries or hides one. The `rediss://` TLS files
 //! (`--redis-ca-file`, `--redis-client-cert` with `--redis-client-key`) are passed on as
 //! paths: the store reads and checks them when it is created, still before anything runs.
@@ -18,6 +19,7 @@
 //! the timing rules themselves ([`CoreConfig::validate`]).
 
 mod pos_args;
+mod push_args;
 mod redis_flags;
 mod secrets;
 mod serve_args;
@@ -31,9 +33,12 @@ use std::time::Duration;
 
 use crate::core::{CoreConfig, PodId};
 use crate::peer::ClusterSecret;
+use crate::push::auth::ApiTokens;
+use crate::push::PushSettings;
 use crate::store::redis::ClientCert;
 
 pub use self::pos_args::{PosArgs, PosSettings, MAX_DIRECTORY_POLL};
+pub use self::push_args::{PushArgs, API_TOKENS_ENV, MAX_PUSH_BYTES};
 use self::secrets::redact_url;
 pub use self::serve_args::ServeArgs;
 
@@ -67,11 +72,16 @@ pub struct PodConfig {
     pub store_timeout: Duration,
     /// How the pod connects to POS terminals (used by `Pod::start_with_terminals`).
     pub pos: PosSettings,
+    /// Bearer tokens of the `/v1/*` API; `None` is insecure mode (no authentication).
+    pub api_tokens: Option<ApiTokens>,
+    /// Limits of the push API.
+    pub push: PushSettings,
 }
 
 impl PodConfig {
-    /// A pod of cluster [`DEFAULT_CLUSTER`] with the default store timeout and POS settings, for pods built
-    /// in-process (tests, demo). Nothing is validated; call `core.validate()` if needed.
+    /// A pod of cluster [`DEFAULT_CLUSTER`] with the default store timeout, POS and push
+    /// settings and no API tokens, for pods built in-process (tests, demo). Nothing is
+    /// validated; call `core.validate()` if needed.
     pub fn new(
         pod_id: PodId,
         advertise_url: impl Into<String>,
@@ -86,6 +96,8 @@ impl PodConfig {
             cluster_secret,
             store_timeout: DEFAULT_STORE_TIMEOUT,
             pos: PosSettings::default(),
+            api_tokens: None,
+            push: PushSettings::default(),
         }
     }
 }
@@ -128,6 +140,11 @@ pub enum ConfigError {
          bytes), or pass --insecure to run without peer authentication"
     )]
     MissingSecret,
+    #[error(
+        "no API tokens: set {API_TOKENS_ENV} or --api-tokens-file (tenant:token), or pass \
+         --insecure to serve the push API without authentication"
+    )]
+    MissingTokens,
 }
 
 fn invalid(flag: &'static str, reason: impl Into<String>) -> ConfigError {

@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::push_args::PushArgs;
 use super::redis_flags::RedisFlags;
 use super::secrets::secret_from;
 use super::{
@@ -112,7 +113,8 @@ pub struct ServeArgs {
     /// (alternatively set POSGATE_CLUSTER_SECRET)
     #[arg(long, env = "POSGATE_CLUSTER_SECRET_FILE", value_name = "PATH")]
     pub cluster_secret_file: Option<PathBuf>,
-    /// Allow starting without a cluster secret: peer endpoints are then unauthenticated
+    /// Allow starting without a cluster secret and without API tokens: peer endpoints and
+    /// the push API are then unauthenticated (local experiments only)
     #[arg(long, env = "POSGATE_INSECURE", value_parser = clap::builder::BoolishValueParser::new())]
     pub insecure: bool,
     /// Log format [default: json when stderr is not a terminal, else text]
@@ -123,6 +125,8 @@ pub struct ServeArgs {
     pub log_level: Option<String>,
     #[command(flatten)]
     pub pos: PosArgs,
+    #[command(flatten)]
+    pub push: PushArgs,
 }
 
 impl ServeArgs {
@@ -191,6 +195,11 @@ impl ServeArgs {
             None => return Err(ConfigError::MissingSecret),
         };
 
+        let (api_tokens, push) = self.push.resolve(&env)?;
+        if api_tokens.is_none() && !self.insecure {
+            return Err(ConfigError::MissingTokens);
+        }
+
         let store = RedisFlags {
             url: self.redis_url,
             password_file: self.redis_password_file,
@@ -208,6 +217,8 @@ impl ServeArgs {
             cluster_secret,
             store_timeout: self.store_timeout,
             pos,
+            api_tokens,
+            push,
         };
         Ok((config, store, self.listen))
     }

@@ -27,10 +27,11 @@ fn parse(args: &str) -> Result<ServeArgs, clap::Error> {
 }
 
 const SECRET: &str = "0123456789abcdef-secret";
+const TOKENS: &str = "acme:0123456789abcdef-token";
 
-/// An environment with only a cluster secret (plus `extra`).
+/// An environment with only a cluster secret and API tokens (plus `extra`).
 fn env_with(extra: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-    let vars: Vec<(String, String)> = [(CLUSTER_SECRET_ENV, SECRET)]
+    let vars: Vec<(String, String)> = [(CLUSTER_SECRET_ENV, SECRET), (API_TOKENS_ENV, TOKENS)]
         .iter()
         .chain(extra)
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -123,7 +124,7 @@ fn blamed(err: &ConfigError) -> &'static str {
     match err {
         ConfigError::Invalid { flag, .. } => flag,
         ConfigError::InvalidEnv { var, .. } => var,
-        ConfigError::MissingSecret => "nothing",
+        ConfigError::MissingSecret | ConfigError::MissingTokens => "nothing",
     }
 }
 
@@ -145,9 +146,45 @@ fn cluster_secret_sources() {
     let mut file = tempfile::NamedTempFile::new().unwrap();
     std::io::Write::write_all(&mut file, format!("  {SECRET}\n").as_bytes()).unwrap();
     let flag = format!("--cluster-secret-file {}", file.path().display());
-    assert!(resolved(&flag, &none).unwrap().is_some());
+    // (--insecure only because `none` has no API tokens either.)
+    assert!(resolved(&format!("{flag} --insecure"), &none)
+        .unwrap()
+        .is_some());
     let both = resolved(&flag, &env_with(&[])).unwrap_err();
     assert_eq!(blamed(&both), "cluster-secret-file");
+}
+
+#[test]
+fn api_tokens_and_push_limits() {
+    let (config, _, _) = resolve("--max-push-bytes 1024 --max-inflight 7").unwrap();
+    let tokens = config.api_tokens.as_ref().expect("tokens from the env");
+    assert_eq!(
+        tokens.tenant_of("0123456789abcdef-token").map(|t| t.0),
+        Some("acme".to_string())
+    );
+    assert_eq!(config.push.max_push_bytes, 1024);
+    assert_eq!(config.push.max_inflight, 7);
+    assert_eq!(config.push.push_path, "/push");
+    assert!(!format!("{config:?}").contains("abcdef-token"));
+    // Secret but no tokens: refused unless --insecure.
+    let secret_only = |name: &str| (name == CLUSTER_SECRET_ENV).then(|| SECRET.to_string());
+    let refused = parse("").unwrap().resolve_with(secret_only).unwrap_err();
+    assert_eq!(refused, ConfigError::MissingTokens);
+    let (open, _, _) = parse("--insecure")
+        .unwrap()
+        .resolve_with(secret_only)
+        .unwrap();
+    assert!(open.api_tokens.is_none());
+    for (args, flag) in [
+        ("--max-push-bytes 0", "max-push-bytes"),
+        ("--max-push-bytes 999999999", "max-push-bytes"),
+        ("--max-inflight 0", "max-inflight"),
+        ("--max-waiting-per-terminal 0", "max-waiting-per-terminal"),
+        ("--idempotency-ttl 0s", "idempotency-ttl"),
+        ("--pos-push-path push", "pos-push-path"),
+    ] {
+        assert_eq!(blamed(&resolve(args).unwrap_err()), flag, "{args}");
+    }
 }
 
 #[test]

@@ -52,7 +52,8 @@ pub struct ServingTable {
 }
 
 impl ServingTable {
-    pub(super) fn new(shards: u32) -> Self {
+    /// A table of `shards` shards, none served. Only the driver ever marks one served.
+    pub fn new(shards: u32) -> Self {
         ServingTable {
             slots: Arc::new(RwLock::new(vec![Slot::Idle; shards as usize])),
         }

@@ -1,28 +1,31 @@
 //! The peer endpoints (`/internal/...`) and the middleware that authenticates them.
 //!
 //! The middleware bounds the body before buffering it (`413` beyond
-//! [`MAX_INTERNAL_BODY`]), checks the HMAC signature with [`crate::peer::verify`] (`401`
+//! [`MAX_INTERNAL_BODY`], or the push size limit when larger), checks the HMAC signature with [`crate::peer::verify`] (`401`
 //! when missing, wrong or stale) and hands the buffered body on. In insecure mode (no
 //! secrets) it only bounds the body.
 
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use axum::body::{to_bytes, Body};
-use axum::extract::{Request, State};
-use axum::http::{header, StatusCode};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use http_body_util::LengthLimitError;
 
-use super::{json_error, HttpState};
-use crate::peer::{verify, PeerAnswer, MAX_INTERNAL_BODY};
-
-fn too_large() -> Response {
-    let message = format!("request body exceeds {MAX_INTERNAL_BODY} bytes");
-    json_error(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)
-}
+use super::push::respond;
+use super::{json_error, read_bounded, valid_key, HttpState};
+#[cfg(doc)]
+use crate::peer::MAX_INTERNAL_BODY;
+use crate::peer::{verify, PeerAnswer};
+use crate::pos::directory::valid_id;
+use crate::push::answer::{Answer, ErrorCode};
+use crate::push::auth::Tenant;
+use crate::push::{Owned, PushRequest, HEADER_DEADLINE_MS, HEADER_HOP, HEADER_TENANT, MAX_TIMEOUT};
 
 /// Bounds, buffers and authenticates a peer request.
 pub(super) async fn authenticate(
@@ -31,26 +34,9 @@ pub(super) async fn authenticate(
     next: Next,
 ) -> Response {
     let (parts, body) = request.into_parts();
-    // Refuse an announced oversize body without reading any of it; `to_bytes` below
-    // catches bodies that lie about or omit their length.
-    let announced = parts
-        .headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if announced.is_some_and(|len| len > MAX_INTERNAL_BODY as u64) {
-        return too_large();
-    }
-    let body = match to_bytes(body, MAX_INTERNAL_BODY).await {
+    let body = match read_bounded(&parts.headers, body, state.internal_body_limit()).await {
         Ok(body) => body,
-        Err(err) => {
-            let over_limit = std::error::Error::source(&err)
-                .is_some_and(|source| source.is::<LengthLimitError>());
-            if over_limit {
-                return too_large();
-            }
-            return json_error(StatusCode::BAD_REQUEST, "bad_request", err.to_string());
-        }
+        Err(response) => return response,
     };
     if let Some(secrets) = &state.secrets {
         let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
@@ -96,5 +82,78 @@ pub(super) async fn store_reachable(State(state): State<Arc<HttpState>>) -> Resp
             "starting",
             "this pod has not published its status yet",
         ),
+    }
+}
+
+/// The owner's `421`: this pod does not serve the shard; the forwarder looks again.
+fn moved() -> Response {
+    respond(Answer::error(
+        ErrorCode::ShardMoved,
+        "this pod does not serve the terminal's shard",
+    ))
+}
+
+fn bad_forward(message: &str) -> Response {
+    respond(Answer::error(ErrorCode::InvalidRequest, message))
+}
+
+/// `POST /internal/v1/push/{id}`: a push forwarded by another pod. Delivered here or
+/// `421`; never forwarded again.
+pub(super) async fn push(
+    State(state): State<Arc<HttpState>>,
+    Path(terminal): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let received = std::time::Instant::now();
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    if text(HEADER_HOP) != Some("1") {
+        return bad_forward("a forwarded push must carry posgate-hop: 1");
+    }
+    let Some(tenant) = text(HEADER_TENANT).filter(|t| !t.is_empty()) else {
+        return bad_forward("missing posgate-tenant");
+    };
+    let Some(key) = text("idempotency-key").filter(|k| valid_key(k)) else {
+        return bad_forward("missing or invalid idempotency-key");
+    };
+    let Some(deadline_ms) = text(HEADER_DEADLINE_MS).and_then(|v| v.parse::<u64>().ok()) else {
+        return bad_forward("missing or invalid posgate-deadline-ms");
+    };
+    if !valid_id(&terminal) {
+        return bad_forward("invalid terminal id");
+    }
+    let Some(_slot) = state.push.admit() else {
+        return respond(Answer::error(
+            ErrorCode::Overloaded,
+            "the owner pod is at its in-flight push limit",
+        ));
+    };
+    let request = PushRequest {
+        tenant: Tenant(tenant.to_string()),
+        terminal,
+        key: key.to_string(),
+        content_type: headers.get(header::CONTENT_TYPE).cloned(),
+        body,
+        received,
+    };
+    let budget = Duration::from_millis(deadline_ms).min(MAX_TIMEOUT);
+    let deadline = tokio::time::Instant::now().into_std() + budget;
+    match state.push.deliver_here(&request, deadline).await {
+        Owned::Answer(answer) => respond(answer),
+        Owned::NotHere => moved(),
+    }
+}
+
+/// `GET /internal/v1/terminals/{id}`: the owner's view of one terminal, or `421`.
+pub(super) async fn terminal(
+    State(state): State<Arc<HttpState>>,
+    Path(terminal): Path<String>,
+) -> Response {
+    if !valid_id(&terminal) {
+        return bad_forward("invalid terminal id");
+    }
+    match state.push.terminal_here(&terminal) {
+        Owned::Answer(answer) => respond(answer),
+        Owned::NotHere => moved(),
     }
 }

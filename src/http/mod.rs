@@ -1,5 +1,6 @@
-//! The pod's HTTP surface: health (`/healthz`, `/readyz`), the cluster view
-//! (`/v1/cluster`) and the peer endpoints under `/internal/` that other pods call.
+//! The pod's HTTP surface: health (`/healthz`, `/readyz`), the push API and cluster
+//! view under `/v1/` (bearer tokens, `push.rs`), and the peer endpoints under
+//! `/internal/` that other pods call (HMAC, `internal.rs`).
 //!
 //! Handlers only read the latest [`PodStatus`] from the driver's `watch` channel; they
 //! never touch the store or the reconciler, so a slow or unreachable store cannot stall
@@ -11,22 +12,30 @@
 //! What it does not do: terminal traffic, TLS, or deciding anything about shards.
 
 mod internal;
+mod push;
 
 use std::future::Future;
 use std::sync::Arc;
 
+use axum::body::{to_bytes, Body};
 use axum::extract::State;
-use axum::http::{Method, StatusCode, Uri};
+use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{middleware, Json, Router};
+use bytes::Bytes;
+use http_body_util::LengthLimitError;
 use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::core::PodId;
-use crate::peer::{ClusterSecret, STORE_REACHABLE_PATH};
+use crate::peer::{ClusterSecret, MAX_INTERNAL_BODY, STORE_REACHABLE_PATH};
+use crate::push::auth::ApiTokens;
+use crate::push::PushService;
 use crate::status::{PodStatus, ShardStatus};
+
+pub use self::push::{valid_key, INSECURE_TENANT};
 
 /// What the HTTP handlers read.
 #[derive(Debug)]
@@ -36,6 +45,16 @@ pub struct HttpState {
     /// Secrets peer requests may be signed with (current first, then previous ones).
     /// `None` is insecure mode: peer requests are accepted unsigned.
     pub secrets: Option<Vec<ClusterSecret>>,
+    /// Bearer tokens of `/v1/*`; `None` is insecure mode (no authentication).
+    pub tokens: Option<ApiTokens>,
+    pub push: Arc<PushService>,
+}
+
+impl HttpState {
+    /// Largest body a peer request may carry: a forwarded push is as large as a push.
+    fn internal_body_limit(&self) -> usize {
+        MAX_INTERNAL_BODY.max(self.push.settings().max_push_bytes)
+    }
 }
 
 /// The pod's routes. See the module docs.
@@ -45,14 +64,24 @@ pub fn router(state: HttpState) -> Router {
     // unknown `/internal/...` path is a plain 404.
     let internal = Router::new()
         .route(STORE_REACHABLE_PATH, post(internal::store_reachable))
+        .route("/internal/v1/push/{id}", post(internal::push))
+        .route("/internal/v1/terminals/{id}", get(internal::terminal))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             internal::authenticate,
         ));
+    let api = Router::new()
+        .route("/v1/cluster", get(cluster))
+        .route("/v1/terminals/{id}", get(push::terminal))
+        .route("/v1/terminals/{id}/push", post(push::push))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            push::require_token,
+        ));
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .route("/v1/cluster", get(cluster))
+        .merge(api)
         .merge(internal)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -88,6 +117,28 @@ fn json_error(status: StatusCode, error: &str, message: impl Into<String>) -> Re
         }),
     )
         .into_response()
+}
+
+/// Reads a request body of at most `limit` bytes. An announced oversize body is refused
+/// (`413`) before any of it is read; one that lies about or omits its length is cut off
+/// at the limit.
+async fn read_bounded(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, Response> {
+    let announced = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if announced.is_some_and(|len| len > limit as u64) {
+        return Err(push::too_large(limit));
+    }
+    to_bytes(body, limit).await.map_err(|err| {
+        let over_limit =
+            std::error::Error::source(&err).is_some_and(|source| source.is::<LengthLimitError>());
+        if over_limit {
+            push::too_large(limit)
+        } else {
+            json_error(StatusCode::BAD_REQUEST, "invalid_request", err.to_string())
+        }
+    })
 }
 
 /// Liveness: the process answers HTTP. Deliberately independent of the store, so a Redis

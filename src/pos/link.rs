@@ -1,6 +1,5 @@
 //! One terminal's connection, kept up for as long as its shard is served here: the
-//! state machine ([`LinkState`]), the pod-wide dial pacing ([`Pacer`]) and the task
-//! that runs them.
+//! state machine ([`LinkState`]) and the task that runs it.
 //!
 //! `Disconnected -> Dialing -> Connected`; a failed dial or hello goes to `Backoff`
 //! (full-jitter delay), then `Disconnected` again; a connection that dies (keep-alive
@@ -8,21 +7,28 @@
 //! dial. A new shard epoch is announced with a hello on the live connection. A `409`
 //! stale-epoch answer is reported to the driver, which drops the shard.
 //!
-//! Not for: which terminals to run (the manager), or closing a whole shard at once.
+//! A link publishes its state together with the connection's request handle
+//! ([`LinkStatus`]), which pushes use directly; pushes waiting for the link put its next
+//! dial in the pacer's urgent lane ([`LinkShared`]). They do not cut a backoff short: an
+//! offline terminal must not be redialed faster because someone keeps pushing to it.
+//!
+//! Not for: which terminals to run (the manager), pacing (`pacer`), or closing a whole
+//! shard at once.
 
-use std::num::NonZeroU32;
+use std::pin::pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use governor::{DefaultDirectRateLimiter, Jitter, Quota, RateLimiter};
 use rand::rngs::StdRng;
-use tokio::sync::{mpsc, watch, Semaphore, SemaphorePermit};
+use tokio::sync::{mpsc, watch, Notify};
 use tracing::{debug, warn};
 
 use super::backoff::{Backoff, BackoffPolicy};
 use super::dialer::{DialError, Dialer};
 use super::directory::Terminal;
-use super::session::{ConnEnd, Session};
+use super::pacer::Pacer;
+use super::session::{ConnEnd, RequestSender, Session};
 use crate::core::{Epoch, ShardId};
 
 /// Where one terminal's connection stands.
@@ -87,38 +93,60 @@ impl Link {
     }
 }
 
-/// Paces dials pod-wide: one token bucket (burst 1, so dials are spread evenly) and a
-/// bound on handshakes in flight (slow terminals must not pile up sockets).
-#[derive(Debug)]
-pub(super) struct Pacer {
-    limiter: DefaultDirectRateLimiter,
-    jitter: Duration,
-    handshakes: Semaphore,
+/// What a link publishes: its state and, while connected, the handle requests go on.
+#[derive(Clone, Debug)]
+pub(crate) struct LinkStatus {
+    pub state: LinkState,
+    /// Set only in `Connected`: the session whose hello was accepted for that epoch.
+    pub sender: Option<RequestSender>,
 }
 
-/// `rate` dials per second, evenly spaced: no burst.
-pub(super) fn dial_quota(rate: NonZeroU32) -> Quota {
-    Quota::per_second(rate).allow_burst(NonZeroU32::MIN)
-}
-
-impl Pacer {
-    pub(super) fn new(rate: NonZeroU32, jitter: Duration, max_handshakes: usize) -> Self {
-        Pacer {
-            limiter: RateLimiter::direct(dial_quota(rate)),
-            jitter,
-            handshakes: Semaphore::new(max_handshakes.max(1)),
+impl LinkStatus {
+    pub(super) fn new() -> Self {
+        LinkStatus {
+            state: LinkState::Disconnected,
+            sender: None,
         }
     }
+}
 
-    /// Waits for a handshake slot, then for the next dial token. Hold the permit until
-    /// the dial is done.
-    async fn admit(&self) -> Option<SemaphorePermit<'_>> {
-        // The semaphore is never closed, so this is always `Some`.
-        let permit = self.handshakes.acquire().await.ok();
-        self.limiter
-            .until_ready_with_jitter(Jitter::up_to(self.jitter))
-            .await;
-        permit
+/// What pushes and the link task of one terminal share.
+#[derive(Debug, Default)]
+pub(crate) struct LinkShared {
+    /// Pushes waiting for a session; while non-zero the next dial is urgent.
+    waiting: AtomicUsize,
+    /// Tells the link task that a push started waiting.
+    wake: Notify,
+}
+
+impl LinkShared {
+    /// Registers a waiting push unless `cap` pushes already wait; the guard unregisters.
+    pub(crate) fn wait(self: &Arc<Self>, cap: usize) -> Option<WaitingPush> {
+        let admitted = self
+            .waiting
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < cap).then_some(n + 1)
+            })
+            .is_ok();
+        if !admitted {
+            return None;
+        }
+        self.wake.notify_one();
+        Some(WaitingPush(self.clone()))
+    }
+
+    fn urgent(&self) -> bool {
+        self.waiting.load(Ordering::Acquire) > 0
+    }
+}
+
+/// A push waiting for a terminal's session; dropping it stops counting it.
+#[derive(Debug)]
+pub struct WaitingPush(Arc<LinkShared>);
+
+impl Drop for WaitingPush {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -153,7 +181,8 @@ pub(super) struct LinkTask {
     pub shard: ShardId,
     pub terminal: Terminal,
     pub mode: watch::Receiver<Mode>,
-    pub state: watch::Sender<LinkState>,
+    pub state: watch::Sender<LinkStatus>,
+    pub shared: Arc<LinkShared>,
     pub rng: StdRng,
 }
 
@@ -176,7 +205,7 @@ impl LinkTask {
                         "terminal connection lost; redialing"
                     );
                     link.disconnected();
-                    self.publish(&link);
+                    self.publish(&link, None);
                 }
                 Served::HelloFailed(e, epoch) => {
                     if self.back_off(&mut link, &e, epoch).await.is_none() {
@@ -190,13 +219,17 @@ impl LinkTask {
     /// Dials (paced, with backoff) until a session is up; `None` if removed meanwhile.
     async fn connect(&mut self, link: &mut Link) -> Option<Session> {
         loop {
-            self.publish(link);
+            self.publish(link, None);
             let epoch = self.mode.borrow().epoch;
-            let (cx, terminal, state) = (&self.cx, &self.terminal, &self.state);
+            let (cx, terminal, shared) = (&self.cx, &self.terminal, &self.shared);
+            let state = &self.state;
             let dial = async {
-                let _permit = cx.pacer.admit().await;
+                let _slot = admit(&cx.pacer, shared).await;
                 link.dialing();
-                state.send_replace(link.state());
+                state.send_replace(LinkStatus {
+                    state: link.state(),
+                    sender: None,
+                });
                 cx.dialer.dial(terminal, epoch).await
             };
             let result = tokio::select! {
@@ -211,7 +244,7 @@ impl LinkTask {
                         failures = link.failures(), "terminal connected"
                     );
                     link.connected(epoch);
-                    self.publish(link);
+                    self.publish(link, Some(&session));
                     return Some(session);
                 }
                 Err(e) => self.back_off(link, &e, epoch).await?,
@@ -238,7 +271,7 @@ impl LinkTask {
                     "hello re-sent for new epoch"
                 );
                 link.connected(epoch);
-                self.publish(link);
+                self.publish(link, Some(&*session));
             }
             tokio::select! {
                 end = session.ended() => return Served::Lost(end),
@@ -257,7 +290,7 @@ impl LinkTask {
     /// `None` if the terminal was removed meanwhile.
     async fn back_off(&mut self, link: &mut Link, e: &DialError, epoch: Epoch) -> Option<()> {
         let delay = link.failed(&mut self.rng);
-        self.publish(link);
+        self.publish(link, None);
         let (shard, t) = (self.shard, &self.terminal);
         let delay_ms = delay.as_millis() as u64;
         match e {
@@ -293,14 +326,37 @@ impl LinkTask {
         Some(())
     }
 
-    fn publish(&self, link: &Link) {
-        self.state.send_replace(link.state());
+    /// Publishes the link's state; `session` only with a hello accepted on it.
+    fn publish(&self, link: &Link, session: Option<&Session>) {
+        let state = link.state();
+        let sender = match state {
+            LinkState::Connected { .. } => session.map(Session::sender),
+            _ => None,
+        };
+        self.state.send_replace(LinkStatus { state, sender });
+    }
+}
+
+/// Waits for a dial slot, moving to the urgent lane when a push starts waiting.
+async fn admit(pacer: &Pacer, shared: &LinkShared) -> Option<super::pacer::DialSlot> {
+    let mut urgent = shared.urgent();
+    let mut slot = pin!(pacer.admit(urgent));
+    loop {
+        tokio::select! {
+            granted = &mut slot => return granted,
+            () = shared.wake.notified(), if !urgent => {
+                if shared.urgent() {
+                    urgent = true;
+                    // Dropping the normal-lane future gives up that place.
+                    slot.set(pacer.admit(true));
+                }
+            }
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use governor::clock::FakeRelativeClock;
     use rand::SeedableRng;
 
     use super::*;
@@ -332,30 +388,5 @@ mod tests {
         link.disconnected();
         assert_eq!(link.state(), LinkState::Disconnected);
         assert_eq!(link.failures(), 0);
-    }
-
-    #[test]
-    fn dial_quota_paces_evenly_without_burst() {
-        let clock = FakeRelativeClock::default();
-        let limiter = RateLimiter::direct_with_clock(
-            dial_quota(NonZeroU32::new(200).unwrap()),
-            clock.clone(),
-        );
-        // Burst 1: only one dial at once, the next one 5 ms later.
-        assert!(limiter.check().is_ok());
-        assert!(limiter.check().is_err());
-        clock.advance(Duration::from_millis(4));
-        assert!(limiter.check().is_err());
-        clock.advance(Duration::from_millis(1));
-        assert!(limiter.check().is_ok());
-        // Over one (fake) second of eager callers, exactly the rate passes.
-        let mut passed = 0;
-        for _ in 0..1000 {
-            clock.advance(Duration::from_millis(1));
-            while limiter.check().is_ok() {
-                passed += 1;
-            }
-        }
-        assert_eq!(passed, 200);
     }
 }

@@ -11,6 +11,9 @@
 //! dialed, removed ones closed. A terminal's stale-epoch answer goes to the driver
 //! through the channel given at construction.
 //!
+//! Pushes find a terminal's link with [`ConnectionManager::lookup`] and send on its
+//! session's request handle directly.
+//!
 //! Not for: deciding what to serve (the reconciler), or whether a push may go out now
 //! (the `ServingTable`, checked per push).
 
@@ -30,7 +33,9 @@ use tracing::{debug, info, warn};
 use super::backoff::BackoffPolicy;
 use super::dialer::Dialer;
 use super::directory::{Directory, Terminal};
-use super::link::{LinkContext, LinkState, LinkTask, Mode, Pacer};
+use super::link::{LinkContext, LinkShared, LinkState, LinkStatus, LinkTask, Mode, WaitingPush};
+use super::pacer::Pacer;
+use super::session::RequestSender;
 use crate::core::reconciler::StopReason;
 use crate::core::{Epoch, ShardId};
 use crate::driver::ServingHook;
@@ -119,7 +124,51 @@ struct ShardEntry {
 /// A running link. Dropping it tells the task to close its session and end.
 struct LinkHandle {
     terminal: Terminal,
-    state: watch::Receiver<LinkState>,
+    state: watch::Receiver<LinkStatus>,
+    shared: Arc<LinkShared>,
+}
+
+/// Where a terminal stands for a push, as [`ConnectionManager::lookup`] finds it.
+#[derive(Debug)]
+pub enum Lookup {
+    /// The manager does not serve the terminal's shard (not yet, or no more).
+    NotServed,
+    /// The shard's terminal list is still being read from the directory.
+    Loading,
+    /// Not in the shard's directory.
+    Unknown,
+    Found(TerminalLink),
+}
+
+/// A push's handle on one terminal's link.
+#[derive(Debug)]
+pub struct TerminalLink {
+    pub terminal: Terminal,
+    state: watch::Receiver<LinkStatus>,
+    shared: Arc<LinkShared>,
+}
+
+impl TerminalLink {
+    /// Counts a push as waiting for this terminal (its next dial becomes urgent),
+    /// unless `cap` pushes already wait. The guard stops counting when dropped.
+    pub fn wait(&self, cap: usize) -> Option<WaitingPush> {
+        self.shared.wait(cap)
+    }
+
+    /// Whether a session with an accepted hello is up now (any epoch).
+    pub fn connected(&self) -> bool {
+        matches!(self.state.borrow().state, LinkState::Connected { .. })
+    }
+
+    /// Waits until the link has a session whose hello was accepted for `epoch`, and
+    /// returns its request handle; `None` if the link went away (shard stopped,
+    /// terminal removed). Not bounded: wrap it in the caller's deadline.
+    pub async fn session(&mut self, epoch: Epoch) -> Option<RequestSender> {
+        let ready =
+            |s: &LinkStatus| s.state == LinkState::Connected { epoch } && s.sender.is_some();
+        let status = self.state.wait_for(ready).await.ok()?;
+        status.sender.clone()
+    }
 }
 
 impl<D: Directory> ConnectionManager<D> {
@@ -166,9 +215,34 @@ impl<D: Directory> ConnectionManager<D> {
             links: entry
                 .links
                 .iter()
-                .map(|(id, link)| (id.clone(), *link.state.borrow()))
+                .map(|(id, link)| (id.clone(), link.state.borrow().state))
                 .collect(),
         })
+    }
+
+    /// Finds `terminal`'s link in `shard` for a push.
+    pub fn lookup(&self, shard: ShardId, terminal: &str) -> Lookup {
+        let shards = lock(&self.inner.shards);
+        let Some(entry) = shards.get(&shard) else {
+            return Lookup::NotServed;
+        };
+        match entry.links.get(terminal) {
+            Some(link) => Lookup::Found(TerminalLink {
+                terminal: link.terminal.clone(),
+                state: link.state.clone(),
+                shared: link.shared.clone(),
+            }),
+            // Not read yet: only the first load can tell.
+            None if entry.version.is_none() => Lookup::Loading,
+            None => Lookup::Unknown,
+        }
+    }
+
+    /// Tells the driver that a terminal refused `epoch` of `shard` as stale (a push got
+    /// the `409`), so the shard is dropped like after a refused hello.
+    pub fn report_stale(&self, shard: ShardId, epoch: Epoch) {
+        // The driver may be gone (pod shutting down); then nobody needs to know.
+        let _ = self.inner.links.stale.send((shard, epoch));
     }
 }
 
@@ -298,7 +372,8 @@ impl<D: Directory> Inner<D> {
         wanted.retain(|id, _| !entry.links.contains_key(id));
         let added = wanted.len();
         for (id, terminal) in wanted {
-            let (state_tx, state) = watch::channel(LinkState::Disconnected);
+            let (state_tx, state) = watch::channel(LinkStatus::new());
+            let shared = Arc::new(LinkShared::default());
             let rng = StdRng::from_rng(&mut *lock(&self.rng));
             entry.tasks.spawn(
                 LinkTask {
@@ -307,11 +382,17 @@ impl<D: Directory> Inner<D> {
                     terminal: terminal.clone(),
                     mode: entry.mode.subscribe(),
                     state: state_tx,
+                    shared: shared.clone(),
                     rng,
                 }
                 .run(),
             );
-            entry.links.insert(id, LinkHandle { terminal, state });
+            let handle = LinkHandle {
+                terminal,
+                state,
+                shared,
+            };
+            entry.links.insert(id, handle);
         }
         // Reap the tasks of removed terminals that have finished closing.
         while entry.tasks.try_join_next().is_some() {}

@@ -8,10 +8,12 @@ pub mod dialer;
 pub mod directory;
 mod link;
 pub mod manager;
+mod pacer;
+pub mod push;
 pub mod session;
 pub mod tls;
 
 #[cfg(test)]
 mod tests;
 
-pub use self::link::LinkState;
+pub use self::link::{LinkState, WaitingPush};

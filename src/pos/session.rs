@@ -6,7 +6,7 @@
 //! session may carry requests only after a `hello` with the current epoch got a 2xx
 //! answer: the terminal checks that epoch, which is what fences a former owner.
 //!
-//! Not for: dialing (`dialer`), retry policy (`manager`), the push API (comes later).
+//! Not for: dialing (`dialer`), retry policy (`manager`), pushes (`push`).
 
 use std::time::Duration;
 
@@ -27,6 +27,9 @@ pub const HEADER_POD: &str = "posgate-pod";
 pub const HEADER_TERMINAL: &str = "posgate-terminal";
 /// Response header of a `409`: the highest epoch the terminal has seen.
 pub const HEADER_STALE_EPOCH: &str = "posgate-stale-epoch";
+
+/// The handle requests are sent on; clones share the connection.
+pub type RequestSender = SendRequest<Full<Bytes>>;
 
 /// How a connection ended, as the session's watcher reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -77,6 +80,12 @@ impl Session {
     /// session whose hello epoch is the shard's current epoch may carry pushes.
     pub fn epoch(&self) -> Option<Epoch> {
         self.epoch
+    }
+
+    /// A handle to send requests on this connection (pushes use it directly). The
+    /// connection closes once the session and every such handle are gone.
+    pub fn sender(&self) -> RequestSender {
+        self.send.clone()
     }
 
     /// Sends `POST /hello` for `epoch` and waits up to `timeout` for the answer. On

@@ -277,12 +277,24 @@ async fn push(ctx: &ConnCtx, req: Request<Incoming>) -> Response<Full<Bytes>> {
     let Some(key) = header(&parts.headers, H_IDEMPOTENCY_KEY) else {
         return respond(StatusCode::BAD_REQUEST, "missing idempotency-key\n");
     };
+    // Keys are unique per tenant: dedupe on (tenant, key), recorded as `tenant:key`.
+    let key = match header(&parts.headers, "posgate-tenant") {
+        Some(tenant) => format!("{tenant}:{key}"),
+        None => key.to_string(),
+    };
+    let key = key.as_str();
     // The payload is read in full (as a terminal would) but not kept: only its size matters.
     let size = match Limited::new(body, MAX_BODY).collect().await {
         Ok(collected) => collected.to_bytes().len(),
         Err(_) => return respond(StatusCode::PAYLOAD_TOO_LARGE, "body too large or broken\n"),
     };
     let s = &ctx.shared;
+    let refuse_with = s.faults().push_status;
+    if refuse_with != 0 {
+        // Validated when the fault was set.
+        let status = StatusCode::from_u16(refuse_with).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+        return respond(status, "push refused (fault)\n");
+    }
     let outcome = s
         .terminal(ctx.index)
         .push(ctx.conn, epoch, key, &s.counters);

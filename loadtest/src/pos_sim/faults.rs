@@ -26,6 +26,9 @@ pub struct FaultConfig {
     pub offline_fraction: f64,
     /// Terminal ids that are offline in addition to `offline_fraction`.
     pub offline_terminals: Vec<String>,
+    /// Answer every push with this HTTP status instead of accepting it (0: off). The
+    /// push is not recorded as accepted.
+    pub push_status: u16,
 }
 
 impl FaultConfig {
@@ -35,6 +38,12 @@ impl FaultConfig {
             return Err(format!(
                 "offline_fraction must be within 0..=1, got {}",
                 self.offline_fraction
+            ));
+        }
+        if self.push_status != 0 && http::StatusCode::from_u16(self.push_status).is_err() {
+            return Err(format!(
+                "push_status {} is not an HTTP status",
+                self.push_status
             ));
         }
         Ok(())

@@ -1,0 +1,225 @@
+//! The public push API: `POST /v1/terminals/{id}/push`, `GET /v1/terminals/{id}`, and
+//! the bearer-token middleware in front of every `/v1/*` route.
+//!
+//! This module only checks and parses (id, key, deadline, body size, tenant) and turns
+//! [`Answer`]s into responses; what happens to a push is `crate::push`. Checks run
+//! cheapest first, and an announced oversize body is refused before any of it is read.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, Uri};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Extension;
+use rand::Rng;
+
+use super::{read_bounded, HttpState};
+use crate::pos::directory::valid_id;
+use crate::push::answer::{Answer, ErrorBody, ErrorCode};
+use crate::push::auth::{ApiTokens, Tenant};
+use crate::push::{PushRequest, DEFAULT_TIMEOUT, MAX_TIMEOUT};
+
+/// The tenant of requests when the API runs without tokens (`--insecure`).
+pub const INSECURE_TENANT: &str = "default";
+
+/// Turns an [`Answer`] into a response (JSON, `Retry-After` on `503`).
+pub(super) fn respond(answer: Answer) -> Response {
+    let retry_after = answer.retry_after();
+    let mut response = (answer.status, answer.body).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if let Some(secs) = retry_after {
+        headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    response
+}
+
+fn error(code: ErrorCode, message: impl Into<String>) -> Response {
+    respond(Answer::error(code, message))
+}
+
+/// Authenticates `/v1/*`: a valid bearer token names the tenant; none or a wrong one is
+/// `401`. Without configured tokens every request is [`INSECURE_TENANT`].
+pub(super) async fn require_token(
+    State(state): State<Arc<HttpState>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let tenant = match &state.tokens {
+        None => Tenant(INSECURE_TENANT.to_string()),
+        Some(tokens) => {
+            let presented = request
+                .headers()
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(ApiTokens::bearer);
+            match presented.and_then(|t| tokens.tenant_of(t)) {
+                Some(tenant) => tenant,
+                None => {
+                    let mut response =
+                        error(ErrorCode::Unauthorized, "missing or invalid bearer token");
+                    response
+                        .headers_mut()
+                        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+                    return response;
+                }
+            }
+        }
+    };
+    request.extensions_mut().insert(tenant);
+    next.run(request).await
+}
+
+/// An `Idempotency-Key`: 1-128 visible ASCII characters.
+pub fn valid_key(key: &str) -> bool {
+    (1..=128).contains(&key.len()) && key.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// A fresh UUID v4 for a push sent without a key.
+fn new_key() -> String {
+    let bytes: [u8; 16] = rand::rng().random();
+    uuid::Builder::from_random_bytes(bytes)
+        .into_uuid()
+        .to_string()
+}
+
+/// The `timeout_ms` query parameter, checked.
+fn deadline_of(uri: &Uri) -> Result<Duration, String> {
+    let Some(raw) = uri
+        .query()
+        .into_iter()
+        .flat_map(|q| q.split('&'))
+        .find_map(|pair| pair.strip_prefix("timeout_ms="))
+    else {
+        return Ok(DEFAULT_TIMEOUT);
+    };
+    let max = MAX_TIMEOUT.as_millis() as u64;
+    match raw.parse::<u64>() {
+        Ok(ms) if (1..=max).contains(&ms) => Ok(Duration::from_millis(ms)),
+        _ => Err(format!("timeout_ms must be an integer from 1 to {max}")),
+    }
+}
+
+/// `POST /v1/terminals/{id}/push`.
+pub(super) async fn push(
+    State(state): State<Arc<HttpState>>,
+    Extension(tenant): Extension<Tenant>,
+    Path(terminal): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let received = Instant::now();
+    if !valid_id(&terminal) {
+        return error(
+            ErrorCode::InvalidRequest,
+            "terminal id must match [A-Za-z0-9._:-]{1,64}",
+        );
+    }
+    let key = match headers.get("idempotency-key") {
+        None => new_key(),
+        Some(value) => match value.to_str() {
+            Ok(key) if valid_key(key) => key.to_string(),
+            _ => {
+                return error(
+                    ErrorCode::InvalidRequest,
+                    "Idempotency-Key must be 1-128 visible ASCII characters",
+                )
+            }
+        },
+    };
+    let timeout = match deadline_of(&uri) {
+        Ok(t) => t,
+        Err(message) => return error(ErrorCode::InvalidRequest, message),
+    };
+    let service = &state.push;
+    let limit = service.settings().max_push_bytes;
+    let body = match read_bounded(&headers, body, limit).await {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
+    let Some(_slot) = service.admit() else {
+        return respond(Answer::error_with(
+            ErrorCode::Overloaded,
+            ErrorBody {
+                message: "this pod is at its in-flight push limit".into(),
+                idempotency_key: Some(key),
+                ..ErrorBody::default()
+            },
+        ));
+    };
+    let request = PushRequest {
+        tenant,
+        terminal,
+        key,
+        content_type: headers.get(header::CONTENT_TYPE).cloned(),
+        body,
+        received,
+    };
+    let deadline = tokio::time::Instant::now().into_std() + timeout;
+    respond(service.push(request, deadline).await)
+}
+
+/// `GET /v1/terminals/{id}`.
+pub(super) async fn terminal(
+    State(state): State<Arc<HttpState>>,
+    Path(terminal): Path<String>,
+) -> Response {
+    if !valid_id(&terminal) {
+        return error(
+            ErrorCode::InvalidRequest,
+            "terminal id must match [A-Za-z0-9._:-]{1,64}",
+        );
+    }
+    respond(state.push.terminal_view(&terminal, DEFAULT_TIMEOUT).await)
+}
+
+/// `413` for a body over `limit` bytes.
+pub(super) fn too_large(limit: usize) -> Response {
+    error(
+        ErrorCode::PayloadTooLarge,
+        format!("request body exceeds {limit} bytes"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_and_deadlines_are_checked() {
+        assert!(valid_key("a"));
+        assert!(valid_key(&"k".repeat(128)));
+        assert!(!valid_key(""));
+        assert!(!valid_key(&"k".repeat(129)));
+        assert!(!valid_key("has space"));
+        assert!(!valid_key("tab\t"));
+        let key = new_key();
+        assert_eq!(key.len(), 36);
+        assert_eq!(&key[14..15], "4", "a v4 UUID");
+        let uri = |q: &str| format!("/v1/terminals/x/push{q}").parse::<Uri>().unwrap();
+        assert_eq!(deadline_of(&uri("")), Ok(DEFAULT_TIMEOUT));
+        assert_eq!(
+            deadline_of(&uri("?timeout_ms=250")),
+            Ok(Duration::from_millis(250))
+        );
+        assert_eq!(
+            deadline_of(&uri("?a=1&timeout_ms=30000")),
+            Ok(Duration::from_millis(30_000))
+        );
+        for bad in [
+            "?timeout_ms=0",
+            "?timeout_ms=30001",
+            "?timeout_ms=soon",
+            "?timeout_ms=",
+        ] {
+            assert!(deadline_of(&uri(bad)).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,245 @@
+//! Pod-wide dial pacing: one token bucket (`--dial-rate`, burst 1, jittered), a bound on
+//! handshakes in flight, and two lanes so terminals with a push waiting are dialed first.
+//!
+//! A single dispatcher task hands out dial slots: it takes a handshake permit, waits for
+//! the next token, then gives both to the oldest urgent waiter, or else the oldest normal
+//! one. Having one waiter on the limiter (instead of thousands racing for each token)
+//! is what makes the order, and so the priority, well defined. A waiter that gives up
+//! (its link was removed, or it re-queued as urgent) is skipped.
+//!
+//! Not for: backoff (each link has its own) or deciding which terminals to dial.
+
+use std::collections::VecDeque;
+use std::num::NonZeroU32;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use governor::{Jitter, Quota, RateLimiter};
+use tokio::sync::{oneshot, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::task::AbortHandle;
+
+/// A granted dial: hold it until the dial (through the hello) is done.
+pub(super) type DialSlot = OwnedSemaphorePermit;
+
+/// `rate` dials per second, evenly spaced: no burst.
+pub(super) fn dial_quota(rate: NonZeroU32) -> Quota {
+    Quota::per_second(rate).allow_burst(NonZeroU32::MIN)
+}
+
+#[derive(Default)]
+struct Lanes {
+    urgent: VecDeque<oneshot::Sender<DialSlot>>,
+    normal: VecDeque<oneshot::Sender<DialSlot>>,
+}
+
+impl Lanes {
+    /// The next waiter still waiting, urgent first.
+    fn pop(&mut self) -> Option<oneshot::Sender<DialSlot>> {
+        for lane in [&mut self.urgent, &mut self.normal] {
+            while let Some(waiter) = lane.pop_front() {
+                if !waiter.is_closed() {
+                    return Some(waiter);
+                }
+            }
+        }
+        None
+    }
+}
+
+struct Shared {
+    lanes: Mutex<Lanes>,
+    /// Wakes the dispatcher when a waiter arrives.
+    arrived: Notify,
+}
+
+/// See the module docs. Dropping it stops the dispatcher; waiters then get `None`.
+pub(super) struct Pacer {
+    shared: Arc<Shared>,
+    dispatcher: AbortHandle,
+}
+
+impl std::fmt::Debug for Pacer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pacer").finish_non_exhaustive()
+    }
+}
+
+impl Pacer {
+    /// Spawns the dispatcher: call within a tokio runtime.
+    pub(super) fn new(rate: NonZeroU32, jitter: Duration, max_handshakes: usize) -> Self {
+        let shared = Arc::new(Shared {
+            lanes: Mutex::new(Lanes::default()),
+            arrived: Notify::new(),
+        });
+        let handshakes = Arc::new(Semaphore::new(max_handshakes.max(1)));
+        let dispatcher = tokio::spawn(dispatch(shared.clone(), rate, jitter, handshakes));
+        Pacer {
+            shared,
+            dispatcher: dispatcher.abort_handle(),
+        }
+    }
+
+    /// Waits for a dial slot; `urgent` waiters (a push is waiting for this terminal)
+    /// go before all others. Cancel-safe: dropping the future gives up the place.
+    pub(super) async fn admit(&self, urgent: bool) -> Option<DialSlot> {
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut lanes = self
+                .shared
+                .lanes
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let lane = if urgent {
+                &mut lanes.urgent
+            } else {
+                &mut lanes.normal
+            };
+            lane.push_back(tx);
+        }
+        self.shared.arrived.notify_one();
+        rx.await.ok()
+    }
+}
+
+impl Drop for Pacer {
+    fn drop(&mut self) {
+        self.dispatcher.abort();
+    }
+}
+
+async fn dispatch(
+    shared: Arc<Shared>,
+    rate: NonZeroU32,
+    jitter: Duration,
+    handshakes: Arc<Semaphore>,
+) {
+    let limiter = RateLimiter::direct(dial_quota(rate));
+    // The semaphore is never closed.
+    while let Ok(mut slot) = handshakes.clone().acquire_owned().await {
+        loop {
+            wait_for_waiter(&shared).await;
+            limiter.until_ready_with_jitter(Jitter::up_to(jitter)).await;
+            let waiter = shared
+                .lanes
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .pop();
+            // When every waiter gave up meanwhile the token is spent anyway: that only
+            // makes the pace slower, never faster.
+            let Some(waiter) = waiter else {
+                continue;
+            };
+            match waiter.send(slot) {
+                Ok(()) => break,
+                // It gave up between `pop` and `send`; offer the slot to the next one.
+                Err(back) => slot = back,
+            }
+        }
+    }
+}
+
+/// Returns once a waiter is in line.
+async fn wait_for_waiter(shared: &Shared) {
+    loop {
+        // Registered before checking, so an arrival between the check and the await
+        // is not missed.
+        let arrived = shared.arrived.notified();
+        {
+            let lanes = shared.lanes.lock().unwrap_or_else(PoisonError::into_inner);
+            if !lanes.urgent.is_empty() || !lanes.normal.is_empty() {
+                return;
+            }
+        }
+        arrived.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use governor::clock::FakeRelativeClock;
+
+    use super::*;
+
+    #[test]
+    fn dial_quota_paces_evenly_without_burst() {
+        let clock = FakeRelativeClock::default();
+        let limiter = RateLimiter::direct_with_clock(
+            dial_quota(NonZeroU32::new(200).unwrap()),
+            clock.clone(),
+        );
+        // Burst 1: only one dial at once, the next one 5 ms later.
+        assert!(limiter.check().is_ok());
+        assert!(limiter.check().is_err());
+        clock.advance(Duration::from_millis(4));
+        assert!(limiter.check().is_err());
+        clock.advance(Duration::from_millis(1));
+        assert!(limiter.check().is_ok());
+        // Over one (fake) second of eager callers, exactly the rate passes.
+        let mut passed = 0;
+        for _ in 0..1000 {
+            clock.advance(Duration::from_millis(1));
+            while limiter.check().is_ok() {
+                passed += 1;
+            }
+        }
+        assert_eq!(passed, 200);
+    }
+
+    /// Urgent waiters overtake normal ones already in line; a waiter that gave up is
+    /// skipped; the handshake bound holds.
+    #[tokio::test]
+    async fn urgent_dials_go_first_and_handshakes_are_bounded() {
+        // 50/s: governor waits on the real clock, so keep the test short.
+        let pacer = Arc::new(Pacer::new(NonZeroU32::new(50).unwrap(), Duration::ZERO, 1));
+        let (order_tx, mut order) = tokio::sync::mpsc::unbounded_channel();
+        let mut tasks = Vec::new();
+        // The first normal waiter takes the only handshake slot and holds it until told.
+        let (release, released) = oneshot::channel::<()>();
+        let first = pacer.clone();
+        let first_tx = order_tx.clone();
+        tasks.push(tokio::spawn(async move {
+            let slot = first.admit(false).await.unwrap();
+            first_tx.send("normal-0").unwrap();
+            let _ = released.await;
+            drop(slot);
+        }));
+        tokio::task::yield_now().await;
+        while order.is_empty() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        for name in ["normal-1", "normal-2", "normal-3"] {
+            let (p, tx) = (pacer.clone(), order_tx.clone());
+            tasks.push(tokio::spawn(async move {
+                let _slot = p.admit(false).await.unwrap();
+                tx.send(name).unwrap();
+            }));
+        }
+        // One that gives up before its turn.
+        let gives_up = {
+            let p = pacer.clone();
+            tokio::spawn(async move { p.admit(false).await.map(drop) })
+        };
+        let (p, tx) = (pacer.clone(), order_tx.clone());
+        tasks.push(tokio::spawn(async move {
+            let _slot = p.admit(true).await.unwrap();
+            tx.send("urgent").unwrap();
+        }));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Nobody else got a slot while the first holds the only one.
+        assert_eq!(order.len(), 1, "the handshake bound was exceeded");
+        gives_up.abort();
+        release.send(()).unwrap();
+        for task in tasks {
+            task.await.unwrap();
+        }
+        drop(order_tx);
+        let mut seen = Vec::new();
+        while let Some(name) = order.recv().await {
+            seen.push(name);
+        }
+        assert_eq!(
+            seen,
+            ["normal-0", "urgent", "normal-1", "normal-2", "normal-3"]
+        );
+    }
+}

@@ -1,0 +1,181 @@
+//! The answers of the push API: the `200` body ([`Delivered`]), the error codes
+//! ([`ErrorCode`]) and [`Answer`], an HTTP status with its JSON body, which is what the
+//! owner returns, a forwarder relays and the idempotency cache stores.
+//!
+//! Error bodies name the terminal only when the caller named it; they never carry
+//! another tenant's data or a secret.
+
+use bytes::Bytes;
+use http::StatusCode;
+use serde::{Deserialize, Serialize};
+
+use crate::core::{Epoch, PodId, ShardId};
+
+/// How long a caller should wait before retrying a `503`, in seconds.
+pub const RETRY_AFTER_SECS: u32 = 1;
+
+/// The body of a `200`: the terminal answered 2xx.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Delivered {
+    pub terminal: String,
+    pub idempotency_key: String,
+    /// The pod that delivered (the shard's owner).
+    pub pod: PodId,
+    pub shard: ShardId,
+    pub epoch: Epoch,
+    pub pos_status: u16,
+    /// From receiving the request to the terminal's answer, as the answering pod saw it.
+    pub latency_ms: u64,
+}
+
+/// The `error` field of an error answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorCode {
+    InvalidRequest,
+    Unauthorized,
+    UnknownTerminal,
+    IdempotencyConflict,
+    PayloadTooLarge,
+    PosRejected,
+    TerminalUnavailable,
+    Overloaded,
+    PosTimeout,
+    /// Internal only (`421`): the pod asked does not serve the shard; never reaches a
+    /// caller of the public API.
+    ShardMoved,
+}
+
+impl ErrorCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::InvalidRequest => "invalid_request",
+            ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::UnknownTerminal => "unknown_terminal",
+            ErrorCode::IdempotencyConflict => "idempotency_conflict",
+            ErrorCode::PayloadTooLarge => "payload_too_large",
+            ErrorCode::PosRejected => "pos_rejected",
+            ErrorCode::TerminalUnavailable => "terminal_unavailable",
+            ErrorCode::Overloaded => "overloaded",
+            ErrorCode::PosTimeout => "pos_timeout",
+            ErrorCode::ShardMoved => "shard_moved",
+        }
+    }
+
+    pub fn status(self) -> StatusCode {
+        match self {
+            ErrorCode::InvalidRequest => StatusCode::BAD_REQUEST,
+            ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
+            ErrorCode::UnknownTerminal => StatusCode::NOT_FOUND,
+            ErrorCode::IdempotencyConflict => StatusCode::CONFLICT,
+            ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::PosRejected => StatusCode::BAD_GATEWAY,
+            ErrorCode::TerminalUnavailable | ErrorCode::Overloaded => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            ErrorCode::PosTimeout => StatusCode::GATEWAY_TIMEOUT,
+            ErrorCode::ShardMoved => StatusCode::MISDIRECTED_REQUEST,
+        }
+    }
+}
+
+/// The JSON body of every error answer.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: String,
+    pub message: String,
+    /// The push's key, so a caller can retry with it (also when the pod generated it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    /// The terminal's status (`pos_rejected`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pos_status: Option<u16>,
+    /// `"unknown"` when the terminal may have received the push (`pos_timeout`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivery: Option<String>,
+}
+
+/// An HTTP answer: status, JSON body, and whether to send `Retry-After`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub body: Bytes,
+}
+
+impl Answer {
+    pub fn delivered(delivered: &Delivered) -> Answer {
+        Answer {
+            status: StatusCode::OK,
+            body: json(delivered),
+        }
+    }
+
+    pub fn error(code: ErrorCode, message: impl Into<String>) -> Answer {
+        Answer::error_with(
+            code,
+            ErrorBody {
+                message: message.into(),
+                ..ErrorBody::default()
+            },
+        )
+    }
+
+    /// An error answer with the extra fields of `body` (its `error` is set from `code`).
+    pub fn error_with(code: ErrorCode, mut body: ErrorBody) -> Answer {
+        body.error = code.as_str().to_string();
+        Answer {
+            status: code.status(),
+            body: json(&body),
+        }
+    }
+
+    /// `503` answers tell the caller when to retry.
+    pub fn retry_after(&self) -> Option<u32> {
+        (self.status == StatusCode::SERVICE_UNAVAILABLE).then_some(RETRY_AFTER_SECS)
+    }
+
+    /// The `error` code of an error answer, if the body is one.
+    pub fn error_code(&self) -> Option<String> {
+        serde_json::from_slice::<ErrorBody>(&self.body)
+            .ok()
+            .map(|b| b.error)
+    }
+}
+
+fn json<T: Serialize>(value: &T) -> Bytes {
+    // Plain structs of strings and numbers always serialise.
+    Bytes::from(serde_json::to_vec(value).expect("answer serialises"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_answers_carry_code_status_and_retry_after() {
+        let a = Answer::error(ErrorCode::Overloaded, "too many");
+        assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(a.retry_after(), Some(RETRY_AFTER_SECS));
+        assert_eq!(a.error_code().as_deref(), Some("overloaded"));
+        let body: serde_json::Value = serde_json::from_slice(&a.body).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({"error": "overloaded", "message": "too many"})
+        );
+
+        let t = Answer::error_with(
+            ErrorCode::PosTimeout,
+            ErrorBody {
+                message: "no answer".into(),
+                delivery: Some("unknown".into()),
+                idempotency_key: Some("k".into()),
+                ..ErrorBody::default()
+            },
+        );
+        assert_eq!(t.status, StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(t.retry_after(), None);
+        let body: serde_json::Value = serde_json::from_slice(&t.body).unwrap();
+        assert_eq!(body["delivery"], "unknown");
+        assert_eq!(body["idempotency_key"], "k");
+        assert_eq!(ErrorCode::ShardMoved.status().as_u16(), 421);
+    }
+}

@@ -1,0 +1,270 @@
+//! The owner's idempotency cache: `(tenant, key)` -> the body's digest and the answer,
+//! so a retry with the same key and body gets the stored answer instead of a second
+//! delivery, and a reuse of the key with another body is refused.
+//!
+//! Only final answers the terminal gave are stored (`200`, and `502` — the terminal
+//! saw the push). A key whose push is in flight is reserved: a concurrent push with the
+//! same key gets `409`. A reservation that ends without a stored answer (not delivered,
+//! or delivery unknown) is removed, so the caller may retry with the same key; the
+//! terminal dedupes such retries by key.
+//!
+//! Limits (documented in `docs/design.md`): entries live `ttl` (default 10 min) and at
+//! most `capacity` (default 100,000) per pod, oldest evicted first; the cache is per
+//! pod, so after a shard moves the new owner does not know the old owner's keys — the
+//! key and epoch still reach the terminal, which dedupes across handovers.
+//!
+//! Time is passed in (`now`), so the rules are tested without sleeping.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use super::answer::Answer;
+use super::auth::Tenant;
+
+type Key = (Tenant, String);
+
+#[derive(Debug)]
+enum Slot {
+    InFlight,
+    Done(Answer),
+}
+
+#[derive(Debug)]
+struct Entry {
+    digest: [u8; 32],
+    slot: Slot,
+    expires: Instant,
+    /// Matches the entry's place in the eviction order.
+    serial: u64,
+}
+
+#[derive(Debug, Default)]
+struct Cache {
+    entries: HashMap<Key, Entry>,
+    /// Insertion order, for expiry and eviction; may hold keys already removed.
+    order: VecDeque<(Key, u64)>,
+    next_serial: u64,
+}
+
+/// What [`IdempotencyCache::reserve`] found.
+#[derive(Debug)]
+pub enum Reserve {
+    /// New key: deliver, then [`Reservation::complete`].
+    Reserved(Reservation),
+    /// Same key and body answered before: return this.
+    Replay(Answer),
+    /// Same key in flight, or reused with another body; the reason says which.
+    Conflict(&'static str),
+}
+
+/// The cache, shared by the pod's pushes.
+#[derive(Clone, Debug)]
+pub struct IdempotencyCache {
+    inner: Arc<Mutex<Cache>>,
+    ttl: Duration,
+    capacity: usize,
+}
+
+impl IdempotencyCache {
+    pub fn new(ttl: Duration, capacity: usize) -> Self {
+        IdempotencyCache {
+            inner: Arc::new(Mutex::new(Cache::default())),
+            ttl,
+            capacity: capacity.max(1),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Cache> {
+        // Every critical section leaves the maps consistent before it can panic.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Looks `key` up for `tenant` and reserves it when new.
+    pub fn reserve(&self, tenant: &Tenant, key: &str, digest: [u8; 32], now: Instant) -> Reserve {
+        let mut cache = self.lock();
+        cache.expire(now);
+        let k = (tenant.clone(), key.to_string());
+        if let Some(entry) = cache.entries.get(&k) {
+            if entry.digest != digest {
+                return Reserve::Conflict("idempotency key reused with a different body");
+            }
+            return match &entry.slot {
+                Slot::InFlight => {
+                    Reserve::Conflict("a push with this idempotency key is in flight")
+                }
+                Slot::Done(answer) => Reserve::Replay(answer.clone()),
+            };
+        }
+        while cache.entries.len() >= self.capacity {
+            if !cache.evict_oldest() {
+                break;
+            }
+        }
+        let serial = cache.next_serial;
+        cache.next_serial += 1;
+        cache.order.push_back((k.clone(), serial));
+        cache.entries.insert(
+            k.clone(),
+            Entry {
+                digest,
+                slot: Slot::InFlight,
+                expires: now + self.ttl,
+                serial,
+            },
+        );
+        Reserve::Reserved(Reservation {
+            cache: self.clone(),
+            key: Some((k, serial)),
+        })
+    }
+
+    /// Entries held now (expired ones included until the next call).
+    pub fn len(&self) -> usize {
+        self.lock().entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Cache {
+    fn expire(&mut self, now: Instant) {
+        while let Some((key, serial)) = self.order.front() {
+            match self.entries.get(key) {
+                Some(e) if e.serial == *serial && e.expires > now => return,
+                Some(e) if e.serial == *serial => {
+                    let key = key.clone();
+                    self.entries.remove(&key);
+                }
+                _ => {}
+            }
+            self.order.pop_front();
+        }
+    }
+
+    /// Removes the oldest live entry; false when there is none.
+    fn evict_oldest(&mut self) -> bool {
+        while let Some((key, serial)) = self.order.pop_front() {
+            if self.entries.get(&key).is_some_and(|e| e.serial == serial) {
+                self.entries.remove(&key);
+                return true;
+            }
+        }
+        false
+    }
+}
+
+/// A reserved key. [`Reservation::complete`] stores the answer; dropping it otherwise
+/// removes the key, so a retry with it is delivered again.
+#[derive(Debug)]
+pub struct Reservation {
+    cache: IdempotencyCache,
+    key: Option<(Key, u64)>,
+}
+
+impl Reservation {
+    /// Stores `answer` as the key's result.
+    pub fn complete(mut self, answer: &Answer) {
+        let Some((key, serial)) = self.key.take() else {
+            return;
+        };
+        let mut cache = self.cache.lock();
+        if let Some(entry) = cache.entries.get_mut(&key).filter(|e| e.serial == serial) {
+            entry.slot = Slot::Done(answer.clone());
+        }
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if let Some((key, serial)) = self.key.take() {
+            let mut cache = self.cache.lock();
+            if cache.entries.get(&key).is_some_and(|e| e.serial == serial) {
+                cache.entries.remove(&key);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http::StatusCode;
+
+    use super::*;
+
+    fn tenant(t: &str) -> Tenant {
+        Tenant(t.into())
+    }
+
+    fn ok_answer() -> Answer {
+        Answer {
+            status: StatusCode::OK,
+            body: bytes::Bytes::from_static(b"{}"),
+        }
+    }
+
+    #[test]
+    fn replays_conflicts_and_releases() {
+        let cache = IdempotencyCache::new(Duration::from_secs(600), 100);
+        let t0 = Instant::now();
+        let (a, b) = ([1u8; 32], [2u8; 32]);
+        let Reserve::Reserved(r) = cache.reserve(&tenant("x"), "k1", a, t0) else {
+            panic!("new key is reserved");
+        };
+        // In flight: same key conflicts, whatever the body.
+        assert!(matches!(
+            cache.reserve(&tenant("x"), "k1", a, t0),
+            Reserve::Conflict(_)
+        ));
+        // Another tenant's identical key is independent.
+        assert!(matches!(
+            cache.reserve(&tenant("y"), "k1", a, t0),
+            Reserve::Reserved(_)
+        ));
+        r.complete(&ok_answer());
+        match cache.reserve(&tenant("x"), "k1", a, t0) {
+            Reserve::Replay(answer) => assert_eq!(answer, ok_answer()),
+            other => panic!("expected a replay, got {other:?}"),
+        }
+        assert!(matches!(
+            cache.reserve(&tenant("x"), "k1", b, t0),
+            Reserve::Conflict(_)
+        ));
+        // A reservation dropped without an answer frees the key.
+        let Reserve::Reserved(r2) = cache.reserve(&tenant("x"), "k2", a, t0) else {
+            panic!("new key is reserved");
+        };
+        drop(r2);
+        assert!(matches!(
+            cache.reserve(&tenant("x"), "k2", a, t0),
+            Reserve::Reserved(_)
+        ));
+    }
+
+    #[test]
+    fn entries_expire_and_capacity_evicts_the_oldest() {
+        let cache = IdempotencyCache::new(Duration::from_secs(10), 2);
+        let t0 = Instant::now();
+        for (i, key) in ["a", "b", "c"].iter().enumerate() {
+            let at = t0 + Duration::from_secs(i as u64);
+            let Reserve::Reserved(r) = cache.reserve(&tenant("x"), key, [0; 32], at) else {
+                panic!("reserved");
+            };
+            r.complete(&ok_answer());
+        }
+        assert_eq!(cache.len(), 2, "capacity bounds the cache");
+        // "a" was evicted: it is new again.
+        assert!(matches!(
+            cache.reserve(&tenant("x"), "a", [9; 32], t0 + Duration::from_secs(3)),
+            Reserve::Reserved(_)
+        ));
+        // After the TTL "c" (inserted at t0+2) is gone too.
+        let later = t0 + Duration::from_secs(13);
+        assert!(matches!(
+            cache.reserve(&tenant("x"), "c", [9; 32], later),
+            Reserve::Reserved(_)
+        ));
+    }
+}

@@ -1,0 +1,176 @@
+//! The push service: any pod accepts a push, the shard's owner delivers it.
+//!
+//! [`PushService::push`] (in `route`) finds the owner from this pod's latest status and
+//! delivers here ([`PushService::deliver_here`], in `owner`) or forwards one hop to the
+//! owner (`forward`), retrying only what provably reached no terminal, until the
+//! caller's deadline. Answers (`answer`) are JSON with the documented codes; the owner's
+//! idempotency cache (`idempotency`) turns retries into replays; `auth` maps bearer
+//! tokens to tenants.
+//!
+//! Not for: HTTP parsing and validation (`crate::http::push`), or sessions themselves
+//! (`crate::pos`).
+
+pub mod answer;
+pub mod auth;
+mod forward;
+pub mod idempotency;
+mod owner;
+mod route;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::HeaderValue;
+use tokio::sync::{watch, Semaphore};
+
+use self::auth::Tenant;
+use self::idempotency::IdempotencyCache;
+use crate::core::{Epoch, PodId, ShardId};
+use crate::driver::ServingTable;
+use crate::peer::ClusterSecret;
+use crate::pos::directory::Directory;
+use crate::pos::manager::{ConnectionManager, Lookup};
+use crate::status::PodStatus;
+
+pub use self::forward::{
+    Forwarded, HEADER_DEADLINE_MS, HEADER_HOP, HEADER_TENANT, PUSH_PREFIX, TERMINAL_PREFIX,
+};
+pub use self::owner::Owned;
+pub use self::route::TerminalView;
+
+/// Default caller deadline (`?timeout_ms=`), and the largest one accepted.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(5_000);
+pub const MAX_TIMEOUT: Duration = Duration::from_millis(30_000);
+
+/// Limits and settings of the push API (`posgate serve` flags).
+#[derive(Clone, Debug)]
+pub struct PushSettings {
+    /// `--max-push-bytes`: largest push body.
+    pub max_push_bytes: usize,
+    /// `--max-inflight`: pushes this pod handles at once (received or forwarded to it).
+    pub max_inflight: usize,
+    /// `--max-waiting-per-terminal`: pushes waiting for one terminal's session.
+    pub max_waiting_per_terminal: usize,
+    /// `--pos-push-path`: where terminals take pushes.
+    pub push_path: String,
+    /// `--idempotency-ttl` and `--idempotency-capacity`.
+    pub idempotency_ttl: Duration,
+    pub idempotency_capacity: usize,
+}
+
+impl Default for PushSettings {
+    fn default() -> Self {
+        PushSettings {
+            max_push_bytes: 64 * 1024,
+            max_inflight: 10_000,
+            max_waiting_per_terminal: 64,
+            push_path: crate::pos::push::DEFAULT_PUSH_PATH.to_string(),
+            idempotency_ttl: Duration::from_secs(600),
+            idempotency_capacity: 100_000,
+        }
+    }
+}
+
+/// One validated push.
+#[derive(Clone, Debug)]
+pub struct PushRequest {
+    pub tenant: Tenant,
+    pub terminal: String,
+    pub key: String,
+    pub content_type: Option<HeaderValue>,
+    pub body: Bytes,
+    /// When this pod received it (for `latency_ms`).
+    pub received: Instant,
+}
+
+/// Where pushes find terminal sessions: the connection manager, or nothing.
+pub trait Sessions: Send + Sync + 'static {
+    fn lookup(&self, shard: ShardId, terminal: &str) -> Lookup;
+    /// A terminal refused `epoch` on a push: the shard must be dropped.
+    fn report_stale(&self, shard: ShardId, epoch: Epoch);
+}
+
+impl<D: Directory> Sessions for ConnectionManager<D> {
+    fn lookup(&self, shard: ShardId, terminal: &str) -> Lookup {
+        ConnectionManager::lookup(self, shard, terminal)
+    }
+
+    fn report_stale(&self, shard: ShardId, epoch: Epoch) {
+        ConnectionManager::report_stale(self, shard, epoch)
+    }
+}
+
+/// A pod without a connection layer (coordination-only tests): no terminal exists.
+#[derive(Debug, Default)]
+pub struct NoTerminals;
+
+impl Sessions for NoTerminals {
+    fn lookup(&self, _shard: ShardId, _terminal: &str) -> Lookup {
+        Lookup::Unknown
+    }
+
+    fn report_stale(&self, _shard: ShardId, _epoch: Epoch) {}
+}
+
+/// See the module docs. Cheap to share behind an `Arc`.
+pub struct PushService {
+    pod: PodId,
+    shards: u32,
+    serving: ServingTable,
+    status: watch::Receiver<PodStatus>,
+    sessions: Arc<dyn Sessions>,
+    cache: IdempotencyCache,
+    forward: forward::ForwardClient,
+    settings: PushSettings,
+    inflight: Arc<Semaphore>,
+}
+
+impl std::fmt::Debug for PushService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PushService")
+            .field("pod", &self.pod)
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PushService {
+    /// `peer_timeout` bounds connecting to a peer.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        pod: PodId,
+        shards: u32,
+        serving: ServingTable,
+        status: watch::Receiver<PodStatus>,
+        sessions: Arc<dyn Sessions>,
+        secret: Option<ClusterSecret>,
+        peer_timeout: Duration,
+        settings: PushSettings,
+    ) -> Self {
+        PushService {
+            pod,
+            shards,
+            serving,
+            status,
+            sessions,
+            cache: IdempotencyCache::new(settings.idempotency_ttl, settings.idempotency_capacity),
+            forward: forward::ForwardClient::new(secret, peer_timeout),
+            inflight: Arc::new(Semaphore::new(settings.max_inflight.max(1))),
+            settings,
+        }
+    }
+
+    pub fn settings(&self) -> &PushSettings {
+        &self.settings
+    }
+
+    pub fn shards(&self) -> u32 {
+        self.shards
+    }
+
+    /// A slot of `--max-inflight`, or `None` when the pod is at its limit.
+    pub fn admit(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.inflight.clone().try_acquire_owned().ok()
+    }
+}

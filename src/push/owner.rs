@@ -1,0 +1,182 @@
+//! Delivery on the owner: the pod that serves the terminal's shard sends the push over
+//! its session, fenced by the shard's epoch, and turns the outcome into an answer.
+//!
+//! Order of checks, each one for a reason: the shard must be served here now (else the
+//! caller must find the new owner: [`Owned::NotHere`]); the terminal must be in the
+//! directory (`404`); the idempotency key is reserved (replay or `409`); the push then
+//! waits, bounded by the deadline and a per-terminal cap, for a session whose hello was
+//! accepted with the shard's current epoch; right before sending, the lease is checked
+//! again, so nothing goes out past the lease deadline. A refused epoch drops the shard
+//! and sends the caller to the new owner (the push was not processed); a connection
+//! that closed before the request left is waited out; a request that may have left
+//! without an answer is `504` with `"delivery": "unknown"` and is never re-sent here.
+//!
+//! Not for: finding the owner or forwarding (`route`), or parsing HTTP (`crate::http`).
+
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+use tracing::{debug, warn};
+
+use super::answer::{Answer, Delivered, ErrorBody, ErrorCode};
+use super::idempotency::Reserve;
+use super::{PushRequest, PushService};
+use crate::core::shard::shard_of;
+use crate::pos::manager::Lookup;
+use crate::pos::push::{self as pos_push, PosPush, PushFailure};
+
+/// How often a push re-checks while the shard's terminal list loads.
+const LOADING_POLL: Duration = Duration::from_millis(10);
+
+/// The owner's outcome.
+#[derive(Debug)]
+pub enum Owned {
+    /// The final answer for the caller.
+    Answer(Answer),
+    /// This pod does not serve the shard (any more): nothing was sent to the terminal.
+    NotHere,
+}
+
+fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+impl PushService {
+    /// Delivers `push` if this pod serves its shard, answering by `deadline`.
+    pub async fn deliver_here(&self, push: &PushRequest, deadline: Instant) -> Owned {
+        let shard = shard_of(&push.terminal, self.shards);
+        if self.serving.serving(shard, now()).is_none() {
+            return Owned::NotHere;
+        }
+        let mut link = loop {
+            match self.sessions.lookup(shard, &push.terminal) {
+                Lookup::Found(link) => break link,
+                Lookup::Unknown => {
+                    return Owned::Answer(Answer::error(
+                        ErrorCode::UnknownTerminal,
+                        "no such terminal in the directory",
+                    ))
+                }
+                // `NotServed` while the table says served: the connection layer is
+                // being told right now. Either way, wait a moment and look again.
+                Lookup::Loading | Lookup::NotServed => {
+                    if self.serving.serving(shard, now()).is_none() {
+                        return Owned::NotHere;
+                    }
+                    if now() + LOADING_POLL >= deadline {
+                        return Owned::Answer(unavailable(push, "terminal list is loading"));
+                    }
+                    tokio::time::sleep(LOADING_POLL).await;
+                }
+            }
+        };
+        let digest: [u8; 32] = Sha256::digest(&push.body).into();
+        let reservation = match self.cache.reserve(&push.tenant, &push.key, digest, now()) {
+            Reserve::Reserved(r) => r,
+            Reserve::Replay(answer) => return Owned::Answer(answer),
+            Reserve::Conflict(why) => {
+                return Owned::Answer(Answer::error_with(
+                    ErrorCode::IdempotencyConflict,
+                    with_key(push, why),
+                ))
+            }
+        };
+        loop {
+            let Some(epoch) = self.serving.serving(shard, now()) else {
+                return Owned::NotHere;
+            };
+            // Counted as waiting (which makes the terminal's next dial urgent) only until a
+            // session is there: a push being sent no longer waits.
+            let Some(waiting) = link.wait(self.settings.max_waiting_per_terminal) else {
+                return Owned::Answer(Answer::error_with(
+                    ErrorCode::Overloaded,
+                    with_key(push, "too many pushes waiting for this terminal"),
+                ));
+            };
+            let session = tokio::time::timeout_at(deadline.into(), link.session(epoch)).await;
+            drop(waiting);
+            let mut sender = match session {
+                Ok(Some(sender)) => sender,
+                // The link is gone: shard stopped or terminal removed; look again.
+                Ok(None) => return Owned::NotHere,
+                Err(_) => {
+                    return Owned::Answer(unavailable(
+                        push,
+                        "no session to the terminal by the deadline",
+                    ))
+                }
+            };
+            // Fence: the lease must still be ours, with the epoch the session carries.
+            if self.serving.serving(shard, now()) != Some(epoch) {
+                continue;
+            }
+            let remaining = deadline.saturating_duration_since(now());
+            let wire = PosPush {
+                terminal: &push.terminal,
+                server_name: &link.terminal.server_name,
+                path: &self.settings.push_path,
+                tenant: &push.tenant.0,
+                key: &push.key,
+                epoch,
+                pod: &self.pod,
+                content_type: push.content_type.as_ref(),
+                body: push.body.clone(),
+            };
+            match pos_push::send(&mut sender, wire, remaining).await {
+                Ok(status) => {
+                    let answer = if status.is_success() {
+                        Answer::delivered(&Delivered {
+                            terminal: push.terminal.clone(),
+                            idempotency_key: push.key.clone(),
+                            pod: self.pod.clone(),
+                            shard,
+                            epoch,
+                            pos_status: status.as_u16(),
+                            latency_ms: push.received.elapsed().as_millis() as u64,
+                        })
+                    } else {
+                        let mut body = with_key(push, "the terminal refused the push");
+                        body.pos_status = Some(status.as_u16());
+                        Answer::error_with(ErrorCode::PosRejected, body)
+                    };
+                    reservation.complete(&answer);
+                    return Owned::Answer(answer);
+                }
+                Err(PushFailure::NotSent(why)) => {
+                    debug!(shard, epoch, %why, "push not sent: connection closed; waiting for a new session");
+                    // The link publishes the dead session until it notices; do not spin.
+                    tokio::time::sleep(LOADING_POLL).await;
+                }
+                Err(PushFailure::StaleEpoch { highest }) => {
+                    warn!(
+                        shard,
+                        epoch,
+                        ?highest,
+                        "terminal refused our epoch on a push: dropping the shard"
+                    );
+                    self.sessions.report_stale(shard, epoch);
+                    return Owned::NotHere;
+                }
+                Err(PushFailure::Unknown(why)) => {
+                    debug!(shard, epoch, %why, "push outcome unknown");
+                    let mut body = with_key(push, "no answer from the terminal; it may have received the push: retry with the same idempotency key");
+                    body.delivery = Some("unknown".into());
+                    return Owned::Answer(Answer::error_with(ErrorCode::PosTimeout, body));
+                }
+            }
+        }
+    }
+}
+
+/// An error body that tells the caller the key to retry with.
+pub(super) fn with_key(push: &PushRequest, message: &str) -> ErrorBody {
+    ErrorBody {
+        message: message.to_string(),
+        idempotency_key: Some(push.key.clone()),
+        ..ErrorBody::default()
+    }
+}
+
+pub(super) fn unavailable(push: &PushRequest, message: &str) -> Answer {
+    Answer::error_with(ErrorCode::TerminalUnavailable, with_key(push, message))
+}

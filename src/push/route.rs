@@ -1,0 +1,191 @@
+//! Routing on the receiving pod: find the shard's owner from this pod's latest status,
+//! deliver here or forward one hop, and retry what provably reached no terminal until
+//! the caller's deadline.
+//!
+//! While a shard has no serving owner (handover, takeover after a crash) the push waits
+//! for the next status change (a new lease shows up there), at most [`RESOLVE_PAUSE`]
+//! between looks, so it goes out as soon as the new owner serves. A push whose outcome
+//! is unknown is never retried here: the caller gets `504` and decides.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::StatusCode;
+use serde::{Deserialize, Serialize};
+use tracing::debug;
+
+use super::answer::{Answer, Delivered, ErrorCode};
+use super::forward::Forwarded;
+use super::owner::{unavailable, with_key, Owned};
+use super::{PushRequest, PushService};
+use crate::core::shard::shard_of;
+use crate::core::{Epoch, PodId, ShardId};
+use crate::pos::manager::Lookup;
+
+/// Longest wait between two looks for an owner.
+const RESOLVE_PAUSE: Duration = Duration::from_millis(100);
+
+/// `GET /v1/terminals/{id}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TerminalView {
+    pub terminal: String,
+    pub shard: ShardId,
+    pub owner_pod: Option<PodId>,
+    pub epoch: Option<Epoch>,
+    /// The owner holds a session with an accepted hello to the terminal.
+    pub connected: bool,
+}
+
+enum Target {
+    Here,
+    Peer(String),
+    Nobody,
+}
+
+fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+impl PushService {
+    /// Delivers `push` through whichever pod serves its shard, answering by `deadline`.
+    pub async fn push(&self, push: PushRequest, deadline: Instant) -> Answer {
+        let shard = shard_of(&push.terminal, self.shards);
+        let mut status = self.status.clone();
+        loop {
+            status.borrow_and_update();
+            match self.target(shard) {
+                Target::Here => match self.deliver_here(&push, deadline).await {
+                    Owned::Answer(answer) => return answer,
+                    Owned::NotHere => debug!(shard, "shard left this pod; looking again"),
+                },
+                Target::Peer(url) => match self.forward.push(&url, &push, deadline).await {
+                    Forwarded::Answer(answer) => return with_total_latency(answer, &push),
+                    Forwarded::Moved => debug!(shard, peer = %url, "owner moved; looking again"),
+                    Forwarded::NotSent(why) => {
+                        debug!(shard, peer = %url, %why, "owner unreachable; looking again")
+                    }
+                    Forwarded::Unknown(why) => {
+                        debug!(shard, peer = %url, %why, "forwarded push outcome unknown");
+                        let mut body = with_key(&push, "no answer from the owner pod; the terminal may have received the push: retry with the same idempotency key");
+                        body.delivery = Some("unknown".into());
+                        return Answer::error_with(ErrorCode::PosTimeout, body);
+                    }
+                },
+                Target::Nobody => {}
+            }
+            let until = deadline.min(now() + RESOLVE_PAUSE);
+            if until >= deadline {
+                // Not enough time left for another look to help.
+                tokio::time::sleep_until(deadline.into()).await;
+                return unavailable(&push, "no pod serves the terminal's shard by the deadline");
+            }
+            let _ = tokio::time::timeout_at(until.into(), status.changed()).await;
+        }
+    }
+
+    fn target(&self, shard: ShardId) -> Target {
+        if self.serving.serving(shard, now()).is_some() {
+            return Target::Here;
+        }
+        let status = self.status.borrow();
+        let Some(owner) = status
+            .shards
+            .get(shard as usize)
+            .and_then(|s| s.owner.as_ref())
+        else {
+            return Target::Nobody;
+        };
+        if *owner == self.pod {
+            // Our lease, but not serving (yet, or any more): wait for it to settle.
+            return Target::Nobody;
+        }
+        match status.members.iter().find(|m| m.pod == *owner) {
+            Some(member) => Target::Peer(member.url.clone()),
+            None => Target::Nobody,
+        }
+    }
+
+    /// `GET /v1/terminals/{id}`: asks the owner when it is another pod.
+    pub async fn terminal_view(&self, terminal: &str, timeout: Duration) -> Answer {
+        let shard = shard_of(terminal, self.shards);
+        match self.target(shard) {
+            Target::Here => match self.terminal_here(terminal) {
+                Owned::Answer(answer) => answer,
+                Owned::NotHere => self.unowned_view(terminal, shard),
+            },
+            Target::Peer(url) => match self.forward.terminal(&url, terminal, timeout).await {
+                Ok((status, body)) if status != StatusCode::MISDIRECTED_REQUEST => {
+                    Answer { status, body }
+                }
+                Ok(_) => self.unowned_view(terminal, shard),
+                Err(why) => {
+                    debug!(shard, peer = %url, %why, "owner did not answer a terminal lookup");
+                    Answer::error(
+                        ErrorCode::TerminalUnavailable,
+                        "the owner pod did not answer",
+                    )
+                }
+            },
+            Target::Nobody => self.unowned_view(terminal, shard),
+        }
+    }
+
+    /// The terminal as this pod sees it, if it serves the terminal's shard.
+    pub fn terminal_here(&self, terminal: &str) -> Owned {
+        let shard = shard_of(terminal, self.shards);
+        let Some(epoch) = self.serving.serving(shard, now()) else {
+            return Owned::NotHere;
+        };
+        match self.sessions.lookup(shard, terminal) {
+            Lookup::Unknown => Owned::Answer(Answer::error(
+                ErrorCode::UnknownTerminal,
+                "no such terminal in the directory",
+            )),
+            Lookup::NotServed => Owned::NotHere,
+            found => {
+                let connected = matches!(&found, Lookup::Found(link) if link.connected());
+                Owned::Answer(json_answer(&TerminalView {
+                    terminal: terminal.to_string(),
+                    shard,
+                    owner_pod: Some(self.pod.clone()),
+                    epoch: Some(epoch),
+                    connected,
+                }))
+            }
+        }
+    }
+
+    /// No pod serves the shard right now: say who holds the lease, if anyone.
+    fn unowned_view(&self, terminal: &str, shard: ShardId) -> Answer {
+        let status = self.status.borrow();
+        let entry = status.shards.get(shard as usize);
+        json_answer(&TerminalView {
+            terminal: terminal.to_string(),
+            shard,
+            owner_pod: entry.and_then(|s| s.owner.clone()),
+            epoch: entry.and_then(|s| s.epoch),
+            connected: false,
+        })
+    }
+}
+
+fn json_answer<T: Serialize>(value: &T) -> Answer {
+    Answer {
+        status: StatusCode::OK,
+        body: Bytes::from(serde_json::to_vec(value).expect("view serialises")),
+    }
+}
+
+/// A relayed `200` reports the latency the caller saw, not only the owner's part.
+fn with_total_latency(answer: Answer, push: &PushRequest) -> Answer {
+    if answer.status != StatusCode::OK {
+        return answer;
+    }
+    match serde_json::from_slice::<Delivered>(&answer.body) {
+        Ok(mut delivered) => {
+            delivered.latency_ms = push.received.elapsed().as_millis() as u64;
+            Answer::delivered(&delivered)
+        }
+        Err(_) => answer,
+    }
+}

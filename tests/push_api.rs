@@ -1,0 +1,692 @@
+//! The push API end to end: pods (`Pod::start_with_terminals`) against a real
+//! `redis-server` and a `PosFarm` of simulated terminals, pushes sent over HTTP to any
+//! pod. Every documented status code is produced through the real server; pushes sent
+//! round-robin to all pods reach each terminal exactly once, from the owner.
+//!
+//! Timings are `CoreConfig::fast()`; measured figures are printed (`--nocapture`).
+
+pub mod support;
+
+use std::collections::HashMap;
+use std::num::NonZeroU32;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use posgate::config::{PodConfig, PosSettings};
+use posgate::core::shard::shard_of;
+use posgate::core::{CoreConfig, PodId};
+use posgate::peer::ClusterSecret;
+use posgate::pod::{Pod, PodHandle};
+use posgate::pos::directory::{DirectoryAdmin, Terminal};
+use posgate::pos::tls::TlsFiles;
+use posgate::push::auth::ApiTokens;
+use posgate::push::PushSettings;
+use posgate::store::redis::{RedisOptions, RedisStore};
+use posgate_loadtest::pos_sim::{FarmConfig, FaultConfig, PosFarm};
+use serde_json::Value;
+use support::RedisServer;
+use tokio::net::TcpListener;
+
+const SHARDS: u32 = 64;
+const CLUSTER: &str = "push-e2e";
+const ACME: &str = "acme-token-0123456789";
+const BANK: &str = "bank-token-0123456789";
+const STORE_TIMEOUT: Duration = Duration::from_millis(300);
+
+/// A cluster of pods over one Redis and one farm.
+struct Cluster {
+    _redis: RedisServer,
+    farm: PosFarm,
+    pods: Vec<PodHandle>,
+    urls: Vec<String>,
+    ids: Vec<String>,
+    _dir: tempfile::TempDir,
+}
+
+fn options() -> RedisOptions {
+    RedisOptions {
+        response_timeout: STORE_TIMEOUT,
+        connect_timeout: STORE_TIMEOUT,
+        ..Default::default()
+    }
+}
+
+async fn start_pod(
+    name: &str,
+    redis_url: &str,
+    ca_file: &Path,
+    push: PushSettings,
+) -> (PodHandle, String) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let secret = ClusterSecret::new(*b"push-api-test-cluster-secret").unwrap();
+    let mut config = PodConfig::new(
+        PodId::new(name).unwrap(),
+        url.clone(),
+        CoreConfig::fast(),
+        Some(secret),
+    );
+    config.cluster = CLUSTER.to_string();
+    config.store_timeout = STORE_TIMEOUT;
+    config.api_tokens =
+        Some(ApiTokens::from_env_value(&format!("acme:{ACME},bank:{BANK}")).unwrap());
+    config.push = push;
+    config.pos = PosSettings {
+        tls: TlsFiles {
+            ca_file: Some(ca_file.to_owned()),
+            client: None,
+        },
+        dial_rate: NonZeroU32::new(2_000).unwrap(),
+        ..PosSettings::default()
+    };
+    let store = RedisStore::connect_lazy(redis_url, CLUSTER, options()).unwrap();
+    (
+        Pod::start_with_terminals(config, store, listener).unwrap(),
+        url,
+    )
+}
+
+impl Cluster {
+    /// `pods` pods over `terminals` farm terminals, plus directory entries for
+    /// `extra` (id, addr) terminals outside the farm; waits until every farm terminal
+    /// has a session.
+    async fn start(
+        pods: usize,
+        terminals: u64,
+        extra: &[(&str, &str)],
+        push: PushSettings,
+    ) -> Self {
+        let redis = RedisServer::start();
+        let mut farm_config = FarmConfig::new(0..terminals);
+        farm_config.port = 0;
+        let farm = PosFarm::start(farm_config).await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let ca_file = dir.path().join("pos-ca.pem");
+        std::fs::write(&ca_file, farm.ca_pem()).unwrap();
+        let mut entries: Vec<Terminal> = farm
+            .terminals()
+            .iter()
+            .map(|t| Terminal::new(&t.id, &t.addr.to_string(), Some(&t.server_name)).unwrap())
+            .collect();
+        let ids = entries.iter().map(|t| t.id.clone()).collect();
+        for (id, addr) in extra {
+            entries.push(Terminal::new(id, addr, Some("nowhere.test")).unwrap());
+        }
+        let admin = RedisStore::connect(&redis.url(), CLUSTER, options())
+            .await
+            .unwrap();
+        admin.upsert(SHARDS, &entries).await.unwrap();
+        let mut handles = Vec::new();
+        let mut urls = Vec::new();
+        for i in 0..pods {
+            let (pod, url) = start_pod(
+                &format!("push-pod-{i}"),
+                &redis.url(),
+                &ca_file,
+                push.clone(),
+            )
+            .await;
+            handles.push(pod);
+            urls.push(url);
+        }
+        let cluster = Cluster {
+            _redis: redis,
+            farm,
+            pods: handles,
+            urls,
+            ids,
+            _dir: dir,
+        };
+        let started = Instant::now();
+        while cluster.farm.counters().terminals_connected < terminals || !cluster.settled() {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "cluster did not settle"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        eprintln!(
+            "[push] {pods} pods, {terminals} terminals connected in {:.2} s",
+            started.elapsed().as_secs_f64()
+        );
+        cluster
+    }
+
+    /// Every shard served by exactly one pod.
+    fn settled(&self) -> bool {
+        let now = tokio::time::Instant::now().into_std();
+        (0..SHARDS).all(|s| {
+            self.pods
+                .iter()
+                .filter(|p| p.serving.serving(s, now).is_some())
+                .count()
+                == 1
+        })
+    }
+
+    /// The pod id serving `terminal`'s shard now.
+    fn owner_of(&self, terminal: &str) -> Option<String> {
+        let now = tokio::time::Instant::now().into_std();
+        let shard = shard_of(terminal, SHARDS);
+        self.pods
+            .iter()
+            .find(|p| p.serving.serving(shard, now).is_some())
+            .and_then(|p| p.status.borrow().pod.as_ref().map(|id| id.to_string()))
+    }
+}
+
+fn client() -> Client<HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// A push request; `None` fields are left out.
+struct Push<'a> {
+    token: Option<&'a str>,
+    key: Option<&'a str>,
+    body: &'a str,
+    query: &'a str,
+}
+
+impl Default for Push<'_> {
+    fn default() -> Self {
+        Push {
+            token: Some(ACME),
+            key: None,
+            body: "{\"amount\": 1}",
+            query: "",
+        }
+    }
+}
+
+async fn push(
+    http: &Client<HttpConnector, Full<Bytes>>,
+    base: &str,
+    terminal: &str,
+    p: Push<'_>,
+) -> (StatusCode, HeaderMap, Value) {
+    let mut request = Request::post(format!("{base}/v1/terminals/{terminal}/push{}", p.query))
+        .header("content-type", "application/json");
+    if let Some(token) = p.token {
+        request = request.header("authorization", format!("Bearer {token}"));
+    }
+    if let Some(key) = p.key {
+        request = request.header("idempotency-key", key);
+    }
+    let request = request
+        .body(Full::new(Bytes::from(p.body.to_string())))
+        .unwrap();
+    send(http, request).await
+}
+
+async fn send(
+    http: &Client<HttpConnector, Full<Bytes>>,
+    request: Request<Full<Bytes>>,
+) -> (StatusCode, HeaderMap, Value) {
+    let response = http.request(request).await.expect("pod answers");
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    let json = serde_json::from_slice(&body)
+        .unwrap_or_else(|_| panic!("JSON body, got {:?}", String::from_utf8_lossy(&body)));
+    (parts.status, parts.headers, json)
+}
+
+async fn get(
+    http: &Client<HttpConnector, Full<Bytes>>,
+    url: &str,
+    token: Option<&str>,
+) -> (StatusCode, Value) {
+    let mut request = Request::get(url);
+    if let Some(token) = token {
+        request = request.header("authorization", format!("Bearer {token}"));
+    }
+    let (status, _, body) = send(http, request.body(Full::new(Bytes::new())).unwrap()).await;
+    (status, body)
+}
+
+fn error_of(body: &Value) -> &str {
+    body["error"].as_str().unwrap_or("<none>")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_documented_status_code_through_the_real_server() {
+    let settings = PushSettings {
+        max_push_bytes: 1024,
+        max_waiting_per_terminal: 1,
+        ..PushSettings::default()
+    };
+    // Port 1 on loopback refuses: a terminal that is never reachable.
+    let c = Cluster::start(2, 100, &[("pos-offline", "127.0.0.1:1")], settings).await;
+    let http = client();
+    let (a, b) = (&c.urls[0], &c.urls[1]);
+    let t = c.ids[0].clone();
+
+    // 200, from either pod; `pod` is the owner.
+    for base in [a, b] {
+        let (status, _, body) = push(&http, base, &t, Push::default()).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["terminal"], t.as_str());
+        assert_eq!(body["pod"].as_str(), c.owner_of(&t).as_deref());
+        assert_eq!(body["shard"], shard_of(&t, SHARDS));
+        assert_eq!(body["pos_status"], 200);
+        let key = body["idempotency_key"].as_str().unwrap();
+        assert_eq!(key.len(), 36, "a generated UUID: {key}");
+    }
+
+    // Replay: the same key and body through the other pod -> the stored answer, one delivery.
+    let keyed = Push {
+        key: Some("order-1"),
+        ..Push::default()
+    };
+    let (s1, _, first) = push(&http, a, &t, keyed).await;
+    let (s2, _, second) = push(
+        &http,
+        b,
+        &t,
+        Push {
+            key: Some("order-1"),
+            ..Push::default()
+        },
+    )
+    .await;
+    assert_eq!((s1, s2), (StatusCode::OK, StatusCode::OK));
+    assert_eq!(first["epoch"], second["epoch"]);
+    let report = c.farm.terminal_report(&t).unwrap();
+    let deliveries = report
+        .recent_pushes
+        .iter()
+        .filter(|p| p.idempotency_key == "acme:order-1")
+        .count();
+    assert_eq!(deliveries, 1, "a replay must not deliver again");
+
+    // 409: the same key with another body.
+    let other = Push {
+        key: Some("order-1"),
+        body: "{\"amount\": 2}",
+        ..Push::default()
+    };
+    let (status, _, body) = push(&http, b, &t, other).await;
+    assert_eq!(
+        (status, error_of(&body)),
+        (StatusCode::CONFLICT, "idempotency_conflict")
+    );
+    // Another tenant's identical key is its own.
+    let bank = Push {
+        token: Some(BANK),
+        key: Some("order-1"),
+        body: "{\"amount\": 2}",
+        ..Push::default()
+    };
+    assert_eq!(push(&http, a, &t, bank).await.0, StatusCode::OK);
+
+    // 400: bad id, key and timeout.
+    for (terminal, p) in [
+        ("bad id!", Push::default()),
+        (
+            t.as_str(),
+            Push {
+                key: Some("has space"),
+                ..Push::default()
+            },
+        ),
+        (
+            t.as_str(),
+            Push {
+                query: "?timeout_ms=0",
+                ..Push::default()
+            },
+        ),
+        (
+            t.as_str(),
+            Push {
+                query: "?timeout_ms=30001",
+                ..Push::default()
+            },
+        ),
+    ] {
+        let terminal = terminal.replace(' ', "%20");
+        let (status, _, body) = push(&http, a, &terminal, p).await;
+        assert_eq!(
+            (status, error_of(&body)),
+            (StatusCode::BAD_REQUEST, "invalid_request"),
+            "{body}"
+        );
+    }
+
+    // 401: no token, a wrong one; /v1/cluster needs one too; probes never do.
+    for token in [None, Some("wrong-token-0123456789")] {
+        let (status, headers, body) = push(
+            &http,
+            a,
+            &t,
+            Push {
+                token,
+                ..Push::default()
+            },
+        )
+        .await;
+        assert_eq!(
+            (status, error_of(&body)),
+            (StatusCode::UNAUTHORIZED, "unauthorized")
+        );
+        assert_eq!(headers["www-authenticate"], "Bearer");
+    }
+    assert_eq!(
+        get(&http, &format!("{a}/v1/cluster"), None).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        get(&http, &format!("{a}/v1/cluster"), Some(ACME)).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        get(&http, &format!("{a}/readyz"), None).await.0,
+        StatusCode::OK
+    );
+
+    // 404: valid id, not in the directory (answered by the owner, also via a forward).
+    for base in [a, b] {
+        let (status, _, body) = push(&http, base, "pos-nobody", Push::default()).await;
+        assert_eq!(
+            (status, error_of(&body)),
+            (StatusCode::NOT_FOUND, "unknown_terminal")
+        );
+    }
+
+    // 413: over --max-push-bytes, announced or not.
+    let big = "x".repeat(2000);
+    let (status, _, body) = push(
+        &http,
+        b,
+        &t,
+        Push {
+            body: &big,
+            ..Push::default()
+        },
+    )
+    .await;
+    assert_eq!(
+        (status, error_of(&body)),
+        (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large")
+    );
+
+    // GET /v1/terminals/{id} from both pods agrees with the owner.
+    for base in [a, b] {
+        let (status, view) = get(&http, &format!("{base}/v1/terminals/{t}"), Some(ACME)).await;
+        assert_eq!(status, StatusCode::OK, "{view}");
+        assert_eq!(view["owner_pod"].as_str(), c.owner_of(&t).as_deref());
+        assert_eq!(view["connected"], true);
+    }
+
+    // 503 terminal_unavailable: no session by the deadline (Retry-After set).
+    let (status, headers, body) = push(
+        &http,
+        a,
+        "pos-offline",
+        Push {
+            query: "?timeout_ms=300",
+            ..Push::default()
+        },
+    )
+    .await;
+    assert_eq!(
+        (status, error_of(&body)),
+        (StatusCode::SERVICE_UNAVAILABLE, "terminal_unavailable")
+    );
+    assert_eq!(headers["retry-after"], "1");
+
+    // 503 overloaded: a second push waiting for the same terminal (cap 1).
+    let slow = Push {
+        query: "?timeout_ms=1500",
+        ..Push::default()
+    };
+    let quick = Push {
+        query: "?timeout_ms=300",
+        ..Push::default()
+    };
+    let (first, second) = tokio::join!(push(&http, a, "pos-offline", slow), async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        push(&http, b, "pos-offline", quick).await
+    });
+    assert_eq!(error_of(&first.2), "terminal_unavailable");
+    assert_eq!(
+        (second.0, error_of(&second.2)),
+        (StatusCode::SERVICE_UNAVAILABLE, "overloaded")
+    );
+
+    // 502: the terminal answers non-2xx; stored, so a retry replays it.
+    c.farm
+        .set_faults(FaultConfig {
+            push_status: 503,
+            ..FaultConfig::default()
+        })
+        .unwrap();
+    let (status, _, body) = push(
+        &http,
+        b,
+        &t,
+        Push {
+            key: Some("refused-1"),
+            ..Push::default()
+        },
+    )
+    .await;
+    assert_eq!(
+        (status, error_of(&body)),
+        (StatusCode::BAD_GATEWAY, "pos_rejected")
+    );
+    assert_eq!(body["pos_status"], 503);
+    c.farm.set_faults(FaultConfig::default()).unwrap();
+    let (status, _, _) = push(
+        &http,
+        a,
+        &t,
+        Push {
+            key: Some("refused-1"),
+            ..Push::default()
+        },
+    )
+    .await;
+    assert_eq!(
+        status,
+        StatusCode::BAD_GATEWAY,
+        "the stored answer is replayed"
+    );
+
+    // 504 delivery unknown: the terminal answers after the deadline. 409 while in flight.
+    c.farm
+        .set_faults(FaultConfig {
+            response_latency_ms: 1_500,
+            ..FaultConfig::default()
+        })
+        .unwrap();
+    let timed = Push {
+        key: Some("slow-1"),
+        query: "?timeout_ms=700",
+        ..Push::default()
+    };
+    let again = Push {
+        key: Some("slow-1"),
+        query: "?timeout_ms=700",
+        ..Push::default()
+    };
+    let (first, second) = tokio::join!(push(&http, a, &t, timed), async {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        push(&http, b, &t, again).await
+    });
+    assert_eq!(
+        (first.0, error_of(&first.2)),
+        (StatusCode::GATEWAY_TIMEOUT, "pos_timeout"),
+        "{}",
+        first.2
+    );
+    assert_eq!(first.2["delivery"], "unknown");
+    assert_eq!(first.2["idempotency_key"], "slow-1");
+    assert_eq!(
+        (second.0, error_of(&second.2)),
+        (StatusCode::CONFLICT, "idempotency_conflict")
+    );
+    c.farm.set_faults(FaultConfig::default()).unwrap();
+    // After a 504 the caller may retry with the same key; it is delivered.
+    let (status, _, _) = push(
+        &http,
+        b,
+        &t,
+        Push {
+            key: Some("slow-1"),
+            ..Push::default()
+        },
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+
+    // An unsigned forwarded push is refused.
+    let request = Request::post(format!("{a}/internal/v1/push/{t}"))
+        .header("posgate-hop", "1")
+        .header("posgate-tenant", "acme")
+        .header("idempotency-key", "forged")
+        .header("posgate-deadline-ms", "1000")
+        .body(Full::new(Bytes::from_static(b"{}")))
+        .unwrap();
+    let (status, _, body) = send(&http, request).await;
+    assert_eq!(
+        (status, error_of(&body)),
+        (StatusCode::UNAUTHORIZED, "unauthorized")
+    );
+    // Only the key the caller itself re-sent after its 504 may reach the terminal twice
+    // (the terminal dedupes it by key); wait for the slow first attempt to land.
+    let slow_deliveries = || {
+        let report = c.farm.terminal_report(&t).unwrap();
+        let n = report
+            .recent_pushes
+            .iter()
+            .filter(|p| p.idempotency_key == "acme:slow-1")
+            .count();
+        (n, report.stats.keys_delivered_twice)
+    };
+    let waited = Instant::now();
+    while slow_deliveries().0 < 2 && waited.elapsed() < Duration::from_secs(3) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!(
+        "[push] slow-1 deliveries, keys twice on {t}: {:?}",
+        slow_deliveries()
+    );
+    assert!(slow_deliveries().0 >= 1);
+    assert_eq!(
+        c.farm.counters().keys_delivered_twice,
+        u64::from(slow_deliveries().0 == 2),
+        "no key but the one retried after a 504 reached a terminal twice"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn round_robin_pushes_reach_each_terminal_once_from_the_owner() {
+    const PUSHES: usize = 10_000;
+    const CONCURRENCY: usize = 64;
+    let c = Arc::new(Cluster::start(3, 300, &[], PushSettings::default()).await);
+    let http = client();
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    for _ in 0..CONCURRENCY {
+        let (c, http, next) = (c.clone(), http.clone(), next.clone());
+        tasks.spawn(async move {
+            let mut wrong_owner = Vec::new();
+            let mut failures = Vec::new();
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= PUSHES {
+                    return (wrong_owner, failures);
+                }
+                // A fixed pseudo-random terminal per push, so runs are repeatable.
+                let t = &c.ids[(i * 7919 + 13) % c.ids.len()];
+                let key = format!("rr-{i}");
+                let p = Push {
+                    key: Some(&key),
+                    ..Push::default()
+                };
+                let (status, _, body) = push(&http, &c.urls[i % c.urls.len()], t, p).await;
+                if status != StatusCode::OK {
+                    failures.push(format!("{i}: {status} {body}"));
+                } else if body["pod"].as_str() != c.owner_of(t).as_deref() {
+                    wrong_owner.push(i);
+                }
+            }
+        });
+    }
+    let (mut wrong_owner, mut failures) = (Vec::new(), Vec::new());
+    while let Some(done) = tasks.join_next().await {
+        let (w, f) = done.unwrap();
+        wrong_owner.extend(w);
+        failures.extend(f);
+    }
+    let took = started.elapsed();
+    eprintln!(
+        "[push] {PUSHES} pushes round-robin over 3 pods, {CONCURRENCY} at once: {:.2} s ({:.0}/s)",
+        took.as_secs_f64(),
+        PUSHES as f64 / took.as_secs_f64()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} failed, e.g. {:?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
+    assert!(
+        wrong_owner.is_empty(),
+        "delivered by a pod that is not the owner: {wrong_owner:?}"
+    );
+    let counters = c.farm.counters();
+    assert_eq!(counters.pushes_accepted, PUSHES as u64, "{counters:?}");
+    assert_eq!(counters.keys_delivered_twice, 0);
+
+    // The same key at once through two pods: one delivery; the other gets it too or 409.
+    let t = c.ids[1].clone();
+    let (x, y) = tokio::join!(
+        push(
+            &http,
+            &c.urls[0],
+            &t,
+            Push {
+                key: Some("twice"),
+                ..Push::default()
+            }
+        ),
+        push(
+            &http,
+            &c.urls[1],
+            &t,
+            Push {
+                key: Some("twice"),
+                ..Push::default()
+            }
+        ),
+    );
+    let statuses = [x.0, y.0];
+    assert!(statuses.contains(&StatusCode::OK), "{statuses:?}");
+    assert!(
+        statuses
+            .iter()
+            .all(|s| *s == StatusCode::OK || *s == StatusCode::CONFLICT),
+        "{statuses:?}"
+    );
+    let delivered: HashMap<&str, usize> = c
+        .farm
+        .terminal_report(&t)
+        .unwrap()
+        .recent_pushes
+        .iter()
+        .filter(|p| p.idempotency_key == "acme:twice")
+        .fold(HashMap::new(), |mut m, _| {
+            *m.entry("twice").or_default() += 1;
+            m
+        });
+    assert_eq!(delivered.get("twice"), Some(&1));
+}
