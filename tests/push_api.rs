@@ -42,7 +42,8 @@ const STORE_TIMEOUT: Duration = Duration::from_millis(300);
 
 /// A cluster of pods over one Redis and one farm.
 struct Cluster {
-    _redis: RedisServer,
+    redis: RedisServer,
+    ca_file: std::path::PathBuf,
     farm: PosFarm,
     pods: Vec<PodHandle>,
     urls: Vec<String>,
@@ -93,6 +94,19 @@ async fn start_pod(
     )
 }
 
+trait Serving {
+    fn serving_count(&self) -> usize;
+}
+
+impl Serving for PodHandle {
+    fn serving_count(&self) -> usize {
+        let now = tokio::time::Instant::now().into_std();
+        (0..SHARDS)
+            .filter(|&s| self.serving.serving(s, now).is_some())
+            .count()
+    }
+}
+
 impl Cluster {
     /// `pods` pods over `terminals` farm terminals, plus directory entries for
     /// `extra` (id, addr) terminals outside the farm; waits until every farm terminal
@@ -137,7 +151,8 @@ impl Cluster {
             urls.push(url);
         }
         let cluster = Cluster {
-            _redis: redis,
+            redis,
+            ca_file,
             farm,
             pods: handles,
             urls,
@@ -689,4 +704,148 @@ async fn round_robin_pushes_reach_each_terminal_once_from_the_owner() {
             m
         });
     assert_eq!(delivered.get("twice"), Some(&1));
+}
+
+/// Outcome counts of a stream of pushes.
+#[derive(Debug, Default)]
+struct Tally {
+    by_status: HashMap<u16, u64>,
+    /// Answers that came later than the caller's deadline plus a grace.
+    late: u64,
+    slowest_ms: u128,
+}
+
+/// Sends pushes from `workers` loops (keys `{tag}-{worker}-{n}`, random terminals,
+/// round-robin over `urls`) until `stop` is set; `timeout_ms` per push.
+async fn push_stream(
+    c: Arc<Cluster>,
+    urls: Vec<String>,
+    tag: &'static str,
+    workers: usize,
+    timeout_ms: u64,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> Tally {
+    let http = client();
+    let mut tasks = tokio::task::JoinSet::new();
+    for w in 0..workers {
+        let (c, urls, http, stop) = (c.clone(), urls.clone(), http.clone(), stop.clone());
+        tasks.spawn(async move {
+            let mut tally = Tally::default();
+            let mut n = 0usize;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let t = &c.ids[(w * 7919 + n * 104_729) % c.ids.len()];
+                let key = format!("{tag}-{w}-{n}");
+                let query = format!("?timeout_ms={timeout_ms}");
+                let p = Push {
+                    key: Some(&key),
+                    query: &query,
+                    ..Push::default()
+                };
+                let sent = Instant::now();
+                let (status, _, _) = push(&http, &urls[n % urls.len()], t, p).await;
+                let took = sent.elapsed().as_millis();
+                *tally.by_status.entry(status.as_u16()).or_default() += 1;
+                // The answer is due by the deadline; allow scheduling slack on a busy
+                // machine (the forwarder itself allows 250 ms for the owner's answer).
+                if took > u128::from(timeout_ms) + 1_000 {
+                    tally.late += 1;
+                }
+                tally.slowest_ms = tally.slowest_ms.max(took);
+                n += 1;
+            }
+            tally
+        });
+    }
+    let mut total = Tally::default();
+    while let Some(done) = tasks.join_next().await {
+        let t = done.unwrap();
+        for (k, v) in t.by_status {
+            *total.by_status.entry(k).or_default() += v;
+        }
+        total.late += t.late;
+        total.slowest_ms = total.slowest_ms.max(t.slowest_ms);
+    }
+    total
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pushes_survive_a_join_and_an_owner_crash() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let mut cluster = Cluster::start(3, 300, &[], PushSettings::default()).await;
+    // A 4th pod joins while pushes flow to the first three.
+    let (fourth, fourth_url) = start_pod(
+        "push-pod-3",
+        &cluster.redis.url(),
+        &cluster.ca_file,
+        PushSettings::default(),
+    )
+    .await;
+    cluster.pods.push(fourth);
+    let c = Arc::new(cluster);
+    let urls = c.urls.clone();
+    let stop = Arc::new(AtomicBool::new(false));
+    let stream = tokio::spawn(push_stream(
+        c.clone(),
+        urls,
+        "join",
+        16,
+        5_000,
+        stop.clone(),
+    ));
+    let joined = Instant::now();
+    while !(c.settled() && c.pods[3].serving_count() > 0) {
+        assert!(
+            joined.elapsed() < Duration::from_secs(20),
+            "the 4th pod never served"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Keep pushing a little past the handover.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.store(true, Ordering::Relaxed);
+    let join = stream.await.unwrap();
+    eprintln!(
+        "[push] during the join ({:.2} s to settle): {join:?}",
+        joined.elapsed().as_secs_f64()
+    );
+    assert_eq!(
+        join.by_status.keys().copied().collect::<Vec<_>>(),
+        [200],
+        "{join:?}"
+    );
+    assert_eq!(join.late, 0);
+
+    // The owner of some shards crashes (no release) while pushes are in flight, sent to
+    // the survivors only: every caller gets an answer by its deadline.
+    let stop = Arc::new(AtomicBool::new(false));
+    let survivors = c.urls[1..].to_vec();
+    let stream = tokio::spawn(push_stream(
+        c.clone(),
+        survivors,
+        "crash",
+        16,
+        5_000,
+        stop.clone(),
+    ));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let crashed = Instant::now();
+    c.pods[0].abort();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    stop.store(true, Ordering::Relaxed);
+    let crash = stream.await.unwrap();
+    eprintln!(
+        "[push] across the crash ({:.2} s of pushing after it): {crash:?}",
+        crashed.elapsed().as_secs_f64()
+    );
+    assert_eq!(crash.late, 0, "every caller is answered by its deadline");
+    let unexpected: Vec<u16> = crash
+        .by_status
+        .keys()
+        .copied()
+        .filter(|s| ![200, 503, 504].contains(s))
+        .collect();
+    assert!(unexpected.is_empty(), "{crash:?}");
+    assert!(crash.by_status.get(&200).copied().unwrap_or(0) > 0);
+    // No caller retried, so no key may reach a terminal twice.
+    assert_eq!(c.farm.counters().keys_delivered_twice, 0);
 }
