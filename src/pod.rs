@@ -26,7 +26,7 @@ use tracing::{info, warn, Instrument};
 use crate::config::PodConfig;
 use crate::core::config::ConfigError;
 use crate::driver::{Driver, ServingHook, ServingTable};
-use crate::http::{self, HttpState};
+use crate::http::{self, HttpState, ReadyLatch};
 use crate::pos::dialer::{Dialer, DialerConfig};
 use crate::pos::directory::Directory;
 use crate::pos::manager::{ConnectionManager, ManagerConfig};
@@ -181,6 +181,7 @@ fn spawn_pod<S: CoordStore, H: ServingHook>(
         secrets: config.cluster_secret.clone().map(|s| vec![s]),
         tokens: config.api_tokens.clone(),
         push: Arc::new(push),
+        ready: ReadyLatch::default(),
     };
     let meta = ClusterMeta::current(config.core.shards);
     let (stop, stopped) = oneshot::channel();

@@ -17,7 +17,7 @@ use hyper_util::rt::TokioExecutor;
 use posgate::core::membership::Member;
 use posgate::core::PodId;
 use posgate::driver::ServingTable;
-use posgate::http::{router, serve, HttpState};
+use posgate::http::{router, serve, HttpState, ReadyLatch};
 use posgate::peer::{
     sign, ClusterSecret, PeerAnswer, PeerClient, PeerError, MAX_INTERNAL_BODY, STORE_REACHABLE_PATH,
 };
@@ -53,6 +53,7 @@ impl Server {
             secrets,
             tokens: None,
             push: Arc::new(push),
+            ready: ReadyLatch::default(),
         });
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());

@@ -59,18 +59,12 @@ fn options() -> RedisOptions {
     }
 }
 
-async fn start_pod(
-    name: &str,
-    redis_url: &str,
-    ca_file: &Path,
-    push: PushSettings,
-) -> (PodHandle, String) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
+/// A pod's config: fast timings, both tenants' tokens, `push` limits.
+fn pod_config(name: &str, url: &str, ca_file: &Path, push: PushSettings) -> PodConfig {
     let secret = ClusterSecret::new(*b"push-api-test-cluster-secret").unwrap();
     let mut config = PodConfig::new(
         PodId::new(name).unwrap(),
-        url.clone(),
+        url,
         CoreConfig::fast(),
         Some(secret),
     );
@@ -87,11 +81,24 @@ async fn start_pod(
         dial_rate: NonZeroU32::new(2_000).unwrap(),
         ..PosSettings::default()
     };
+    config
+}
+
+async fn start_configured(config: PodConfig, redis_url: &str, listener: TcpListener) -> PodHandle {
     let store = RedisStore::connect_lazy(redis_url, CLUSTER, options()).unwrap();
-    (
-        Pod::start_with_terminals(config, store, listener).unwrap(),
-        url,
-    )
+    Pod::start_with_terminals(config, store, listener).unwrap()
+}
+
+async fn start_pod(
+    name: &str,
+    redis_url: &str,
+    ca_file: &Path,
+    push: PushSettings,
+) -> (PodHandle, String) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let config = pod_config(name, &url, ca_file, push);
+    (start_configured(config, redis_url, listener).await, url)
 }
 
 trait Serving {
@@ -773,7 +780,7 @@ async fn pushes_survive_a_join_and_an_owner_crash() {
     use std::sync::atomic::{AtomicBool, Ordering};
     let mut cluster = Cluster::start(3, 300, &[], PushSettings::default()).await;
     // A 4th pod joins while pushes flow to the first three.
-    let (fourth, fourth_url) = start_pod(
+    let (fourth, _) = start_pod(
         "push-pod-3",
         &cluster.redis.url(),
         &cluster.ca_file,
@@ -848,4 +855,75 @@ async fn pushes_survive_a_join_and_an_owner_crash() {
     assert!(crash.by_status.get(&200).copied().unwrap_or(0) > 0);
     // No caller retried, so no key may reach a terminal twice.
     assert_eq!(c.farm.counters().keys_delivered_twice, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn readiness_waits_for_the_first_dial_of_every_terminal() {
+    const TERMINALS: u64 = 100;
+    let redis = RedisServer::start();
+    let mut farm_config = FarmConfig::new(0..TERMINALS);
+    farm_config.port = 0;
+    let farm = PosFarm::start(farm_config).await.unwrap();
+    // Slow handshakes and few at once: dialing everything takes seconds.
+    let slow = FaultConfig {
+        handshake_delay_ms: 700,
+        ..FaultConfig::default()
+    };
+    farm.set_faults(slow).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("pos-ca.pem");
+    std::fs::write(&ca_file, farm.ca_pem()).unwrap();
+    let entries: Vec<Terminal> = farm
+        .terminals()
+        .iter()
+        .map(|t| Terminal::new(&t.id, &t.addr.to_string(), Some(&t.server_name)).unwrap())
+        .collect();
+    let admin = RedisStore::connect(&redis.url(), CLUSTER, options())
+        .await
+        .unwrap();
+    admin.upsert(SHARDS, &entries).await.unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let mut config = pod_config("ready-pod", &url, &ca_file, PushSettings::default());
+    config.pos.dial_concurrency = 10;
+    let _pod = start_configured(config, &redis.url(), listener).await;
+    let http = client();
+    let started = Instant::now();
+    let mut reasons: Vec<String> = Vec::new();
+    loop {
+        let (status, body) = get(&http, &format!("{url}/readyz"), None).await;
+        if status == StatusCode::OK {
+            break;
+        }
+        let reason = body["reason"].as_str().unwrap_or_default().to_string();
+        // Log each kind of reason once, not every count of undialed terminals.
+        let kind = |r: &str| {
+            r.trim_start_matches(|c: char| c.is_ascii_digit())
+                .to_string()
+        };
+        if reasons.last().map(|r| kind(r)) != Some(kind(&reason)) {
+            eprintln!("[ready] {:.2} s: {reason}", started.elapsed().as_secs_f64());
+            reasons.push(reason);
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "never ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let accepted = farm.counters().sessions_accepted;
+    eprintln!(
+        "[ready] ready after {:.2} s with {accepted} sessions",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        reasons.iter().any(|r| r.ends_with("not dialed yet")),
+        "readiness never waited for dials: {reasons:?}"
+    );
+    assert_eq!(
+        accepted, TERMINALS,
+        "ready before every terminal was dialed"
+    );
+    // Sticky: slower dials later (a rebalance) do not take readiness back.
+    assert_eq!(
+        get(&http, &format!("{url}/readyz"), None).await.0,
+        StatusCode::OK
+    );
 }

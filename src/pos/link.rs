@@ -16,7 +16,7 @@
 //! shard at once.
 
 use std::pin::pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -117,6 +117,8 @@ pub(crate) struct LinkShared {
     waiting: AtomicUsize,
     /// Tells the link task that a push started waiting.
     wake: Notify,
+    /// Set once the first dial finished, however it ended (readiness waits for it).
+    dialed: AtomicBool,
 }
 
 impl LinkShared {
@@ -133,6 +135,10 @@ impl LinkShared {
         }
         self.wake.notify_one();
         Some(WaitingPush(self.clone()))
+    }
+
+    pub(crate) fn dialed(&self) -> bool {
+        self.dialed.load(Ordering::Acquire)
     }
 
     fn urgent(&self) -> bool {
@@ -236,6 +242,7 @@ impl LinkTask {
                 result = dial => result,
                 () = self.state.closed() => return None,
             };
+            self.shared.dialed.store(true, Ordering::Release);
             match result {
                 Ok(session) => {
                     // Per terminal, so debug: a shard start connects thousands.

@@ -238,6 +238,19 @@ impl<D: Directory> ConnectionManager<D> {
         }
     }
 
+    /// Terminals of served shards not dialed even once yet; `None` while a shard's
+    /// terminal list is still loading (so the count is not known).
+    pub fn pending_first_dials(&self) -> Option<usize> {
+        let shards = lock(&self.inner.shards);
+        let mut pending = 0;
+        for entry in shards.values() {
+            // Not loaded yet: how many terminals it has is not known.
+            entry.version?;
+            pending += entry.links.values().filter(|l| !l.shared.dialed()).count();
+        }
+        Some(pending)
+    }
+
     /// Tells the driver that a terminal refused `epoch` of `shard` as stale (a push got
     /// the `409`), so the shard is dropped like after a refused hello.
     pub fn report_stale(&self, shard: ShardId, epoch: Epoch) {

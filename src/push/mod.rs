@@ -89,6 +89,8 @@ pub trait Sessions: Send + Sync + 'static {
     fn lookup(&self, shard: ShardId, terminal: &str) -> Lookup;
     /// A terminal refused `epoch` on a push: the shard must be dropped.
     fn report_stale(&self, shard: ShardId, epoch: Epoch);
+    /// Terminals of served shards not dialed once yet (`None`: not known yet).
+    fn pending_first_dials(&self) -> Option<usize>;
 }
 
 impl<D: Directory> Sessions for ConnectionManager<D> {
@@ -98,6 +100,10 @@ impl<D: Directory> Sessions for ConnectionManager<D> {
 
     fn report_stale(&self, shard: ShardId, epoch: Epoch) {
         ConnectionManager::report_stale(self, shard, epoch)
+    }
+
+    fn pending_first_dials(&self) -> Option<usize> {
+        ConnectionManager::pending_first_dials(self)
     }
 }
 
@@ -111,6 +117,10 @@ impl Sessions for NoTerminals {
     }
 
     fn report_stale(&self, _shard: ShardId, _epoch: Epoch) {}
+
+    fn pending_first_dials(&self) -> Option<usize> {
+        Some(0)
+    }
 }
 
 /// See the module docs. Cheap to share behind an `Arc`.
@@ -167,6 +177,11 @@ impl PushService {
 
     pub fn shards(&self) -> u32 {
         self.shards
+    }
+
+    /// Terminals of served shards not dialed once yet (`None`: not known yet).
+    pub fn pending_first_dials(&self) -> Option<usize> {
+        self.sessions.pending_first_dials()
     }
 
     /// A slot of `--max-inflight`, or `None` when the pod is at its limit.
