@@ -21,6 +21,7 @@ pub mod config;
 pub mod core;
 pub mod driver;
 pub mod http;
+pub mod metrics;
 pub mod peer;
 pub mod pod;
 pub mod pos;

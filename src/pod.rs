@@ -27,6 +27,7 @@ use crate::config::PodConfig;
 use crate::core::config::ConfigError;
 use crate::driver::{Driver, ServingHook, ServingTable};
 use crate::http::{self, HttpState, ReadyLatch};
+use crate::metrics::{sampler, Metrics};
 use crate::pos::dialer::{Dialer, DialerConfig};
 use crate::pos::directory::Directory;
 use crate::pos::manager::{ConnectionManager, ManagerConfig};
@@ -107,13 +108,11 @@ impl Pod {
         hook: H,
     ) -> Result<PodHandle, PodError> {
         let store = Arc::new(store);
-        let driver = Driver::new(&config, store.clone(), hook)?;
+        let metrics = Arc::new(Metrics::new());
+        let driver = Driver::new(&config, store.clone(), hook, metrics.clone())?;
+        let sessions = Arc::new(NoTerminals);
         Ok(spawn_pod(
-            &config,
-            driver,
-            store,
-            listener,
-            Arc::new(NoTerminals),
+            &config, driver, store, listener, sessions, metrics,
         ))
     }
 
@@ -139,20 +138,25 @@ impl Pod {
             handshake_timeout: pos.dial_timeout,
             keepalive: pos.keepalive,
         });
+        let metrics = Arc::new(Metrics::new());
         let manager_config = ManagerConfig {
             dial_rate: pos.dial_rate,
             max_handshakes: pos.dial_concurrency,
             backoff: pos.backoff,
             close_budget: config.core.close_budget,
             directory_poll: pos.directory_poll,
+            metrics: metrics.clone(),
             ..ManagerConfig::default()
         };
         let store = Arc::new(store);
         let (stale_tx, stale_rx) = mpsc::unbounded_channel();
         let manager = ConnectionManager::new(store.clone(), dialer, manager_config, stale_tx);
         let sessions = Arc::new(manager.clone());
-        let driver = Driver::new(&config, store.clone(), manager)?.with_stale_epochs(stale_rx);
-        Ok(spawn_pod(&config, driver, store, listener, sessions))
+        let driver = Driver::new(&config, store.clone(), manager, metrics.clone())?
+            .with_stale_epochs(stale_rx);
+        Ok(spawn_pod(
+            &config, driver, store, listener, sessions, metrics,
+        ))
     }
 }
 
@@ -163,6 +167,7 @@ fn spawn_pod<S: CoordStore, H: ServingHook>(
     store: Arc<S>,
     listener: TcpListener,
     sessions: Arc<dyn Sessions>,
+    metrics: Arc<Metrics>,
 ) -> PodHandle {
     let status = driver.status();
     let serving = driver.serving_table();
@@ -171,11 +176,13 @@ fn spawn_pod<S: CoordStore, H: ServingHook>(
         config.core.shards,
         serving.clone(),
         status.clone(),
-        sessions,
+        sessions.clone(),
         config.cluster_secret.clone(),
         PEER_CONNECT_TIMEOUT,
         config.push.clone(),
+        metrics.clone(),
     );
+    let sampler = sampler::run(metrics, status.clone(), sessions);
     let http_state = HttpState {
         status: status.clone(),
         secrets: config.cluster_secret.clone().map(|s| vec![s]),
@@ -195,6 +202,7 @@ fn spawn_pod<S: CoordStore, H: ServingHook>(
             listener,
             http_state,
             stopped,
+            sampler,
         )
         .instrument(span),
     );
@@ -254,6 +262,8 @@ impl Drop for PodHandle {
 /// The pod task. Every part runs inside this one future (no further spawns, except the
 /// connection manager's, which end when the driver owning it is dropped), so aborting the
 /// task stops all of them.
+// Each argument is a separate part of the pod that this one task owns.
+#[allow(clippy::too_many_arguments)]
 async fn run_pod<S: CoordStore, H: ServingHook>(
     driver: Driver<S, H>,
     store: Arc<S>,
@@ -262,6 +272,7 @@ async fn run_pod<S: CoordStore, H: ServingHook>(
     listener: TcpListener,
     http_state: HttpState,
     mut stopped: oneshot::Receiver<()>,
+    sampler: impl Future<Output = ()>,
 ) -> Result<(), PodError> {
     let (stop_http, http_stopped) = oneshot::channel::<()>();
     let http = http::serve(listener, http::router(http_state), async move {
@@ -283,7 +294,13 @@ async fn run_pod<S: CoordStore, H: ServingHook>(
     };
     let mut http = std::pin::pin!(http);
     let mut ownership = std::pin::pin!(ownership);
+    // The sampler ends only when the driver is gone; then nothing is left to sample.
+    let sampler = async {
+        sampler.await;
+        std::future::pending::<()>().await
+    };
     tokio::select! {
+        () = sampler => unreachable!("the sampler future never completes"),
         owned = &mut ownership => {
             let _ = stop_http.send(());
             let served = tokio::time::timeout(HTTP_DRAIN, http).await.unwrap_or_else(|_| {

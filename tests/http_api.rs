@@ -18,6 +18,7 @@ use posgate::core::membership::Member;
 use posgate::core::PodId;
 use posgate::driver::ServingTable;
 use posgate::http::{router, serve, HttpState, ReadyLatch};
+use posgate::metrics::Metrics;
 use posgate::peer::{
     sign, ClusterSecret, PeerAnswer, PeerClient, PeerError, MAX_INTERNAL_BODY, STORE_REACHABLE_PATH,
 };
@@ -47,6 +48,7 @@ impl Server {
             secrets.as_ref().map(|s| s[0].clone()),
             Duration::from_secs(1),
             PushSettings::default(),
+            Arc::new(Metrics::new()),
         );
         let app = router(HttpState {
             status: receiver,

@@ -581,6 +581,8 @@ async fn every_documented_status_code_through_the_real_server() {
         (status, error_of(&body)),
         (StatusCode::UNAUTHORIZED, "unauthorized")
     );
+    check_metrics(&http, a).await;
+
     // Only the key the caller itself re-sent after its 504 may reach the terminal twice
     // (the terminal dedupes it by key); wait for the slow first attempt to land.
     let slow_deliveries = || {
@@ -926,4 +928,66 @@ async fn readiness_waits_for_the_first_dial_of_every_terminal() {
         get(&http, &format!("{url}/readyz"), None).await.0,
         StatusCode::OK
     );
+}
+
+/// The pod's `/metrics` has exactly the families `docs/metrics.md` lists, and the
+/// counters of what this test did moved.
+async fn check_metrics(http: &Client<HttpConnector, Full<Bytes>>, base: &str) {
+    let response = http
+        .request(
+            Request::get(format!("{base}/metrics"))
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let text = String::from_utf8(
+        response
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec(),
+    )
+    .unwrap();
+    let doc = include_str!("../docs/metrics.md");
+    let documented: std::collections::BTreeSet<String> = doc
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `posgate_"))
+        .map(|l| format!("posgate_{}", l.split('`').next().unwrap()))
+        .collect();
+    let scraped: std::collections::BTreeSet<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .map(|l| {
+            let (name, kind) = l.split_once(' ').unwrap();
+            // OpenMetrics names counter families without `_total`.
+            if kind == "counter" {
+                format!("{name}_total")
+            } else {
+                name.to_string()
+            }
+        })
+        .collect();
+    assert_eq!(documented, scraped, "docs/metrics.md vs /metrics");
+    for expected in [
+        "posgate_push_requests_total{path=\"local\",result=\"ok\"}",
+        "posgate_push_requests_total{path=\"forwarded\",result=\"ok\"}",
+        "posgate_push_requests_total{path=\"none\",result=\"invalid_request\"}",
+        "posgate_push_replays_total",
+        "posgate_dials_total{result=\"ok\"}",
+        "posgate_dials_total{result=\"refused\"}",
+        "posgate_lease_ops_total{op=\"acquire\",outcome=\"acquired\"}",
+        "posgate_terminals{state=\"connected\"}",
+        "posgate_store_reachable 1",
+        "posgate_members 2",
+    ] {
+        assert!(
+            text.contains(expected),
+            "{expected} missing from /metrics:\n{text}"
+        );
+    }
+    assert!(!text.contains("pos-0"), "a terminal id leaked into a label");
 }

@@ -37,6 +37,7 @@ use crate::core::membership::Member;
 use crate::core::reconciler::{Action, Reconciler};
 use crate::core::ring::RING_VERSION;
 use crate::core::{Epoch, ShardId};
+use crate::metrics::Metrics;
 use crate::peer::PeerClient;
 use crate::status::PodStatus;
 use crate::store::{ClusterMeta, CoordStore};
@@ -68,9 +69,15 @@ pub struct Driver<S, H = ()> {
 }
 
 impl<S: CoordStore, H: ServingHook> Driver<S, H> {
-    /// A driver for the pod `config` describes, not yet running. Fails when
-    /// `config.core` is not a valid configuration.
-    pub fn new(config: &PodConfig, store: Arc<S>, hook: H) -> Result<Self, ConfigError> {
+    /// A driver for the pod `config` describes, not yet running, counting its store
+    /// calls, lease outcomes and shard stops in `metrics`. Fails when `config.core` is
+    /// not a valid configuration.
+    pub fn new(
+        config: &PodConfig,
+        store: Arc<S>,
+        hook: H,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, ConfigError> {
         config.core.validate()?;
         let core = config.core.clone();
         let rec = Reconciler::new(core.clone(), config.pod_id.clone(), now());
@@ -94,6 +101,7 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
                 meta: ClusterMeta::current(core.shards),
                 store_timeout: config.store_timeout,
                 core: core.clone(),
+                metrics,
             }),
             hook,
             ops: FuturesUnordered::new(),
@@ -253,6 +261,11 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
                     shard, epoch, from = %me, to = %name(to), reason = %reason.as_str(),
                     "shard ownership changed"
                 );
+                self.cx
+                    .metrics
+                    .shard_stops
+                    .get_or_create(&[("reason", reason.as_str())])
+                    .inc();
                 let closed = self.hook.stop(shard, epoch, reason);
                 async move {
                     closed.await;
@@ -266,6 +279,7 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
 
     fn complete(&mut self, done: Done) {
         let now = now();
+        self.cx.metrics.lease_outcomes(&done);
         let (rec, health) = (&mut self.rec, &mut self.health);
         match done {
             Done::Snapshot(r) => rec.handle_snapshot(now, health.check(now, "snapshot", r)),
@@ -284,6 +298,10 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
                     reaching = report.reaching,
                     "peers probed"
                 );
+                self.cx
+                    .metrics
+                    .peers_reaching_store
+                    .set(report.reaching as i64);
                 rec.handle_peer_report(now, report);
             }
             Done::Stopped(shard) => rec.handle_serving_stopped(now, shard),

@@ -16,6 +16,7 @@ use crate::core::lease::{AcquireOutcome, Checked, RenewOutcome};
 use crate::core::membership::{Member, Snapshot};
 use crate::core::reconciler::{OpFailed, OpResult, PeerReport};
 use crate::core::{CoreConfig, ShardId};
+use crate::metrics::Metrics;
 use crate::peer::PeerClient;
 use crate::store::{ClusterMeta, CoordStore, StoreError};
 
@@ -49,12 +50,19 @@ pub(super) struct OpContext<S> {
     /// Our own bound on every store call, on top of the store's: a call that hangs would
     /// otherwise keep its timer in flight and stall renewals.
     pub store_timeout: Duration,
+    pub metrics: Arc<Metrics>,
 }
 
 impl<S: CoordStore> OpContext<S> {
     pub fn poll(self: &Arc<Self>) -> Op {
         let cx = self.clone();
-        async move { Done::Snapshot(cx.bounded(cx.store.snapshot(cx.core.shards)).await) }.boxed()
+        async move {
+            Done::Snapshot(
+                cx.bounded("snapshot", cx.store.snapshot(cx.core.shards))
+                    .await,
+            )
+        }
+        .boxed()
     }
 
     pub fn heartbeat(self: &Arc<Self>, generation: String) -> Op {
@@ -63,7 +71,7 @@ impl<S: CoordStore> OpContext<S> {
             let call = cx
                 .store
                 .heartbeat(&generation, &cx.member, &cx.meta, cx.core.member_ttl);
-            Done::Heartbeat(cx.bounded(call).await)
+            Done::Heartbeat(cx.bounded("heartbeat", call).await)
         }
         .boxed()
     }
@@ -74,7 +82,7 @@ impl<S: CoordStore> OpContext<S> {
             let call = cx
                 .store
                 .acquire(&generation, &cx.member.pod, &shards, cx.core.lease_ttl);
-            let result = cx.bounded(call).await;
+            let result = cx.bounded("acquire", call).await;
             Done::Acquire(shards, result)
         }
         .boxed()
@@ -86,7 +94,7 @@ impl<S: CoordStore> OpContext<S> {
             let call = cx
                 .store
                 .renew(&generation, &cx.member.pod, &shards, cx.core.lease_ttl);
-            let result = cx.bounded(call).await;
+            let result = cx.bounded("renew", call).await;
             Done::Renew(shards, result)
         }
         .boxed()
@@ -95,7 +103,9 @@ impl<S: CoordStore> OpContext<S> {
     pub fn release(self: &Arc<Self>, shards: Vec<ShardId>) -> Op {
         let cx = self.clone();
         async move {
-            let result = cx.bounded(cx.store.release(&cx.member.pod, &shards)).await;
+            let result = cx
+                .bounded("release", cx.store.release(&cx.member.pod, &shards))
+                .await;
             Done::Release(shards, result)
         }
         .boxed()
@@ -103,17 +113,28 @@ impl<S: CoordStore> OpContext<S> {
 
     pub fn deregister(self: &Arc<Self>) -> Op {
         let cx = self.clone();
-        async move { Done::Deregister(cx.bounded(cx.store.deregister(&cx.member.pod)).await) }
-            .boxed()
+        async move {
+            Done::Deregister(
+                cx.bounded("deregister", cx.store.deregister(&cx.member.pod))
+                    .await,
+            )
+        }
+        .boxed()
     }
 
+    /// Runs one store call under our timeout, timing it as `op` in the metrics.
     async fn bounded<T>(
         &self,
+        op: &'static str,
         call: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        tokio::time::timeout(self.store_timeout, call)
+        let started = Instant::now();
+        let result = tokio::time::timeout(self.store_timeout, call)
             .await
-            .unwrap_or(Err(StoreError::Timeout(self.store_timeout)))
+            .unwrap_or(Err(StoreError::Timeout(self.store_timeout)));
+        self.metrics
+            .store_call(op, started.elapsed(), result.is_ok());
+        result
     }
 }
 
@@ -178,6 +199,63 @@ impl StoreHealth {
                 }
                 Err(OpFailed)
             }
+        }
+    }
+}
+
+impl Metrics {
+    /// Counts the per-shard outcomes of a finished lease call.
+    pub(super) fn lease_outcomes(&self, done: &Done) {
+        let count = |op, outcome| self.lease_outcome(op, outcome, 1);
+        match done {
+            Done::Acquire(_, Ok(Checked::Ok(outcomes))) => {
+                for o in outcomes {
+                    count(
+                        "acquire",
+                        match o {
+                            AcquireOutcome::Acquired { .. } => "acquired",
+                            AcquireOutcome::AlreadyMine { .. } => "already_mine",
+                            AcquireOutcome::HeldBy { .. } => "held_by_other",
+                        },
+                    );
+                }
+            }
+            Done::Renew(_, Ok(Checked::Ok(outcomes))) => {
+                for o in outcomes {
+                    count(
+                        "renew",
+                        match o {
+                            RenewOutcome::Renewed => "renewed",
+                            RenewOutcome::Missing => "missing",
+                            RenewOutcome::HeldBy { .. } => "held_by_other",
+                        },
+                    );
+                }
+            }
+            Done::Release(_, Ok(released)) => {
+                for &r in released {
+                    count("release", if r { "released" } else { "not_held" });
+                }
+            }
+            Done::Acquire(shards, Ok(Checked::GenerationChanged(_)))
+            | Done::Renew(shards, Ok(Checked::GenerationChanged(_))) => {
+                let op = if matches!(done, Done::Acquire(..)) {
+                    "acquire"
+                } else {
+                    "renew"
+                };
+                self.lease_outcome(op, "generation_changed", shards.len() as u64);
+            }
+            Done::Acquire(shards, Err(_)) => {
+                self.lease_outcome("acquire", "error", shards.len() as u64)
+            }
+            Done::Renew(shards, Err(_)) => {
+                self.lease_outcome("renew", "error", shards.len() as u64)
+            }
+            Done::Release(shards, Err(_)) => {
+                self.lease_outcome("release", "error", shards.len() as u64)
+            }
+            _ => {}
         }
     }
 }

@@ -62,9 +62,15 @@ async fn a_reported_stale_epoch_stops_the_shard() {
     );
     let (hook, mut events) = mpsc::unbounded_channel();
     let (stale, stale_rx) = mpsc::unbounded_channel();
-    let driver = Driver::new(&config, Arc::new(MemoryStore::new()), Recorder(hook))
-        .unwrap()
-        .with_stale_epochs(stale_rx);
+    let metrics = Arc::new(crate::metrics::Metrics::new());
+    let driver = Driver::new(
+        &config,
+        Arc::new(MemoryStore::new()),
+        Recorder(hook),
+        metrics,
+    )
+    .unwrap()
+    .with_stale_epochs(stale_rx);
     let (shutdown, shutdown_rx) = oneshot::channel::<()>();
     let run = tokio::spawn(driver.run(async {
         let _ = shutdown_rx.await;

@@ -36,7 +36,7 @@ pub(super) async fn authenticate(
     let (parts, body) = request.into_parts();
     let body = match read_bounded(&parts.headers, body, state.internal_body_limit()).await {
         Ok(body) => body,
-        Err(response) => return response,
+        Err(answer) => return respond(answer),
     };
     if let Some(secrets) = &state.secrets {
         let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());

@@ -33,6 +33,7 @@ use tokio::sync::watch;
 
 use crate::core::PodId;
 use crate::peer::{ClusterSecret, MAX_INTERNAL_BODY, STORE_REACHABLE_PATH};
+use crate::push::answer::{Answer, ErrorCode};
 use crate::push::auth::ApiTokens;
 use crate::push::PushService;
 use crate::status::{PodStatus, ShardStatus};
@@ -85,6 +86,7 @@ pub fn router(state: HttpState) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
         .merge(api)
         .merge(internal)
         .fallback(not_found)
@@ -126,7 +128,7 @@ fn json_error(status: StatusCode, error: &str, message: impl Into<String>) -> Re
 /// Reads a request body of at most `limit` bytes. An announced oversize body is refused
 /// (`413`) before any of it is read; one that lies about or omits its length is cut off
 /// at the limit.
-async fn read_bounded(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, Response> {
+async fn read_bounded(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, Answer> {
     let announced = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -140,9 +142,22 @@ async fn read_bounded(headers: &HeaderMap, body: Body, limit: usize) -> Result<B
         if over_limit {
             push::too_large(limit)
         } else {
-            json_error(StatusCode::BAD_REQUEST, "invalid_request", err.to_string())
+            Answer::error(ErrorCode::InvalidRequest, err.to_string())
         }
     })
+}
+
+/// Prometheus scrape: OpenMetrics text. No token: metrics carry no tenant data.
+async fn metrics(State(state): State<Arc<HttpState>>) -> Response {
+    let text = state.push.metrics().encode();
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
 }
 
 /// Liveness: the process answers HTTP. Deliberately independent of the store, so a Redis

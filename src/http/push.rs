@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, Uri};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
@@ -20,7 +20,7 @@ use super::{read_bounded, HttpState};
 use crate::pos::directory::valid_id;
 use crate::push::answer::{Answer, ErrorBody, ErrorCode};
 use crate::push::auth::{ApiTokens, Tenant};
-use crate::push::{PushRequest, DEFAULT_TIMEOUT, MAX_TIMEOUT};
+use crate::push::{PushRequest, PushService, DEFAULT_TIMEOUT, MAX_TIMEOUT};
 
 /// The tenant of requests when the API runs without tokens (`--insecure`).
 pub const INSECURE_TENANT: &str = "default";
@@ -116,44 +116,51 @@ pub(super) async fn push(
     body: Body,
 ) -> Response {
     let received = Instant::now();
+    let service = &state.push;
+    let metrics = service.metrics();
+    metrics.pushes_in_flight.inc();
+    let (answer, path) = match checked(service, tenant, terminal, &uri, &headers, body).await {
+        Ok((request, timeout)) => match service.admit() {
+            Some(_slot) => {
+                let deadline = tokio::time::Instant::now().into_std() + timeout;
+                service.push(request, deadline).await
+            }
+            None => (overloaded(&request), "none"),
+        },
+        Err(answer) => (answer, "none"),
+    };
+    metrics.pushes_in_flight.dec();
+    count(service, path, &answer, received);
+    respond(answer)
+}
+
+/// The push and its timeout, or the `400`/`413`/`503 overloaded` answer.
+async fn checked(
+    service: &PushService,
+    tenant: Tenant,
+    terminal: String,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(PushRequest, Duration), Answer> {
+    let received = Instant::now();
     if !valid_id(&terminal) {
-        return error(
-            ErrorCode::InvalidRequest,
-            "terminal id must match [A-Za-z0-9._:-]{1,64}",
-        );
+        return Err(Answer::error(ErrorCode::InvalidRequest, BAD_ID));
     }
     let key = match headers.get("idempotency-key") {
         None => new_key(),
         Some(value) => match value.to_str() {
             Ok(key) if valid_key(key) => key.to_string(),
             _ => {
-                return error(
+                return Err(Answer::error(
                     ErrorCode::InvalidRequest,
                     "Idempotency-Key must be 1-128 visible ASCII characters",
-                )
+                ))
             }
         },
     };
-    let timeout = match deadline_of(&uri) {
-        Ok(t) => t,
-        Err(message) => return error(ErrorCode::InvalidRequest, message),
-    };
-    let service = &state.push;
-    let limit = service.settings().max_push_bytes;
-    let body = match read_bounded(&headers, body, limit).await {
-        Ok(body) => body,
-        Err(response) => return response,
-    };
-    let Some(_slot) = service.admit() else {
-        return respond(Answer::error_with(
-            ErrorCode::Overloaded,
-            ErrorBody {
-                message: "this pod is at its in-flight push limit".into(),
-                idempotency_key: Some(key),
-                ..ErrorBody::default()
-            },
-        ));
-    };
+    let timeout = deadline_of(uri).map_err(|m| Answer::error(ErrorCode::InvalidRequest, m))?;
+    let body = read_bounded(headers, body, service.settings().max_push_bytes).await?;
     let request = PushRequest {
         tenant,
         terminal,
@@ -162,8 +169,42 @@ pub(super) async fn push(
         body,
         received,
     };
-    let deadline = tokio::time::Instant::now().into_std() + timeout;
-    respond(service.push(request, deadline).await)
+    Ok((request, timeout))
+}
+
+fn overloaded(request: &PushRequest) -> Answer {
+    Answer::error_with(
+        ErrorCode::Overloaded,
+        ErrorBody {
+            message: "this pod is at its in-flight push limit".into(),
+            idempotency_key: Some(request.key.clone()),
+            ..ErrorBody::default()
+        },
+    )
+}
+
+const BAD_ID: &str = "terminal id must match [A-Za-z0-9._:-]{1,64}";
+
+/// Counts a push API answer by path and result, with its latency.
+fn count(service: &PushService, path: &'static str, answer: &Answer, received: Instant) {
+    let metrics = service.metrics();
+    let result = if answer.status == StatusCode::OK {
+        "ok"
+    } else {
+        // The code comes from our own answers, so it is one of a fixed set.
+        answer
+            .error_code()
+            .and_then(|code| ErrorCode::named(&code))
+            .map_or("other", ErrorCode::as_str)
+    };
+    metrics
+        .push_requests
+        .get_or_create(&[("path", path), ("result", result)])
+        .inc();
+    metrics
+        .push_duration
+        .get_or_create(&[("path", path)])
+        .observe(received.elapsed().as_secs_f64());
 }
 
 /// `GET /v1/terminals/{id}`.
@@ -172,17 +213,14 @@ pub(super) async fn terminal(
     Path(terminal): Path<String>,
 ) -> Response {
     if !valid_id(&terminal) {
-        return error(
-            ErrorCode::InvalidRequest,
-            "terminal id must match [A-Za-z0-9._:-]{1,64}",
-        );
+        return error(ErrorCode::InvalidRequest, BAD_ID);
     }
     respond(state.push.terminal_view(&terminal, DEFAULT_TIMEOUT).await)
 }
 
 /// `413` for a body over `limit` bytes.
-pub(super) fn too_large(limit: usize) -> Response {
-    error(
+pub(super) fn too_large(limit: usize) -> Answer {
+    Answer::error(
         ErrorCode::PayloadTooLarge,
         format!("request body exceeds {limit} bytes"),
     )

@@ -30,6 +30,7 @@ use super::directory::Terminal;
 use super::pacer::Pacer;
 use super::session::{ConnEnd, RequestSender, Session};
 use crate::core::{Epoch, ShardId};
+use crate::metrics::Metrics;
 
 /// Where one terminal's connection stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -164,6 +165,7 @@ pub(super) struct LinkContext {
     pub backoff: BackoffPolicy,
     pub close_budget: Duration,
     pub stale: mpsc::UnboundedSender<(ShardId, Epoch)>,
+    pub metrics: Arc<Metrics>,
 }
 
 /// The epoch a shard is served with, and whether it may deliver (false while suspended).
@@ -200,6 +202,16 @@ impl LinkTask {
                 return;
             };
             let outcome = self.serve(&mut link, &mut session).await;
+            let reason = match outcome {
+                Served::Lost(_) => "lost",
+                Served::HelloFailed(..) => "hello_failed",
+                Served::Removed => "stopped",
+            };
+            self.cx
+                .metrics
+                .connections_closed
+                .get_or_create(&[("reason", reason)])
+                .inc();
             if !matches!(outcome, Served::Lost(_)) {
                 session.close(self.cx.close_budget).await;
             }
@@ -230,13 +242,22 @@ impl LinkTask {
             let (cx, terminal, shared) = (&self.cx, &self.terminal, &self.shared);
             let state = &self.state;
             let dial = async {
+                let queued = std::time::Instant::now();
                 let _slot = admit(&cx.pacer, shared).await;
+                cx.metrics.dial_wait.observe(queued.elapsed().as_secs_f64());
+                let started = std::time::Instant::now();
                 link.dialing();
                 state.send_replace(LinkStatus {
                     state: link.state(),
                     sender: None,
                 });
-                cx.dialer.dial(terminal, epoch).await
+                let result = cx.dialer.dial(terminal, epoch).await;
+                cx.metrics
+                    .dial_duration
+                    .observe(started.elapsed().as_secs_f64());
+                let label = result.as_ref().map_or_else(DialError::label, |_| "ok");
+                cx.metrics.dials.get_or_create(&[("result", label)]).inc();
+                result
             };
             let result = tokio::select! {
                 result = dial => result,

@@ -39,6 +39,8 @@ use super::session::RequestSender;
 use crate::core::reconciler::StopReason;
 use crate::core::{Epoch, ShardId};
 use crate::driver::ServingHook;
+use crate::metrics::sampler::TerminalCounts;
+use crate::metrics::Metrics;
 use crate::store::StoreError;
 
 /// Settings of a [`ConnectionManager`].
@@ -57,6 +59,8 @@ pub struct ManagerConfig {
     pub directory_poll: Duration,
     /// Seed of the backoff jitter; `None` seeds from the OS.
     pub rng_seed: Option<u64>,
+    /// Where dials and closed connections are counted.
+    pub metrics: Arc<Metrics>,
 }
 
 impl Default for ManagerConfig {
@@ -69,6 +73,7 @@ impl Default for ManagerConfig {
             close_budget: Duration::from_secs(2),
             directory_poll: Duration::from_secs(2),
             rng_seed: None,
+            metrics: Arc::new(Metrics::new()),
         }
     }
 }
@@ -193,6 +198,7 @@ impl<D: Directory> ConnectionManager<D> {
                 backoff: cfg.backoff,
                 close_budget: cfg.close_budget,
                 stale,
+                metrics: cfg.metrics,
             }),
             directory_poll: cfg.directory_poll,
             close_budget: cfg.close_budget,
@@ -249,6 +255,26 @@ impl<D: Directory> ConnectionManager<D> {
             pending += entry.links.values().filter(|l| !l.shared.dialed()).count();
         }
         Some(pending)
+    }
+
+    /// Terminals of served shards by connection state.
+    pub fn terminal_counts(&self) -> TerminalCounts {
+        let shards = lock(&self.inner.shards);
+        let mut counts = TerminalCounts::default();
+        for link in shards.values().flat_map(|e| e.links.values()) {
+            match link.state.borrow().state {
+                LinkState::Disconnected => counts.disconnected += 1,
+                LinkState::Dialing => counts.dialing += 1,
+                LinkState::Connected { .. } => counts.connected += 1,
+                LinkState::Backoff => counts.backoff += 1,
+            }
+        }
+        counts
+    }
+
+    /// Dials waiting for the pacer now.
+    pub fn dial_queue_depth(&self) -> usize {
+        self.inner.links.pacer.queue_depth()
     }
 
     /// Tells the driver that a terminal refused `epoch` of `shard` as stale (a push got

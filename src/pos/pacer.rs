@@ -101,6 +101,18 @@ impl Pacer {
     }
 }
 
+impl Pacer {
+    /// Dials waiting for a slot now (may include a few that just gave up).
+    pub(super) fn queue_depth(&self) -> usize {
+        let lanes = self
+            .shared
+            .lanes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        lanes.urgent.len() + lanes.normal.len()
+    }
+}
+
 impl Drop for Pacer {
     fn drop(&mut self) {
         self.dispatcher.abort();

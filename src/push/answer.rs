@@ -14,6 +14,20 @@ use crate::core::{Epoch, PodId, ShardId};
 /// How long a caller should wait before retrying a `503`, in seconds.
 pub const RETRY_AFTER_SECS: u32 = 1;
 
+/// Every error code.
+const ALL: [ErrorCode; 10] = [
+    ErrorCode::InvalidRequest,
+    ErrorCode::Unauthorized,
+    ErrorCode::UnknownTerminal,
+    ErrorCode::IdempotencyConflict,
+    ErrorCode::PayloadTooLarge,
+    ErrorCode::PosRejected,
+    ErrorCode::TerminalUnavailable,
+    ErrorCode::Overloaded,
+    ErrorCode::PosTimeout,
+    ErrorCode::ShardMoved,
+];
+
 /// The body of a `200`: the terminal answered 2xx.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Delivered {
@@ -59,6 +73,11 @@ impl ErrorCode {
             ErrorCode::PosTimeout => "pos_timeout",
             ErrorCode::ShardMoved => "shard_moved",
         }
+    }
+
+    /// The code named `code`, if it is one.
+    pub fn named(code: &str) -> Option<ErrorCode> {
+        ALL.into_iter().find(|c| c.as_str() == code)
     }
 
     pub fn status(self) -> StatusCode {

@@ -28,6 +28,8 @@ use self::auth::Tenant;
 use self::idempotency::IdempotencyCache;
 use crate::core::{Epoch, PodId, ShardId};
 use crate::driver::ServingTable;
+use crate::metrics::sampler::TerminalCounts;
+use crate::metrics::Metrics;
 use crate::peer::ClusterSecret;
 use crate::pos::directory::Directory;
 use crate::pos::manager::{ConnectionManager, Lookup};
@@ -91,6 +93,10 @@ pub trait Sessions: Send + Sync + 'static {
     fn report_stale(&self, shard: ShardId, epoch: Epoch);
     /// Terminals of served shards not dialed once yet (`None`: not known yet).
     fn pending_first_dials(&self) -> Option<usize>;
+    /// Terminals of served shards by connection state (for metrics).
+    fn terminal_counts(&self) -> TerminalCounts;
+    /// Dials waiting for the pacer (for metrics).
+    fn dial_queue_depth(&self) -> usize;
 }
 
 impl<D: Directory> Sessions for ConnectionManager<D> {
@@ -104,6 +110,14 @@ impl<D: Directory> Sessions for ConnectionManager<D> {
 
     fn pending_first_dials(&self) -> Option<usize> {
         ConnectionManager::pending_first_dials(self)
+    }
+
+    fn terminal_counts(&self) -> TerminalCounts {
+        ConnectionManager::terminal_counts(self)
+    }
+
+    fn dial_queue_depth(&self) -> usize {
+        ConnectionManager::dial_queue_depth(self)
     }
 }
 
@@ -121,6 +135,14 @@ impl Sessions for NoTerminals {
     fn pending_first_dials(&self) -> Option<usize> {
         Some(0)
     }
+
+    fn terminal_counts(&self) -> TerminalCounts {
+        TerminalCounts::default()
+    }
+
+    fn dial_queue_depth(&self) -> usize {
+        0
+    }
 }
 
 /// See the module docs. Cheap to share behind an `Arc`.
@@ -134,6 +156,7 @@ pub struct PushService {
     forward: forward::ForwardClient,
     settings: PushSettings,
     inflight: Arc<Semaphore>,
+    metrics: Arc<Metrics>,
 }
 
 impl std::fmt::Debug for PushService {
@@ -157,6 +180,7 @@ impl PushService {
         secret: Option<ClusterSecret>,
         peer_timeout: Duration,
         settings: PushSettings,
+        metrics: Arc<Metrics>,
     ) -> Self {
         PushService {
             pod,
@@ -168,11 +192,16 @@ impl PushService {
             forward: forward::ForwardClient::new(secret, peer_timeout),
             inflight: Arc::new(Semaphore::new(settings.max_inflight.max(1))),
             settings,
+            metrics,
         }
     }
 
     pub fn settings(&self) -> &PushSettings {
         &self.settings
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     pub fn shards(&self) -> u32 {

@@ -20,6 +20,7 @@ use super::owner::{unavailable, with_key, Owned};
 use super::{PushRequest, PushService};
 use crate::core::shard::shard_of;
 use crate::core::{Epoch, PodId, ShardId};
+use crate::metrics::Metrics;
 use crate::pos::manager::Lookup;
 
 /// Longest wait between two looks for an owner.
@@ -48,18 +49,23 @@ fn now() -> Instant {
 
 impl PushService {
     /// Delivers `push` through whichever pod serves its shard, answering by `deadline`.
-    pub async fn push(&self, push: PushRequest, deadline: Instant) -> Answer {
+    /// Also says which path the answer took: `local`, `forwarded`, or `none` (no owner
+    /// answered in time).
+    pub async fn push(&self, push: PushRequest, deadline: Instant) -> (Answer, &'static str) {
+        let mut waiting = OwnerWait::new(&self.metrics);
         let shard = shard_of(&push.terminal, self.shards);
         let mut status = self.status.clone();
         loop {
             status.borrow_and_update();
             match self.target(shard) {
                 Target::Here => match self.deliver_here(&push, deadline).await {
-                    Owned::Answer(answer) => return answer,
+                    Owned::Answer(answer) => return (answer, "local"),
                     Owned::NotHere => debug!(shard, "shard left this pod; looking again"),
                 },
                 Target::Peer(url) => match self.forward.push(&url, &push, deadline).await {
-                    Forwarded::Answer(answer) => return with_total_latency(answer, &push),
+                    Forwarded::Answer(answer) => {
+                        return (with_total_latency(answer, &push), "forwarded")
+                    }
                     Forwarded::Moved => debug!(shard, peer = %url, "owner moved; looking again"),
                     Forwarded::NotSent(why) => {
                         debug!(shard, peer = %url, %why, "owner unreachable; looking again")
@@ -68,16 +74,19 @@ impl PushService {
                         debug!(shard, peer = %url, %why, "forwarded push outcome unknown");
                         let mut body = with_key(&push, "no answer from the owner pod; the terminal may have received the push: retry with the same idempotency key");
                         body.delivery = Some("unknown".into());
-                        return Answer::error_with(ErrorCode::PosTimeout, body);
+                        return (Answer::error_with(ErrorCode::PosTimeout, body), "forwarded");
                     }
                 },
                 Target::Nobody => {}
             }
+            waiting.start();
             let until = deadline.min(now() + RESOLVE_PAUSE);
             if until >= deadline {
                 // Not enough time left for another look to help.
                 tokio::time::sleep_until(deadline.into()).await;
-                return unavailable(&push, "no pod serves the terminal's shard by the deadline");
+                let answer =
+                    unavailable(&push, "no pod serves the terminal's shard by the deadline");
+                return (answer, "none");
             }
             let _ = tokio::time::timeout_at(until.into(), status.changed()).await;
         }
@@ -166,6 +175,40 @@ impl PushService {
             epoch: entry.and_then(|s| s.epoch),
             connected: false,
         })
+    }
+}
+
+/// Counts a push as waiting for a serving owner from its first unsuccessful look until
+/// it is answered (`posgate_pushes_waiting_for_owner`, `posgate_push_owner_wait_seconds`).
+struct OwnerWait<'a> {
+    metrics: &'a Metrics,
+    since: Option<Instant>,
+}
+
+impl<'a> OwnerWait<'a> {
+    fn new(metrics: &'a Metrics) -> Self {
+        OwnerWait {
+            metrics,
+            since: None,
+        }
+    }
+
+    fn start(&mut self) {
+        if self.since.is_none() {
+            self.since = Some(Instant::now());
+            self.metrics.pushes_waiting_for_owner.inc();
+        }
+    }
+}
+
+impl Drop for OwnerWait<'_> {
+    fn drop(&mut self) {
+        if let Some(since) = self.since {
+            self.metrics.pushes_waiting_for_owner.dec();
+            self.metrics
+                .push_owner_wait
+                .observe(since.elapsed().as_secs_f64());
+        }
     }
 }
 

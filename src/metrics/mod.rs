@@ -1,0 +1,389 @@
+//! The pod's Prometheus metrics: one [`Metrics`] value per pod (no process-global
+//! registry, so one process can run many pods), shared by `Arc`, served as OpenMetrics
+//! text on `GET /metrics`. Every name, type and label is listed in `docs/metrics.md`.
+//!
+//! Counters and histograms are bumped where things happen (driver store calls, dials,
+//! pushes); gauges that describe state (shards, terminals by state, queue depth) are
+//! set by the [`sampler`] from the pod's status and the connection manager, so no hot
+//! path pays for them. Labels are bounded sets only: never a terminal id, a token or an
+//! idempotency key; `shard` has at most `--shards` values.
+//!
+//! Not for: deciding anything. Nothing reads these values back except `/metrics`.
+
+pub mod sampler;
+
+use std::time::Duration;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// A label set of one label with a fixed value.
+pub type Label = [(&'static str, &'static str); 1];
+/// Two fixed labels.
+pub type Labels2 = [(&'static str, &'static str); 2];
+/// The `shard` label.
+pub type ShardLabel = [(&'static str, u32); 1];
+
+type Hist = Family<Label, Histogram, fn() -> Histogram>;
+
+fn latency_buckets() -> Histogram {
+    // 0.5 ms .. ~16 s.
+    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+}
+
+fn rebalance_buckets() -> Histogram {
+    // 50 ms .. ~27 min.
+    Histogram::new(exponential_buckets(0.05, 2.0, 16))
+}
+
+/// The `op` values of the store metrics.
+const STORE_OPS: [&str; 6] = [
+    "snapshot",
+    "heartbeat",
+    "acquire",
+    "renew",
+    "release",
+    "deregister",
+];
+
+/// The `outcome` values of `posgate_lease_ops_total` per `op`.
+const LEASE_OUTCOMES: [(&str, &[&str]); 3] = [
+    (
+        "acquire",
+        &[
+            "acquired",
+            "already_mine",
+            "held_by_other",
+            "generation_changed",
+            "error",
+        ],
+    ),
+    (
+        "renew",
+        &[
+            "renewed",
+            "missing",
+            "held_by_other",
+            "generation_changed",
+            "error",
+        ],
+    ),
+    ("release", &["released", "not_held", "error"]),
+];
+
+/// The `result` values of `posgate_dials_total` (see `DialError::label`).
+const DIAL_RESULTS: [&str; 7] = [
+    "ok",
+    "refused",
+    "timeout",
+    "tls_error",
+    "stale_epoch",
+    "rejected",
+    "error",
+];
+
+/// Every metric of one pod. See `docs/metrics.md`.
+pub struct Metrics {
+    registry: Registry,
+    // Membership and ring.
+    pub members: Gauge,
+    pub membership_changes: Counter,
+    pub rebalances: Counter,
+    pub rebalance_duration: Histogram,
+    pub shards_assigned: Gauge,
+    pub shards_served: Gauge,
+    pub shards_suspended: Gauge,
+    pub shards_without_owner: Gauge,
+    pub shard_served: Family<ShardLabel, Gauge>,
+    pub shard_epoch: Family<ShardLabel, Gauge>,
+    // Leases and the store.
+    pub lease_ops: Family<Labels2, Counter>,
+    pub shard_stops: Family<Label, Counter>,
+    pub store_op_duration: Hist,
+    pub store_errors: Family<Label, Counter>,
+    pub store_reachable: Gauge,
+    pub peers_reaching_store: Gauge,
+    // Connections.
+    pub terminals: Family<Label, Gauge>,
+    pub dials: Family<Label, Counter>,
+    pub dial_duration: Histogram,
+    pub dial_wait: Histogram,
+    pub dial_queue_depth: Gauge,
+    pub connections_closed: Family<Label, Counter>,
+    // Pushes.
+    pub push_requests: Family<Labels2, Counter>,
+    pub push_duration: Hist,
+    pub pushes_in_flight: Gauge,
+    pub pushes_waiting_for_owner: Gauge,
+    pub push_owner_wait: Histogram,
+    pub push_replays: Counter,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut m = Metrics {
+            registry: Registry::default(),
+            members: Gauge::default(),
+            membership_changes: Counter::default(),
+            rebalances: Counter::default(),
+            rebalance_duration: rebalance_buckets(),
+            shards_assigned: Gauge::default(),
+            shards_served: Gauge::default(),
+            shards_suspended: Gauge::default(),
+            shards_without_owner: Gauge::default(),
+            shard_served: Family::default(),
+            shard_epoch: Family::default(),
+            lease_ops: Family::default(),
+            shard_stops: Family::default(),
+            store_op_duration: Family::new_with_constructor(latency_buckets),
+            store_errors: Family::default(),
+            store_reachable: Gauge::default(),
+            peers_reaching_store: Gauge::default(),
+            terminals: Family::default(),
+            dials: Family::default(),
+            dial_duration: latency_buckets(),
+            dial_wait: latency_buckets(),
+            dial_queue_depth: Gauge::default(),
+            connections_closed: Family::default(),
+            push_requests: Family::default(),
+            push_duration: Family::new_with_constructor(latency_buckets),
+            pushes_in_flight: Gauge::default(),
+            pushes_waiting_for_owner: Gauge::default(),
+            push_owner_wait: latency_buckets(),
+            push_replays: Counter::default(),
+        };
+        m.register();
+        m.zero_known_series();
+        m
+    }
+
+    /// Creates every series of the bounded label sets at zero, so dashboards and
+    /// `rate()` see them before the first event.
+    fn zero_known_series(&self) {
+        for reason in [
+            "rebalance",
+            "expired",
+            "lost",
+            "stolen",
+            "stale_epoch",
+            "isolated",
+            "shutdown",
+        ] {
+            let _ = self.shard_stops.get_or_create(&[("reason", reason)]);
+        }
+        for op in STORE_OPS {
+            let _ = self.store_errors.get_or_create(&[("op", op)]);
+            let _ = self.store_op_duration.get_or_create(&[("op", op)]);
+        }
+        for (op, outcomes) in LEASE_OUTCOMES {
+            for outcome in outcomes {
+                let _ = self
+                    .lease_ops
+                    .get_or_create(&[("op", op), ("outcome", outcome)]);
+            }
+        }
+        for state in ["disconnected", "dialing", "connected", "backoff"] {
+            let _ = self.terminals.get_or_create(&[("state", state)]);
+        }
+        for result in DIAL_RESULTS {
+            let _ = self.dials.get_or_create(&[("result", result)]);
+        }
+        for reason in ["lost", "stopped", "hello_failed"] {
+            let _ = self.connections_closed.get_or_create(&[("reason", reason)]);
+        }
+        for path in ["local", "forwarded", "none"] {
+            let _ = self.push_duration.get_or_create(&[("path", path)]);
+            let _ = self
+                .push_requests
+                .get_or_create(&[("path", path), ("result", "ok")]);
+        }
+    }
+
+    fn register(&mut self) {
+        let r = &mut self.registry;
+        // prometheus-client appends `_total` to counter names.
+        r.register(
+            "posgate_members",
+            "Live members in this pod's view",
+            self.members.clone(),
+        );
+        r.register(
+            "posgate_membership_changes",
+            "Membership views that differed from the previous one",
+            self.membership_changes.clone(),
+        );
+        r.register(
+            "posgate_rebalances",
+            "Changes of the set of shards assigned to this pod",
+            self.rebalances.clone(),
+        );
+        r.register("posgate_rebalance_duration_seconds", "From a change of this pod's assignment until every assigned shard is served and each of its terminals was dialed once", self.rebalance_duration.clone());
+        r.register(
+            "posgate_shards_assigned",
+            "Shards the ring assigns to this pod",
+            self.shards_assigned.clone(),
+        );
+        r.register(
+            "posgate_shards_served",
+            "Shards this pod serves now",
+            self.shards_served.clone(),
+        );
+        r.register(
+            "posgate_shards_suspended",
+            "Shards held through a cluster-wide store outage (connections kept, no delivery)",
+            self.shards_suspended.clone(),
+        );
+        r.register(
+            "posgate_shards_without_owner",
+            "Shards with no lease holder in this pod's last view of the store",
+            self.shards_without_owner.clone(),
+        );
+        r.register(
+            "posgate_shard_served",
+            "1 while this pod serves the shard",
+            self.shard_served.clone(),
+        );
+        r.register(
+            "posgate_shard_epoch",
+            "Fencing epoch of the shard's lease holder in this pod's last view",
+            self.shard_epoch.clone(),
+        );
+        r.register(
+            "posgate_lease_ops",
+            "Lease calls by op (acquire, renew, release) and outcome, per shard",
+            self.lease_ops.clone(),
+        );
+        r.register("posgate_shard_stops", "Shards this pod stopped serving, by reason (rebalance, expired, lost, stolen, stale_epoch, isolated, shutdown)", self.shard_stops.clone());
+        r.register("posgate_store_op_duration_seconds", "Duration of coordination store calls by op (snapshot, heartbeat, acquire, renew, release, deregister); op=renew is the lease renew latency", self.store_op_duration.clone());
+        r.register(
+            "posgate_store_errors",
+            "Failed coordination store calls by op",
+            self.store_errors.clone(),
+        );
+        r.register(
+            "posgate_store_reachable",
+            "1 when the last store call succeeded",
+            self.store_reachable.clone(),
+        );
+        r.register(
+            "posgate_peers_reaching_store",
+            "Peers that said they reach the store in the last probe",
+            self.peers_reaching_store.clone(),
+        );
+        r.register("posgate_terminals", "Terminals of served shards by connection state (disconnected, dialing, connected, backoff)", self.terminals.clone());
+        r.register("posgate_dials", "Finished terminal dials by result (ok, refused, timeout, tls_error, stale_epoch, rejected, error)", self.dials.clone());
+        r.register(
+            "posgate_dial_duration_seconds",
+            "Duration of a dial: TCP, TLS, HTTP/2 and hello",
+            self.dial_duration.clone(),
+        );
+        r.register(
+            "posgate_dial_wait_seconds",
+            "Time a dial waited for the rate limiter and a handshake slot",
+            self.dial_wait.clone(),
+        );
+        r.register(
+            "posgate_dial_queue_depth",
+            "Dials waiting for the pacer now",
+            self.dial_queue_depth.clone(),
+        );
+        r.register("posgate_connections_closed", "Terminal connections that ended, by reason (lost: died under us; stopped: shard stopped or terminal removed; hello_failed)", self.connections_closed.clone());
+        r.register(
+            "posgate_push_requests",
+            "Push API requests by path (local, forwarded, none) and result (ok or the error code)",
+            self.push_requests.clone(),
+        );
+        r.register(
+            "posgate_push_duration_seconds",
+            "Push API latency by path",
+            self.push_duration.clone(),
+        );
+        r.register(
+            "posgate_pushes_in_flight",
+            "Push API requests being handled now",
+            self.pushes_in_flight.clone(),
+        );
+        r.register(
+            "posgate_pushes_waiting_for_owner",
+            "Pushes waiting for a serving owner now",
+            self.pushes_waiting_for_owner.clone(),
+        );
+        r.register(
+            "posgate_push_owner_wait_seconds",
+            "Time pushes waited for a serving owner",
+            self.push_owner_wait.clone(),
+        );
+        r.register(
+            "posgate_push_replays",
+            "Pushes answered from the idempotency cache",
+            self.push_replays.clone(),
+        );
+    }
+
+    /// The OpenMetrics text of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        encode(&mut out, &self.registry).expect("encoding into a String");
+        out
+    }
+
+    /// Records one store call.
+    pub fn store_call(&self, op: &'static str, took: Duration, ok: bool) {
+        self.store_op_duration
+            .get_or_create(&[("op", op)])
+            .observe(took.as_secs_f64());
+        if !ok {
+            self.store_errors.get_or_create(&[("op", op)]).inc();
+        }
+    }
+
+    /// Counts `n` lease outcomes.
+    pub fn lease_outcome(&self, op: &'static str, outcome: &'static str, n: u64) {
+        self.lease_ops
+            .get_or_create(&[("op", op), ("outcome", outcome)])
+            .inc_by(n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_every_family_with_posgate_names() {
+        let m = Metrics::new();
+        m.store_call("renew", Duration::from_millis(3), false);
+        m.lease_outcome("renew", "renewed", 4);
+        m.dials.get_or_create(&[("result", "ok")]).inc();
+        m.shard_served.get_or_create(&[("shard", 7)]).set(1);
+        let text = m.encode();
+        assert!(
+            text.contains("posgate_store_errors_total{op=\"renew\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("posgate_lease_ops_total{op=\"renew\",outcome=\"renewed\"} 4"));
+        assert!(text.contains("posgate_shard_served{shard=\"7\"} 1"));
+        assert!(text.contains("posgate_store_op_duration_seconds_bucket{"));
+        for line in text.lines().filter(|l| l.starts_with("# TYPE")) {
+            assert!(line.starts_with("# TYPE posgate_"), "{line}");
+        }
+        assert!(text.trim_end().ends_with("# EOF"));
+    }
+}
