@@ -583,6 +583,32 @@ async fn every_documented_status_code_through_the_real_server() {
     );
     check_metrics(&http, a).await;
 
+    // The cluster view with every pod's connected counts, from either pod.
+    for base in [a, b] {
+        let (status, view) = get(
+            &http,
+            &format!("{base}/v1/cluster?include=terminals"),
+            Some(ACME),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+        let shards = view["shards"].as_array().unwrap();
+        assert_eq!(shards.len(), SHARDS as usize);
+        assert!(
+            shards.iter().all(|s| s["terminals_connected"].is_u64()),
+            "{view}"
+        );
+        let connected: u64 = shards
+            .iter()
+            .map(|s| s["terminals_connected"].as_u64().unwrap())
+            .sum();
+        assert_eq!(
+            connected,
+            c.ids.len() as u64,
+            "every farm terminal, counted once"
+        );
+    }
+
     // Only the key the caller itself re-sent after its 504 may reach the terminal twice
     // (the terminal dedupes it by key); wait for the slow first attempt to land.
     let slow_deliveries = || {

@@ -11,6 +11,7 @@
 //!
 //! What it does not do: terminal traffic, TLS, or deciding anything about shards.
 
+mod cluster;
 mod internal;
 mod push;
 
@@ -31,12 +32,11 @@ use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::core::PodId;
 use crate::peer::{ClusterSecret, MAX_INTERNAL_BODY, STORE_REACHABLE_PATH};
 use crate::push::answer::{Answer, ErrorCode};
 use crate::push::auth::ApiTokens;
 use crate::push::PushService;
-use crate::status::{PodStatus, ShardStatus};
+use crate::status::PodStatus;
 
 pub use self::push::{valid_key, INSECURE_TENANT};
 
@@ -71,12 +71,13 @@ pub fn router(state: HttpState) -> Router {
         .route(STORE_REACHABLE_PATH, post(internal::store_reachable))
         .route("/internal/v1/push/{id}", post(internal::push))
         .route("/internal/v1/terminals/{id}", get(internal::terminal))
+        .route(cluster::SHARD_TERMINALS_PATH, get(cluster::shard_terminals))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             internal::authenticate,
         ));
     let api = Router::new()
-        .route("/v1/cluster", get(cluster))
+        .route("/v1/cluster", get(cluster::cluster))
         .route("/v1/terminals/{id}", get(push::terminal))
         .route("/v1/terminals/{id}/push", post(push::push))
         .route_layer(middleware::from_fn_with_state(
@@ -84,6 +85,7 @@ pub fn router(state: HttpState) -> Router {
             push::require_token,
         ));
     Router::new()
+        .route("/", get(cluster::status_page))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -236,38 +238,6 @@ pub struct ReadyLatch {
     latched: AtomicBool,
     /// When readiness first saw every assigned shard served.
     served_at: OnceLock<Instant>,
-}
-
-#[derive(Serialize)]
-struct ClusterView<'a> {
-    pod: Option<&'a PodId>,
-    members: Vec<MemberView<'a>>,
-    shards: &'a [ShardStatus],
-}
-
-#[derive(Serialize)]
-struct MemberView<'a> {
-    pod: &'a PodId,
-    url: &'a str,
-}
-
-/// This pod's view of members and shard ownership.
-async fn cluster(State(state): State<Arc<HttpState>>) -> Response {
-    let status = state.status.borrow();
-    let view = ClusterView {
-        pod: status.pod.as_ref(),
-        members: status
-            .members
-            .iter()
-            .map(|m| MemberView {
-                pod: &m.pod,
-                url: &m.url,
-            })
-            .collect(),
-        shards: &status.shards,
-    };
-    // Serialised while the borrow is held; nothing here awaits.
-    Json(view).into_response()
 }
 
 async fn not_found(method: Method, uri: Uri) -> Response {

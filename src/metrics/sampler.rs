@@ -149,6 +149,9 @@ mod tests {
         fn dial_queue_depth(&self) -> usize {
             3
         }
+        fn connected_by_shard(&self) -> Vec<(ShardId, usize)> {
+            Vec::new()
+        }
     }
 
     fn status(me: &PodId, assigned: &[ShardId], serving: &[ShardId]) -> PodStatus {

@@ -272,6 +272,24 @@ impl<D: Directory> ConnectionManager<D> {
         counts
     }
 
+    /// Connected terminals per served shard.
+    pub fn connected_by_shard(&self) -> Vec<(ShardId, usize)> {
+        let shards = lock(&self.inner.shards);
+        let mut counts: Vec<(ShardId, usize)> = shards
+            .iter()
+            .map(|(&shard, e)| {
+                let connected = e
+                    .links
+                    .values()
+                    .filter(|l| matches!(l.state.borrow().state, LinkState::Connected { .. }))
+                    .count();
+                (shard, connected)
+            })
+            .collect();
+        counts.sort_unstable();
+        counts
+    }
+
     /// Dials waiting for the pacer now.
     pub fn dial_queue_depth(&self) -> usize {
         self.inner.links.pacer.queue_depth()

@@ -5,7 +5,9 @@
 //! the next token, then gives both to the oldest urgent waiter, or else the oldest normal
 //! one. Having one waiter on the limiter (instead of thousands racing for each token)
 //! is what makes the order, and so the priority, well defined. A waiter that gives up
-//! (its link was removed, or it re-queued as urgent) is skipped.
+//! (its link was removed, or it re-queued as urgent) is skipped. The jitter is waited
+//! by each granted dial on its own, after the grant: waited inside the dispatcher it
+//! would be paid once per dial in series and cap the rate far below `--dial-rate`.
 //!
 //! Not for: backoff (each link has its own) or deciding which terminals to dial.
 
@@ -14,7 +16,7 @@ use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use governor::{Jitter, Quota, RateLimiter};
+use governor::{Quota, RateLimiter};
 use tokio::sync::{oneshot, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::AbortHandle;
 
@@ -48,6 +50,8 @@ impl Lanes {
 
 struct Shared {
     lanes: Mutex<Lanes>,
+    /// Each granted dial waits a random part of this before it starts.
+    jitter: Duration,
     /// Wakes the dispatcher when a waiter arrives.
     arrived: Notify,
 }
@@ -69,10 +73,11 @@ impl Pacer {
     pub(super) fn new(rate: NonZeroU32, jitter: Duration, max_handshakes: usize) -> Self {
         let shared = Arc::new(Shared {
             lanes: Mutex::new(Lanes::default()),
+            jitter,
             arrived: Notify::new(),
         });
         let handshakes = Arc::new(Semaphore::new(max_handshakes.max(1)));
-        let dispatcher = tokio::spawn(dispatch(shared.clone(), rate, jitter, handshakes));
+        let dispatcher = tokio::spawn(dispatch(shared.clone(), rate, handshakes));
         Pacer {
             shared,
             dispatcher: dispatcher.abort_handle(),
@@ -97,7 +102,13 @@ impl Pacer {
             lane.push_back(tx);
         }
         self.shared.arrived.notify_one();
-        rx.await.ok()
+        let slot = rx.await.ok()?;
+        let jitter_ms = self.shared.jitter.as_millis() as u64;
+        if jitter_ms > 0 {
+            let wait = rand::random_range(0..=jitter_ms);
+            tokio::time::sleep(Duration::from_millis(wait)).await;
+        }
+        Some(slot)
     }
 }
 
@@ -119,18 +130,13 @@ impl Drop for Pacer {
     }
 }
 
-async fn dispatch(
-    shared: Arc<Shared>,
-    rate: NonZeroU32,
-    jitter: Duration,
-    handshakes: Arc<Semaphore>,
-) {
+async fn dispatch(shared: Arc<Shared>, rate: NonZeroU32, handshakes: Arc<Semaphore>) {
     let limiter = RateLimiter::direct(dial_quota(rate));
     // The semaphore is never closed.
     while let Ok(mut slot) = handshakes.clone().acquire_owned().await {
         loop {
             wait_for_waiter(&shared).await;
-            limiter.until_ready_with_jitter(Jitter::up_to(jitter)).await;
+            limiter.until_ready().await;
             let waiter = shared
                 .lanes
                 .lock()

@@ -125,9 +125,19 @@ impl ForwardClient {
         terminal: &str,
         timeout: Duration,
     ) -> Result<(StatusCode, Bytes), String> {
-        let path = format!("{TERMINAL_PREFIX}{terminal}");
-        let mut request = self.request(Method::GET, base_url, &path, Bytes::new())?;
-        self.sign(&mut request, &path, b"");
+        self.get(base_url, &format!("{TERMINAL_PREFIX}{terminal}"), timeout)
+            .await
+    }
+
+    /// A signed `GET path` to the pod at `base_url`; its status and body.
+    pub async fn get(
+        &self,
+        base_url: &str,
+        path: &str,
+        timeout: Duration,
+    ) -> Result<(StatusCode, Bytes), String> {
+        let mut request = self.request(Method::GET, base_url, path, Bytes::new())?;
+        self.sign(&mut request, path, b"");
         self.exchange(request, timeout).await.map_err(|e| match e {
             Forwarded::NotSent(e) | Forwarded::Unknown(e) => e,
             other => format!("{other:?}"),

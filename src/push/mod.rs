@@ -97,6 +97,8 @@ pub trait Sessions: Send + Sync + 'static {
     fn terminal_counts(&self) -> TerminalCounts;
     /// Dials waiting for the pacer (for metrics).
     fn dial_queue_depth(&self) -> usize;
+    /// Connected terminals per served shard (for the status page).
+    fn connected_by_shard(&self) -> Vec<(ShardId, usize)>;
 }
 
 impl<D: Directory> Sessions for ConnectionManager<D> {
@@ -118,6 +120,10 @@ impl<D: Directory> Sessions for ConnectionManager<D> {
 
     fn dial_queue_depth(&self) -> usize {
         ConnectionManager::dial_queue_depth(self)
+    }
+
+    fn connected_by_shard(&self) -> Vec<(ShardId, usize)> {
+        ConnectionManager::connected_by_shard(self)
     }
 }
 
@@ -142,6 +148,10 @@ impl Sessions for NoTerminals {
 
     fn dial_queue_depth(&self) -> usize {
         0
+    }
+
+    fn connected_by_shard(&self) -> Vec<(ShardId, usize)> {
+        Vec::new()
     }
 }
 
@@ -211,6 +221,26 @@ impl PushService {
     /// Terminals of served shards not dialed once yet (`None`: not known yet).
     pub fn pending_first_dials(&self) -> Option<usize> {
         self.sessions.pending_first_dials()
+    }
+
+    /// Connected terminals per shard this pod serves.
+    pub fn connected_by_shard(&self) -> Vec<(ShardId, usize)> {
+        self.sessions.connected_by_shard()
+    }
+
+    /// Asks the pod at `base_url` for an internal `GET path` (signed); its status and body.
+    pub async fn peer_get(
+        &self,
+        base_url: &str,
+        path: &str,
+        timeout: Duration,
+    ) -> Result<(http::StatusCode, Bytes), String> {
+        self.forward.get(base_url, path, timeout).await
+    }
+
+    /// This pod's id.
+    pub fn pod(&self) -> &PodId {
+        &self.pod
     }
 
     /// A slot of `--max-inflight`, or `None` when the pod is at its limit.

@@ -1,0 +1,438 @@
+//! `conn-bench`: measures one `posgate serve` process holding terminal connections.
+//!
+//! Starts `redis-server` on a free loopback port (unless `--redis-url` is given), a POS
+//! farm of `--terminals` simulated terminals in this process, and then real `posgate`
+//! processes:
+//!
+//! 1. `posgate serve` with an empty directory; its RSS once ready is the baseline.
+//! 2. `posgate terminals import terminals.csv`; the pod picks the terminals up and dials
+//!    them at `--dial-rate` (default 1000/s): time until every terminal has a session,
+//!    then the RSS again -> KiB per held connection.
+//! 3. The pod is stopped and a second one started with a very high dial rate and many
+//!    handshakes in flight: terminals per second from its first to its last session is
+//!    the handshake rate one pod sustains (farm and pod share this machine's CPUs).
+//!
+//! Prints a markdown table. Loopback only; never dials anything but the farm.
+#![forbid(unsafe_code)]
+
+use std::net::TcpListener as StdListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use posgate_loadtest::pos_sim::{FarmConfig, FarmCounters, PosFarm};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Measure memory per held connection, connect time and handshake rate of one pod.
+#[derive(Debug, Parser)]
+struct Args {
+    /// The posgate binary.
+    #[arg(long, default_value = "target/release/posgate")]
+    posgate: PathBuf,
+    /// Use this Redis instead of starting a redis-server (the cluster name is unique per
+    /// run, so an existing one is not disturbed).
+    #[arg(long)]
+    redis_url: Option<String>,
+    /// Number of simulated terminals (at most 15,000 in this process).
+    #[arg(long, default_value_t = 10_000)]
+    terminals: u64,
+    /// Dial rate of the connect-time measurement.
+    #[arg(long, default_value_t = 1_000)]
+    dial_rate: u32,
+    /// Dial rate and concurrency of the handshake-rate measurement.
+    #[arg(long, default_value_t = 100_000)]
+    fast_dial_rate: u32,
+    #[arg(long, default_value_t = 1_024)]
+    fast_dial_concurrency: u32,
+    /// Directory for ca.pem, terminals.csv and the pods' logs [default: a new one in
+    /// the temp directory].
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Give up waiting for the connections after this many seconds.
+    #[arg(long, default_value_t = 300)]
+    timeout_secs: u64,
+}
+
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> Result<u16> {
+    Ok(StdListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn start_redis(dir: &Path) -> Result<(Reaped, String)> {
+    let port = free_port()?;
+    let child = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no"])
+        .arg("--dir")
+        .arg(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("spawn redis-server (apt-get install redis-server)")?;
+    let child = Reaped(child);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if Instant::now() > deadline {
+            bail!("redis-server did not listen on {port}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok((child, format!("redis://127.0.0.1:{port}/")))
+}
+
+fn rss_kib(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .context("no VmRSS")?;
+    Ok(line
+        .split_whitespace()
+        .nth(1)
+        .context("VmRSS value")?
+        .parse()?)
+}
+
+async fn http_status(port: u16, path: &str) -> Option<u16> {
+    let fetch = async {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()?;
+        let req = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.ok()?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await.ok()?;
+        let text = String::from_utf8_lossy(&buf);
+        text.split_whitespace().nth(1)?.parse().ok()
+    };
+    tokio::time::timeout(Duration::from_secs(2), fetch)
+        .await
+        .ok()
+        .flatten()
+}
+
+struct Setup<'a> {
+    posgate: &'a Path,
+    redis_url: &'a str,
+    cluster: &'a str,
+    dir: &'a Path,
+    api_tokens_flag: bool,
+}
+
+impl Setup<'_> {
+    fn serve(
+        &self,
+        name: &str,
+        dial_rate: u32,
+        concurrency: u32,
+    ) -> Result<(Reaped, u16, Vec<String>)> {
+        let port = free_port()?;
+        let secret = self.dir.join("cluster-secret");
+        std::fs::write(&secret, "conn-bench-cluster-secret-0123456789")?;
+        let tokens = self.dir.join("api-tokens");
+        std::fs::write(&tokens, "bench:conn-bench-api-token-0123456789abcdef\n")?;
+        let args: Vec<String> = [
+            "serve",
+            "--redis-url",
+            self.redis_url,
+            "--cluster",
+            self.cluster,
+            "--pod-id",
+            name,
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--advertise-url",
+            &format!("http://127.0.0.1:{port}"),
+            "--lease-ttl",
+            "3s",
+            "--renew-interval",
+            "1s",
+            "--lease-margin",
+            "500ms",
+            "--member-ttl",
+            "3s",
+            "--heartbeat-interval",
+            "1s",
+            "--poll-interval",
+            "500ms",
+            "--rebalance-debounce",
+            "300ms",
+            "--close-budget",
+            "1s",
+            "--store-timeout",
+            "500ms",
+            "--cluster-secret-file",
+            secret.to_str().context("UTF-8 path")?,
+            "--pos-ca",
+            self.dir.join("ca.pem").to_str().context("UTF-8 path")?,
+            "--dial-rate",
+            &dial_rate.to_string(),
+            "--dial-concurrency",
+            &concurrency.to_string(),
+            "--directory-poll",
+            "1s",
+            "--log-format",
+            "json",
+            "--log-level",
+            "warn",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let mut args = args;
+        // Builds with the push API refuse to start without tokens (or --insecure).
+        if self.api_tokens_flag {
+            args.push("--api-tokens-file".into());
+            args.push(tokens.to_str().context("UTF-8 path")?.into());
+        }
+        let log = std::fs::File::create(self.dir.join(format!("{name}.log")))?;
+        let child = Command::new(self.posgate)
+            .args(&args)
+            .env_clear()
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("spawn {}", self.posgate.display()))?;
+        let mut shown = vec![self.posgate.display().to_string()];
+        shown.extend(args);
+        Ok((Reaped(child), port, shown))
+    }
+
+    fn import(&self) -> Result<Vec<String>> {
+        let csv = self.dir.join("terminals.csv");
+        let args: Vec<String> = vec![
+            "terminals".into(),
+            "import".into(),
+            csv.to_str().context("UTF-8 path")?.into(),
+            "--redis-url".into(),
+            self.redis_url.into(),
+            "--cluster".into(),
+            self.cluster.into(),
+        ];
+        let out = Command::new(self.posgate)
+            .args(&args)
+            .env_clear()
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "import failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        eprintln!("import: {}", String::from_utf8_lossy(&out.stdout).trim());
+        let mut shown = vec![self.posgate.display().to_string()];
+        shown.extend(args);
+        Ok(shown)
+    }
+}
+
+async fn wait_ready(pod: &mut Reaped, port: u16, limit: Duration) -> Result<Duration> {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = pod.0.try_wait()? {
+            bail!("posgate exited: {status}");
+        }
+        if http_status(port, "/readyz").await == Some(200) {
+            return Ok(started.elapsed());
+        }
+        if started.elapsed() > limit {
+            bail!("pod not ready after {limit:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until `n` more sessions than in `base` were accepted; returns (time of the first
+/// new connection, time of the last needed session), both measured from the call.
+async fn wait_sessions(
+    farm: &PosFarm,
+    base: &FarmCounters,
+    n: u64,
+    pod: &mut Reaped,
+    limit: Duration,
+) -> Result<(Duration, Duration)> {
+    let started = Instant::now();
+    let mut first = None;
+    loop {
+        let c = farm.counters();
+        if first.is_none() && c.connections_opened > base.connections_opened {
+            first = Some(started.elapsed());
+        }
+        if c.sessions_accepted >= base.sessions_accepted + n {
+            return Ok((first.unwrap_or_default(), started.elapsed()));
+        }
+        if let Some(status) = pod.0.try_wait()? {
+            bail!("posgate exited: {status}");
+        }
+        if started.elapsed() > limit {
+            bail!(
+                "only {} of {n} sessions after {limit:?}: {c:?}",
+                c.sessions_accepted - base.sessions_accepted
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn stop(mut pod: Reaped) -> Result<()> {
+    let pid = pod.0.id().to_string();
+    Command::new("kill").args(["-TERM", &pid]).status()?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while pod.0.try_wait()?.is_none() {
+        if Instant::now() > deadline {
+            eprintln!("posgate {pid} did not stop in 20 s; killing it");
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(pod);
+    Ok(())
+}
+
+/// Whether `posgate serve --help` mentions `flag`.
+fn supports(posgate: &Path, flag: &str) -> Result<bool> {
+    let out = Command::new(posgate)
+        .args(["serve", "--help"])
+        .env_clear()
+        .output()?;
+    Ok(String::from_utf8_lossy(&out.stdout).contains(flag))
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    let n = args.terminals;
+    let limit = Duration::from_secs(args.timeout_secs);
+    let dir = match &args.out {
+        Some(d) => d.clone(),
+        None => std::env::temp_dir().join(format!("conn-bench-{}", std::process::id())),
+    };
+    std::fs::create_dir_all(&dir)?;
+    if !args.posgate.is_file() {
+        bail!(
+            "{} not found: cargo build --release first",
+            args.posgate.display()
+        );
+    }
+    let (_redis, redis_url) = match &args.redis_url {
+        Some(url) => (None, url.clone()),
+        None => {
+            let (child, url) = start_redis(&dir)?;
+            (Some(child), url)
+        }
+    };
+    let mut config = FarmConfig::new(0..n);
+    config.port = 0;
+    let farm = PosFarm::start(config).await.context("start the POS farm")?;
+    farm.write_files(&dir)?;
+    let cluster = format!("conn-bench-{}", std::process::id());
+    let setup = Setup {
+        posgate: &args.posgate,
+        redis_url: &redis_url,
+        cluster: &cluster,
+        dir: &dir,
+        api_tokens_flag: supports(&args.posgate, "--api-tokens-file")?,
+    };
+    eprintln!("files and logs in {}", dir.display());
+
+    // 1. Baseline: a ready pod with an empty directory.
+    let (mut pod, port, serve_cmd) = setup.serve("bench-pod-1", args.dial_rate, 64)?;
+    let ready = wait_ready(&mut pod, port, Duration::from_secs(60)).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let pid = pod.0.id();
+    let rss0 = rss_kib(pid)?;
+    eprintln!(
+        "pod ready after {:.1} s with 0 terminals: RSS {rss0} KiB",
+        ready.as_secs_f64()
+    );
+
+    // 2. Import; the pod dials everything at --dial-rate.
+    let base = farm.counters();
+    let imported = Instant::now();
+    let import_cmd = setup.import()?;
+    let import_took = imported.elapsed();
+    let (first, last) = wait_sessions(&farm, &base, n, &mut pod, limit).await?;
+    let connect_span = last - first;
+    eprintln!(
+        "{n} sessions {:.2} s after the import started (first connection at {:.2} s)",
+        last.as_secs_f64(),
+        first.as_secs_f64()
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let rss1 = rss_kib(pid)?;
+    let held = farm.counters();
+    if held.connections_open != n {
+        eprintln!(
+            "warning: {} connections open, expected {n}",
+            held.connections_open
+        );
+    }
+    let per_conn = (rss1.saturating_sub(rss0)) as f64 / held.connections_open.max(1) as f64;
+    eprintln!("RSS with {} connections: {rss1} KiB", held.connections_open);
+    stop(pod)?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // 3. Handshake rate: a new pod with no real pacing.
+    let base = farm.counters();
+    let (mut pod, _port, fast_cmd) = setup.serve(
+        "bench-pod-2",
+        args.fast_dial_rate,
+        args.fast_dial_concurrency,
+    )?;
+    let (first2, last2) = wait_sessions(&farm, &base, n, &mut pod, limit).await?;
+    let span2 = last2 - first2;
+    let rate = n as f64 / span2.as_secs_f64();
+    let after = farm.counters();
+    stop(pod)?;
+
+    println!("| measurement | value |");
+    println!("|---|---|");
+    println!("| terminals | {n} |");
+    println!("| RSS, ready, 0 terminals | {rss0} KiB |");
+    println!(
+        "| RSS, {} connections held | {rss1} KiB |",
+        held.connections_open
+    );
+    println!("| memory per held connection | {per_conn:.1} KiB (target <= 64) |");
+    println!(
+        "| connect {n} at --dial-rate {}: first to last session | {:.2} s |",
+        args.dial_rate,
+        connect_span.as_secs_f64()
+    );
+    println!(
+        "| connect {n} at --dial-rate {}: from import start (incl. directory poll) | {:.2} s |",
+        args.dial_rate,
+        last.as_secs_f64()
+    );
+    println!(
+        "| handshakes/s, one pod (--dial-rate {}, --dial-concurrency {}) | {rate:.0} /s ({n} in {:.2} s) |",
+        args.fast_dial_rate,
+        args.fast_dial_concurrency,
+        span2.as_secs_f64()
+    );
+    println!(
+        "| farm: raw overlaps / handshakes failed | {} / {} |",
+        after.raw_overlaps, after.handshakes_failed
+    );
+    println!();
+    println!(
+        "import ({:.2} s): `{}`",
+        import_took.as_secs_f64(),
+        import_cmd.join(" ")
+    );
+    println!("pod 1: `{}`", serve_cmd.join(" "));
+    println!("pod 2: `{}`", fast_cmd.join(" "));
+    Ok(())
+}

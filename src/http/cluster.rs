@@ -1,0 +1,133 @@
+//! The cluster view: `GET /v1/cluster` (JSON), the internal per-shard terminal counts
+//! peers answer, and the status page `GET /` that renders the view every second.
+//!
+//! `/v1/cluster` answers from this pod's latest status, plus connected-terminal counts
+//! for the shards it serves; with `?include=terminals` it also asks every other member
+//! for theirs (signed, 500 ms each, in parallel), so one request shows the whole ring.
+//! A member that does not answer leaves its shards' counts `null`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{RawQuery, State};
+use axum::http::header;
+use axum::response::{Html, IntoResponse, Response};
+use axum::Json;
+use futures::future::join_all;
+use serde::{Deserialize, Serialize};
+
+use super::HttpState;
+use crate::core::{PodId, ShardId};
+use crate::status::ShardStatus;
+
+/// Path of the internal "connected terminals per shard" endpoint.
+pub const SHARD_TERMINALS_PATH: &str = "/internal/v1/shard-terminals";
+/// How long a peer gets to report its counts.
+const PEER_COUNTS_TIMEOUT: Duration = Duration::from_millis(500);
+
+#[derive(Serialize)]
+struct ClusterView<'a> {
+    pod: Option<&'a PodId>,
+    members: Vec<MemberView<'a>>,
+    shards: Vec<ShardView<'a>>,
+}
+
+#[derive(Serialize)]
+struct MemberView<'a> {
+    pod: &'a PodId,
+    url: &'a str,
+}
+
+#[derive(Serialize)]
+struct ShardView<'a> {
+    #[serde(flatten)]
+    status: &'a ShardStatus,
+    /// Connected terminals, as the pod serving the shard counts them; `null` unknown.
+    terminals_connected: Option<usize>,
+}
+
+/// One pod's answer on [`SHARD_TERMINALS_PATH`].
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) struct ShardTerminals {
+    pod: Option<PodId>,
+    shards: Vec<(ShardId, usize)>,
+}
+
+/// `GET /v1/cluster[?include=terminals]`.
+pub(super) async fn cluster(
+    State(state): State<Arc<HttpState>>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let include_peers = query
+        .as_deref()
+        .is_some_and(|q| q.split('&').any(|p| p == "include=terminals"));
+    let mut counts: BTreeMap<ShardId, usize> =
+        state.push.connected_by_shard().into_iter().collect();
+    if include_peers {
+        let peers: Vec<String> = {
+            let status = state.status.borrow();
+            status
+                .members
+                .iter()
+                .filter(|m| status.pod.as_ref() != Some(&m.pod))
+                .map(|m| m.url.clone())
+                .collect()
+        };
+        let asks = peers.iter().map(|url| {
+            state
+                .push
+                .peer_get(url, SHARD_TERMINALS_PATH, PEER_COUNTS_TIMEOUT)
+        });
+        for answer in join_all(asks).await {
+            let Ok((code, body)) = answer else { continue };
+            if !code.is_success() {
+                continue;
+            }
+            if let Ok(theirs) = serde_json::from_slice::<ShardTerminals>(&body) {
+                counts.extend(theirs.shards);
+            }
+        }
+    }
+    let status = state.status.borrow();
+    let view = ClusterView {
+        pod: status.pod.as_ref(),
+        members: status
+            .members
+            .iter()
+            .map(|m| MemberView {
+                pod: &m.pod,
+                url: &m.url,
+            })
+            .collect(),
+        shards: status
+            .shards
+            .iter()
+            .map(|s| ShardView {
+                status: s,
+                terminals_connected: counts.get(&s.shard).copied(),
+            })
+            .collect(),
+    };
+    // Serialised while the borrow is held; nothing here awaits.
+    Json(view).into_response()
+}
+
+/// `GET /internal/v1/shard-terminals`: connected terminals per shard served here.
+pub(super) async fn shard_terminals(State(state): State<Arc<HttpState>>) -> Response {
+    let pod = state.status.borrow().pod.clone();
+    Json(ShardTerminals {
+        pod,
+        shards: state.push.connected_by_shard(),
+    })
+    .into_response()
+}
+
+/// `GET /`: the status page (self-contained: no external assets).
+pub(super) async fn status_page() -> Response {
+    (
+        [(header::CACHE_CONTROL, "no-store")],
+        Html(include_str!("status_page.html")),
+    )
+        .into_response()
+}

@@ -1,0 +1,558 @@
+//! Checks the Kubernetes manifests (`k8s/`) and the `Dockerfile` against the code:
+//!
+//! - every `POSGATE_*` variable named in a manifest is a real `posgate serve` flag
+//!   variable (from the binary's `serve --help`, `[env: POSGATE_X=]`) or one of the
+//!   documented secret variables, and secret variables are never set as plain values;
+//! - the shutdown timeline fits: preStop sleep + `--shutdown-budget` + HTTP drain <=
+//!   `terminationGracePeriodSeconds`;
+//! - the Redis ACL examples grant exactly the commands posgate sends (client side plus
+//!   the commands the Lua scripts call) on the cluster's own keys;
+//! - the Dockerfile's user is the one the Deployment runs as;
+//! - every kustomization renders with `kubectl kustomize` (skipped, with a message, when
+//!   no kubectl is installed; `scripts/install-kubectl` installs one), and the rendered
+//!   output passes the variable checks too.
+//!
+//! YAML is scanned as text, line by line: the manifests are plain block YAML and the
+//! checks only need names and a few scalar values.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Secrets are read from these variables (or from the `*_FILE` flags); they are not flags
+/// themselves, so `serve --help` does not list them as `[env: ...]`.
+const SECRET_VARS: &[&str] = &[
+    "POSGATE_CLUSTER_SECRET",
+    "POSGATE_API_TOKENS",
+    "POSGATE_REDIS_PASSWORD",
+];
+
+/// How long the HTTP listener drains after the driver's graceful shutdown
+/// (`HTTP_DRAIN` in `src/pod.rs`, not public).
+const HTTP_DRAIN_SECS: u64 = 5;
+
+/// Commands posgate's Redis client sends itself and needs: scripts by SHA with a load on
+/// NOSCRIPT, the connect probe and pub/sub keep-alive, the event subscription. (AUTH needs
+/// no ACL permission; CLIENT SETINFO at connect may be refused, its answer is ignored.)
+const CLIENT_COMMANDS: &[&str] = &["evalsha", "script|load", "ping", "subscribe"];
+
+/// Commands an ACL example may grant beyond [`CLIENT_COMMANDS`] and the scripts' ones.
+const OPTIONAL_COMMANDS: &[&str] = &["client|setinfo", "select"];
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
+}
+
+/// Files under `dir` (recursively) whose name ends with one of `exts`, sorted.
+fn files_under(dir: &Path, exts: &[&str]) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let entries =
+            std::fs::read_dir(&d).unwrap_or_else(|e| panic!("cannot list {}: {e}", d.display()));
+        for entry in entries {
+            let path = entry.expect("directory entry").path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path
+                .extension()
+                .and_then(|e| e.to_str())
+                .is_some_and(|e| exts.contains(&e))
+            {
+                out.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn yaml_files() -> Vec<PathBuf> {
+    let files = files_under(&root().join("k8s"), &["yaml", "yml"]);
+    assert!(!files.is_empty(), "no YAML files under k8s/");
+    files
+}
+
+fn rel(path: &Path) -> String {
+    path.strip_prefix(root())
+        .unwrap_or(path)
+        .display()
+        .to_string()
+}
+
+/// Every `POSGATE_<NAME>` token in `text` (comments included), with its 1-based line.
+fn posgate_vars(text: &str) -> Vec<(String, usize)> {
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let mut rest = line;
+        while let Some(i) = rest.find("POSGATE_") {
+            let after = &rest[i + "POSGATE_".len()..];
+            let len = after
+                .bytes()
+                .take_while(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || *b == b'_')
+                .count();
+            // `POSGATE_<FLAG>` in prose names no variable.
+            if len > 0 {
+                out.push((format!("POSGATE_{}", &after[..len]), n + 1));
+            }
+            rest = &after[len..];
+        }
+    }
+    out
+}
+
+/// The binary's `serve --help`.
+fn serve_help() -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_posgate"))
+        .args(["serve", "--help"])
+        .output()
+        .expect("run posgate serve --help");
+    assert!(out.status.success(), "posgate serve --help failed: {out:?}");
+    String::from_utf8(out.stdout).expect("help is UTF-8")
+}
+
+/// The variables clap lists as `[env: NAME=value]` or `[env: NAME]` (hidden values).
+fn flag_env_vars(help: &str) -> BTreeSet<String> {
+    let mut vars = BTreeSet::new();
+    let mut rest = help;
+    while let Some(i) = rest.find("[env: ") {
+        let after = &rest[i + "[env: ".len()..];
+        let end = after.find(['=', ']']).expect("[env: ...] is closed");
+        vars.insert(after[..end].trim().to_string());
+        rest = &after[end..];
+    }
+    vars
+}
+
+fn allowed_vars() -> BTreeSet<String> {
+    let mut vars = flag_env_vars(&serve_help());
+    // If clap's help format changed, the parse above finds nothing: fail loudly rather
+    // than accept nothing.
+    for expected in [
+        "POSGATE_REDIS_URL",
+        "POSGATE_POD_ID",
+        "POSGATE_ADVERTISE_URL",
+    ] {
+        assert!(
+            vars.contains(expected),
+            "`posgate serve --help` does not list {expected} as [env: ...]; found {vars:?}"
+        );
+    }
+    vars.extend(SECRET_VARS.iter().map(|s| s.to_string()));
+    vars
+}
+
+/// Unknown `POSGATE_*` names in `text`, and secret variables given as plain values.
+fn var_problems(source: &str, text: &str, allowed: &BTreeSet<String>) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (var, line) in posgate_vars(text) {
+        if !allowed.contains(&var) {
+            problems.push(format!(
+                "{source}:{line}: {var} is not a `posgate serve` flag variable nor one of {SECRET_VARS:?}"
+            ));
+        }
+    }
+    let lines: Vec<&str> = text.lines().collect();
+    for (i, line) in lines.iter().enumerate() {
+        let Some(name) = line.trim().trim_start_matches("- ").strip_prefix("name:") else {
+            continue;
+        };
+        let name = name.trim().trim_matches('"');
+        if SECRET_VARS.contains(&name) {
+            let next = lines.get(i + 1).map(|l| l.trim()).unwrap_or("");
+            if !next.starts_with("valueFrom:") {
+                problems.push(format!(
+                    "{source}:{}: {name} must come from a Secret (valueFrom), not a plain value",
+                    i + 1
+                ));
+            }
+        }
+    }
+    problems
+}
+
+#[test]
+fn every_posgate_variable_in_the_manifests_is_a_real_flag() {
+    let allowed = allowed_vars();
+    let mut seen = BTreeSet::new();
+    let mut problems = Vec::new();
+    for file in yaml_files() {
+        let text = read(&file);
+        seen.extend(posgate_vars(&text).into_iter().map(|(v, _)| v));
+        problems.extend(var_problems(&rel(&file), &text, &allowed));
+    }
+    println!("POSGATE_* variables used under k8s/: {seen:?}");
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    // The Deployment must at least set these (downward API identity and address).
+    for needed in [
+        "POSGATE_POD_ID",
+        "POSGATE_ADVERTISE_URL",
+        "POSGATE_REDIS_URL",
+        "POSGATE_CLUSTER_SECRET_FILE",
+        "POSGATE_API_TOKENS_FILE",
+    ] {
+        assert!(seen.contains(needed), "no manifest sets {needed}");
+    }
+}
+
+/// `Ns` / `Nms` / `Nm` as whole seconds (rounded up), for the flag defaults we read.
+fn parse_secs(s: &str) -> u64 {
+    let s = s.trim().trim_matches('"');
+    if let Some(ms) = s.strip_suffix("ms") {
+        return ms.parse::<u64>().expect("milliseconds").div_ceil(1000);
+    }
+    if let Some(secs) = s.strip_suffix('s') {
+        return secs.parse().expect("seconds");
+    }
+    if let Some(min) = s.strip_suffix('m') {
+        return min.parse::<u64>().expect("minutes") * 60;
+    }
+    panic!("unsupported duration {s:?} (use s, ms or m)");
+}
+
+/// The number after `key:` on the first line (at or after `from`) that has it.
+fn scalar_after(lines: &[&str], from: usize, key: &str) -> Option<(usize, String)> {
+    lines.iter().enumerate().skip(from).find_map(|(i, l)| {
+        l.trim()
+            .strip_prefix(key)
+            .and_then(|v| v.strip_prefix(':'))
+            .map(|v| (i, v.trim().to_string()))
+    })
+}
+
+/// The default of `--shutdown-budget` as `serve --help` prints it.
+fn default_shutdown_budget(help: &str) -> u64 {
+    let at = help
+        .find("--shutdown-budget")
+        .expect("--shutdown-budget in help");
+    let tail = &help[at..];
+    let start = tail
+        .find("[default: ")
+        .expect("default of --shutdown-budget")
+        + 10;
+    let end = start + tail[start..].find(']').expect("closed default");
+    parse_secs(&tail[start..end])
+}
+
+/// preStop sleep + shutdown budget + HTTP drain must fit in the grace period of the
+/// posgate Deployment in `text` (one YAML document or a file).
+fn check_shutdown_timing(source: &str, text: &str, default_budget: u64) {
+    let lines: Vec<&str> = text.lines().collect();
+    let (_, grace) = scalar_after(&lines, 0, "terminationGracePeriodSeconds")
+        .unwrap_or_else(|| panic!("{source}: no terminationGracePeriodSeconds"));
+    let grace: u64 = grace.parse().expect("grace period seconds");
+    let pre_stop = lines
+        .iter()
+        .position(|l| l.trim() == "preStop:")
+        .unwrap_or_else(|| panic!("{source}: no preStop hook"));
+    let (_, sleep) = scalar_after(&lines, pre_stop, "seconds")
+        .unwrap_or_else(|| panic!("{source}: preStop has no sleep seconds"));
+    let sleep: u64 = sleep.parse().expect("preStop sleep seconds");
+    let budget = lines
+        .iter()
+        .position(|l| l.trim().trim_start_matches("- ") == "name: POSGATE_SHUTDOWN_BUDGET")
+        .and_then(|i| scalar_after(&lines, i + 1, "value"))
+        .map_or(default_budget, |(_, v)| parse_secs(&v));
+    let needed = sleep + budget + HTTP_DRAIN_SECS;
+    println!(
+        "{source}: preStop {sleep}s + shutdown budget {budget}s + HTTP drain \
+         {HTTP_DRAIN_SECS}s = {needed}s <= terminationGracePeriodSeconds {grace}s"
+    );
+    assert!(
+        needed <= grace,
+        "{source}: terminationGracePeriodSeconds {grace} is shorter than preStop {sleep}s + \
+         shutdown budget {budget}s + HTTP drain {HTTP_DRAIN_SECS}s: pods would be killed \
+         before releasing their leases"
+    );
+}
+
+#[test]
+fn grace_period_covers_the_graceful_shutdown() {
+    let budget = default_shutdown_budget(&serve_help());
+    let path = root().join("k8s/base/deployment.yaml");
+    check_shutdown_timing(&rel(&path), &read(&path), budget);
+}
+
+/// The commands the Lua scripts call (`redis.call('GET', ...)`), lowercase.
+fn lua_commands() -> BTreeSet<String> {
+    let mut cmds = BTreeSet::new();
+    let scripts = files_under(&root().join("src/store/lua"), &["lua"]);
+    assert!(!scripts.is_empty(), "no Lua scripts found");
+    for file in scripts {
+        let text = read(&file);
+        for call in ["redis.call(", "redis.pcall("] {
+            let mut rest = text.as_str();
+            while let Some(i) = rest.find(call) {
+                let after = rest[i + call.len()..].trim_start();
+                rest = after;
+                let Some(quote) = after.chars().next().filter(|c| *c == '\'' || *c == '"') else {
+                    continue; // a computed command name; none today
+                };
+                let name: String = after[1..].chars().take_while(|c| *c != quote).collect();
+                cmds.insert(name.to_ascii_lowercase());
+            }
+        }
+    }
+    cmds
+}
+
+/// `POSGATE_CLUSTER`'s value in the YAML files of `dir` (not recursive).
+fn cluster_in(dir: &Path) -> Option<String> {
+    for file in files_under(dir, &["yaml", "yml"]) {
+        if file.parent() != Some(dir) {
+            continue;
+        }
+        let text = read(&file);
+        let lines: Vec<&str> = text.lines().collect();
+        if let Some(i) = lines
+            .iter()
+            .position(|l| l.trim().trim_start_matches("- ") == "name: POSGATE_CLUSTER")
+        {
+            if let Some((_, v)) = scalar_after(&lines, i + 1, "value") {
+                return Some(v.trim_matches('"').to_string());
+            }
+        }
+    }
+    None
+}
+
+#[test]
+fn redis_acl_examples_grant_exactly_the_commands_posgate_sends() {
+    let mut expected: BTreeSet<String> = lua_commands();
+    expected.extend(CLIENT_COMMANDS.iter().map(|c| c.to_string()));
+    let acl_files = files_under(&root().join("k8s"), &["acl"]);
+    assert!(!acl_files.is_empty(), "no Redis ACL example under k8s/");
+    for file in acl_files {
+        let text = read(&file);
+        let user_lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.trim_start().starts_with("user "))
+            .collect();
+        assert_eq!(
+            user_lines.len(),
+            1,
+            "{}: one `user` line expected",
+            rel(&file)
+        );
+        let rules: Vec<&str> = user_lines[0].split_whitespace().collect();
+        let granted: BTreeSet<String> = rules
+            .iter()
+            .filter_map(|r| r.strip_prefix('+'))
+            .map(str::to_string)
+            .collect();
+        let missing: Vec<_> = expected.difference(&granted).collect();
+        let extra: Vec<_> = granted
+            .difference(&expected)
+            .filter(|c| !OPTIONAL_COMMANDS.contains(&c.as_str()))
+            .collect();
+        assert!(
+            missing.is_empty() && extra.is_empty(),
+            "{}: ACL commands differ from what posgate sends; missing {missing:?}, not used {extra:?}",
+            rel(&file)
+        );
+        assert!(rules.contains(&"-@all"), "{}: start from -@all", rel(&file));
+        // Keys and channel of this overlay's cluster only.
+        let dir = file.parent().expect("parent");
+        let cluster = cluster_in(dir).unwrap_or_else(|| "posgate".to_string());
+        let keys = format!("~posgate:{{{cluster}}}:*");
+        let channel = format!("&posgate:{{{cluster}}}:events");
+        let patterns: Vec<&&str> = rules
+            .iter()
+            .filter(|r| r.starts_with('~') || r.starts_with('&') || r.starts_with('%'))
+            .collect();
+        assert_eq!(
+            patterns,
+            vec![&keys.as_str(), &channel.as_str()],
+            "{}: key and channel patterns must be exactly {keys} and {channel} (POSGATE_CLUSTER={cluster})",
+            rel(&file)
+        );
+        println!(
+            "{}: {} commands, keys {keys}, channel {channel}",
+            rel(&file),
+            granted.len()
+        );
+    }
+}
+
+#[test]
+fn dockerfile_user_matches_the_deployment() {
+    let docker = read(&root().join("Dockerfile"));
+    let user = docker
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("USER "))
+        .next_back()
+        .expect("Dockerfile sets USER");
+    let uid = user.split(':').next().expect("uid").trim();
+    assert!(
+        uid.parse::<u32>().is_ok_and(|u| u != 0),
+        "USER must be a numeric non-root uid, got {user}"
+    );
+    let deployment = read(&root().join("k8s/base/deployment.yaml"));
+    assert!(
+        deployment.contains(&format!("runAsUser: {uid}")),
+        "k8s/base/deployment.yaml must run as the image's user {uid}"
+    );
+    for needed in [
+        "EXPOSE 8080",
+        "ENTRYPOINT [\"posgate\"]",
+        "CMD [\"serve\"]",
+        "--locked",
+    ] {
+        assert!(docker.contains(needed), "Dockerfile lacks {needed}");
+    }
+}
+
+/// `kubectl`, or `$KUBECTL`; `None` when it cannot be run.
+fn kubectl() -> Option<String> {
+    let bin = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".to_string());
+    let out = Command::new(&bin)
+        .args(["version", "--client"])
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    println!(
+        "using {bin}: {}",
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .replace('\n', ", ")
+    );
+    Some(bin)
+}
+
+/// In each rendered document, every `$(VAR)` reference must name a variable defined on an
+/// earlier line (Kubernetes expands only variables defined before the reference).
+fn check_var_refs(source: &str, doc: &str) -> Vec<String> {
+    let mut defined = BTreeSet::new();
+    let mut problems = Vec::new();
+    for (n, line) in doc.lines().enumerate() {
+        let t = line.trim().trim_start_matches("- ");
+        if let Some(name) = t.strip_prefix("name:") {
+            defined.insert(name.trim().trim_matches('"').to_string());
+        }
+        let mut rest = line;
+        while let Some(i) = rest.find("$(") {
+            let after = &rest[i + 2..];
+            let end = after.find(')').unwrap_or(after.len());
+            let var = &after[..end];
+            if !defined.contains(var) {
+                problems.push(format!(
+                    "{source}: line {} uses $({var}) before it is defined",
+                    n + 1
+                ));
+            }
+            rest = &after[end..];
+        }
+    }
+    problems
+}
+
+fn docs(rendered: &str) -> Vec<&str> {
+    rendered
+        .split("\n---\n")
+        .filter(|d| !d.trim().is_empty())
+        .collect()
+}
+
+fn doc_kind_name(doc: &str) -> (String, String) {
+    let lines: Vec<&str> = doc.lines().collect();
+    let kind = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("kind: "))
+        .unwrap_or("")
+        .to_string();
+    let meta = lines.iter().position(|l| *l == "metadata:").unwrap_or(0);
+    let name = lines
+        .iter()
+        .skip(meta + 1)
+        .take_while(|l| l.starts_with(' '))
+        .find_map(|l| l.strip_prefix("  name: "))
+        .unwrap_or("")
+        .to_string();
+    (kind, name)
+}
+
+#[test]
+fn every_kustomization_renders() {
+    let dirs: Vec<PathBuf> = files_under(&root().join("k8s"), &["yaml", "yml"])
+        .into_iter()
+        .filter(|f| {
+            f.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("kustomization."))
+        })
+        .map(|f| f.parent().expect("parent").to_path_buf())
+        .collect();
+    assert!(
+        dirs.iter().any(|d| d.ends_with("k8s/base")),
+        "k8s/base has no kustomization"
+    );
+    let Some(kubectl) = kubectl() else {
+        println!(
+            "skipped: kubectl not installed, {} kustomizations not rendered \
+             (scripts/install-kubectl installs it; set KUBECTL to use another binary)",
+            dirs.len()
+        );
+        return;
+    };
+    let allowed = allowed_vars();
+    let budget = default_shutdown_budget(&serve_help());
+    let mut problems = Vec::new();
+    for dir in &dirs {
+        let out = Command::new(&kubectl)
+            .arg("kustomize")
+            .arg(dir)
+            .output()
+            .expect("run kubectl kustomize");
+        let source = format!("kubectl kustomize {}", rel(dir));
+        if !out.status.success() {
+            problems.push(format!(
+                "{source} failed:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+            continue;
+        }
+        let rendered = String::from_utf8(out.stdout).expect("rendered YAML is UTF-8");
+        problems.extend(var_problems(&source, &rendered, &allowed));
+        let docs = docs(&rendered);
+        let mut secrets = BTreeSet::new();
+        let mut kinds = Vec::new();
+        for doc in &docs {
+            let (kind, name) = doc_kind_name(doc);
+            problems.extend(check_var_refs(&format!("{source} {kind}/{name}"), doc));
+            if kind == "Deployment" && name == "posgate" {
+                check_shutdown_timing(&format!("{source} Deployment/posgate"), doc, budget);
+            }
+            if kind == "Secret" {
+                secrets.insert(name.clone());
+            }
+            kinds.push(format!("{kind}/{name}"));
+        }
+        if !kinds.iter().any(|k| k == "Deployment/posgate") {
+            problems.push(format!("{source}: no Deployment/posgate"));
+        }
+        // The dev overlay is self-contained: every Secret it mounts is generated.
+        if dir.ends_with("k8s/overlays/dev") {
+            for line in rendered.lines() {
+                if let Some(name) = line.trim().strip_prefix("secretName: ") {
+                    if !secrets.contains(name) {
+                        problems.push(format!(
+                            "{source}: Secret {name} is mounted but not generated"
+                        ));
+                    }
+                }
+            }
+        }
+        println!(
+            "{source}: ok, {} resources: {}",
+            kinds.len(),
+            kinds.join(", ")
+        );
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
