@@ -19,6 +19,7 @@ use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{Parser, Subcommand};
 use posgate::config::terminals_args::{TerminalsArgs, TerminalsCommand};
 use posgate::config::{ConfigError, LogFormat, PodConfig, ServeArgs, StoreSettings};
+use posgate::demo::DemoArgs;
 use posgate::pod::{Pod, PodError};
 use posgate::ring_report::RingReportArgs;
 use posgate::sim::{run_seed, SimConfig, SimStats};
@@ -48,6 +49,8 @@ enum Command {
     Simulate(SimulateArgs),
     /// Edit the terminal directory in Redis: import a CSV file, remove, count.
     Terminals(TerminalsArgs),
+    /// Run a whole cluster in this process: pods, simulated terminals, push traffic.
+    Demo(DemoArgs),
 }
 
 /// Flags of `posgate simulate`.
@@ -92,6 +95,30 @@ fn main() -> ExitCode {
         }
         Command::Simulate(args) => simulate(&args),
         Command::Terminals(args) => terminals(args),
+        Command::Demo(args) => demo(args),
+    }
+}
+
+fn demo(args: DemoArgs) -> ExitCode {
+    // Warnings only: the live table is the demo's output. RUST_LOG overrides.
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
+    init_tracing(LogFormat::Text, filter);
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("error: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let interrupt = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    match runtime.block_on(posgate::demo::run(args, interrupt)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
     }
 }
 

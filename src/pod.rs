@@ -128,6 +128,18 @@ impl Pod {
         store: S,
         listener: TcpListener,
     ) -> Result<PodHandle, PodError> {
+        let store = Arc::new(store);
+        Pod::start_with_directory(config, store.clone(), store, listener)
+    }
+
+    /// [`Pod::start_with_terminals`] with the terminal directory kept apart from the
+    /// coordination store (the demo's embedded mode).
+    pub fn start_with_directory<S: CoordStore, D: Directory>(
+        config: PodConfig,
+        store: Arc<S>,
+        directory: Arc<D>,
+        listener: TcpListener,
+    ) -> Result<PodHandle, PodError> {
         config.core.validate()?;
         let pos = &config.pos;
         let tls = tls::client_config(&pos.tls)?;
@@ -148,9 +160,8 @@ impl Pod {
             metrics: metrics.clone(),
             ..ManagerConfig::default()
         };
-        let store = Arc::new(store);
         let (stale_tx, stale_rx) = mpsc::unbounded_channel();
-        let manager = ConnectionManager::new(store.clone(), dialer, manager_config, stale_tx);
+        let manager = ConnectionManager::new(directory, dialer, manager_config, stale_tx);
         let sessions = Arc::new(manager.clone());
         let driver = Driver::new(&config, store.clone(), manager, metrics.clone())?
             .with_stale_epochs(stale_rx);
@@ -182,6 +193,7 @@ fn spawn_pod<S: CoordStore, H: ServingHook>(
         config.push.clone(),
         metrics.clone(),
     );
+    let metrics_handle = metrics.clone();
     let sampler = sampler::run(metrics, status.clone(), sessions);
     let http_state = HttpState {
         status: status.clone(),
@@ -209,6 +221,7 @@ fn spawn_pod<S: CoordStore, H: ServingHook>(
     PodHandle {
         status,
         serving,
+        metrics: metrics_handle,
         stop: Some(stop),
         task: Some(task),
     }
@@ -221,6 +234,8 @@ pub struct PodHandle {
     pub status: watch::Receiver<PodStatus>,
     /// The shards the pod serves.
     pub serving: ServingTable,
+    /// The pod's metrics (what `/metrics` serves).
+    pub metrics: Arc<Metrics>,
     stop: Option<oneshot::Sender<()>>,
     /// `None` once [`PodHandle::wait`] reported the end.
     task: Option<JoinHandle<Result<(), PodError>>>,

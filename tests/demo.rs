@@ -1,0 +1,71 @@
+//! `posgate demo` as a user runs it: the whole cluster in one process, once on the
+//! embedded store (no `redis-server` on `PATH`) without the script, once with a private
+//! `redis-server` and the script (a pod joins at 10 s, one is killed at 20 s). The
+//! summary must report a fully connected farm, no overlapping connections or sessions
+//! and no key delivered twice.
+
+use std::process::Command;
+
+fn demo(args: &[&str], path: &str) -> (bool, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_posgate"));
+    cmd.arg("demo").args(args).env_clear().env("PATH", path);
+    let out = cmd.output().expect("the binary runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    eprintln!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), stdout)
+}
+
+fn summary_value<'a>(stdout: &'a str, label: &str) -> &'a str {
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(label))
+        .unwrap_or_else(|| panic!("no {label:?} line in:\n{stdout}"))
+        .trim()
+}
+
+#[test]
+fn demo_on_the_embedded_store() {
+    // A PATH without redis-server (an unset PATH would fall back to /usr/bin).
+    let (ok, out) = demo(
+        &["--duration", "10s", "--terminals", "200", "--no-script"],
+        "/nonexistent",
+    );
+    assert!(ok);
+    assert!(out.contains("store: embedded in-memory store"), "{out}");
+    assert!(out.contains("status page: http://127.0.0.1:"), "{out}");
+    assert_eq!(
+        summary_value(&out, "terminals connected at the end:"),
+        "200"
+    );
+    assert_eq!(
+        summary_value(&out, "raw overlaps (two connections to one terminal):"),
+        "0"
+    );
+    assert_eq!(summary_value(&out, "keys delivered twice:"), "0");
+}
+
+#[test]
+fn demo_script_with_a_private_redis() {
+    let path = std::env::var("PATH").unwrap_or_default();
+    let (ok, out) = demo(&["--duration", "26s", "--terminals", "300"], &path);
+    assert!(ok);
+    assert!(out.contains("store: private redis-server"), "{out}");
+    assert!(
+        out.contains("+ demo-pod-3 started"),
+        "the 4th pod joins: {out}"
+    );
+    assert!(out.contains("x demo-pod-1 killed"), "{out}");
+    assert_eq!(
+        summary_value(&out, "terminals connected at the end:"),
+        "300"
+    );
+    assert_eq!(
+        summary_value(&out, "raw overlaps (two connections to one terminal):"),
+        "0"
+    );
+    assert_eq!(
+        summary_value(&out, "session overlaps (two accepted sessions > 1 s):"),
+        "0"
+    );
+    assert_eq!(summary_value(&out, "keys delivered twice:"), "0");
+}
