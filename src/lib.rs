@@ -19,6 +19,7 @@
 
 pub mod config;
 pub mod core;
+pub mod credentials;
 pub mod demo;
 pub mod driver;
 pub mod http;

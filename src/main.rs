@@ -20,7 +20,7 @@ use clap::{Parser, Subcommand};
 use posgate::config::terminals_args::{TerminalsArgs, TerminalsCommand};
 use posgate::config::{ConfigError, LogFormat, PodConfig, ServeArgs, StoreSettings};
 use posgate::demo::DemoArgs;
-use posgate::pod::{Pod, PodError};
+use posgate::pod::{Pod, PodError, Reloader};
 use posgate::ring_report::RingReportArgs;
 use posgate::sim::{run_seed, SimConfig, SimStats};
 use posgate::store::redis::{RedisOptions, RedisStore};
@@ -124,6 +124,8 @@ fn demo(args: DemoArgs) -> ExitCode {
 
 fn serve(args: ServeArgs) -> ExitCode {
     // Validate everything before logging starts, so a bad flag is one plain line.
+    // Kept to read the secret files again on SIGHUP.
+    let reload_args = args.clone();
     let resolved = log_settings(&args).and_then(|log| Ok((log, args.resolve()?)));
     let ((format, filter), (config, settings, listen)) = match resolved {
         Ok(resolved) => resolved,
@@ -140,7 +142,7 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run_pod(config, settings, listen)) {
+    match runtime.block_on(run_pod(config, settings, listen, reload_args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             tracing::error!(error = format!("{err:#}"), "posgate stopped");
@@ -163,6 +165,7 @@ async fn run_pod(
     config: PodConfig,
     settings: StoreSettings,
     listen: SocketAddr,
+    reload_args: ServeArgs,
 ) -> anyhow::Result<()> {
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
@@ -201,9 +204,53 @@ async fn run_pod(
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
-    Pod::run_with_terminals(config, store, listener, shutdown)
-        .await
-        .context("pod failed")
+    let mut pod = Pod::start_with_terminals(config, store, listener).context("pod failed")?;
+    let reloads = reload_on_sighup(reload_args, pod.reloader.clone())?;
+    tokio::select! {
+        () = shutdown => pod.shutdown(),
+        ended = pod.wait() => return ended.context("pod failed"),
+        () = reloads => unreachable!("the reload loop never ends"),
+    }
+    pod.wait().await.context("pod failed")
+}
+
+/// On every SIGHUP: reads the secret files again (API tokens, cluster secret, POS CA and
+/// client certificate) and applies them without a restart, so rotating a secret costs
+/// no rebalance. A bad file is logged and the old values stay.
+fn reload_on_sighup(
+    args: ServeArgs,
+    reloader: Reloader,
+) -> anyhow::Result<impl Future<Output = ()>> {
+    #[cfg(unix)]
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .context("cannot install the SIGHUP handler")?;
+    Ok(async move {
+        loop {
+            #[cfg(unix)]
+            hangup.recv().await;
+            #[cfg(not(unix))]
+            std::future::pending::<()>().await;
+            let fresh = args
+                .clone()
+                .resolve()
+                .map_err(anyhow::Error::from)
+                .and_then(|(c, _, _)| {
+                    let tls = posgate::pos::tls::client_config(&c.pos.tls)?;
+                    Ok((c.api_tokens, c.cluster_secret, tls))
+                });
+            match fresh
+                .and_then(|(tokens, secret, tls)| Ok(reloader.reload(tokens, secret, Some(tls))?))
+            {
+                Ok(()) => {
+                    tracing::info!("SIGHUP: API tokens, cluster secret and POS TLS files reloaded")
+                }
+                Err(err) => tracing::error!(
+                    error = format!("{err:#}"),
+                    "SIGHUP: reload failed; keeping the old secrets"
+                ),
+            }
+        }
+    })
 }
 
 /// Resolves on SIGTERM (Kubernetes stopping the pod) or Ctrl-C. The handlers are

@@ -35,6 +35,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::core::PodId;
+use crate::credentials::Credentials;
 
 /// Request header with the signing time, Unix seconds.
 pub const TIMESTAMP_HEADER: &str = "posgate-timestamp";
@@ -67,6 +68,12 @@ impl ClusterSecret {
             return Err(SecretTooShort(bytes.len()));
         }
         Ok(ClusterSecret(bytes.into()))
+    }
+
+    /// Whether both hold the same bytes (constant time).
+    pub fn same_as(&self, other: &ClusterSecret) -> bool {
+        use subtle::ConstantTimeEq;
+        self.0.len() == other.0.len() && bool::from(self.0.ct_eq(&other.0))
     }
 
     fn mac(&self) -> HmacSha256 {
@@ -216,7 +223,7 @@ pub enum PeerError {
 #[derive(Clone, Debug)]
 pub struct PeerClient {
     client: Client<HttpConnector, Full<Bytes>>,
-    secret: Option<ClusterSecret>,
+    credentials: Credentials,
     timeout: Duration,
 }
 
@@ -224,6 +231,11 @@ impl PeerClient {
     /// `secret: None` sends unsigned requests (insecure mode). `timeout` bounds each
     /// request as a whole: connecting, sending and reading the answer.
     pub fn new(secret: Option<ClusterSecret>, timeout: Duration) -> Self {
+        PeerClient::with_credentials(Credentials::new(None, secret), timeout)
+    }
+
+    /// Signs with the current secret of `credentials` (replaced on reload).
+    pub fn with_credentials(credentials: Credentials, timeout: Duration) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(timeout));
         connector.set_nodelay(true);
@@ -235,7 +247,7 @@ impl PeerClient {
             .build(connector);
         PeerClient {
             client,
-            secret,
+            credentials,
             timeout,
         }
     }
@@ -267,7 +279,7 @@ impl PeerClient {
         let mut request = Request::post(uri)
             .body(Full::new(Bytes::new()))
             .map_err(|e| url_error(&e.to_string()))?;
-        if let Some(secret) = &self.secret {
+        if let Some(secret) = &self.credentials.signing_secret() {
             sign(
                 secret,
                 &Method::POST,

@@ -25,13 +25,16 @@ use tracing::{info, warn, Instrument};
 
 use crate::config::PodConfig;
 use crate::core::config::ConfigError;
+use crate::credentials::{Credentials, ReloadError};
 use crate::driver::{Driver, ServingHook, ServingTable};
 use crate::http::{self, HttpState, ReadyLatch};
 use crate::metrics::{sampler, Metrics};
+use crate::peer::ClusterSecret;
 use crate::pos::dialer::{Dialer, DialerConfig};
 use crate::pos::directory::Directory;
 use crate::pos::manager::{ConnectionManager, ManagerConfig};
 use crate::pos::tls::{self, TlsConfigError};
+use crate::push::auth::ApiTokens;
 use crate::push::{NoTerminals, PushService, Sessions};
 use crate::status::PodStatus;
 use crate::store::{ClusterMeta, CoordStore, StoreError};
@@ -110,10 +113,12 @@ impl Pod {
         let store = Arc::new(store);
         let metrics = Arc::new(Metrics::new());
         let driver = Driver::new(&config, store.clone(), hook, metrics.clone())?;
-        let sessions = Arc::new(NoTerminals);
-        Ok(spawn_pod(
-            &config, driver, store, listener, sessions, metrics,
-        ))
+        let parts = Parts {
+            sessions: Arc::new(NoTerminals),
+            metrics,
+            dialer: None,
+        };
+        Ok(spawn_pod(&config, driver, store, listener, parts))
     }
 
     /// Starts one pod on a new task whose serving hook is a [`ConnectionManager`]
@@ -161,14 +166,25 @@ impl Pod {
             ..ManagerConfig::default()
         };
         let (stale_tx, stale_rx) = mpsc::unbounded_channel();
-        let manager = ConnectionManager::new(directory, dialer, manager_config, stale_tx);
+        let manager = ConnectionManager::new(directory, dialer.clone(), manager_config, stale_tx);
         let sessions = Arc::new(manager.clone());
         let driver = Driver::new(&config, store.clone(), manager, metrics.clone())?
             .with_stale_epochs(stale_rx);
-        Ok(spawn_pod(
-            &config, driver, store, listener, sessions, metrics,
-        ))
+        let parts = Parts {
+            sessions,
+            metrics,
+            dialer: Some(dialer),
+        };
+        Ok(spawn_pod(&config, driver, store, listener, parts))
     }
+}
+
+/// What a pod has besides its driver and store: the connection layer's view for pushes,
+/// the metrics, and the dialer (to reload its TLS config).
+struct Parts {
+    sessions: Arc<dyn Sessions>,
+    metrics: Arc<Metrics>,
+    dialer: Option<Dialer>,
 }
 
 /// Spawns the pod task around a built driver and returns its handle.
@@ -177,9 +193,15 @@ fn spawn_pod<S: CoordStore, H: ServingHook>(
     driver: Driver<S, H>,
     store: Arc<S>,
     listener: TcpListener,
-    sessions: Arc<dyn Sessions>,
-    metrics: Arc<Metrics>,
+    parts: Parts,
 ) -> PodHandle {
+    let Parts {
+        sessions,
+        metrics,
+        dialer,
+    } = parts;
+    let credentials = Credentials::new(config.api_tokens.clone(), config.cluster_secret.clone());
+    let driver = driver.with_credentials(credentials.clone());
     let status = driver.status();
     let serving = driver.serving_table();
     let push = PushService::new(
@@ -188,7 +210,7 @@ fn spawn_pod<S: CoordStore, H: ServingHook>(
         serving.clone(),
         status.clone(),
         sessions.clone(),
-        config.cluster_secret.clone(),
+        credentials.clone(),
         PEER_CONNECT_TIMEOUT,
         config.push.clone(),
         metrics.clone(),
@@ -197,8 +219,7 @@ fn spawn_pod<S: CoordStore, H: ServingHook>(
     let sampler = sampler::run(metrics, status.clone(), sessions);
     let http_state = HttpState {
         status: status.clone(),
-        secrets: config.cluster_secret.clone().map(|s| vec![s]),
-        tokens: config.api_tokens.clone(),
+        credentials: credentials.clone(),
         push: Arc::new(push),
         ready: ReadyLatch::default(),
     };
@@ -222,8 +243,36 @@ fn spawn_pod<S: CoordStore, H: ServingHook>(
         status,
         serving,
         metrics: metrics_handle,
+        reloader: Reloader {
+            credentials,
+            dialer,
+        },
         stop: Some(stop),
         task: Some(task),
+    }
+}
+
+/// Replaces a running pod's secrets (see [`Reloader::reload`]).
+#[derive(Clone, Debug)]
+pub struct Reloader {
+    credentials: Credentials,
+    dialer: Option<Dialer>,
+}
+
+impl Reloader {
+    /// Applies new API tokens, cluster secret and POS TLS config (for later dials)
+    /// without touching sessions or leases. The previous cluster secret stays accepted.
+    pub fn reload(
+        &self,
+        tokens: Option<ApiTokens>,
+        secret: Option<ClusterSecret>,
+        pos_tls: Option<Arc<rustls::ClientConfig>>,
+    ) -> Result<(), ReloadError> {
+        self.credentials.reload(tokens, secret)?;
+        if let (Some(dialer), Some(tls)) = (&self.dialer, pos_tls) {
+            dialer.set_tls(tls);
+        }
+        Ok(())
     }
 }
 
@@ -236,6 +285,8 @@ pub struct PodHandle {
     pub serving: ServingTable,
     /// The pod's metrics (what `/metrics` serves).
     pub metrics: Arc<Metrics>,
+    /// Replaces the pod's secrets in place (`SIGHUP`).
+    pub reloader: Reloader,
     stop: Option<oneshot::Sender<()>>,
     /// `None` once [`PodHandle::wait`] reported the end.
     task: Option<JoinHandle<Result<(), PodError>>>,

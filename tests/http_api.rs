@@ -16,6 +16,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use posgate::core::membership::Member;
 use posgate::core::PodId;
+use posgate::credentials::Credentials;
 use posgate::driver::ServingTable;
 use posgate::http::{router, serve, HttpState, ReadyLatch};
 use posgate::metrics::Metrics;
@@ -39,21 +40,25 @@ struct Server {
 impl Server {
     async fn start(secrets: Option<Vec<ClusterSecret>>) -> Server {
         let (status, receiver) = watch::channel(PodStatus::default());
+        // The first secret is the current one; a second one is the previous (rotation).
+        let credentials = match secrets {
+            Some(list) => Credentials::rotating(None, list.first().cloned(), list.get(1).cloned()),
+            None => Credentials::new(None, None),
+        };
         let push = PushService::new(
             pod("test-pod"),
             64,
             ServingTable::new(64),
             receiver.clone(),
             Arc::new(NoTerminals),
-            secrets.as_ref().map(|s| s[0].clone()),
+            credentials.clone(),
             Duration::from_secs(1),
             PushSettings::default(),
             Arc::new(Metrics::new()),
         );
         let app = router(HttpState {
             status: receiver,
-            secrets,
-            tokens: None,
+            credentials,
             push: Arc::new(push),
             ready: ReadyLatch::default(),
         });
@@ -210,8 +215,8 @@ async fn cluster_view_shape() {
         "pod": "pod-a",
         "members": [{"pod": "pod-a", "url": "http://a:8080"}, {"pod": "pod-b", "url": "http://b:8080"}],
         "shards": [
-            {"shard": 0, "assigned": "pod-a", "owner": "pod-a", "epoch": 7, "serving": true, "suspended": false},
-            {"shard": 1, "assigned": "pod-b", "owner": null, "epoch": null, "serving": false, "suspended": true},
+            {"shard": 0, "assigned": "pod-a", "owner": "pod-a", "epoch": 7, "serving": true, "suspended": false, "terminals_connected": null},
+            {"shard": 1, "assigned": "pod-b", "owner": null, "epoch": null, "serving": false, "suspended": true, "terminals_connected": null},
         ],
     });
     assert_eq!(serde_json::from_str::<Value>(&body).unwrap(), expected);

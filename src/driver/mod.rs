@@ -37,6 +37,7 @@ use crate::core::membership::Member;
 use crate::core::reconciler::{Action, Reconciler};
 use crate::core::ring::RING_VERSION;
 use crate::core::{Epoch, ShardId};
+use crate::credentials::Credentials;
 use crate::metrics::Metrics;
 use crate::peer::PeerClient;
 use crate::status::PodStatus;
@@ -113,6 +114,14 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
             stale_epochs: None,
             rec,
         })
+    }
+
+    /// Signs peer probes with the current secret of `credentials` (replaced on reload)
+    /// instead of the config's fixed one.
+    pub fn with_credentials(mut self, credentials: Credentials) -> Self {
+        let probe_timeout = self.cx.core.renew_interval.min(MAX_PROBE_TIMEOUT);
+        self.peers = PeerClient::with_credentials(credentials, probe_timeout);
+        self
     }
 
     /// Feeds the driver the `(shard, epoch)` pairs a terminal refused as stale (a newer

@@ -38,7 +38,7 @@ pub(super) async fn authenticate(
         Ok(body) => body,
         Err(answer) => return respond(answer),
     };
-    if let Some(secrets) = &state.secrets {
+    if let Some(secrets) = &state.credentials.accepted_secrets() {
         let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
         let checked = verify(
             secrets,

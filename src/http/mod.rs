@@ -32,9 +32,9 @@ use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::peer::{ClusterSecret, MAX_INTERNAL_BODY, STORE_REACHABLE_PATH};
+use crate::credentials::Credentials;
+use crate::peer::{MAX_INTERNAL_BODY, STORE_REACHABLE_PATH};
 use crate::push::answer::{Answer, ErrorCode};
-use crate::push::auth::ApiTokens;
 use crate::push::PushService;
 use crate::status::PodStatus;
 
@@ -45,11 +45,9 @@ pub use self::push::{valid_key, INSECURE_TENANT};
 pub struct HttpState {
     /// The driver's latest status.
     pub status: watch::Receiver<PodStatus>,
-    /// Secrets peer requests may be signed with (current first, then previous ones).
-    /// `None` is insecure mode: peer requests are accepted unsigned.
-    pub secrets: Option<Vec<ClusterSecret>>,
-    /// Bearer tokens of `/v1/*`; `None` is insecure mode (no authentication).
-    pub tokens: Option<ApiTokens>,
+    /// API tokens and the cluster secrets peer requests may be signed with; without
+    /// them (insecure mode) requests are accepted unauthenticated.
+    pub credentials: Credentials,
     pub push: Arc<PushService>,
     /// `/readyz`'s memory; start with `ReadyLatch::default()`.
     pub ready: ReadyLatch,

@@ -51,26 +51,24 @@ pub(super) async fn require_token(
     mut request: Request,
     next: Next,
 ) -> Response {
-    let tenant = match &state.tokens {
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(ApiTokens::bearer);
+    let tenant = match state.credentials.tenant_of(presented) {
         None => Tenant(INSECURE_TENANT.to_string()),
-        Some(tokens) => {
-            let presented = request
-                .headers()
-                .get(header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .and_then(ApiTokens::bearer);
-            match presented.and_then(|t| tokens.tenant_of(t)) {
-                Some(tenant) => tenant,
-                None => {
-                    let mut response =
-                        error(ErrorCode::Unauthorized, "missing or invalid bearer token");
-                    response
-                        .headers_mut()
-                        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-                    return response;
-                }
+        Some(found) => match found {
+            Some(tenant) => tenant,
+            None => {
+                let mut response =
+                    error(ErrorCode::Unauthorized, "missing or invalid bearer token");
+                response
+                    .headers_mut()
+                    .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+                return response;
             }
-        }
+        },
     };
     request.extensions_mut().insert(tenant);
     next.run(request).await

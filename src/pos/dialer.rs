@@ -7,7 +7,7 @@
 //! (that is the [`Session`]).
 
 use std::io;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use http::StatusCode;
@@ -117,15 +117,27 @@ impl DialError {
     }
 }
 
-/// Dials terminals with one pod's TLS and HTTP/2 settings. Cheap to clone.
+/// Dials terminals with one pod's TLS and HTTP/2 settings. Cheap to clone; clones
+/// share the TLS config, which [`Dialer::set_tls`] replaces for later dials.
 #[derive(Clone, Debug)]
 pub struct Dialer {
     cfg: Arc<DialerConfig>,
+    tls: Arc<RwLock<Arc<ClientConfig>>>,
 }
 
 impl Dialer {
     pub fn new(cfg: DialerConfig) -> Self {
-        Dialer { cfg: Arc::new(cfg) }
+        let tls = Arc::new(RwLock::new(cfg.tls.clone()));
+        Dialer {
+            cfg: Arc::new(cfg),
+            tls,
+        }
+    }
+
+    /// Uses `tls` (a reloaded CA bundle or client certificate) for every dial from now
+    /// on; live sessions keep theirs.
+    pub fn set_tls(&self, tls: Arc<ClientConfig>) {
+        *self.tls.write().unwrap_or_else(PoisonError::into_inner) = tls;
     }
 
     /// The handshake timeout, also used for hellos on live sessions.
@@ -161,7 +173,12 @@ impl Dialer {
         // Pushes are small and latency-sensitive; Nagle would only delay them.
         tcp.set_nodelay(true).map_err(DialError::Connect)?;
 
-        let connector = TlsConnector::from(self.cfg.tls.clone());
+        let current = self
+            .tls
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let connector = TlsConnector::from(current);
         let tls = timeout(step, Stage::Tls, connector.connect(name, tcp))
             .await?
             .map_err(|e| tls_error(e, &terminal.server_name))?;

@@ -25,7 +25,8 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use super::answer::{Answer, ErrorCode};
 use super::PushRequest;
-use crate::peer::{sign, ClusterSecret};
+use crate::credentials::Credentials;
+use crate::peer::sign;
 
 /// Path prefix of the internal push endpoint; the terminal id follows.
 pub const PUSH_PREFIX: &str = "/internal/v1/push/";
@@ -57,11 +58,11 @@ pub enum Forwarded {
 #[derive(Clone, Debug)]
 pub struct ForwardClient {
     client: Client<HttpConnector, Full<Bytes>>,
-    secret: Option<ClusterSecret>,
+    credentials: Credentials,
 }
 
 impl ForwardClient {
-    pub fn new(secret: Option<ClusterSecret>, connect_timeout: Duration) -> Self {
+    pub fn new(credentials: Credentials, connect_timeout: Duration) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(connect_timeout));
         connector.set_nodelay(true);
@@ -73,7 +74,10 @@ impl ForwardClient {
             .http2_keep_alive_timeout(Duration::from_secs(5))
             .timer(TokioTimer::new())
             .build(connector);
-        ForwardClient { client, secret }
+        ForwardClient {
+            client,
+            credentials,
+        }
     }
 
     /// Forwards `push` to the pod at `base_url`, answering by `deadline` + grace.
@@ -163,7 +167,7 @@ impl ForwardClient {
     }
 
     fn sign(&self, request: &mut Request<Full<Bytes>>, path: &str, body: &[u8]) {
-        if let Some(secret) = &self.secret {
+        if let Some(secret) = &self.credentials.signing_secret() {
             let method = request.method().clone();
             sign(secret, &method, path, SystemTime::now(), body).apply(request.headers_mut());
         }

@@ -27,10 +27,10 @@ use tokio::sync::{watch, Semaphore};
 use self::auth::Tenant;
 use self::idempotency::IdempotencyCache;
 use crate::core::{Epoch, PodId, ShardId};
+use crate::credentials::Credentials;
 use crate::driver::ServingTable;
 use crate::metrics::sampler::TerminalCounts;
 use crate::metrics::Metrics;
-use crate::peer::ClusterSecret;
 use crate::pos::directory::Directory;
 use crate::pos::manager::{ConnectionManager, Lookup};
 use crate::status::PodStatus;
@@ -187,7 +187,7 @@ impl PushService {
         serving: ServingTable,
         status: watch::Receiver<PodStatus>,
         sessions: Arc<dyn Sessions>,
-        secret: Option<ClusterSecret>,
+        credentials: Credentials,
         peer_timeout: Duration,
         settings: PushSettings,
         metrics: Arc<Metrics>,
@@ -199,7 +199,7 @@ impl PushService {
             status,
             sessions,
             cache: IdempotencyCache::new(settings.idempotency_ttl, settings.idempotency_capacity),
-            forward: forward::ForwardClient::new(secret, peer_timeout),
+            forward: forward::ForwardClient::new(credentials, peer_timeout),
             inflight: Arc::new(Semaphore::new(settings.max_inflight.max(1))),
             settings,
             metrics,

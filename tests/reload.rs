@@ -1,0 +1,163 @@
+//! `SIGHUP` reloads secrets in place: a real `posgate serve` process gets a new API
+//! token and a new cluster secret from its files; the old token stops working, the new
+//! one works, and no shard changes owner or epoch (no rebalance for a rotation).
+
+pub mod support;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::RedisServer;
+
+const OLD: &str = "old-token-0123456789abcdef";
+const NEW: &str = "new-token-0123456789abcdef";
+
+struct Serve(Child);
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A plain HTTP/1.1 GET over std (the test needs no client library): status and body;
+/// status 0 when nothing answers.
+fn get(url: &str, token: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let rest = url.strip_prefix("http://").unwrap();
+    let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let Ok(mut stream) = std::net::TcpStream::connect(host) else {
+        return (0, String::new());
+    };
+    let request = format!(
+        "GET /{path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
+    );
+    let mut answer = String::new();
+    if stream.write_all(request.as_bytes()).is_err() || stream.read_to_string(&mut answer).is_err()
+    {
+        return (0, String::new());
+    }
+    let status = answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    let body = answer.split_once("\r\n\r\n").map(|(_, b)| b.to_string());
+    (status, body.unwrap_or_default())
+}
+
+fn curl_status(url: &str, token: &str) -> u16 {
+    get(url, token).0
+}
+
+/// The (shard, owner, epoch) triples of `/v1/cluster`.
+fn owners(base: &str, token: &str) -> Vec<(u64, String, u64)> {
+    let (_, text) = get(&format!("{base}/v1/cluster"), token);
+    // Chunked encoding may wrap the JSON; take the outermost object.
+    let json = &text[text.find('{').unwrap()..=text.rfind('}').unwrap()];
+    let view: serde_json::Value = serde_json::from_str(json).unwrap();
+    view["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["shard"].as_u64().unwrap(),
+                s["owner"].as_str().unwrap_or_default().to_string(),
+                s["epoch"].as_u64().unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !cond() {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "timed out: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn sighup_rotates_tokens_and_secret_without_a_rebalance() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    let secret = dir.path().join("secret");
+    std::fs::write(&tokens, format!("ops:{OLD}\n")).unwrap();
+    std::fs::write(&secret, "first-cluster-secret-0123").unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let base = format!("http://127.0.0.1:{port}");
+    let child = Command::new(env!("CARGO_BIN_EXE_posgate"))
+        .args([
+            "serve",
+            "--redis-url",
+            &redis.url(),
+            "--pod-id",
+            "reload-pod",
+        ])
+        .args([
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--advertise-url",
+            &base,
+        ])
+        .args([
+            "--lease-ttl",
+            "3s",
+            "--renew-interval",
+            "1s",
+            "--member-ttl",
+            "3s",
+        ])
+        .args(["--heartbeat-interval", "1s", "--close-budget", "300ms"])
+        .args(["--store-timeout", "300ms"])
+        .arg("--api-tokens-file")
+        .arg(&tokens)
+        .arg("--cluster-secret-file")
+        .arg(&secret)
+        .env_clear()
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let serve = Serve(child);
+    wait_until("ready", || {
+        curl_status(&format!("{base}/readyz"), "") == 200
+    });
+    assert_eq!(curl_status(&format!("{base}/v1/cluster"), OLD), 200);
+    assert_eq!(curl_status(&format!("{base}/v1/cluster"), NEW), 401);
+    let before = owners(&base, OLD);
+
+    std::fs::write(&tokens, format!("ops:{NEW}\n")).unwrap();
+    std::fs::write(&secret, "second-cluster-secret-0123").unwrap();
+    let hup = Command::new("kill")
+        .args(["-HUP", &serve.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(hup.success());
+    wait_until("the new token works", || {
+        curl_status(&format!("{base}/v1/cluster"), NEW) == 200
+    });
+    assert_eq!(curl_status(&format!("{base}/v1/cluster"), OLD), 401);
+    // A few renewals later, still the same owners and epochs: nothing moved.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(owners(&base, NEW), before, "a reload must not rebalance");
+
+    // A broken file keeps the current secrets.
+    std::fs::write(&tokens, "no colon here\n").unwrap();
+    Command::new("kill")
+        .args(["-HUP", &serve.0.id().to_string()])
+        .status()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(curl_status(&format!("{base}/v1/cluster"), NEW), 200);
+}
