@@ -680,6 +680,54 @@ async fn dropped_connections_are_redialed_at_the_dial_rate() {
     stop_pods(pods).await;
 }
 
+/// Redis restarted empty loses the terminal directory with everything else: the pod
+/// keeps its terminals connected (it re-claims its shards with higher epochs and says
+/// hello again on the same connections) instead of closing them all, and a re-import
+/// changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_wiped_directory_disconnects_no_terminal() {
+    const N: u64 = 200;
+    let test = "wipe";
+    let redis = RedisServer::start();
+    let t = farm_with_directory(&redis, farm_config(N)).await;
+    let pods = vec![start_pod(0, &redis.url(), &t.ca_file, BackoffPolicy::default()).await];
+    wait_for("every terminal current", startup_limit(), || {
+        all_sessions_current(&t.farm, &t.ids, &[&pods[0]])
+    })
+    .await;
+    let before = t.farm.counters();
+    redis.command(&["FLUSHALL"]);
+    // Longer than the directory poll (4 s) and the re-claim after the wipe.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let wiped = t.farm.counters();
+    eprintln!("[{test}] 6 s after FLUSHALL: {}", delta(&wiped, &before));
+    assert_eq!(
+        wiped.connections_closed, before.connections_closed,
+        "terminals were disconnected"
+    );
+    assert_eq!(wiped.connections_opened, before.connections_opened);
+    wait_for(
+        "sessions current again after the re-claim",
+        Duration::from_secs(20),
+        || all_sessions_current(&t.farm, &t.ids, &[&pods[0]]),
+    )
+    .await;
+    let terminals: Vec<Terminal> = t
+        .farm
+        .terminals()
+        .iter()
+        .map(|x| Terminal::new(&x.id, &x.addr.to_string(), Some(&x.server_name)).unwrap())
+        .collect();
+    import(&redis, &terminals).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let after = t.farm.counters();
+    eprintln!("[{test}] after the re-import: {}", delta(&after, &before));
+    assert_eq!(after.connections_closed, before.connections_closed);
+    assert_eq!(after.raw_overlaps, 0);
+    assert_eq!(after.session_overlaps, 0);
+    stop_pods(pods).await;
+}
+
 // ----- `posgate serve` processes ------------------------------------------------------------
 
 /// A `posgate serve` child with fast timings, its JSON log on stderr going to a file.

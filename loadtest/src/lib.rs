@@ -1,5 +1,6 @@
-//! Load and fault harness for posgate: the POS terminal simulator ([`pos_sim`]), and later
-//! the push load generator and the scenario runner (load-harness issue).
+//! Load and fault harness for posgate: the POS terminal simulator ([`pos_sim`]) and the
+//! scenario runner with its push load generator ([`load`], binary `posgate-load`).
 #![forbid(unsafe_code)]
 
+pub mod load;
 pub mod pos_sim;

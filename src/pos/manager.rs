@@ -396,6 +396,20 @@ impl<D: Directory> Inner<D> {
         };
         entry.loading = false;
         match result {
+            // Version 0 with no terminals is a shard the directory never held — or a
+            // directory lost with its store (Redis restarted empty). Dropping live
+            // sessions for that would disconnect every terminal because Redis blinked,
+            // so the links stay until the directory is imported again (a real removal
+            // leaves a version above 0).
+            Ok(Ok((Some(0), terminals))) if terminals.is_empty() && !entry.links.is_empty() => {
+                warn!(
+                    shard,
+                    terminals = entry.links.len(),
+                    "the terminal directory has no entry for this shard (store wiped?); \
+                     keeping its connections until the directory is imported again"
+                );
+                entry.version = Some(0);
+            }
             Ok(Ok((version, terminals))) => {
                 let (added, removed) = self.sync(shard, entry, terminals);
                 entry.version = version;

@@ -1,0 +1,234 @@
+//! Push latency and throughput, side by side in one run on one machine (a report, not a
+//! test): (a) a push sent to the pod that owns the terminal (local delivery), (b) the
+//! same sent to another pod (one forwarding hop), (c) the baseline a user might pick
+//! instead: a fresh TCP + TLS + HTTP/2 connection, hello and push per push, straight to
+//! the terminal. Then the throughput one pod sustains for local pushes.
+//!
+//! ```sh
+//! cargo run --release --example push_bench [-- PUSHES CONCURRENCY SECONDS]
+//! ```
+//! Two pods on the embedded store and a simulated farm share this process and its
+//! cores with the client, so compare the rows (the ratios), not absolute numbers across
+//! machines.
+
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderValue, Request};
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use posgate::config::{PodConfig, PosSettings};
+use posgate::core::shard::shard_of;
+use posgate::core::{CoreConfig, PodId};
+use posgate::pod::{Pod, PodHandle};
+use posgate::pos::dialer::{Dialer, DialerConfig};
+use posgate::pos::directory::{DirectoryAdmin, MemoryDirectory, Terminal};
+use posgate::pos::push::{send, PosPush};
+use posgate::pos::tls::{client_config, TlsFiles};
+use posgate::store::memory::MemoryStore;
+use posgate_loadtest::pos_sim::{FarmConfig, PosFarm};
+
+type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
+
+/// Terminals in the directory (served by the pods); the baseline uses others.
+const SERVED: u64 = 200;
+const BASELINE: u64 = 50;
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn row(name: &str, mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    let (p50, p99) = (percentile(&samples, 0.5), percentile(&samples, 0.99));
+    println!(
+        "| {name} | {} | {:.3} | {:.3} | {:.3} |",
+        samples.len(),
+        p50.as_secs_f64() * 1e3,
+        p99.as_secs_f64() * 1e3,
+        samples.last().unwrap().as_secs_f64() * 1e3
+    );
+    p50
+}
+
+async fn api_push(http: &HttpClient, base: &str, terminal: &str, key: &str) -> bool {
+    let request = Request::post(format!("{base}/v1/terminals/{terminal}/push"))
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from_static(b"{\"amount\":1}")))
+        .unwrap();
+    http.request(request)
+        .await
+        .is_ok_and(|r| r.status().is_success())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args: Vec<u64> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let pushes = *args.first().unwrap_or(&2_000) as usize;
+    let concurrency = *args.get(1).unwrap_or(&64) as usize;
+    let seconds = *args.get(2).unwrap_or(&5);
+
+    let mut farm_config = FarmConfig::new(0..SERVED + BASELINE);
+    farm_config.port = 0;
+    farm_config.listeners = 4;
+    let farm = PosFarm::start(farm_config).await?;
+    let dir = std::env::temp_dir().join(format!("push-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let ca_file = dir.join("ca.pem");
+    std::fs::write(&ca_file, farm.ca_pem())?;
+    let all: Vec<Terminal> = farm
+        .terminals()
+        .iter()
+        .map(|t| Terminal::new(&t.id, &t.addr.to_string(), Some(&t.server_name)))
+        .collect::<Result<_, _>>()?;
+    let (served, baseline) = all.split_at(SERVED as usize);
+    let directory = Arc::new(MemoryDirectory::new());
+    directory.upsert(64, served).await?;
+    let store = Arc::new(MemoryStore::new());
+    let tls = TlsFiles {
+        ca_file: Some(ca_file.clone()),
+        client: None,
+    };
+
+    let mut pods: Vec<(PodHandle, String)> = Vec::new();
+    for i in 0..2 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let mut config = PodConfig::new(
+            PodId::new(format!("bench-{i}"))?,
+            &url,
+            CoreConfig::fast(),
+            None,
+        );
+        config.pos = PosSettings {
+            tls: tls.clone(),
+            dial_rate: NonZeroU32::new(2_000).unwrap(),
+            ..PosSettings::default()
+        };
+        let pod = Pod::start_with_directory(config, store.clone(), directory.clone(), listener)?;
+        pods.push((pod, url));
+    }
+    let started = Instant::now();
+    while farm.counters().terminals_connected < SERVED {
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(30),
+            "terminals never connected"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Let the ring settle: both pods serving.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let now = || tokio::time::Instant::now().into_std();
+    let owner_of = |t: &str| {
+        let shard = shard_of(t, 64);
+        pods.iter()
+            .position(|(p, _)| p.serving.serving(shard, now()).is_some())
+    };
+    let ids: Vec<String> = served.iter().map(|t| t.id.clone()).collect();
+    let http: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+
+    println!("| path | pushes | p50 ms | p99 ms | max ms |");
+    println!("|---|---|---|---|---|");
+    let mut local = Vec::new();
+    let mut forwarded = Vec::new();
+    for n in 0..pushes {
+        let t = &ids[n % ids.len()];
+        let owner = owner_of(t).expect("every shard served");
+        for (pod, samples) in [(owner, &mut local), (1 - owner, &mut forwarded)] {
+            let key = format!("seq-{pod}-{n}");
+            let sent = Instant::now();
+            anyhow::ensure!(api_push(&http, &pods[pod].1, t, &key).await, "push failed");
+            samples.push(sent.elapsed());
+        }
+    }
+    let local_p50 = row("(a) local: owner pod delivers", local);
+    let forwarded_p50 = row("(b) forwarded: one hop to the owner", forwarded);
+
+    let dialer = Dialer::new(DialerConfig::new(
+        client_config(&tls)?,
+        PodId::new("baseline")?,
+    ));
+    let mut fresh = Vec::new();
+    let ct = HeaderValue::from_static("application/json");
+    let pod_id = PodId::new("baseline")?;
+    for n in 0..pushes {
+        let t = &baseline[n % baseline.len()];
+        let sent = Instant::now();
+        let session = dialer.dial(t, 1).await?;
+        let push = PosPush {
+            terminal: &t.id,
+            server_name: &t.server_name,
+            path: "/push",
+            tenant: "bench",
+            key: &format!("fresh-{n}"),
+            epoch: 1,
+            pod: &pod_id,
+            content_type: Some(&ct),
+            body: Bytes::from_static(b"{\"amount\":1}"),
+        };
+        let status = send(&mut session.sender(), push, Duration::from_secs(5)).await?;
+        anyhow::ensure!(status.is_success(), "baseline push answered {status}");
+        fresh.push(sent.elapsed());
+        session.close(Duration::from_millis(100)).await;
+    }
+    let fresh_p50 = row("(c) baseline: fresh TLS connection per push", fresh);
+    println!();
+    println!(
+        "local p50 / baseline p50 = {:.2} (target <= 0.5); forwarded - local at p50 = {:.3} ms (target <= 1 ms)",
+        local_p50.as_secs_f64() / fresh_p50.as_secs_f64(),
+        (forwarded_p50.as_secs_f64() - local_p50.as_secs_f64()) * 1e3
+    );
+
+    // Throughput: pushes to their owner pod only, `concurrency` at once.
+    let done = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let targets: Arc<Vec<(String, String)>> = Arc::new(
+        ids.iter()
+            .filter(|t| owner_of(t) == Some(0))
+            .map(|t| (t.clone(), pods[0].1.clone()))
+            .collect(),
+    );
+    let mut tasks = Vec::new();
+    for w in 0..concurrency {
+        let (http, done, failed, targets) =
+            (http.clone(), done.clone(), failed.clone(), targets.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0usize;
+            while Instant::now() < deadline {
+                let (t, base) = &targets[(w + n * concurrency) % targets.len()];
+                let ok = api_push(&http, base, t, &format!("tp-{w}-{n}")).await;
+                let counter = if ok { &done } else { &failed };
+                counter.fetch_add(1, Ordering::Relaxed);
+                n += 1;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await?;
+    }
+    let ok = done.load(Ordering::Relaxed);
+    println!(
+        "throughput, one pod, local pushes, {concurrency} at once for {seconds} s: {:.0} pushes/s ({} failed) (target >= 10,000)",
+        ok as f64 / seconds as f64,
+        failed.load(Ordering::Relaxed)
+    );
+    let c = farm.counters();
+    println!(
+        "farm: keys delivered twice {}, raw overlaps {}",
+        c.keys_delivered_twice, c.raw_overlaps
+    );
+    for (mut pod, _) in pods {
+        pod.shutdown();
+        let _ = pod.wait().await;
+    }
+    Ok(())
+}

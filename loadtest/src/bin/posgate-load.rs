@@ -1,0 +1,215 @@
+//! `posgate-load`: the load and fault harness. Starts Redis, `pos-sim` processes, the
+//! directory import and `posgate serve` pods on loopback, runs the chosen scenarios under a
+//! steady push load, and writes a JSON report per scenario plus `summary.md` into the
+//! results directory. Exit code 1 if a gate failed (a raw overlap in a graceful scenario,
+//! any session overlap, any key delivered twice, a push unanswered by its deadline + 1 s),
+//! 2 if the harness itself failed. Every child process is killed on exit and on Ctrl-C.
+#![forbid(unsafe_code)]
+
+use std::{
+    path::{Path, PathBuf},
+    process::ExitCode,
+    time::Instant,
+};
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use posgate_loadtest::load::{
+    cluster::{Cluster, Profile},
+    measure::run_scenario,
+    report::{markdown, ScenarioReport},
+    scenarios::Scenario,
+};
+
+/// Load and fault harness for posgate (real processes on loopback).
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Args {
+    /// Scenarios to run in order: cold-start, scale-out, scale-in, rolling-restart, kill,
+    /// pause, redis-restart, redis-outage, pod-partition, or all.
+    #[arg(required = true)]
+    scenarios: Vec<String>,
+    /// 5 pods, 5,000 terminals, TTL 3 s (CI).
+    #[arg(long, conflicts_with = "full")]
+    quick: bool,
+    /// 20 pods, 50,000 terminals, default timings.
+    #[arg(long)]
+    full: bool,
+    /// The posgate binary.
+    #[arg(long)]
+    posgate: PathBuf,
+    /// The pos-sim binary (default: next to this binary).
+    #[arg(long)]
+    pos_sim: Option<PathBuf>,
+    /// Results directory (JSON per scenario, summary.md, logs).
+    #[arg(long, default_value = "loadtest-results")]
+    results: PathBuf,
+    /// Override the profile's pod count.
+    #[arg(long)]
+    pods: Option<usize>,
+    /// Override the profile's terminal count.
+    #[arg(long)]
+    terminals: Option<u64>,
+    /// Override the profile's push rate (pushes per second).
+    #[arg(long)]
+    push_rate: Option<f64>,
+    /// redis-restart: leave the terminal directory wiped instead of importing it again
+    /// right after Redis restarts empty.
+    #[arg(long)]
+    no_reimport: bool,
+}
+
+fn scenarios(names: &[String]) -> Result<Vec<Scenario>> {
+    let mut out = Vec::new();
+    for n in names {
+        if n == "all" {
+            out.extend(Scenario::ALL);
+        } else {
+            out.push(Scenario::parse(n).with_context(|| format!("unknown scenario {n:?}"))?);
+        }
+    }
+    Ok(out)
+}
+
+fn machine() -> String {
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+        .unwrap_or_default();
+    format!("{cpus} cores ({model})")
+}
+
+fn write(path: &Path, text: &str) -> Result<()> {
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+async fn run(args: &Args, dir: &Path, reports: &mut Vec<ScenarioReport>) -> Result<()> {
+    let mut profile = if args.full {
+        Profile::full()
+    } else {
+        Profile::quick()
+    };
+    if let Some(p) = args.pods {
+        profile.pods = p;
+    }
+    if let Some(t) = args.terminals {
+        profile.terminals = t;
+    }
+    if let Some(r) = args.push_rate {
+        profile.push_rate = r;
+    }
+    profile.reimport_directory = !args.no_reimport;
+    // One pod process holds one socket per terminal of its shards (and more while a
+    // neighbour is down): it must fit the ~19,000 sockets a process may open here.
+    let worst = profile
+        .terminals
+        .div_ceil(profile.pods.saturating_sub(1).max(1) as u64);
+    if worst > 17_000 {
+        bail!(
+            "{} terminals over {} pods means up to {worst} connections in one pod; \
+             one process can hold at most ~19,000 sockets here",
+            profile.terminals,
+            profile.pods
+        );
+    }
+    let list = scenarios(&args.scenarios)?;
+    if list.iter().skip(1).any(|s| *s == Scenario::ColdStart) {
+        bail!("cold-start can only be the first scenario");
+    }
+    let pos_sim = match &args.pos_sim {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()?
+            .parent()
+            .context("binary directory")?
+            .join("pos-sim"),
+    };
+    let started = Instant::now();
+    let mut cluster = Cluster::setup(profile.clone(), &args.posgate, &pos_sim, dir).await?;
+    eprintln!(
+        "setup: redis, {} terminals, directory imported in {:.1} s",
+        profile.terminals,
+        started.elapsed().as_secs_f64()
+    );
+    for sc in list {
+        let t = Instant::now();
+        eprintln!("scenario {} ...", sc.name());
+        let report = run_scenario(&mut cluster, sc)
+            .await
+            .with_context(|| format!("scenario {}", sc.name()))?;
+        eprintln!(
+            "scenario {} done in {:.1} s: {}",
+            sc.name(),
+            t.elapsed().as_secs_f64(),
+            if report.passed() { "pass" } else { "FAIL" }
+        );
+        write(
+            &dir.join(format!("{}.json", sc.name())),
+            &serde_json::to_string_pretty(&report)?,
+        )?;
+        reports.push(report);
+    }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .init();
+    let args = Args::parse();
+    let _ = rlimit::increase_nofile_limit(u64::MAX);
+    let profile = if args.full { "full" } else { "quick" };
+    let dir = args.results.join(profile);
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        eprintln!("creating {}: {e}", dir.display());
+        return ExitCode::from(2);
+    }
+    let started = Instant::now();
+    let mut reports = Vec::new();
+    let outcome = {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("installing the SIGTERM handler: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+        // Dropping the run future drops the cluster, whose guards kill every child.
+        tokio::select! {
+            r = run(&args, &dir, &mut reports) => r,
+            _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted (Ctrl-C)")),
+            _ = term.recv() => Err(anyhow::anyhow!("interrupted (SIGTERM)")),
+        }
+    };
+    let command: Vec<String> = std::env::args().collect();
+    let header = format!(
+        "## posgate-load, {profile} profile\n\nCommand: `{}`  \nMachine: {}  \nTotal run time: {:.0} s{}",
+        command.join(" "),
+        machine(),
+        started.elapsed().as_secs_f64(),
+        match &outcome {
+            Ok(()) => String::new(),
+            Err(e) => format!("  \n**Harness error:** {e:#}"),
+        }
+    );
+    let md = markdown(&header, &reports);
+    let _ = write(&dir.join("summary.md"), &md);
+    println!("{md}");
+    eprintln!("results in {}", dir.display());
+    match outcome {
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+        Ok(()) if reports.iter().all(ScenarioReport::passed) => ExitCode::SUCCESS,
+        Ok(()) => ExitCode::from(1),
+    }
+}

@@ -1,0 +1,206 @@
+//! Turning raw observations into numbers: percentiles, shard moves, per-terminal session
+//! gaps (from the simulators' connection events) and dial rates per pod.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Serialize;
+
+use super::{observe::Owners, sims::TerminalView};
+
+/// Count, p50, p99 and max of a set of values.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Dist {
+    pub count: usize,
+    pub p50: u64,
+    pub p99: u64,
+    pub max: u64,
+}
+
+/// Nearest-rank percentiles.
+pub fn dist(mut values: Vec<u64>) -> Dist {
+    if values.is_empty() {
+        return Dist::default();
+    }
+    values.sort_unstable();
+    let at = |q: f64| {
+        let rank = ((q * values.len() as f64).ceil() as usize).clamp(1, values.len());
+        values[rank - 1]
+    };
+    Dist {
+        count: values.len(),
+        p50: at(0.50),
+        p99: at(0.99),
+        max: values[values.len() - 1],
+    }
+}
+
+/// Per shard, how many times its owner pod changed across the observations (in order),
+/// ignoring gaps where it had no owner.
+pub fn owner_changes(series: &[&Owners], shards: usize) -> Vec<u32> {
+    let mut changes = vec![0u32; shards];
+    let mut last: Vec<Option<String>> = vec![None; shards];
+    for owners in series {
+        for (shard, slot) in owners.iter().enumerate().take(shards) {
+            if let Some((pod, _)) = slot {
+                if let Some(prev) = &last[shard] {
+                    if prev != pod {
+                        changes[shard] += 1;
+                    }
+                }
+                last[shard] = Some(pod.clone());
+            }
+        }
+    }
+    changes
+}
+
+/// `(shard, epoch)` -> pod, from every observation. Epochs alone are not unique: shards
+/// acquired in the same millisecond get the same epoch (`max(last + 1, redis_time_ms)`).
+pub fn epoch_owners(series: &[&Owners]) -> HashMap<(u32, u64), String> {
+    let mut map = HashMap::new();
+    for owners in series {
+        for (shard, slot) in owners.iter().enumerate() {
+            if let Some((pod, epoch)) = slot {
+                map.insert((shard as u32, *epoch), pod.clone());
+            }
+        }
+    }
+    map
+}
+
+/// A terminal's time without any connection within `[from, to]` (ms, summed over every
+/// gap), and whether it had none at `to`. `None` if it never lost its connection there.
+///
+/// Reconstructed from the terminal's last 32 connection events: the number of connections
+/// open at the start of the history is the number of `closed` events whose `opened` is not
+/// in it.
+pub fn session_gap(view: &TerminalView, from: u64, to: u64) -> Option<(u64, bool)> {
+    let mut events = view.recent_connections.clone();
+    events.sort_by_key(|e| (e.at_unix_ms, e.event == "opened"));
+    let opened: std::collections::HashSet<u64> = events
+        .iter()
+        .filter(|e| e.event == "opened")
+        .map(|e| e.conn)
+        .collect();
+    let mut open = events
+        .iter()
+        .filter(|e| e.event == "closed" && !opened.contains(&e.conn))
+        .count() as i64;
+    let mut down_since: Option<u64> = None;
+    let mut total = 0u64;
+    let mut any = false;
+    for e in &events {
+        if e.event == "opened" {
+            open += 1;
+            if let Some(since) = down_since.take() {
+                if e.at_unix_ms >= from {
+                    total += e.at_unix_ms.saturating_sub(since.max(from));
+                    any = true;
+                }
+            }
+        } else {
+            open -= 1;
+            if open <= 0 {
+                open = 0;
+                down_since = Some(e.at_unix_ms);
+            }
+        }
+    }
+    let still_down = down_since.is_some() && view.open_connections.is_empty();
+    if let Some(since) = down_since.filter(|_| still_down) {
+        total += to.saturating_sub(since.max(from));
+        any = true;
+    }
+    any.then_some((total, still_down))
+}
+
+/// Per pod, the most connections that pod opened (and still holds at the end) within any
+/// 1-second window, from the open connections' open times and their session epochs.
+pub fn dial_rate_max(
+    views: &[TerminalView],
+    epochs: &HashMap<(u32, u64), String>,
+    shards: u32,
+    from: u64,
+) -> BTreeMap<String, u64> {
+    let mut per_pod: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for view in views {
+        let shard = super::shard_of(&view.id, shards);
+        for c in &view.open_connections {
+            if c.opened_unix_ms < from || c.superseded {
+                continue;
+            }
+            let pod = c
+                .session_epoch
+                .and_then(|e| epochs.get(&(shard, e)).cloned())
+                .unwrap_or_else(|| "unknown".into());
+            per_pod.entry(pod).or_default().push(c.opened_unix_ms);
+        }
+    }
+    per_pod
+        .into_iter()
+        .map(|(pod, mut ts)| {
+            ts.sort_unstable();
+            let (mut best, mut lo) = (0usize, 0usize);
+            for hi in 0..ts.len() {
+                while ts[hi] - ts[lo] >= 1000 {
+                    lo += 1;
+                }
+                best = best.max(hi - lo + 1);
+            }
+            (pod, best as u64)
+        })
+        .collect()
+}
+
+/// Pushes terminals accepted under one of the `(shard, epoch)` grants in `held` later
+/// than `after` (unix ms).
+pub fn accepted_from_after(
+    views: &[TerminalView],
+    held: &std::collections::HashSet<(u32, u64)>,
+    shards: u32,
+    after: u64,
+) -> usize {
+    views
+        .iter()
+        .map(|v| {
+            let shard = super::shard_of(&v.id, shards);
+            v.recent_pushes
+                .iter()
+                .filter(|p| p.at_unix_ms > after)
+                .filter(|p| held.contains(&(shard, p.epoch)))
+                .count()
+        })
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::load::sims::{Event, TerminalView};
+
+    fn ev(conn: u64, event: &str, at: u64) -> Event {
+        Event {
+            conn,
+            event: event.into(),
+            at_unix_ms: at,
+        }
+    }
+
+    #[test]
+    fn percentiles() {
+        let d = dist((1..=100).collect());
+        assert_eq!((d.p50, d.p99, d.max), (50, 99, 100));
+    }
+
+    #[test]
+    fn gap_between_close_and_reopen() {
+        let view = TerminalView {
+            id: "t".into(),
+            highest_epoch: None,
+            open_connections: vec![],
+            recent_connections: vec![ev(1, "closed", 1_000), ev(2, "opened", 1_250)],
+            recent_pushes: vec![],
+        };
+        assert_eq!(session_gap(&view, 500, 5_000), Some((250, false)));
+    }
+}

@@ -1,0 +1,405 @@
+//! Running one scenario under load and measuring it: counters, Redis stats and CPU before
+//! and after, the sampler and the push generator throughout, then the analysis into a
+//! [`ScenarioReport`].
+//!
+//! Session gaps come from the simulators' per-terminal connection events (the cheapest
+//! sound source: the terminals saw every close and open, no pod-side logs needed). A
+//! connection's open stands for its hello (the hello follows within one round trip).
+//! They are fetched for the terminals of shards whose owner changed (at most 5,000, a
+//! random sample beyond), and for up to 20,000 terminals at cold start (dial rates).
+
+use std::{collections::BTreeMap, time::Duration, time::Instant};
+
+use super::{
+    analysis::{self, dist},
+    cluster::{Cluster, SHARDS},
+    observe::{Owners, Sampler},
+    procs::CLOCK_TICKS,
+    pushgen::{PushGen, PushPlan, PushRecord},
+    redis::{stats_delta, TOP_LEVEL},
+    report::{PushSummary, ScenarioReport},
+    scenarios::{act, prepare, Action, Scenario},
+    sims::Counters,
+    unix_ms, LoadError,
+};
+
+/// Most terminals whose reports are fetched for gaps in one scenario.
+const GAP_SAMPLE: usize = 5_000;
+/// Most terminals fetched at cold start.
+const COLD_SAMPLE: usize = 20_000;
+
+fn delta(before: &Counters, after: &Counters, key: &str) -> u64 {
+    let a = after.get(key).copied().unwrap_or(0);
+    a.saturating_sub(before.get(key).copied().unwrap_or(0))
+}
+
+fn sample(mut v: Vec<u64>, cap: usize) -> Vec<u64> {
+    fastrand::shuffle(&mut v);
+    v.truncate(cap);
+    v
+}
+
+fn cpu_ticks(c: &Cluster) -> BTreeMap<String, u64> {
+    c.pods
+        .iter()
+        .filter_map(|p| Some((p.id.clone(), p.proc.cpu_ticks()?)))
+        .collect()
+}
+
+fn summarize_pushes(pushes: &[PushRecord], action: &Action, timeout_ms: u64) -> PushSummary {
+    let mut s = PushSummary {
+        sent: pushes.len(),
+        ..PushSummary::default()
+    };
+    for p in pushes {
+        let key = if p.status == 0 {
+            p.outcome.clone()
+        } else {
+            format!("{} {}", p.status, p.outcome)
+        };
+        *s.by_outcome.entry(key).or_default() += 1;
+        if p.unanswered {
+            let excused = action.hard_faults.iter().any(|(pod, from, to)| {
+                *pod == p.entry_pod
+                    && p.sent_unix_ms + timeout_ms + 1000 >= *from
+                    && p.sent_unix_ms <= *to
+            });
+            if excused {
+                s.unanswered_entry_faulted += 1;
+            } else {
+                s.unanswered += 1;
+            }
+            if s.unanswered_examples.len() < 50 {
+                s.unanswered_examples.push(p.clone());
+            }
+        }
+    }
+    let ok = pushes.iter().filter(|p| p.status == 200).count();
+    s.ok_ratio = if pushes.is_empty() {
+        1.0
+    } else {
+        ok as f64 / pushes.len() as f64
+    };
+    s.latency_ms = dist(
+        pushes
+            .iter()
+            .filter(|p| !p.unanswered && p.status != 0)
+            .map(|p| p.latency_ms)
+            .collect(),
+    );
+    s
+}
+
+/// Prepares, runs and measures one scenario.
+pub async fn run_scenario(c: &mut Cluster, sc: Scenario) -> Result<ScenarioReport, LoadError> {
+    prepare(c, sc).await?;
+    let started = Instant::now();
+    let t0 = unix_ms();
+    let before_owners = c.owners().await;
+    let c0 = c.sims.counters().await?;
+    let cs0 = c.redis.command_stats().await.unwrap_or_default();
+    let cpu0 = cpu_ticks(c);
+    let pods_before = c.pods.len();
+    let sampler = Sampler::start(
+        c.client.clone(),
+        c.observers.clone(),
+        c.sims.clone(),
+        SHARDS,
+    );
+    let plan = PushPlan {
+        rate_per_s: c.profile.push_rate,
+        timeout_ms: c.profile.push_timeout_ms,
+        terminals: c.profile.terminals,
+        run_tag: format!("r{t0}"),
+    };
+    let gen = PushGen::start(plan, c.client.clone(), c.targets.clone(), sc.name());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let action = act(c, sc).await?;
+    let since_event = Duration::from_millis(unix_ms().saturating_sub(action.event_unix_ms));
+    tokio::time::sleep(action.settle.saturating_sub(since_event)).await;
+    let converged = c.wait_converged(c.profile.converge_limit).await;
+    let converged_after_s =
+        converged.map(|_| unix_ms().saturating_sub(action.event_unix_ms) as f64 / 1000.0);
+    let cpu1 = cpu_ticks(c);
+    let steady = if sc == Scenario::ColdStart && converged.is_some() {
+        Some(steady_round_trips(c).await)
+    } else {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        None
+    };
+    let pushes = gen.stop().await;
+    let samples = sampler.stop().await;
+    let t1 = unix_ms();
+    let after_owners = c.owners().await;
+    let c1 = c.sims.counters().await?;
+    let cs1 = c.redis.command_stats().await.unwrap_or_default();
+    let duration_s = started.elapsed().as_secs_f64();
+
+    let mut r = ScenarioReport {
+        name: sc.name().into(),
+        graceful: sc.graceful(),
+        event_unix_ms: action.event_unix_ms,
+        duration_s,
+        converged_after_s,
+        pods_before,
+        pods_after: c.pods.len(),
+        terminals: c.profile.terminals,
+        ideal_moved: action.ideal_moved,
+        dial_limit_per_s: c.profile.dial_rate,
+        notes: action.notes.clone(),
+        ..ScenarioReport::default()
+    };
+
+    // Ownership moves.
+    let mut series: Vec<&Owners> = Vec::new();
+    series.extend(before_owners.iter());
+    series.extend(samples.iter().filter_map(|s| s.owners.as_ref()));
+    series.extend(after_owners.iter());
+    let changes = analysis::owner_changes(&series, SHARDS);
+    let epochs = analysis::epoch_owners(&series);
+    let mut moved_terminals = Vec::new();
+    for (shard, &n) in changes.iter().enumerate() {
+        if n > 0 {
+            r.shards_moved += 1;
+            r.shard_moves += u64::from(n);
+            let terms = &c.shard_terminals[shard];
+            r.terminals_moved += terms.len() as u64;
+            r.terminal_moves += terms.len() as u64 * u64::from(n);
+            moved_terminals.extend_from_slice(terms);
+        }
+    }
+
+    // Per-terminal gaps and dial rates.
+    let fetch = if sc == Scenario::ColdStart {
+        sample((0..c.profile.terminals).collect(), COLD_SAMPLE)
+    } else {
+        sample(moved_terminals, GAP_SAMPLE)
+    };
+    let views = c.sims.reports(&fetch).await;
+    if sc != Scenario::ColdStart {
+        let gaps: Vec<(u64, bool)> = views
+            .iter()
+            .filter_map(|v| analysis::session_gap(v, action.event_unix_ms, t1))
+            .collect();
+        r.gap_terminals_sampled = views.len();
+        r.still_without_session = gaps.iter().filter(|g| g.1).count();
+        r.gap_ms = dist(gaps.iter().map(|g| g.0).collect());
+    }
+    r.dial_rate_max_per_pod = analysis::dial_rate_max(&views, &epochs, SHARDS as u32, t0);
+    let ttl = c.profile.lease_ttl.as_millis() as u64;
+    for (pod, from) in &action.deadline_faults {
+        // The grants the pod held when the fault began; later grants are legitimate.
+        let held = before_owners
+            .iter()
+            .flat_map(|o| o.iter().enumerate())
+            .filter_map(|(s, slot)| match slot {
+                Some((p, e)) if p == pod => Some((s as u32, *e)),
+                _ => None,
+            })
+            .collect();
+        let n = analysis::accepted_from_after(&views, &held, SHARDS as u32, from + ttl);
+        r.accepted_after_deadline += n as u64;
+    }
+
+    // Terminal-side counters.
+    let d = |k: &str| delta(&c0, &c1, k);
+    r.connections_opened = d("connections_opened");
+    r.connections_closed = d("connections_closed");
+    r.reconnects_per_terminal = r.connections_opened as f64 / c.profile.terminals as f64;
+    r.raw_overlaps = d("raw_overlaps");
+    r.session_overlaps = d("session_overlaps");
+    // A running maximum: only a new maximum is this scenario's.
+    let (m0, m1) = (
+        c0.get("max_session_overlap_ms").copied().unwrap_or(0),
+        c1.get("max_session_overlap_ms").copied().unwrap_or(0),
+    );
+    r.max_session_overlap_ms = if m1 > m0 { m1 } else { 0 };
+    r.keys_delivered_twice = d("keys_delivered_twice");
+    r.duplicate_deliveries = d("duplicate_deliveries");
+    r.stale_hellos_refused = d("stale_hellos_refused");
+    r.stale_pushes_refused = d("stale_pushes_refused");
+    r.pushes_without_session = d("pushes_without_session");
+    r.min_terminals_connected = samples
+        .iter()
+        .filter(|s| s.at_unix_ms >= action.event_unix_ms)
+        .map(|s| s.terminals_connected)
+        .min()
+        .unwrap_or(0);
+
+    // Pushes, Redis, processes.
+    r.pushes = summarize_pushes(&pushes, &action, c.profile.push_timeout_ms);
+    r.redis_commandstats = stats_delta(&cs0, &cs1);
+    let top: u64 = TOP_LEVEL
+        .iter()
+        .filter_map(|k| r.redis_commandstats.get(*k))
+        .sum();
+    let pod_avg = (pods_before + c.pods.len()).max(1) as f64 / 2.0;
+    r.redis_round_trips_per_pod_s = top as f64 / duration_s / pod_avg;
+    r.rss_kib = c
+        .pods
+        .iter()
+        .filter_map(|p| Some((p.id.clone(), p.proc.rss_kib()?)))
+        .collect();
+    r.cpu_s = cpu1
+        .iter()
+        .map(|(id, t)| {
+            let t0 = cpu0.get(id).copied().unwrap_or(0);
+            (id.clone(), t.saturating_sub(t0) as f64 / CLOCK_TICKS)
+        })
+        .collect();
+    r.steady_round_trips_per_pod_s = steady;
+    if sc == Scenario::ColdStart {
+        let rss: u64 = r.rss_kib.values().sum();
+        r.rss_per_connection_kib = Some(rss as f64 / c.profile.terminals.max(1) as f64);
+    }
+    r.series = samples;
+    checks(c, sc, &mut r);
+    Ok(r)
+}
+
+/// Client round trips per pod per second over a quiet 6-s window.
+async fn steady_round_trips(c: &Cluster) -> f64 {
+    let window = Duration::from_secs(6);
+    let a = c.redis.command_stats().await.unwrap_or_default();
+    tokio::time::sleep(window).await;
+    let b = c.redis.command_stats().await.unwrap_or_default();
+    let d = stats_delta(&a, &b);
+    let top: u64 = TOP_LEVEL.iter().filter_map(|k| d.get(*k)).sum();
+    // The two INFO calls are the harness's own.
+    top.saturating_sub(2) as f64 / window.as_secs_f64() / c.pods.len().max(1) as f64
+}
+
+fn checks(c: &Cluster, sc: Scenario, r: &mut ScenarioReport) {
+    let raw = r.raw_overlaps;
+    r.check(
+        "no raw overlap",
+        sc.graceful(),
+        raw == 0,
+        format!("{raw} raw overlaps"),
+    );
+    let so = r.session_overlaps;
+    if sc == Scenario::Pause {
+        // A stopped process cannot close its superseded connections: the terminal drops
+        // them after its supersede grace (2 s), above the 1 s overlap threshold. They
+        // carry a stale epoch (refused with 409), so the gate is "nothing accepted from
+        // the paused pod after its deadline" instead.
+        let d = format!(
+            "{so} superseded connections of the stopped pod open > 1 s (max {} ms)",
+            r.max_session_overlap_ms
+        );
+        r.check(
+            "no session overlap (frozen holder, not gated)",
+            false,
+            so == 0,
+            d,
+        );
+    } else {
+        r.check(
+            "no session overlap",
+            true,
+            so == 0,
+            format!("{so} session overlaps"),
+        );
+    }
+    if matches!(sc, Scenario::Pause | Scenario::PodPartition) {
+        let n = r.accepted_after_deadline;
+        let d = format!("{n} pushes accepted under its epochs after its deadline");
+        r.check(
+            "faulted pod delivers nothing after its deadline",
+            true,
+            n == 0,
+            d,
+        );
+    }
+    let twice = r.keys_delivered_twice;
+    r.check(
+        "no key delivered twice",
+        true,
+        twice == 0,
+        format!("{twice} keys"),
+    );
+    let un = r.pushes.unanswered;
+    r.check(
+        "every push answered by its deadline + 1 s",
+        true,
+        un == 0,
+        format!(
+            "{un} unanswered (+{} sent to a killed/paused pod)",
+            r.pushes.unanswered_entry_faulted
+        ),
+    );
+    let conv = r.converged_after_s.is_some();
+    r.check("converged", false, conv, super::report::converged_text(r));
+    match sc {
+        Scenario::ScaleOut | Scenario::ScaleIn | Scenario::RollingRestart => {
+            let ok = r.pushes.ok_ratio >= 0.999;
+            let d = format!("{:.3}% answered 200", r.pushes.ok_ratio * 100.0);
+            r.check(">= 99.9% pushes 200", false, ok, d);
+        }
+        _ => {}
+    }
+    match sc {
+        Scenario::ScaleOut => {
+            let ideal = r.ideal_moved.unwrap_or(0) as f64;
+            let ok = (r.terminals_moved as f64) <= 1.35 * ideal;
+            let d = format!("{} moved, ideal {ideal:.0}", r.terminals_moved);
+            r.check("moved <= 1.35x ideal", false, ok, d);
+        }
+        Scenario::Kill => {
+            let ok = r.raw_overlaps == 0;
+            r.check(
+                "kill: no raw overlap",
+                false,
+                ok,
+                format!("{raw} raw overlaps"),
+            );
+            let ttl = c.profile.lease_ttl.max(c.profile.member_ttl).as_millis() as u64;
+            let per_pod = (r.pods_after.max(1) as u64) * c.profile.dial_rate;
+            let dial = r.terminals_moved * 1000 / per_pod.max(1);
+            let limit = ttl + 3000 + dial;
+            let ok = r.gap_ms.max <= limit && r.still_without_session == 0;
+            let d = format!("max gap {} ms, limit {limit} ms", r.gap_ms.max);
+            r.check(
+                "orphans back within max(TTLs) + 3 s + dial time",
+                false,
+                ok,
+                d,
+            );
+        }
+        Scenario::RedisOutage => {
+            let closed = r.connections_closed;
+            let d = format!("{closed} connections closed");
+            r.check("no terminal disconnected", false, closed == 0, d);
+        }
+        Scenario::RedisRestart => {
+            let m = r.shard_moves;
+            r.check(
+                "no shard changes owner",
+                false,
+                m == 0,
+                format!("{m} moves"),
+            );
+        }
+        Scenario::ColdStart => {
+            let rt = r.steady_round_trips_per_pod_s.unwrap_or(f64::NAN);
+            let d = format!("{rt:.2} round trips/s per pod");
+            r.check(
+                "steady state <= 2 Redis round trips/s per pod",
+                false,
+                rt <= 2.0,
+                d,
+            );
+            let kib = r.rss_per_connection_kib.unwrap_or(f64::NAN);
+            let d = format!("{kib:.1} KiB per connection (incl. each pod's base)");
+            r.check("RSS per held connection <= 64 KiB", false, kib <= 64.0, d);
+        }
+        Scenario::RollingRestart => {
+            let d = format!(
+                "{:.2} connections per terminal (naive ~2)",
+                r.reconnects_per_terminal
+            );
+            r.check("reconnects per terminal reported", false, true, d);
+        }
+        _ => {}
+    }
+}

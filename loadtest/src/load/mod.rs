@@ -1,0 +1,48 @@
+//! The load and fault harness behind `posgate-load`: it starts a private `redis-server`,
+//! `pos-sim` processes, the terminal directory import and N `posgate serve` processes (each
+//! behind its own cuttable TCP proxy to Redis), sends pushes at a set rate, injects one
+//! event per scenario (scale, SIGTERM, kill -9, SIGSTOP, Redis restart or outage, one pod
+//! cut off) and reports what the terminals and the push callers saw.
+//!
+//! Everything runs as real processes on loopback; this crate never links posgate.
+//! Children are killed when their guards drop, so an error, a panic or Ctrl-C in the
+//! runner leaves nothing behind.
+
+pub mod analysis;
+pub mod cluster;
+mod error;
+pub mod http;
+pub mod measure;
+pub mod observe;
+pub mod pods;
+pub mod procs;
+pub mod proxy;
+pub mod pushgen;
+pub mod redis;
+pub mod report;
+pub mod scenarios;
+pub mod sims;
+
+pub use error::LoadError;
+
+/// Milliseconds since the Unix epoch (the clock pos-sim stamps its events with).
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The terminal -> shard rule of `docs/design.md`: `xxh3_64(id) % shards`.
+pub fn shard_of(id: &str, shards: u32) -> u32 {
+    (xxhash_rust::xxh3::xxh3_64(id.as_bytes()) % u64::from(shards)) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn shard_vectors_match_the_design_doc() {
+        assert_eq!(super::shard_of("pos-00000", 64), 62);
+        assert_eq!(super::shard_of("pos-00001", 64), 30);
+        assert_eq!(super::shard_of("store-17:till-3", 64), 41);
+    }
+}

@@ -1,0 +1,161 @@
+//! `posgate serve` processes: one per pod, each reaching Redis through its own
+//! [`RedisProxy`], with the pod's HTTP endpoints (`/readyz`, `/v1/cluster`).
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use serde::Deserialize;
+use tokio::process::Command;
+
+use super::{
+    http::{self, HttpClient},
+    procs::{free_port, ChildProc, Signal},
+    proxy::RedisProxy,
+    LoadError,
+};
+
+/// Cluster name in Redis (key prefix).
+pub const CLUSTER: &str = "load";
+/// Tenant and bearer token the harness pushes with.
+pub const TENANT: &str = "load";
+pub const TOKEN: &str = "load-harness-token-0123456789";
+const SECRET: &str = "load-harness-cluster-secret-0123456789";
+
+/// How every pod of a run is started.
+#[derive(Debug, Clone)]
+pub struct PodPlan {
+    pub posgate: PathBuf,
+    pub pos_ca: PathBuf,
+    /// Extra `serve` flags (timings, dial rate).
+    pub flags: Vec<String>,
+    pub log_dir: PathBuf,
+}
+
+/// One member of `/v1/cluster`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct MemberView {
+    pub pod: String,
+}
+
+/// One shard of `/v1/cluster`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ShardView {
+    pub shard: u32,
+    #[serde(default)]
+    pub assigned: Option<String>,
+    #[serde(default)]
+    pub owner: Option<String>,
+    #[serde(default)]
+    pub epoch: Option<u64>,
+    #[serde(default)]
+    pub serving: bool,
+    #[serde(default)]
+    pub suspended: bool,
+}
+
+/// `GET /v1/cluster`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ClusterView {
+    pub pod: String,
+    pub members: Vec<MemberView>,
+    pub shards: Vec<ShardView>,
+}
+
+/// A running pod.
+pub struct PodProc {
+    pub id: String,
+    pub url: String,
+    pub proxy: RedisProxy,
+    pub proc: ChildProc,
+    /// Whether `/readyz` answered 200 once (then pushes may go to it).
+    pub ready: bool,
+    /// Set while the harness has the pod stopped (SIGSTOP) or is taking it down.
+    pub faulted: bool,
+}
+
+impl PodProc {
+    /// Starts pod `pod-<index>` against Redis at `redis` (through a new proxy).
+    pub async fn start(plan: &PodPlan, index: usize, redis: SocketAddr) -> Result<Self, LoadError> {
+        let proxy = RedisProxy::start(redis).await?;
+        let port = free_port()?;
+        let id = format!("pod-{index}");
+        let url = format!("http://127.0.0.1:{port}");
+        let mut cmd = Command::new(&plan.posgate);
+        cmd.env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("POSGATE_CLUSTER_SECRET", SECRET)
+            .env("POSGATE_API_TOKENS", format!("{TENANT}:{TOKEN}"))
+            .arg("serve")
+            .args(["--pod-id", &id, "--cluster", CLUSTER])
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--advertise-url", &url])
+            .args(["--redis-url", &proxy.url()])
+            .arg("--pos-ca")
+            .arg(&plan.pos_ca)
+            .args(["--log-format", "json", "--log-level", "info"])
+            .args(&plan.flags);
+        let proc = ChildProc::spawn(&id, cmd, &plan.log_dir.join(format!("{id}.log")))?;
+        Ok(PodProc {
+            id,
+            url,
+            proxy,
+            proc,
+            ready: false,
+            faulted: false,
+        })
+    }
+
+    /// Whether `/readyz` answers 200.
+    pub async fn ready(&self, client: &HttpClient) -> bool {
+        let url = format!("{}/readyz", self.url);
+        http::get_status(client, &url, Duration::from_secs(1)).await == Some(200)
+    }
+
+    /// This pod's `/v1/cluster`.
+    pub async fn cluster(&self, client: &HttpClient) -> Result<ClusterView, LoadError> {
+        let url = format!("{}/v1/cluster", self.url);
+        http::get_json(client, &url, Some(TOKEN), Duration::from_secs(1)).await
+    }
+
+    pub async fn signal(&self, sig: Signal) -> Result<(), LoadError> {
+        self.proc.signal(sig).await
+    }
+}
+
+/// Runs `posgate terminals import` of `csv` into Redis at `redis`.
+pub async fn import_directory(
+    posgate: &Path,
+    csv: &Path,
+    redis: SocketAddr,
+) -> Result<(), LoadError> {
+    let out = Command::new(posgate)
+        .args(["terminals", "import"])
+        .arg(csv)
+        .args([
+            "--redis-url",
+            &format!("redis://{redis}/"),
+            "--cluster",
+            CLUSTER,
+        ])
+        .output()
+        .await
+        .map_err(|source| LoadError::Spawn {
+            what: "posgate terminals import".into(),
+            source,
+        })?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(LoadError::Exited {
+            what: "posgate terminals import".into(),
+            status: format!(
+                "{}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        })
+    }
+}

@@ -1,0 +1,150 @@
+//! Child processes owned by the runner: spawn with output to a log file, send signals,
+//! read RSS and CPU time from `/proc`. A [`ChildProc`] kills its process (SIGKILL) when it
+//! is dropped, so every exit path of the runner cleans up.
+
+use std::{
+    path::Path,
+    process::{ExitStatus, Stdio},
+    time::Duration,
+};
+
+use tokio::process::{Child, Command};
+
+use super::LoadError;
+
+/// A running child process; killed (SIGKILL) on drop if still running.
+pub struct ChildProc {
+    name: String,
+    pid: u32,
+    child: Child,
+}
+
+/// Signals the harness sends (via `kill(1)`, keeping this crate free of `unsafe`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    Term,
+    Kill,
+    Stop,
+    Cont,
+}
+
+impl Signal {
+    fn name(self) -> &'static str {
+        match self {
+            Signal::Term => "TERM",
+            Signal::Kill => "KILL",
+            Signal::Stop => "STOP",
+            Signal::Cont => "CONT",
+        }
+    }
+}
+
+impl ChildProc {
+    /// Spawns `cmd`, stdout and stderr appended to `log`, stdin closed.
+    pub fn spawn(name: &str, mut cmd: Command, log: &Path) -> Result<Self, LoadError> {
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .map_err(|e| LoadError::io(format!("opening {}", log.display()), e))?;
+        let err = out
+            .try_clone()
+            .map_err(|e| LoadError::io("cloning a log file handle", e))?;
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err))
+            .kill_on_drop(true);
+        let child = cmd.spawn().map_err(|source| LoadError::Spawn {
+            what: name.to_owned(),
+            source,
+        })?;
+        let pid = child.id().ok_or_else(|| LoadError::Exited {
+            what: name.to_owned(),
+            status: "at once".into(),
+        })?;
+        Ok(ChildProc {
+            name: name.to_owned(),
+            pid,
+            child,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Sends `sig` to the process.
+    pub async fn signal(&self, sig: Signal) -> Result<(), LoadError> {
+        let status = Command::new("kill")
+            .arg("-s")
+            .arg(sig.name())
+            .arg(self.pid.to_string())
+            .status()
+            .await
+            .map_err(|e| LoadError::io("running kill(1)", e))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(LoadError::Exited {
+                what: self.name.clone(),
+                status: format!("kill -{} failed ({status})", sig.name()),
+            })
+        }
+    }
+
+    /// Exit status if the process has ended.
+    pub fn try_exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// Waits up to `limit` for the process to end.
+    pub async fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
+        tokio::time::timeout(limit, self.child.wait())
+            .await
+            .ok()
+            .and_then(Result::ok)
+    }
+
+    /// SIGKILL now and reap.
+    pub async fn kill(&mut self) {
+        let _ = self.child.kill().await;
+    }
+
+    /// Resident set size in KiB (`VmRSS` of `/proc/PID/status`).
+    pub fn rss_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+    }
+
+    /// User + system CPU time in clock ticks (`/proc/PID/stat` fields 14 and 15).
+    pub fn cpu_ticks(&self) -> Option<u64> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).ok()?;
+        // The command name (field 2) may hold spaces; fields after it follow the ')'.
+        let rest = &stat[stat.rfind(')')? + 2..];
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let utime: u64 = fields.get(11)?.parse().ok()?;
+        let stime: u64 = fields.get(12)?.parse().ok()?;
+        Some(utime + stime)
+    }
+}
+
+/// CPU clock ticks per second (`getconf CLK_TCK` is 100 on Linux).
+pub const CLOCK_TICKS: f64 = 100.0;
+
+/// A free loopback TCP port (bound then released; good enough for a private run).
+pub fn free_port() -> Result<u16, LoadError> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| LoadError::io("finding a free port", e))?;
+    listener
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(|e| LoadError::io("finding a free port", e))
+}

@@ -1,0 +1,226 @@
+//! What a scenario reports ([`ScenarioReport`], written as JSON) and the Markdown summary
+//! of a whole run.
+
+use std::{collections::BTreeMap, fmt::Write as _};
+
+use serde::Serialize;
+
+use super::{analysis::Dist, observe::Sample, redis::CommandStats};
+
+/// Pushes sent during a scenario and their outcomes.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PushSummary {
+    pub sent: usize,
+    /// `ok` (200) or the error code / `transport` / `unanswered`, with its status.
+    pub by_outcome: BTreeMap<String, usize>,
+    /// Latency of the answered pushes, ms.
+    pub latency_ms: Dist,
+    /// No answer within deadline + 1 s, entry pod healthy: a gateway defect.
+    pub unanswered: usize,
+    /// No answer, but the pod the push was sent to was killed or paused meanwhile.
+    pub unanswered_entry_faulted: usize,
+    /// Share of pushes answered 200.
+    pub ok_ratio: f64,
+    /// The first 50 unanswered pushes, for diagnosis.
+    pub unanswered_examples: Vec<super::pushgen::PushRecord>,
+}
+
+/// One pass/fail line: `gate` lines decide the exit code, the others are the issue's
+/// targets, reported but not enforced.
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    pub name: String,
+    pub pass: bool,
+    pub gate: bool,
+    pub detail: String,
+}
+
+/// Everything measured in one scenario.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ScenarioReport {
+    pub name: String,
+    pub graceful: bool,
+    /// When the event (scale, signal, cut) began, unix ms.
+    pub event_unix_ms: u64,
+    pub duration_s: f64,
+    /// From the event to every shard served by its assigned pod and every terminal
+    /// connected; `None` if that did not happen within the limit.
+    pub converged_after_s: Option<f64>,
+    pub pods_before: usize,
+    pub pods_after: usize,
+    pub terminals: u64,
+    pub shards_moved: usize,
+    pub shard_moves: u64,
+    pub terminals_moved: u64,
+    /// Moves counted with multiplicity (a shard that left and came back counts twice).
+    pub terminal_moves: u64,
+    pub ideal_moved: Option<u64>,
+    /// Per moved terminal: time without any connection (ms).
+    pub gap_ms: Dist,
+    pub gap_terminals_sampled: usize,
+    pub still_without_session: usize,
+    pub connections_opened: u64,
+    pub connections_closed: u64,
+    pub reconnects_per_terminal: f64,
+    pub min_terminals_connected: u64,
+    pub raw_overlaps: u64,
+    pub session_overlaps: u64,
+    pub max_session_overlap_ms: u64,
+    pub keys_delivered_twice: u64,
+    pub duplicate_deliveries: u64,
+    pub stale_hellos_refused: u64,
+    pub stale_pushes_refused: u64,
+    pub pushes_without_session: u64,
+    /// Pause / pod-partition: pushes terminals accepted under the faulted pod's epochs
+    /// more than one lease TTL after the fault began (sampled terminals of moved shards).
+    pub accepted_after_deadline: u64,
+    pub pushes: PushSummary,
+    pub dial_limit_per_s: u64,
+    pub dial_rate_max_per_pod: BTreeMap<String, u64>,
+    pub redis_commandstats: CommandStats,
+    pub redis_round_trips_per_pod_s: f64,
+    /// Cold start only: client round trips per pod per second over a quiet window after
+    /// convergence (top-level commands of `INFO commandstats`).
+    pub steady_round_trips_per_pod_s: Option<f64>,
+    /// Cold start only: sum of pod RSS / terminals (an upper bound per held connection).
+    pub rss_per_connection_kib: Option<f64>,
+    pub rss_kib: BTreeMap<String, u64>,
+    pub cpu_s: BTreeMap<String, f64>,
+    pub checks: Vec<Check>,
+    pub notes: Vec<String>,
+    pub series: Vec<Sample>,
+}
+
+impl ScenarioReport {
+    /// Whether every gating check passed.
+    pub fn passed(&self) -> bool {
+        self.checks.iter().all(|c| c.pass || !c.gate)
+    }
+
+    pub fn check(&mut self, name: &str, gate: bool, pass: bool, detail: String) {
+        self.checks.push(Check {
+            name: name.into(),
+            pass,
+            gate,
+            detail,
+        });
+    }
+}
+
+fn opt(v: Option<f64>) -> String {
+    v.map_or("not reached".into(), |s| format!("{s:.1} s"))
+}
+
+/// The Markdown summary of a run.
+pub fn markdown(header: &str, reports: &[ScenarioReport]) -> String {
+    let mut md = String::new();
+    let _ = writeln!(md, "{header}\n");
+    md.push_str(
+        "| scenario | converged | moved (ideal) | gap p50/p99/max ms | raw ovl | session ovl | \
+         keys twice | stale refused | pushes sent | 200 | unanswered | latency p50/p99/max ms | \
+         max dials/s/pod | gate |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in reports {
+        let ideal = r.ideal_moved.map_or("-".into(), |i| i.to_string());
+        let dials = r.dial_rate_max_per_pod.values().max().copied().unwrap_or(0);
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} ({}) | {}/{}/{} | {} | {} | {} | {} | {} | {:.2}% | {} (+{} entry pod faulted) | {}/{}/{} | {} | {} |",
+            r.name,
+            opt(r.converged_after_s),
+            r.terminals_moved,
+            ideal,
+            r.gap_ms.p50,
+            r.gap_ms.p99,
+            r.gap_ms.max,
+            r.raw_overlaps,
+            r.session_overlaps,
+            r.keys_delivered_twice,
+            r.stale_hellos_refused + r.stale_pushes_refused,
+            r.pushes.sent,
+            r.pushes.ok_ratio * 100.0,
+            r.pushes.unanswered,
+            r.pushes.unanswered_entry_faulted,
+            r.pushes.latency_ms.p50,
+            r.pushes.latency_ms.p99,
+            r.pushes.latency_ms.max,
+            dials,
+            if r.passed() { "pass" } else { "**FAIL**" },
+        );
+    }
+    for r in reports {
+        let _ = writeln!(md, "\n### {}\n", r.name);
+        let _ = writeln!(
+            md,
+            "- pods {} -> {}, {} terminals, {:.1} s; shards moved {} ({} moves), terminals moved {} \
+             ({} with multiplicity), gap sampled on {} terminals, {} still without a session",
+            r.pods_before,
+            r.pods_after,
+            r.terminals,
+            r.duration_s,
+            r.shards_moved,
+            r.shard_moves,
+            r.terminals_moved,
+            r.terminal_moves,
+            r.gap_terminals_sampled,
+            r.still_without_session
+        );
+        let _ = writeln!(
+            md,
+            "- connections opened {} / closed {} (reconnects per terminal {:.2}), fewest terminals \
+             connected during the run {}; max session overlap {} ms; pushes without session (428) {}; \
+             duplicate deliveries {}",
+            r.connections_opened,
+            r.connections_closed,
+            r.reconnects_per_terminal,
+            r.min_terminals_connected,
+            r.max_session_overlap_ms,
+            r.pushes_without_session,
+            r.duplicate_deliveries
+        );
+        let _ = writeln!(md, "- push outcomes: {:?}", r.pushes.by_outcome);
+        let _ = writeln!(
+            md,
+            "- dial rate max per pod over 1-s windows (limit {}/s): {:?}",
+            r.dial_limit_per_s, r.dial_rate_max_per_pod
+        );
+        let _ = writeln!(
+            md,
+            "- Redis: ~{:.2} client round trips/s per pod; commandstats calls {:?}",
+            r.redis_round_trips_per_pod_s, r.redis_commandstats
+        );
+        if let Some(s) = r.steady_round_trips_per_pod_s {
+            let _ = writeln!(md, "- steady state: {s:.2} Redis round trips/s per pod");
+        }
+        if let Some(s) = r.rss_per_connection_kib {
+            let _ = writeln!(
+                md,
+                "- RSS per held connection (all pod RSS / terminals): {s:.1} KiB"
+            );
+        }
+        let _ = writeln!(md, "- RSS KiB per pod at the end: {:?}", r.rss_kib);
+        let _ = writeln!(md, "- CPU s per pod during the scenario: {:?}", r.cpu_s);
+        for c in &r.checks {
+            let _ = writeln!(
+                md,
+                "- [{}] {}{}: {}",
+                if c.pass { "x" } else { " " },
+                c.name,
+                if c.gate { " (gate)" } else { "" },
+                c.detail
+            );
+        }
+        for n in &r.notes {
+            let _ = writeln!(md, "- note: {n}");
+        }
+    }
+    md
+}
+
+/// "converged after X s" / "not converged".
+pub fn converged_text(r: &ScenarioReport) -> String {
+    r.converged_after_s.map_or_else(
+        || "not converged within the limit".into(),
+        |s| format!("converged {s:.1} s after the event"),
+    )
+}

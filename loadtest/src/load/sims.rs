@@ -1,0 +1,225 @@
+//! The `pos-sim` processes of a run: as many as the open-file limit needs (at most
+//! 12,500 terminals each, on distinct listener addresses), their merged terminal CSV and
+//! CA bundle, summed counters, and per-terminal reports.
+
+use std::{
+    collections::BTreeMap,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use serde::Deserialize;
+use tokio::{process::Command, sync::Semaphore, task::JoinSet};
+
+use super::{
+    http::{self, HttpClient},
+    procs::{free_port, ChildProc},
+    LoadError,
+};
+
+/// Terminals per `pos-sim` process: below the 15,000 cap, leaving head-room for the
+/// reconnect overlap within the 20,000 open files of one process.
+pub const PER_PROCESS: u64 = 12_500;
+
+/// Summed farm counters (`max_session_overlap_ms` is a max, the rest are sums).
+pub type Counters = BTreeMap<String, u64>;
+
+/// A connection event of a terminal report (`opened` / `closed`).
+#[derive(Debug, Clone, Deserialize)]
+pub struct Event {
+    pub conn: u64,
+    pub event: String,
+    pub at_unix_ms: u64,
+}
+
+/// A connection open now, from a terminal report.
+#[derive(Debug, Clone, Deserialize)]
+pub struct OpenConn {
+    pub conn: u64,
+    pub opened_unix_ms: u64,
+    pub session_epoch: Option<u64>,
+    pub superseded: bool,
+}
+
+/// An accepted push, from a terminal report.
+#[derive(Debug, Clone, Deserialize)]
+pub struct AcceptedPush {
+    pub epoch: u64,
+    pub at_unix_ms: u64,
+}
+
+/// The fields of `GET /terminals/{id}` the harness uses.
+#[derive(Debug, Clone, Deserialize)]
+pub struct TerminalView {
+    pub id: String,
+    pub highest_epoch: Option<u64>,
+    pub open_connections: Vec<OpenConn>,
+    pub recent_connections: Vec<Event>,
+    #[serde(default)]
+    pub recent_pushes: Vec<AcceptedPush>,
+}
+
+struct Sim {
+    range: std::ops::Range<u64>,
+    admin: SocketAddr,
+    _proc: ChildProc,
+}
+
+/// All simulator processes of a run.
+pub struct SimFarm {
+    sims: Vec<Sim>,
+    prefix: String,
+    pub csv: PathBuf,
+    pub ca: PathBuf,
+    client: HttpClient,
+}
+
+impl SimFarm {
+    /// Starts `ceil(terminals / 12,500)` processes of `bin` and merges their files into
+    /// `dir/terminals.csv` and `dir/ca.pem`.
+    pub async fn start(bin: &Path, terminals: u64, dir: &Path) -> Result<Self, LoadError> {
+        let count = terminals.div_ceil(PER_PROCESS);
+        if count > 200 {
+            return Err(LoadError::Plan(format!(
+                "{terminals} terminals is too many"
+            )));
+        }
+        let client = http::client();
+        let mut sims = Vec::new();
+        for k in 0..count {
+            let range = k * PER_PROCESS..((k + 1) * PER_PROCESS).min(terminals);
+            let out = dir.join(format!("sim-{k}"));
+            std::fs::create_dir_all(&out)
+                .map_err(|e| LoadError::io(format!("creating {}", out.display()), e))?;
+            let _ = std::fs::remove_file(out.join("terminals.csv"));
+            let admin = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+            let mut cmd = Command::new(bin);
+            cmd.arg("--range")
+                .arg(format!("{}..{}", range.start, range.end))
+                .arg("--out")
+                .arg(&out)
+                .arg("--admin")
+                .arg(admin.to_string())
+                .arg("--first-ip")
+                .arg(format!("127.0.{}.1", 10 + k))
+                .env("RUST_LOG", "warn");
+            let name = format!("pos-sim-{k}");
+            let proc = ChildProc::spawn(&name, cmd, &dir.join(format!("{name}.log")))?;
+            sims.push(Sim {
+                range,
+                admin,
+                _proc: proc,
+            });
+        }
+        let farm = SimFarm {
+            sims,
+            prefix: "pos-".into(),
+            csv: dir.join("terminals.csv"),
+            ca: dir.join("ca.pem"),
+            client,
+        };
+        farm.wait_ready(dir).await?;
+        farm.merge_files(dir)?;
+        Ok(farm)
+    }
+
+    async fn wait_ready(&self, dir: &Path) -> Result<(), LoadError> {
+        let limit = Duration::from_secs(60);
+        let deadline = Instant::now() + limit;
+        for (k, sim) in self.sims.iter().enumerate() {
+            let csv = dir.join(format!("sim-{k}/terminals.csv"));
+            let url = format!("http://{}/counters", sim.admin);
+            loop {
+                let up = csv.exists()
+                    && http::get_status(&self.client, &url, Duration::from_secs(1)).await
+                        == Some(200);
+                if up {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    return Err(LoadError::Timeout {
+                        what: format!("pos-sim-{k} ready"),
+                        limit,
+                    });
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        Ok(())
+    }
+
+    fn merge_files(&self, dir: &Path) -> Result<(), LoadError> {
+        let (mut csv, mut ca) = (String::from("id,addr,server_name\n"), String::new());
+        for k in 0..self.sims.len() {
+            let read = |name: &str| {
+                let p = dir.join(format!("sim-{k}/{name}"));
+                std::fs::read_to_string(&p)
+                    .map_err(|e| LoadError::io(format!("reading {}", p.display()), e))
+            };
+            for line in read("terminals.csv")?.lines().skip(1) {
+                csv.push_str(line);
+                csv.push('\n');
+            }
+            ca.push_str(&read("ca.pem")?);
+        }
+        let write = |p: &Path, s: &str| {
+            std::fs::write(p, s).map_err(|e| LoadError::io(format!("writing {}", p.display()), e))
+        };
+        write(&self.csv, &csv)?;
+        write(&self.ca, &ca)
+    }
+
+    /// Counters summed over all simulators.
+    pub async fn counters(&self) -> Result<Counters, LoadError> {
+        let mut sum = Counters::new();
+        for sim in &self.sims {
+            let url = format!("http://{}/counters", sim.admin);
+            let one: BTreeMap<String, serde_json::Value> =
+                http::get_json(&self.client, &url, None, Duration::from_secs(5)).await?;
+            for (k, v) in one {
+                let v = v.as_u64().unwrap_or(0);
+                let slot = sum.entry(k.clone()).or_insert(0);
+                *slot = if k == "max_session_overlap_ms" {
+                    (*slot).max(v)
+                } else {
+                    *slot + v
+                };
+            }
+        }
+        Ok(sum)
+    }
+
+    /// Terminal id of number `n`.
+    pub fn id(&self, n: u64) -> String {
+        format!("{}{n:05}", self.prefix)
+    }
+
+    /// Reports of the given terminal numbers (32 requests in flight); a failed fetch is
+    /// left out.
+    pub async fn reports(&self, numbers: &[u64]) -> Vec<TerminalView> {
+        let gate = Arc::new(Semaphore::new(32));
+        let mut tasks = JoinSet::new();
+        for &n in numbers {
+            let Some(sim) = self.sims.iter().find(|s| s.range.contains(&n)) else {
+                continue;
+            };
+            let url = format!("http://{}/terminals/{}", sim.admin, self.id(n));
+            let (client, gate) = (self.client.clone(), gate.clone());
+            tasks.spawn(async move {
+                let _permit = gate.acquire_owned().await.ok()?;
+                http::get_json::<TerminalView>(&client, &url, None, Duration::from_secs(10))
+                    .await
+                    .ok()
+            });
+        }
+        let mut out = Vec::with_capacity(numbers.len());
+        while let Some(done) = tasks.join_next().await {
+            if let Ok(Some(view)) = done {
+                out.push(view);
+            }
+        }
+        out
+    }
+}
