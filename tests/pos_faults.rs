@@ -1053,7 +1053,18 @@ async fn a_certificate_for_the_wrong_name_is_refused_with_one_clear_log_line() {
         eprintln!("[{test}] log: {line}");
     }
     eprintln!("[{test}] farm: {counters:?}");
-    eprintln!("[{test}] note: no metric counts wrong-name refusals yet (metrics come later)");
+    // The metric: wrong-name refusals count as `tls_error` dials.
+    let metrics = http_get(pod.port, "/metrics").await.unwrap_or_default();
+    let tls_errors: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("posgate_dials_total{result=\"tls_error\"} "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    eprintln!("[{test}] posgate_dials_total{{result=\"tls_error\"}} = {tls_errors}");
+    assert!(
+        tls_errors >= attempts.min(2) as u64,
+        "the refusals are counted as tls_error dials ({tls_errors})"
+    );
     assert!(attempts >= 2, "the wrong terminal is retried ({attempts})");
     assert!(
         attempts <= 10,

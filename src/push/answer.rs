@@ -14,8 +14,8 @@ use crate::core::{Epoch, PodId, ShardId};
 /// How long a caller should wait before retrying a `503`, in seconds.
 pub const RETRY_AFTER_SECS: u32 = 1;
 
-/// Every error code.
-const ALL: [ErrorCode; 10] = [
+/// Every error code, the internal `shard_moved` last.
+pub const ALL_ERROR_CODES: [ErrorCode; 10] = [
     ErrorCode::InvalidRequest,
     ErrorCode::Unauthorized,
     ErrorCode::UnknownTerminal,
@@ -77,7 +77,7 @@ impl ErrorCode {
 
     /// The code named `code`, if it is one.
     pub fn named(code: &str) -> Option<ErrorCode> {
-        ALL.into_iter().find(|c| c.as_str() == code)
+        ALL_ERROR_CODES.into_iter().find(|c| c.as_str() == code)
     }
 
     pub fn status(self) -> StatusCode {
