@@ -216,3 +216,38 @@ fn simulate_runs_seeds_and_reports_rates() {
     refused(&["simulate", "--trace"], &[], "error: missing --seed");
     refused(&["simulate", "--seed", "1", "--seeds", "5"], &[], "error: ");
 }
+
+/// The README's flag table documents exactly the flags `posgate serve` has.
+#[test]
+fn readme_flag_table_matches_serve_help() {
+    let out = posgate(&["serve", "--help"], &[]);
+    let help = String::from_utf8(out.stdout).unwrap();
+    let flags_in = |text: &str, line_start: &str| -> std::collections::BTreeSet<String> {
+        text.lines()
+            .filter(|l| l.trim_start().starts_with(line_start))
+            .flat_map(|l| {
+                let head = if line_start == "|" {
+                    // Only the first column of a table row names flags.
+                    l.split('|').nth(1).unwrap_or_default().to_string()
+                } else {
+                    l.split_whitespace().next().unwrap_or_default().to_string()
+                };
+                head.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+                    .filter(|w| {
+                        w.strip_prefix("--")
+                            .is_some_and(|f| f.starts_with(|c: char| c.is_ascii_lowercase()))
+                    })
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    let mut documented = flags_in(include_str!("../README.md"), "|");
+    let mut actual = flags_in(&help, "--");
+    actual.remove("--help");
+    documented.remove("--help");
+    assert_eq!(
+        documented, actual,
+        "README flag table vs `posgate serve --help`"
+    );
+}
