@@ -26,7 +26,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use hmac::{Hmac, Mac};
-use http::{HeaderMap, HeaderValue, Method, Request};
+use http::{HeaderMap, HeaderValue, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -229,7 +229,7 @@ pub struct PeerClient {
 
 impl PeerClient {
     /// `secret: None` sends unsigned requests (insecure mode). `timeout` bounds each
-    /// request as a whole: connecting, sending and reading the answer.
+    /// probe as a whole (connecting, sending and reading the answer) and each connect.
     pub fn new(secret: Option<ClusterSecret>, timeout: Duration) -> Self {
         PeerClient::with_credentials(Credentials::new(None, secret), timeout)
     }
@@ -242,8 +242,12 @@ impl PeerClient {
         let client = Client::builder(TokioExecutor::new())
             .http2_only(true)
             .pool_timer(TokioTimer::new())
-            // Peers are polled every few seconds; keep the connection between polls.
+            // Peers are called every few seconds; keep the connection between calls, and
+            // find out by PING when a peer vanished without closing it.
             .pool_idle_timeout(Duration::from_secs(90))
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .http2_keep_alive_timeout(Duration::from_secs(5))
+            .timer(TokioTimer::new())
             .build(connector);
         PeerClient {
             client,
@@ -261,59 +265,104 @@ impl PeerClient {
 
     /// Sends a signed, empty `POST` and returns the body of a `200` answer.
     async fn post(&self, base_url: &str, path: &str) -> Result<Bytes, PeerError> {
+        let sent = self
+            .send(
+                Method::POST,
+                base_url,
+                path,
+                Bytes::new(),
+                HeaderMap::new(),
+                self.timeout,
+            )
+            .await;
+        let (status, body) = sent.map_err(|e| match e {
+            SendError::Url(reason) => PeerError::Url {
+                url: base_url.to_string(),
+                reason,
+            },
+            SendError::Connect(text) | SendError::Transport(text) => PeerError::Transport(text),
+            SendError::Timeout(t) => PeerError::Timeout(t),
+        })?;
+        if !status.is_success() {
+            let text = String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned();
+            return Err(PeerError::Status {
+                status: status.as_u16(),
+                body: text,
+            });
+        }
+        Ok(body)
+    }
+
+    /// Sends `method path` with `body` and `headers` to the pod at `base_url`, signed
+    /// with the current cluster secret, and returns the status and (at most
+    /// [`MAX_INTERNAL_BODY`] of) the body of whatever it answers, within `timeout`. The
+    /// one transport of every pod-to-pod call (probes, forwarded pushes, lookups).
+    pub(crate) async fn send(
+        &self,
+        method: Method,
+        base_url: &str,
+        path: &str,
+        body: Bytes,
+        headers: HeaderMap,
+        timeout: Duration,
+    ) -> Result<(StatusCode, Bytes), SendError> {
         let base = base_url.trim_end_matches('/');
-        let url_error = |reason: &str| PeerError::Url {
-            url: base_url.to_string(),
-            reason: reason.to_string(),
-        };
         if !base.starts_with("http://") {
-            return Err(url_error("only http:// peer URLs are supported"));
+            return Err(SendError::Url(
+                "only http:// peer URLs are supported".into(),
+            ));
         }
         let uri: http::Uri = format!("{base}{path}")
             .parse()
-            .map_err(|_| url_error("not a URL"))?;
+            .map_err(|_| SendError::Url("not a URL".into()))?;
         let path_and_query = uri
             .path_and_query()
             .map_or(path, |pq| pq.as_str())
             .to_string();
-        let mut request = Request::post(uri)
-            .body(Full::new(Bytes::new()))
-            .map_err(|e| url_error(&e.to_string()))?;
+        let mut request = Request::builder()
+            .method(method.clone())
+            .uri(uri)
+            .body(Full::new(body.clone()))
+            .map_err(|e| SendError::Url(e.to_string()))?;
+        request.headers_mut().extend(headers);
         if let Some(secret) = &self.credentials.signing_secret() {
-            sign(
-                secret,
-                &Method::POST,
-                &path_and_query,
-                SystemTime::now(),
-                b"",
-            )
-            .apply(request.headers_mut());
+            sign(secret, &method, &path_and_query, SystemTime::now(), &body)
+                .apply(request.headers_mut());
         }
         let exchange = async {
-            let response = self
-                .client
-                .request(request)
-                .await
-                .map_err(|e| PeerError::Transport(error_chain(&e)))?;
+            let response = self.client.request(request).await.map_err(|e| {
+                let text = error_chain(&e);
+                if e.is_connect() {
+                    SendError::Connect(text)
+                } else {
+                    SendError::Transport(text)
+                }
+            })?;
             let status = response.status();
             let body = Limited::new(response.into_body(), MAX_INTERNAL_BODY)
                 .collect()
                 .await
-                .map_err(|e| PeerError::Transport(error_chain(&*e)))?
+                .map_err(|e| SendError::Transport(format!("reading the answer: {e}")))?
                 .to_bytes();
-            if !status.is_success() {
-                let text = String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned();
-                return Err(PeerError::Status {
-                    status: status.as_u16(),
-                    body: text,
-                });
-            }
-            Ok(body)
+            Ok((status, body))
         };
-        tokio::time::timeout(self.timeout, exchange)
+        tokio::time::timeout(timeout, exchange)
             .await
-            .map_err(|_| PeerError::Timeout(self.timeout))?
+            .map_err(|_| SendError::Timeout(timeout))?
     }
+}
+
+/// Why [`PeerClient::send`] got no answer, by what it proves about the request.
+#[derive(Debug)]
+pub(crate) enum SendError {
+    /// Not sent: the URL cannot be used.
+    Url(String),
+    /// Not sent: no connection to the peer.
+    Connect(String),
+    /// The request may have reached the peer; the exchange failed.
+    Transport(String),
+    /// The request may have reached the peer; no answer in time.
+    Timeout(Duration),
 }
 
 /// `err` and its sources joined by `": "`: hyper's top-level errors alone ("client
