@@ -147,6 +147,12 @@ pub enum ConfigError {
     MissingTokens,
 }
 
+/// The value parser of every duration flag: humantime, with an example on error.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s)
+        .map_err(|e| format!("not a duration ({e}); use e.g. 500ms, 5s, 1m"))
+}
+
 fn invalid(flag: &'static str, reason: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         flag,

@@ -9,7 +9,7 @@ use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{invalid, ConfigError};
+use super::{invalid, parse_duration, ConfigError};
 use crate::pos::backoff::BackoffPolicy;
 use crate::pos::dialer::Keepalive;
 use crate::pos::tls::{ClientIdentity, TlsFiles};
@@ -165,9 +165,4 @@ impl PosArgs {
             directory_poll: self.directory_poll,
         })
     }
-}
-
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s)
-        .map_err(|e| format!("not a duration ({e}); use e.g. 500ms, 5s, 1m"))
 }

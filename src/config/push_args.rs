@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::secrets::{secret_from, Origin};
-use super::{invalid, ConfigError};
+use super::{invalid, parse_duration, ConfigError};
 use crate::push::auth::ApiTokens;
 use crate::push::PushSettings;
 
@@ -39,7 +39,7 @@ pub struct PushArgs {
     #[arg(long, env = "POSGATE_POS_PUSH_PATH", default_value = crate::pos::push::DEFAULT_PUSH_PATH)]
     pub pos_push_path: String,
     /// How long the owner remembers an idempotency key's answer
-    #[arg(long, env = "POSGATE_IDEMPOTENCY_TTL", default_value = "10m", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "POSGATE_IDEMPOTENCY_TTL", default_value = "10m", value_parser = parse_duration)]
     pub idempotency_ttl: Duration,
     /// Most idempotency keys remembered per pod (oldest forgotten first)
     #[arg(long, env = "POSGATE_IDEMPOTENCY_CAPACITY", default_value_t = 100_000)]

@@ -13,8 +13,8 @@ use super::push_args::PushArgs;
 use super::redis_flags::RedisFlags;
 use super::secrets::secret_from;
 use super::{
-    invalid, ConfigError, LogFormat, PodConfig, PosArgs, StoreSettings, CLUSTER_SECRET_ENV,
-    DEFAULT_CLUSTER,
+    invalid, parse_duration, ConfigError, LogFormat, PodConfig, PosArgs, StoreSettings,
+    CLUSTER_SECRET_ENV, DEFAULT_CLUSTER,
 };
 use crate::core::config::ConfigError as CoreConfigError;
 use crate::core::{CoreConfig, PodId};
@@ -289,11 +289,6 @@ fn default_advertise_url(
             format!("default from the hostname: {reason}; set --advertise-url"),
         )
     })
-}
-
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s)
-        .map_err(|e| format!("not a duration ({e}); use e.g. 500ms, 5s, 1m"))
 }
 
 fn parse_cluster(s: &str) -> Result<String, String> {
