@@ -10,7 +10,8 @@
 //! - the Dockerfile's user is the one the Deployment runs as;
 //! - every kustomization renders with `kubectl kustomize` (skipped, with a message, when
 //!   no kubectl is installed; `scripts/install-kubectl` installs one), and the rendered
-//!   output passes the variable checks too.
+//!   output passes the variable checks too; a kustomize component (k8s/observability)
+//!   must be included by an overlay whose rendering carries all its resources.
 //!
 //! YAML is scanned as text, line by line: the manifests are plain block YAML and the
 //! checks only need names and a few scalar values.
@@ -477,6 +478,89 @@ fn doc_kind_name(doc: &str) -> (String, String) {
     (kind, name)
 }
 
+fn kustomization_text(dir: &Path) -> String {
+    read(&dir.join("kustomization.yaml"))
+}
+
+fn is_component(dir: &Path) -> bool {
+    kustomization_text(dir)
+        .lines()
+        .any(|l| l.trim() == "kind: Component")
+}
+
+/// Resources (`Kind/name`) a component adds, from its own rendering.
+fn rendered_kinds(kubectl: &str, dir: &Path) -> Result<Vec<String>, String> {
+    let out = Command::new(kubectl)
+        .arg("kustomize")
+        .arg(dir)
+        .output()
+        .expect("run kubectl kustomize");
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    let rendered = String::from_utf8(out.stdout).expect("rendered YAML is UTF-8");
+    Ok(docs(&rendered)
+        .iter()
+        .map(|d| {
+            let (kind, name) = doc_kind_name(d);
+            format!("{kind}/{name}")
+        })
+        .collect())
+}
+
+/// A component must be listed under `components:` of at least one overlay, and that
+/// overlay's rendering must contain every resource the component defines.
+fn component_problems(kubectl: &str, dirs: &[PathBuf], component: &Path) -> Vec<String> {
+    let name = component.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let wanted = match rendered_kinds(kubectl, component) {
+        Ok(kinds) => kinds,
+        Err(e) => return vec![format!("component {}: {e}", rel(component))],
+    };
+    let users: Vec<&PathBuf> = dirs
+        .iter()
+        .filter(|d| !is_component(d))
+        .filter(|d| {
+            let text = kustomization_text(d);
+            let Some((_, after)) = text.split_once("\ncomponents:") else {
+                return false;
+            };
+            after
+                .lines()
+                .skip(1)
+                .take_while(|l| l.starts_with(' ') || l.starts_with('-') || l.is_empty())
+                .any(|l| {
+                    l.trim()
+                        .trim_start_matches("- ")
+                        .ends_with(&format!("/{name}"))
+                })
+        })
+        .collect();
+    if users.is_empty() {
+        return vec![format!(
+            "component {} is not included by any overlay",
+            rel(component)
+        )];
+    }
+    let mut problems = Vec::new();
+    for user in users {
+        match rendered_kinds(kubectl, user) {
+            Ok(kinds) => {
+                for w in &wanted {
+                    if !kinds.contains(w) {
+                        problems.push(format!(
+                            "kubectl kustomize {}: component {} resource {w} missing",
+                            rel(user),
+                            rel(component)
+                        ));
+                    }
+                }
+            }
+            Err(e) => problems.push(format!("kubectl kustomize {}: {e}", rel(user))),
+        }
+    }
+    problems
+}
+
 #[test]
 fn every_kustomization_renders() {
     let dirs: Vec<PathBuf> = files_under(&root().join("k8s"), &["yaml", "yml"])
@@ -533,7 +617,11 @@ fn every_kustomization_renders() {
             }
             kinds.push(format!("{kind}/{name}"));
         }
-        if !kinds.iter().any(|k| k == "Deployment/posgate") {
+        if is_component(dir) {
+            // A component is only meaningful inside an overlay; check one includes it
+            // and that the overlay's rendering then carries the component's resources.
+            problems.extend(component_problems(&kubectl, &dirs, dir));
+        } else if !kinds.iter().any(|k| k == "Deployment/posgate") {
             problems.push(format!("{source}: no Deployment/posgate"));
         }
         // The dev overlay is self-contained: every Secret it mounts is generated.

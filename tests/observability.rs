@@ -7,6 +7,8 @@
 //!   `promtool test rules alerts_test.yaml`, `promtool check rules alerts.yaml`, and every
 //!   dashboard query parses as PromQL (Grafana variables replaced by sample values);
 //!   without it those checks print "skipped" and pass;
+//! - `prometheusrule.yaml` (the operator's wrapping of the rules) is exactly what
+//!   `scripts/gen-prometheusrule` makes of `alerts.yaml` today;
 //! - the dashboard is JSON with the expected variables, and every panel has a title and a
 //!   query;
 //! - a live pod (`Pod::start_with_terminals` against a real `redis-server`, like
@@ -38,6 +40,7 @@ use tokio::net::TcpListener;
 const DASHBOARD: &str = "k8s/observability/dashboard.json";
 const ALERTS: &str = "k8s/observability/alerts.yaml";
 const ALERTS_TEST: &str = "k8s/observability/alerts_test.yaml";
+const PROMETHEUS_RULE: &str = "k8s/observability/prometheusrule.yaml";
 const SKIPPED: &str = "skipped: promtool not installed (scripts/test installs it)";
 const HISTOGRAM_SUFFIXES: [&str; 3] = ["_bucket", "_sum", "_count"];
 
@@ -569,4 +572,24 @@ fn check_metrics_with_promtool(text: &str) {
         describe(&out)
     );
     eprintln!("[observability] promtool check metrics on the scrape in classic text format: ok");
+}
+
+#[test]
+fn prometheus_rule_is_generated_from_the_alert_rules() {
+    let out = tempfile::NamedTempFile::new().expect("temp file");
+    let status = Command::new("bash")
+        .arg(root().join("scripts/gen-prometheusrule"))
+        .arg(out.path())
+        .status()
+        .expect("run scripts/gen-prometheusrule");
+    assert!(status.success(), "scripts/gen-prometheusrule failed");
+    let generated = std::fs::read_to_string(out.path()).expect("read generated rule");
+    assert!(
+        generated.contains("kind: PrometheusRule") && generated.contains("\n  groups:\n"),
+        "generator output lost its shape:\n{generated}"
+    );
+    assert!(
+        generated == read(PROMETHEUS_RULE),
+        "{PROMETHEUS_RULE} is out of date with {ALERTS}: run scripts/gen-prometheusrule"
+    );
 }
