@@ -11,7 +11,7 @@ use common::{connect, connect_to, Conn};
 use http::StatusCode;
 use http_body_util::{channel::Channel, BodyExt};
 use posgate_loadtest::pos_sim::{
-    FarmConfig, FarmCounters, FaultConfig, PosFarm, H_IDEMPOTENCY_KEY, H_STALE_EPOCH,
+    FarmConfig, FarmCounters, FaultConfig, PosFarm, Refusals, H_IDEMPOTENCY_KEY, H_STALE_EPOCH,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -82,6 +82,32 @@ async fn session_push_supersede_and_stale_epochs() {
     assert_eq!(c.duplicate_deliveries, 2);
     assert_eq!(c.connections_open, 2);
     assert_eq!(c.terminals_connected, 1);
+
+    // Each refusal is logged with the refused pod, epoch and kind, for load tests that
+    // check what the pod did next.
+    let log = farm.refusals();
+    assert_eq!(log.dropped, 0);
+    let seen: Vec<(&str, &str, &str, u64, u64)> = log
+        .refusals
+        .iter()
+        .map(|r| {
+            (
+                r.terminal.as_str(),
+                r.pod.as_str(),
+                r.kind.as_str(),
+                r.epoch,
+                r.highest,
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (T0, "test-pod", "hello", 9, 11),
+            (T0, "test-pod", "push", 9, 11)
+        ]
+    );
+    assert!(log.refusals[0].at_unix_ms <= log.refusals[1].at_unix_ms);
 
     let report = farm.terminal_report(T0).unwrap();
     assert_eq!(report.highest_epoch, Some(11));
@@ -274,6 +300,17 @@ async fn admin_endpoint_serves_counters_faults_and_reports() {
     assert_eq!(status, 200);
     let report: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(report["highest_epoch"], 3);
+
+    // A stale hello shows up in /refusals with the pod that sent it.
+    assert_eq!(status_of(&mut a, 2).await, StatusCode::CONFLICT);
+    let (status, body) = admin_call(addr, "GET", "/refusals", "").await;
+    assert_eq!(status, 200);
+    let log: Refusals = serde_json::from_str(&body).unwrap();
+    assert_eq!(log.refusals.len(), 1, "{body}");
+    assert_eq!(
+        (log.refusals[0].pod.as_str(), log.refusals[0].epoch),
+        ("test-pod", 2)
+    );
 
     let (status, _) = admin_call(addr, "POST", "/faults", r#"{"handshake_delay_ms":50}"#).await;
     assert_eq!(status, 200);

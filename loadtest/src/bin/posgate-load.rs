@@ -1,9 +1,10 @@
 //! `posgate-load`: the load and fault harness. Starts Redis, `pos-sim` processes, the
 //! directory import and `posgate serve` pods on loopback, runs the chosen scenarios under a
-//! steady push load, and writes a JSON report per scenario plus `summary.md` into the
-//! results directory. Exit code 1 if a gate failed (a raw overlap in a graceful scenario,
-//! any session overlap, any key delivered twice, a push unanswered by its deadline + 1 s),
-//! 2 if the harness itself failed. Every child process is killed on exit and on Ctrl-C.
+//! steady push load, and writes a JSON report per scenario, PNG charts per scenario (with
+//! the default `charts` feature) and `summary.md` into the results directory. Exit code 1
+//! if a gate failed (a raw overlap in a graceful scenario, any session overlap, any key
+//! delivered twice, a push unanswered by its deadline + 1 s), 2 if the harness itself
+//! failed. Every child process is killed on exit and on Ctrl-C.
 #![forbid(unsafe_code)]
 
 use std::{
@@ -15,6 +16,7 @@ use std::{
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use posgate_loadtest::load::{
+    charts,
     cluster::{Cluster, Profile},
     measure::run_scenario,
     report::{markdown, ScenarioReport},
@@ -128,6 +130,9 @@ async fn run(args: &Args, dir: &Path, reports: &mut Vec<ScenarioReport>) -> Resu
             .context("binary directory")?
             .join("pos-sim"),
     };
+    if !charts::ENABLED {
+        eprintln!("charts: off ({})", charts::ChartError::Disabled);
+    }
     let started = Instant::now();
     let mut cluster = Cluster::setup(profile.clone(), &args.posgate, &pos_sim, dir).await?;
     eprintln!(
@@ -138,9 +143,10 @@ async fn run(args: &Args, dir: &Path, reports: &mut Vec<ScenarioReport>) -> Resu
     for sc in list {
         let t = Instant::now();
         eprintln!("scenario {} ...", sc.name());
-        let report = run_scenario(&mut cluster, sc)
+        let mut report = run_scenario(&mut cluster, sc)
             .await
             .with_context(|| format!("scenario {}", sc.name()))?;
+        charts::attach(&mut report, dir);
         eprintln!(
             "scenario {} done in {:.1} s: {}",
             sc.name(),
@@ -191,10 +197,15 @@ async fn main() -> ExitCode {
     };
     let command: Vec<String> = std::env::args().collect();
     let header = format!(
-        "## posgate-load, {profile} profile\n\nCommand: `{}`  \nMachine: {}  \nTotal run time: {:.0} s{}",
+        "## posgate-load, {profile} profile\n\nCommand: `{}`  \nMachine: {}  \nTotal run time: {:.0} s  \nCharts: {}{}",
         command.join(" "),
         machine(),
         started.elapsed().as_secs_f64(),
+        if charts::ENABLED {
+            "PNG per scenario, linked below".to_owned()
+        } else {
+            charts::ChartError::Disabled.to_string()
+        },
         match &outcome {
             Ok(()) => String::new(),
             Err(e) => format!("  \n**Harness error:** {e:#}"),

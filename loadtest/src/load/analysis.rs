@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
-use super::{observe::Owners, sims::TerminalView};
+use super::{observe::Owners, pushgen::PushRecord, sims::TerminalView};
 
 /// Count, p50, p99 and max of a set of values.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -173,6 +173,53 @@ pub fn accepted_from_after(
         .sum()
 }
 
+/// Pushes sent within one second of a scenario, by send time.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct LatencyBucket {
+    /// Bucket start in seconds relative to the event (negative before it).
+    pub second: i64,
+    pub sent: usize,
+    /// Answered with any status; latency percentiles are over these.
+    pub answered: usize,
+    pub p50_ms: u64,
+    pub p99_ms: u64,
+    pub max_ms: u64,
+    /// Answered with a status other than 200, or not answered.
+    pub not_ok: usize,
+}
+
+/// Push latency per 1-s bucket of send time, from `records`, relative to `event_ms`.
+/// Buckets without a push are left out (the chart draws a gap there, not a zero).
+pub fn latency_buckets(records: &[PushRecord], event_ms: u64) -> Vec<LatencyBucket> {
+    let mut by_second: BTreeMap<i64, (usize, usize, Vec<u64>)> = BTreeMap::new();
+    for p in records {
+        let rel = p.sent_unix_ms as i64 - event_ms as i64;
+        let slot = by_second.entry(rel.div_euclid(1000)).or_default();
+        slot.0 += 1;
+        if p.status != 200 {
+            slot.1 += 1;
+        }
+        if !p.unanswered && p.status != 0 {
+            slot.2.push(p.latency_ms);
+        }
+    }
+    by_second
+        .into_iter()
+        .map(|(second, (sent, not_ok, latencies))| {
+            let d = dist(latencies);
+            LatencyBucket {
+                second,
+                sent,
+                answered: d.count,
+                p50_ms: d.p50,
+                p99_ms: d.p99,
+                max_ms: d.max,
+                not_ok,
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -190,6 +237,32 @@ mod tests {
     fn percentiles() {
         let d = dist((1..=100).collect());
         assert_eq!((d.p50, d.p99, d.max), (50, 99, 100));
+    }
+
+    #[test]
+    fn latency_buckets_by_send_second_relative_to_the_event() {
+        let rec = |sent: u64, status: u16, latency_ms: u64| PushRecord {
+            sent_unix_ms: sent,
+            entry_pod: "p".into(),
+            terminal: "t".into(),
+            status,
+            outcome: String::new(),
+            latency_ms,
+            unanswered: status == 0,
+        };
+        let records = [
+            rec(9_500, 200, 3),
+            rec(10_000, 200, 1),
+            rec(10_400, 503, 5_000),
+            rec(10_999, 0, 6_000),
+            rec(12_100, 200, 7),
+        ];
+        let b = latency_buckets(&records, 10_000);
+        let seconds: Vec<i64> = b.iter().map(|x| x.second).collect();
+        assert_eq!(seconds, [-1, 0, 2]);
+        assert_eq!((b[1].sent, b[1].answered, b[1].not_ok), (3, 2, 2));
+        assert_eq!((b[1].p50_ms, b[1].max_ms), (1, 5_000));
+        assert_eq!((b[0].p99_ms, b[2].p50_ms), (3, 7));
     }
 
     #[test]

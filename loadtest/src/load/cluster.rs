@@ -156,6 +156,9 @@ impl Cluster {
         let pod = PodProc::start(&self.plan, self.next_index, self.redis.addr()).await?;
         self.next_index += 1;
         self.pods.push(pod);
+        // Observed from the start (not only once ready): the sampler must see a new pod
+        // begin serving, or handover gaps would run until its `/readyz`.
+        self.sync_targets();
         Ok(self.pods.len() - 1)
     }
 

@@ -13,7 +13,8 @@ use std::{collections::BTreeMap, time::Duration, time::Instant};
 use super::{
     analysis::{self, dist},
     cluster::{Cluster, SHARDS},
-    observe::{Owners, Sampler},
+    handover::{self, Verdict},
+    observe::{Owners, Sample, Sampler, SAMPLE_EVERY},
     procs::CLOCK_TICKS,
     pushgen::{PushGen, PushPlan, PushRecord},
     redis::{stats_delta, TOP_LEVEL},
@@ -22,6 +23,7 @@ use super::{
     sims::Counters,
     unix_ms, LoadError,
 };
+use crate::pos_sim::{Refusal, Refusals};
 
 /// Most terminals whose reports are fetched for gaps in one scenario.
 const GAP_SAMPLE: usize = 5_000;
@@ -130,6 +132,7 @@ pub async fn run_scenario(c: &mut Cluster, sc: Scenario) -> Result<ScenarioRepor
     let pushes = gen.stop().await;
     let samples = sampler.stop().await;
     let t1 = unix_ms();
+    let refusals = c.sims.refusals().await;
     let after_owners = c.owners().await;
     let c1 = c.sims.counters().await?;
     let cs1 = c.redis.command_stats().await.unwrap_or_default();
@@ -226,8 +229,11 @@ pub async fn run_scenario(c: &mut Cluster, sc: Scenario) -> Result<ScenarioRepor
         .min()
         .unwrap_or(0);
 
+    sampled_checks(&mut r, &samples, refusals, t0, t1);
+
     // Pushes, Redis, processes.
     r.pushes = summarize_pushes(&pushes, &action, c.profile.push_timeout_ms);
+    r.push_latency_per_s = analysis::latency_buckets(&pushes, action.event_unix_ms);
     r.redis_commandstats = stats_delta(&cs0, &cs1);
     let top: u64 = TOP_LEVEL
         .iter()
@@ -255,6 +261,52 @@ pub async fn run_scenario(c: &mut Cluster, sc: Scenario) -> Result<ScenarioRepor
     r.series = samples;
     checks(c, sc, &mut r);
     Ok(r)
+}
+
+/// Handover gaps and the stale-epoch check, from the per-pod samples and the simulators'
+/// refusal log (cut to this scenario's window).
+fn sampled_checks(
+    r: &mut ScenarioReport,
+    samples: &[Sample],
+    refusals: Result<Refusals, LoadError>,
+    t0: u64,
+    t1: u64,
+) {
+    let every = SAMPLE_EVERY.as_millis() as u64;
+    r.handover = handover::handovers(samples, SHARDS as u32, every);
+    let log = refusals.unwrap_or_else(|e| {
+        r.notes.push(format!("stale-epoch refusals not read: {e}"));
+        Refusals::default()
+    });
+    // The logs keep each simulator's newest 10,000 and drop the oldest: only if some were
+    // dropped and the oldest kept one is from after this scenario began may refusals of
+    // this scenario be missing.
+    let oldest = log.refusals.first().map_or(u64::MAX, |x| x.at_unix_ms);
+    let window: Vec<Refusal> = log
+        .refusals
+        .into_iter()
+        .filter(|x| (t0..=t1).contains(&x.at_unix_ms))
+        .collect();
+    let missed = if log.dropped > 0 && oldest > t0 {
+        log.dropped
+    } else {
+        0
+    };
+    // "The next sample" after the 1-s limit: at most two periods late.
+    r.stale_check =
+        handover::stale_check(samples, &window, SHARDS as u32, 1_000, 2 * every, missed);
+    let still = r.stale_check.count(Verdict::StillServing);
+    let detail = format!(
+        "{} refusals, {still} still served > 1 s after (pods sampled every {every} ms; a pod's \
+         own lease epoch can lag a re-acquire, so a hit needs a look at the pod's log)",
+        r.stale_check.refusals
+    );
+    r.check(
+        "stale-epoch refusal -> pod stops serving the shard within 1 s (sampled, not gated)",
+        false,
+        still == 0,
+        detail,
+    );
 }
 
 /// Client round trips per pod per second over a quiet 6-s window.

@@ -9,8 +9,10 @@
 //! runner leaves nothing behind.
 
 pub mod analysis;
+pub mod charts;
 pub mod cluster;
 mod error;
+pub mod handover;
 pub mod http;
 pub mod measure;
 pub mod observe;

@@ -54,6 +54,10 @@ pub struct ShardView {
     pub serving: bool,
     #[serde(default)]
     pub suspended: bool,
+    /// Connected sessions of this shard as the answering pod counts them (only for shards
+    /// it holds connections of; `null` otherwise).
+    #[serde(default)]
+    pub terminals_connected: Option<u64>,
 }
 
 /// `GET /v1/cluster`.

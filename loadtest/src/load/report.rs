@@ -5,7 +5,12 @@ use std::{collections::BTreeMap, fmt::Write as _};
 
 use serde::Serialize;
 
-use super::{analysis::Dist, observe::Sample, redis::CommandStats};
+use super::{
+    analysis::{Dist, LatencyBucket},
+    handover::{HandoverSummary, StaleCheck, Verdict},
+    observe::Sample,
+    redis::CommandStats,
+};
 
 /// Pushes sent during a scenario and their outcomes.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -74,7 +79,15 @@ pub struct ScenarioReport {
     /// Pause / pod-partition: pushes terminals accepted under the faulted pod's epochs
     /// more than one lease TTL after the fault began (sampled terminals of moved shards).
     pub accepted_after_deadline: u64,
+    /// Per shard whose serving pod changed: old owner stopped -> new owner serving, from
+    /// every pod's own `/v1/cluster`, sampled.
+    pub handover: HandoverSummary,
+    /// Stale-epoch refusals (pos-sim's log) and whether the refused pod stopped serving
+    /// that shard within 1 s (sampled).
+    pub stale_check: StaleCheck,
     pub pushes: PushSummary,
+    /// Push latency per second of send time (the latency chart's data).
+    pub push_latency_per_s: Vec<LatencyBucket>,
     pub dial_limit_per_s: u64,
     pub dial_rate_max_per_pod: BTreeMap<String, u64>,
     pub redis_commandstats: CommandStats,
@@ -88,6 +101,10 @@ pub struct ScenarioReport {
     pub cpu_s: BTreeMap<String, f64>,
     pub checks: Vec<Check>,
     pub notes: Vec<String>,
+    /// PNG charts, relative to the directory of `summary.md`.
+    pub charts: Vec<String>,
+    /// Why there are no charts (e.g. built without the `charts` feature).
+    pub charts_note: Option<String>,
     pub series: Vec<Sample>,
 }
 
@@ -116,16 +133,17 @@ pub fn markdown(header: &str, reports: &[ScenarioReport]) -> String {
     let mut md = String::new();
     let _ = writeln!(md, "{header}\n");
     md.push_str(
-        "| scenario | converged | moved (ideal) | gap p50/p99/max ms | raw ovl | session ovl | \
-         keys twice | stale refused | pushes sent | 200 | unanswered | latency p50/p99/max ms | \
-         max dials/s/pod | gate |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| scenario | converged | moved (ideal) | gap p50/p99/max ms | handover gap p50/p99/max ms | \
+         raw ovl | session ovl | keys twice | stale refused | pushes sent | 200 | unanswered | \
+         latency p50/p99/max ms | max dials/s/pod | gate |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in reports {
         let ideal = r.ideal_moved.map_or("-".into(), |i| i.to_string());
         let dials = r.dial_rate_max_per_pod.values().max().copied().unwrap_or(0);
         let _ = writeln!(
             md,
-            "| {} | {} | {} ({}) | {}/{}/{} | {} | {} | {} | {} | {} | {:.2}% | {} (+{} entry pod faulted) | {}/{}/{} | {} | {} |",
+            "| {} | {} | {} ({}) | {}/{}/{} | {} | {} | {} | {} | {} | {} | {:.2}% | {} (+{} entry pod faulted) | {}/{}/{} | {} | {} |",
             r.name,
             opt(r.converged_after_s),
             r.terminals_moved,
@@ -133,6 +151,7 @@ pub fn markdown(header: &str, reports: &[ScenarioReport]) -> String {
             r.gap_ms.p50,
             r.gap_ms.p99,
             r.gap_ms.max,
+            handover_cell(&r.handover),
             r.raw_overlaps,
             r.session_overlaps,
             r.keys_delivered_twice,
@@ -179,6 +198,7 @@ pub fn markdown(header: &str, reports: &[ScenarioReport]) -> String {
             r.duplicate_deliveries
         );
         let _ = writeln!(md, "- push outcomes: {:?}", r.pushes.by_outcome);
+        handover_lines(&mut md, r);
         let _ = writeln!(
             md,
             "- dial rate max per pod over 1-s windows (limit {}/s): {:?}",
@@ -213,8 +233,76 @@ pub fn markdown(header: &str, reports: &[ScenarioReport]) -> String {
         for n in &r.notes {
             let _ = writeln!(md, "- note: {n}");
         }
+        chart_lines(&mut md, r);
     }
     md
+}
+
+fn handover_cell(h: &HandoverSummary) -> String {
+    if h.handovers == 0 {
+        "-".into()
+    } else {
+        format!("{}/{}/{}", h.gap_ms.p50, h.gap_ms.p99, h.gap_ms.max)
+    }
+}
+
+/// The handover and stale-epoch lines of one scenario, with their sampling resolution.
+fn handover_lines(md: &mut String, r: &ScenarioReport) {
+    let h = &r.handover;
+    let _ = writeln!(
+        md,
+        "- handover gap (old owner stopped serving -> new owner serving, per shard; each pod's \
+         /v1/cluster sampled every {} ms, actual spacing p50 {} / max {} ms, so each gap is \
+         accurate to about one spacing): {} handovers on {} shards, p50/p99/max {}/{}/{} ms; \
+         {} unfinished at the end; {} samples with two pods serving one shard",
+        h.sample_every_ms,
+        h.sample_spacing_ms.p50,
+        h.sample_spacing_ms.max,
+        h.handovers,
+        h.shards,
+        h.gap_ms.p50,
+        h.gap_ms.p99,
+        h.gap_ms.max,
+        h.unfinished,
+        h.two_serving_samples
+    );
+    let c = &r.stale_check;
+    let _ = writeln!(
+        md,
+        "- stale-epoch refusals: {} ({} hellos, {} pushes; {} pod/shard/epoch grants); \
+         refused pod seen no longer serving the shard within {} ms: {}, by the first sample \
+         after it: {}, still serving after it: {}, undetermined (pod not answering): {}{}",
+        c.refusals,
+        c.hellos,
+        c.pushes,
+        c.grants,
+        c.limit_ms,
+        c.count(Verdict::DroppedWithin),
+        c.count(Verdict::DroppedByNextSample),
+        c.count(Verdict::StillServing),
+        c.count(Verdict::Undetermined),
+        if c.log_dropped > 0 {
+            format!(
+                "; {} refusals dropped from pos-sim's log, not checked",
+                c.log_dropped
+            )
+        } else {
+            String::new()
+        }
+    );
+}
+
+/// Links to the scenario's charts, or why there are none.
+fn chart_lines(md: &mut String, r: &ScenarioReport) {
+    if let Some(note) = &r.charts_note {
+        let _ = writeln!(md, "- charts: {note}");
+    }
+    for path in &r.charts {
+        // `scale-out/sessions-per-pod.png` -> alt text "scale-out: sessions per pod".
+        let stem = path.rsplit('/').next().unwrap_or(path);
+        let what = stem.trim_end_matches(".png").replace('-', " ");
+        let _ = writeln!(md, "\n![{}: {what}]({path})", r.name);
+    }
 }
 
 /// "converged after X s" / "not converged".
@@ -223,4 +311,30 @@ pub fn converged_text(r: &ScenarioReport) -> String {
         || "not converged within the limit".into(),
         |s| format!("converged {s:.1} s after the event"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_links_charts_and_states_the_sampling() {
+        let mut r = ScenarioReport {
+            name: "kill".into(),
+            charts: vec!["kill/sessions-per-pod.png".into()],
+            ..ScenarioReport::default()
+        };
+        r.handover.sample_every_ms = 250;
+        let md = markdown("# run", std::slice::from_ref(&r));
+        assert!(md.contains("\n![kill: sessions per pod](kill/sessions-per-pod.png)\n"));
+        assert!(md.contains("sampled every 250 ms"), "{md}");
+        assert!(
+            md.contains("| 0/0/0 | - |"),
+            "no handover: a dash, not zeros"
+        );
+        r.charts.clear();
+        r.charts_note = Some(super::super::charts::ChartError::Disabled.to_string());
+        let md = markdown("# run", &[r]);
+        assert!(md.contains("- charts: built without the `charts` feature"));
+    }
 }

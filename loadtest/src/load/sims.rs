@@ -13,6 +13,8 @@ use std::{
 use serde::Deserialize;
 use tokio::{process::Command, sync::Semaphore, task::JoinSet};
 
+use crate::pos_sim::Refusals;
+
 use super::{
     http::{self, HttpClient},
     procs::{free_port, ChildProc},
@@ -189,6 +191,21 @@ impl SimFarm {
             }
         }
         Ok(sum)
+    }
+
+    /// Stale-epoch refusals of every simulator (each keeps its newest
+    /// [`crate::pos_sim::REFUSALS_KEPT`]), merged oldest first; `dropped` is summed.
+    pub async fn refusals(&self) -> Result<Refusals, LoadError> {
+        let mut all = Refusals::default();
+        for sim in &self.sims {
+            let url = format!("http://{}/refusals", sim.admin);
+            let one: Refusals =
+                http::get_json(&self.client, &url, None, Duration::from_secs(10)).await?;
+            all.refusals.extend(one.refusals);
+            all.dropped += one.dropped;
+        }
+        all.refusals.sort_by_key(|r| r.at_unix_ms);
+        Ok(all)
     }
 
     /// Terminal id of number `n`.

@@ -1,6 +1,7 @@
 //! The farm's admin endpoint: plain HTTP/1 JSON for load tests and operators.
 //!
-//! `GET /counters`, `GET /terminals/{id}`, `GET /faults`, `POST /faults` (a whole
+//! `GET /counters`, `GET /terminals/{id}`, `GET /refusals` (stale-epoch refusals with pod
+//! and time), `GET /faults`, `POST /faults` (a whole
 //! [`FaultConfig`]), `POST /drop` (a [`DropRequest`]). It is for loopback use: no TLS, no
 //! authentication, and it never talks to terminals' clients.
 
@@ -107,6 +108,7 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>>
     let path = req.uri().path().to_owned();
     match (req.method(), path.as_str()) {
         (&Method::GET, "/counters") => json(StatusCode::OK, &shared.counters()),
+        (&Method::GET, "/refusals") => json(StatusCode::OK, &shared.refusals.snapshot()),
         (&Method::GET, "/faults") => json(StatusCode::OK, &*shared.faults()),
         (&Method::POST, "/faults") => match read_json::<FaultConfig>(req).await {
             Ok(faults) => match shared.set_faults(faults) {

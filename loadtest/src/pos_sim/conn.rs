@@ -24,7 +24,8 @@ use tracing::{debug, warn};
 use super::{
     certs::ALPN_H2,
     counters::Counters,
-    record::{CloseCmd, ConnId, HelloOutcome, PushOutcome},
+    record::{unix_ms, CloseCmd, ConnId, HelloOutcome, PushOutcome},
+    refusals::Refusal,
     Shared,
 };
 
@@ -204,6 +205,27 @@ fn stale(highest: u64) -> Response<Full<Bytes>> {
     resp
 }
 
+/// Logs a stale-epoch refusal (who, what, when: the counters alone cannot tell a load test
+/// whether the refused pod dropped the shard afterwards) and answers it.
+fn refuse(
+    ctx: &ConnCtx,
+    headers: &HeaderMap,
+    kind: &str,
+    epoch: u64,
+    highest: u64,
+) -> Response<Full<Bytes>> {
+    ctx.shared.refusals.record(Refusal {
+        terminal: ctx.id.clone(),
+        // Checked present by `common_headers`.
+        pod: header(headers, H_POD).unwrap_or_default().to_owned(),
+        kind: kind.to_owned(),
+        epoch,
+        highest,
+        at_unix_ms: unix_ms(),
+    });
+    stale(highest)
+}
+
 /// The single, non-empty, visible-ASCII value of a protocol header; a repeated header is
 /// as malformed as a missing one (which copy would be meant?).
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
@@ -260,7 +282,7 @@ fn hello(ctx: &ConnCtx, headers: &HeaderMap) -> Response<Full<Bytes>> {
     debug!(terminal = %ctx.id, conn = ctx.conn, epoch, pod = header(headers, H_POD), ?outcome, "hello");
     match outcome {
         HelloOutcome::Accepted { .. } => respond(StatusCode::OK, "hello\n"),
-        HelloOutcome::Stale { highest } => stale(highest),
+        HelloOutcome::Stale { highest } => refuse(ctx, headers, "hello", epoch, highest),
         HelloOutcome::Closing => respond(
             StatusCode::MISDIRECTED_REQUEST,
             "this connection's session was superseded; open a new connection\n",
@@ -301,7 +323,7 @@ async fn push(ctx: &ConnCtx, req: Request<Incoming>) -> Response<Full<Bytes>> {
     debug!(terminal = %ctx.id, conn = ctx.conn, epoch, key, size, ?outcome, "push");
     match outcome {
         PushOutcome::Accepted => respond(StatusCode::OK, "accepted\n"),
-        PushOutcome::Stale { highest } => stale(highest),
+        PushOutcome::Stale { highest } => refuse(ctx, &parts.headers, "push", epoch, highest),
         PushOutcome::NoSession => respond(
             StatusCode::PRECONDITION_REQUIRED,
             "no accepted hello with this epoch on this connection\n",

@@ -15,6 +15,7 @@ mod error;
 mod faults;
 mod layout;
 mod record;
+mod refusals;
 
 use std::{
     net::{Ipv4Addr, SocketAddr},
@@ -38,9 +39,11 @@ pub use error::SimError;
 pub use faults::{DropRequest, FaultConfig};
 pub use layout::{terminals_csv, Naming, TerminalInfo};
 pub use record::{ConnEvent, OpenConnReport, PushRecord, TerminalReport, TerminalStats};
+pub use refusals::{Refusal, Refusals, CAPACITY as REFUSALS_KEPT};
 
 use counters::Counters;
 use record::TerminalState;
+use refusals::RefusalLog;
 
 /// Most terminals one process may serve, whatever the open-file limit says: the limit on
 /// this machine kind is 20,000, and connections need head-room during reconnects.
@@ -121,6 +124,7 @@ pub(crate) struct Shared {
     terminals: Vec<Mutex<TerminalState>>,
     addrs: Vec<SocketAddr>,
     counters: Counters,
+    refusals: RefusalLog,
     faults: RwLock<Arc<FaultConfig>>,
     tls: Arc<ServerConfig>,
     next_conn: AtomicU64,
@@ -282,6 +286,7 @@ impl PosFarm {
             terminals: (0..count).map(|_| Mutex::default()).collect(),
             addrs: listeners.iter().map(|(addr, _)| *addr).collect(),
             counters: Counters::default(),
+            refusals: RefusalLog::default(),
             faults: RwLock::default(),
             tls: tls.server_config,
             next_conn: AtomicU64::new(1),
@@ -355,6 +360,11 @@ impl PosFarm {
         self.shared.report(id)
     }
 
+    /// The stale-epoch refusals kept (the newest [`REFUSALS_KEPT`]), oldest first.
+    pub fn refusals(&self) -> Refusals {
+        self.shared.refusals.snapshot()
+    }
+
     /// The fault settings in force.
     pub fn faults(&self) -> FaultConfig {
         (*self.shared.faults()).clone()
@@ -371,7 +381,8 @@ impl PosFarm {
         self.shared.drop_connections(fraction)
     }
 
-    /// Serves `GET /counters`, `GET /terminals/{id}`, `GET|POST /faults` and `POST /drop`
+    /// Serves `GET /counters`, `GET /terminals/{id}`, `GET /refusals`, `GET|POST /faults`
+    /// and `POST /drop`
     /// over plain HTTP/1 on `addr`.
     pub async fn serve_admin(&self, addr: SocketAddr) -> Result<AdminServer, SimError> {
         AdminServer::start(self.shared.clone(), addr).await
