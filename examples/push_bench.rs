@@ -9,7 +9,10 @@
 //! ```
 //! Two pods on the embedded store and a simulated farm share this process and its
 //! cores with the client, so compare the rows (the ratios), not absolute numbers across
-//! machines.
+//! machines. The pods run on their own tokio runtime (threads named `pod-rt`), so the
+//! throughput step can also report the CPU time the pods themselves used (read from
+//! `/proc/self/task/*/stat`): pushes per pod CPU-second is what one pod sustains on one
+//! core, whatever the client and the simulated terminals cost on the same machine.
 
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -66,8 +69,47 @@ async fn api_push(http: &HttpClient, base: &str, terminal: &str, key: &str) -> b
         .is_ok_and(|r| r.status().is_success())
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+/// CPU seconds (user + system) used so far by this process's threads named `prefix*`.
+/// Linux only; `None` where `/proc` is not available.
+fn threads_cpu_s(prefix: &str) -> Option<f64> {
+    let mut ticks = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let Ok(stat) = std::fs::read_to_string(task.ok()?.path().join("stat")) else {
+            continue; // the thread ended between listing and reading
+        };
+        // Format: `tid (comm) state ...`; comm may contain spaces, so split at the last ')'.
+        let (head, rest) = stat.rsplit_once(')')?;
+        let comm = head.split_once('(')?.1;
+        if !comm.starts_with(prefix) {
+            continue;
+        }
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        // After the comm: state is field 3 of stat(5), utime 14 and stime 15.
+        let utime: u64 = fields.get(11)?.parse().ok()?;
+        let stime: u64 = fields.get(12)?.parse().ok()?;
+        ticks += utime + stime;
+    }
+    // USER_HZ is 100 on every Linux ABI Rust supports.
+    Some(ticks as f64 / 100.0)
+}
+
+fn main() -> anyhow::Result<()> {
+    // The pods get their own runtime so their CPU time can be told apart from the
+    // client's and the simulated farm's (which stay on the main runtime).
+    let pod_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("pod-rt")
+        .enable_all()
+        .build()?;
+    let main_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("bench-rt")
+        .enable_all()
+        .build()?;
+    main_rt.block_on(run(&pod_rt))
+}
+
+async fn run(pod_rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
     let args: Vec<u64> = std::env::args()
         .skip(1)
         .filter_map(|a| a.parse().ok())
@@ -99,8 +141,12 @@ async fn main() -> anyhow::Result<()> {
     };
 
     let mut pods: Vec<(PodHandle, String)> = Vec::new();
+    let _on_pod_rt = pod_rt.enter();
     for i in 0..2 {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        // Bound with std and converted inside the pod runtime so its reactor owns it.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        listener.set_nonblocking(true)?;
+        let listener = tokio::net::TcpListener::from_std(listener)?;
         let url = format!("http://{}", listener.local_addr()?);
         let mut config = PodConfig::new(
             PodId::new(format!("bench-{i}"))?,
@@ -116,6 +162,7 @@ async fn main() -> anyhow::Result<()> {
         let pod = Pod::start_with_directory(config, store.clone(), directory.clone(), listener)?;
         pods.push((pod, url));
     }
+    drop(_on_pod_rt);
     let started = Instant::now();
     while farm.counters().terminals_connected < SERVED {
         anyhow::ensure!(
@@ -197,6 +244,7 @@ async fn main() -> anyhow::Result<()> {
             .map(|t| (t.clone(), pods[0].1.clone()))
             .collect(),
     );
+    let pod_cpu_before = threads_cpu_s("pod-rt");
     let mut tasks = Vec::new();
     for w in 0..concurrency {
         let (http, done, failed, targets) =
@@ -221,6 +269,14 @@ async fn main() -> anyhow::Result<()> {
         ok as f64 / seconds as f64,
         failed.load(Ordering::Relaxed)
     );
+    if let (Some(before), Some(after)) = (pod_cpu_before, threads_cpu_s("pod-rt")) {
+        let cpu = after - before;
+        println!(
+            "pod runtime CPU during the throughput step: {cpu:.2} s over {seconds} s ({:.2} cores); {:.0} pushes per pod CPU-second",
+            cpu / seconds as f64,
+            ok as f64 / cpu.max(0.01)
+        );
+    }
     let c = farm.counters();
     println!(
         "farm: keys delivered twice {}, raw overlaps {}",
