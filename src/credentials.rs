@@ -1,5 +1,5 @@
-//! The secrets a running pod uses, replaceable without a restart (`SIGHUP`): the API
-//! bearer tokens, the cluster secret peers sign with, and the POS TLS client config.
+//! The secrets a running pod uses, replaceable without a restart (`crate::reload`): the
+//! API bearer tokens and the cluster secret peers sign with.
 //!
 //! A restart would cost a rebalance, so rotations happen in place. A new cluster secret
 //! is used for signing at once, and the previous one stays accepted until the next

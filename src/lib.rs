@@ -8,7 +8,9 @@
 //! - [`pod`]: one pod as a library value (`Pod::run_with_terminals`: HTTP, driver, POS connections).
 //! - [`pos`]: terminal directory and connections to POS terminals.
 //! - [`http`]: the pod's HTTP surface (health, cluster view, peer endpoints).
-//! - [`peer`]: pod-to-pod authentication (HMAC) and the peer client.
+//! - [`peer`]: pod-to-pod authentication (HMAC) and the peer client (h2c or TLS).
+//! - [`reload`]: replacing secrets and certificates at run time (`SIGHUP`, changed files).
+//! - [`tls`]: TLS material from PEM files, shared by every TLS use.
 //! - [`status`]: the status a pod publishes for HTTP and peers.
 //! - [`config`]: CLI flags and their validation.
 //! - [`ring_report`]: `posgate ring-report`, the ring algorithm comparison.
@@ -28,7 +30,9 @@ pub mod peer;
 pub mod pod;
 pub mod pos;
 pub mod push;
+pub mod reload;
 pub mod ring_report;
 pub mod sim;
 pub mod status;
 pub mod store;
+pub mod tls;

@@ -20,7 +20,7 @@ use clap::{Parser, Subcommand};
 use posgate::config::terminals_args::{TerminalsArgs, TerminalsCommand};
 use posgate::config::{ConfigError, LogFormat, PodConfig, ServeArgs, StoreSettings};
 use posgate::demo::DemoArgs;
-use posgate::pod::{Pod, PodError, Reloader};
+use posgate::pod::{Pod, PodError};
 use posgate::ring_report::RingReportArgs;
 use posgate::sim::{run_seed, SimConfig, SimStats};
 use posgate::store::redis::{RedisOptions, RedisStore};
@@ -124,8 +124,10 @@ fn demo(args: DemoArgs) -> ExitCode {
 
 fn serve(args: ServeArgs) -> ExitCode {
     // Validate everything before logging starts, so a bad flag is one plain line.
-    // Kept to read the secret files again on SIGHUP.
+    // Kept to read the secret files again on SIGHUP or when they change; the poller
+    // compares with their content from before anything read them.
     let reload_args = args.clone();
+    let watched = posgate::reload::Snapshot::read(&args.reloadable_files());
     let resolved = log_settings(&args).and_then(|log| Ok((log, args.resolve()?)));
     let ((format, filter), (config, settings, listen)) = match resolved {
         Ok(resolved) => resolved,
@@ -142,19 +144,19 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run_pod(config, settings, listen, reload_args)) {
+    match runtime.block_on(run_pod(config, settings, listen, (reload_args, watched))) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             tracing::error!(error = format!("{err:#}"), "posgate stopped");
-            // Settings the store refused, or unusable POS TLS files, will not work on a
-            // retry either.
-            let bad_pos_tls = matches!(
+            // Settings the store refused, or unusable TLS files, will not work on a retry
+            // either.
+            let bad_tls = matches!(
                 err.downcast_ref::<PodError>(),
-                Some(PodError::PosTls(_) | PodError::Config(_))
+                Some(PodError::Tls(_) | PodError::Config(_))
             );
             match err.downcast_ref::<StoreError>() {
                 Some(StoreError::Config(_)) => ExitCode::from(USAGE_ERROR),
-                _ if bad_pos_tls => ExitCode::from(USAGE_ERROR),
+                _ if bad_tls => ExitCode::from(USAGE_ERROR),
                 _ => ExitCode::FAILURE,
             }
         }
@@ -165,7 +167,7 @@ async fn run_pod(
     config: PodConfig,
     settings: StoreSettings,
     listen: SocketAddr,
-    reload_args: ServeArgs,
+    reload: (ServeArgs, posgate::reload::Snapshot),
 ) -> anyhow::Result<()> {
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
@@ -205,7 +207,7 @@ async fn run_pod(
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
     let mut pod = Pod::start_with_terminals(config, store, listener).context("pod failed")?;
-    let reloads = reload_on_sighup(reload_args, pod.reloader.clone())?;
+    let reloads = reload_loop(reload, pod.reloader.clone())?;
     tokio::select! {
         () = shutdown => pod.shutdown(),
         ended = pod.wait() => return ended.context("pod failed"),
@@ -214,43 +216,29 @@ async fn run_pod(
     pod.wait().await.context("pod failed")
 }
 
-/// On every SIGHUP: reads the secret files again (API tokens, cluster secret, POS CA and
-/// client certificate) and applies them without a restart, so rotating a secret costs
-/// no rebalance. A bad file is logged and the old values stay.
-fn reload_on_sighup(
-    args: ServeArgs,
-    reloader: Reloader,
+/// Reloads the secret and certificate files (API tokens, cluster secret, POS, listener
+/// and peer TLS) on every SIGHUP and when their content changes, without a restart, so
+/// a rotation costs no rebalance. A bad file is logged and the old values stay.
+fn reload_loop(
+    (args, watched): (ServeArgs, posgate::reload::Snapshot),
+    reloader: posgate::pod::Reloader,
 ) -> anyhow::Result<impl Future<Output = ()>> {
     #[cfg(unix)]
-    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-        .context("cannot install the SIGHUP handler")?;
-    Ok(async move {
-        loop {
-            #[cfg(unix)]
-            hangup.recv().await;
-            #[cfg(not(unix))]
-            std::future::pending::<()>().await;
-            let fresh = args
-                .clone()
-                .resolve()
-                .map_err(anyhow::Error::from)
-                .and_then(|(c, _, _)| {
-                    let tls = posgate::pos::tls::client_config(&c.pos.tls)?;
-                    Ok((c.api_tokens, c.cluster_secret, tls))
-                });
-            match fresh
-                .and_then(|(tokens, secret, tls)| Ok(reloader.reload(tokens, secret, Some(tls))?))
-            {
-                Ok(()) => {
-                    tracing::info!("SIGHUP: API tokens, cluster secret and POS TLS files reloaded")
-                }
-                Err(err) => tracing::error!(
-                    error = format!("{err:#}"),
-                    "SIGHUP: reload failed; keeping the old secrets"
-                ),
-            }
-        }
-    })
+    let hangups = {
+        let signal = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            .context("cannot install the SIGHUP handler")?;
+        futures::stream::unfold(signal, |mut signal| async move {
+            signal.recv().await.map(|()| ((), signal))
+        })
+    };
+    #[cfg(not(unix))]
+    let hangups = futures::stream::pending::<()>();
+    Ok(posgate::reload::run(
+        args,
+        reloader,
+        watched,
+        Box::pin(hangups),
+    ))
 }
 
 /// Resolves on SIGTERM (Kubernetes stopping the pod) or Ctrl-C. The handlers are

@@ -17,6 +17,10 @@
 //! unsigned and the server accepts them unsigned: anyone who reaches the port can ask the
 //! peer questions. Only for local development.
 //!
+//! # Transport
+//! [`PeerClient`] speaks HTTP/2: h2c to `http://` peers, TLS with ALPN `h2` to `https://`
+//! peers (pods serving with `--tls-cert`), verified as [`PeerTls`] says (`tls.rs`).
+//!
 //! What this module does not do: routing or HTTP serving. The axum middleware that
 //! applies [`verify`] to the internal endpoints lives in `crate::http`.
 
@@ -36,6 +40,11 @@ use sha2::{Digest, Sha256};
 
 use crate::core::PodId;
 use crate::credentials::Credentials;
+
+pub mod tls;
+
+use self::tls::PeerConnector;
+pub use self::tls::PeerTls;
 
 /// Request header with the signing time, Unix seconds.
 pub const TIMESTAMP_HEADER: &str = "posgate-timestamp";
@@ -216,13 +225,12 @@ pub enum PeerError {
 
 /// Client for the peer endpoints of other pods.
 ///
-/// Speaks HTTP/2 with prior knowledge (h2c) to `http://` URLs over pooled keep-alive
-/// connections, so asking a peer repeatedly costs one connection. `https://` peers are
-/// not supported (the pods talk over the cluster network; the HMAC authenticates them).
-/// Cloning is cheap and shares the pool.
+/// Speaks HTTP/2 over pooled keep-alive connections, so asking a peer repeatedly costs
+/// one connection: with prior knowledge (h2c) to `http://` URLs, over TLS (ALPN `h2`,
+/// certificate verified) to `https://` URLs. Cloning is cheap and shares the pool.
 #[derive(Clone, Debug)]
 pub struct PeerClient {
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<PeerConnector, Full<Bytes>>,
     credentials: Credentials,
     timeout: Duration,
 }
@@ -234,8 +242,19 @@ impl PeerClient {
         PeerClient::with_credentials(Credentials::new(None, secret), timeout)
     }
 
-    /// Signs with the current secret of `credentials` (replaced on reload).
+    /// Signs with the current secret of `credentials` (replaced on reload); verifies
+    /// `https://` peers against the system roots.
     pub fn with_credentials(credentials: Credentials, timeout: Duration) -> Self {
+        PeerClient::build(credentials, timeout, PeerTls::default())
+    }
+
+    /// The same client (credentials, timeout) verifying `https://` peers with `tls`, on a
+    /// pool of its own.
+    pub fn using_tls(&self, tls: PeerTls) -> Self {
+        PeerClient::build(self.credentials.clone(), self.timeout, tls)
+    }
+
+    fn build(credentials: Credentials, timeout: Duration, tls: PeerTls) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(timeout));
         connector.set_nodelay(true);
@@ -248,7 +267,7 @@ impl PeerClient {
             .http2_keep_alive_interval(Duration::from_secs(10))
             .http2_keep_alive_timeout(Duration::from_secs(5))
             .timer(TokioTimer::new())
-            .build(connector);
+            .build(PeerConnector::new(connector, tls));
         PeerClient {
             client,
             credentials,
@@ -307,9 +326,9 @@ impl PeerClient {
         timeout: Duration,
     ) -> Result<(StatusCode, Bytes), SendError> {
         let base = base_url.trim_end_matches('/');
-        if !base.starts_with("http://") {
+        if !(base.starts_with("http://") || base.starts_with("https://")) {
             return Err(SendError::Url(
-                "only http:// peer URLs are supported".into(),
+                "only http:// and https:// peer URLs are supported".into(),
             ));
         }
         let uri: http::Uri = format!("{base}{path}")

@@ -25,19 +25,21 @@ use tracing::{info, warn, Instrument};
 
 use crate::config::PodConfig;
 use crate::core::config::ConfigError;
-use crate::credentials::{Credentials, ReloadError};
+use crate::credentials::Credentials;
 use crate::driver::{Driver, ServingHook, ServingTable};
+use crate::http::tls::ServerCert;
 use crate::http::{self, HttpState, ReadyLatch};
 use crate::metrics::{sampler, Metrics};
-use crate::peer::ClusterSecret;
+use crate::peer::PeerTls;
 use crate::pos::dialer::{Dialer, DialerConfig};
 use crate::pos::directory::Directory;
 use crate::pos::manager::{ConnectionManager, ManagerConfig};
-use crate::pos::tls::{self, TlsConfigError};
-use crate::push::auth::ApiTokens;
+use crate::pos::tls;
 use crate::push::{NoTerminals, PushService, Sessions};
+pub use crate::reload::Reloader;
 use crate::status::PodStatus;
 use crate::store::{ClusterMeta, CoordStore, StoreError};
+use crate::tls::TlsConfigError;
 
 /// First and longest wait between attempts to reach the store at start-up.
 const PIN_RETRY_MIN: Duration = Duration::from_millis(200);
@@ -52,10 +54,11 @@ const HTTP_DRAIN: Duration = Duration::from_secs(5);
 pub enum PodError {
     #[error("invalid configuration: {0}")]
     Config(#[from] ConfigError),
-    /// The POS TLS files (`--pos-ca`, `--pos-client-cert`/`--pos-client-key`) cannot be
-    /// used; the message names the file.
+    /// TLS files cannot be used: POS (`--pos-ca`, `--pos-client-cert`/`--pos-client-key`),
+    /// the listener's (`--tls-cert`/`--tls-key`) or `--peer-ca-file`; the message names
+    /// the file.
     #[error(transparent)]
-    PosTls(#[from] TlsConfigError),
+    Tls(#[from] TlsConfigError),
     /// The store is pinned to other cluster settings; this pod refuses to join.
     #[error("refusing to start: {0}")]
     Meta(StoreError),
@@ -113,19 +116,22 @@ impl Pod {
         let store = Arc::new(store);
         let metrics = Arc::new(Metrics::new());
         let driver = Driver::new(&config, store.clone(), hook, metrics.clone())?;
+        let (server_cert, peer_tls) = tls_parts(&config)?;
         let parts = Parts {
             sessions: Arc::new(NoTerminals),
             metrics,
             dialer: None,
+            server_cert,
+            peer_tls,
         };
-        Ok(spawn_pod(&config, driver, store, listener, parts))
+        spawn_pod(&config, driver, store, listener, parts)
     }
 
     /// Starts one pod on a new task whose serving hook is a [`ConnectionManager`]
     /// dialing the terminals of the served shards, as `config.pos` says, with the
     /// terminal directory read from `store` (the same store value, so a `RedisStore`
     /// shares its connection). Terminals that refuse an epoch as stale are reported to
-    /// the driver. Reads the POS TLS files now: a bad one fails here, naming the file.
+    /// the driver. Reads the TLS files now: a bad one fails here, naming the file.
     /// Like [`Pod::start`], the store need not be reachable yet. Must be called within a
     /// tokio runtime.
     pub fn start_with_terminals<S: CoordStore + Directory>(
@@ -170,21 +176,37 @@ impl Pod {
         let sessions = Arc::new(manager.clone());
         let driver = Driver::new(&config, store.clone(), manager, metrics.clone())?
             .with_stale_epochs(stale_rx);
+        let (server_cert, peer_tls) = tls_parts(&config)?;
         let parts = Parts {
             sessions,
             metrics,
             dialer: Some(dialer),
+            server_cert,
+            peer_tls,
         };
-        Ok(spawn_pod(&config, driver, store, listener, parts))
+        spawn_pod(&config, driver, store, listener, parts)
     }
 }
 
+/// The listener's certificate (`None`: plain HTTP) and the peer client's TLS config, read
+/// from the files `config` names.
+fn tls_parts(config: &PodConfig) -> Result<(Option<ServerCert>, PeerTls), PodError> {
+    let server_cert = match &config.tls {
+        Some(files) => Some(ServerCert::new(files.load()?)),
+        None => None,
+    };
+    Ok((server_cert, PeerTls::new(config.peer_ca_file.as_deref())?))
+}
+
 /// What a pod has besides its driver and store: the connection layer's view for pushes,
-/// the metrics, and the dialer (to reload its TLS config).
+/// the metrics, the dialer (to reload its TLS config), and the TLS of the listener and
+/// of the peer client (both reloadable).
 struct Parts {
     sessions: Arc<dyn Sessions>,
     metrics: Arc<Metrics>,
     dialer: Option<Dialer>,
+    server_cert: Option<ServerCert>,
+    peer_tls: PeerTls,
 }
 
 /// Spawns the pod task around a built driver and returns its handle.
@@ -194,14 +216,22 @@ fn spawn_pod<S: CoordStore, H: ServingHook>(
     store: Arc<S>,
     listener: TcpListener,
     parts: Parts,
-) -> PodHandle {
+) -> Result<PodHandle, PodError> {
     let Parts {
         sessions,
         metrics,
         dialer,
+        server_cert,
+        peer_tls,
     } = parts;
+    let server_tls = server_cert
+        .as_ref()
+        .map(ServerCert::server_config)
+        .transpose()?;
     let credentials = Credentials::new(config.api_tokens.clone(), config.cluster_secret.clone());
-    let driver = driver.with_credentials(credentials.clone());
+    let driver = driver
+        .with_credentials(credentials.clone())
+        .with_peer_tls(peer_tls.clone());
     let status = driver.status();
     let serving = driver.serving_table();
     let push = PushService::new(
@@ -214,7 +244,8 @@ fn spawn_pod<S: CoordStore, H: ServingHook>(
         PEER_CONNECT_TIMEOUT,
         config.push.clone(),
         metrics.clone(),
-    );
+    )
+    .with_peer_tls(peer_tls.clone());
     let metrics_handle = metrics.clone();
     let sampler = sampler::run(metrics, status.clone(), sessions);
     let http_state = HttpState {
@@ -232,48 +263,28 @@ fn spawn_pod<S: CoordStore, H: ServingHook>(
             store,
             meta,
             config.store_timeout,
-            listener,
+            (listener, server_tls),
             http_state,
             stopped,
             sampler,
         )
         .instrument(span),
     );
-    PodHandle {
+    let reloader = Reloader::new(
+        credentials,
+        dialer,
+        server_cert,
+        peer_tls,
+        metrics_handle.clone(),
+    );
+    Ok(PodHandle {
         status,
         serving,
         metrics: metrics_handle,
-        reloader: Reloader {
-            credentials,
-            dialer,
-        },
+        reloader,
         stop: Some(stop),
         task: Some(task),
-    }
-}
-
-/// Replaces a running pod's secrets (see [`Reloader::reload`]).
-#[derive(Clone, Debug)]
-pub struct Reloader {
-    credentials: Credentials,
-    dialer: Option<Dialer>,
-}
-
-impl Reloader {
-    /// Applies new API tokens, cluster secret and POS TLS config (for later dials)
-    /// without touching sessions or leases. The previous cluster secret stays accepted.
-    pub fn reload(
-        &self,
-        tokens: Option<ApiTokens>,
-        secret: Option<ClusterSecret>,
-        pos_tls: Option<Arc<rustls::ClientConfig>>,
-    ) -> Result<(), ReloadError> {
-        self.credentials.reload(tokens, secret)?;
-        if let (Some(dialer), Some(tls)) = (&self.dialer, pos_tls) {
-            dialer.set_tls(tls);
-        }
-        Ok(())
-    }
+    })
 }
 
 /// A pod started with [`Pod::start`]. Dropping it stops the pod at once (no graceful
@@ -285,7 +296,7 @@ pub struct PodHandle {
     pub serving: ServingTable,
     /// The pod's metrics (what `/metrics` serves).
     pub metrics: Arc<Metrics>,
-    /// Replaces the pod's secrets in place (`SIGHUP`).
+    /// Replaces the pod's secrets and certificates in place (`SIGHUP`, changed files).
     pub reloader: Reloader,
     stop: Option<oneshot::Sender<()>>,
     /// `None` once [`PodHandle::wait`] reported the end.
@@ -335,15 +346,22 @@ async fn run_pod<S: CoordStore, H: ServingHook>(
     store: Arc<S>,
     meta: ClusterMeta,
     store_timeout: Duration,
-    listener: TcpListener,
+    (listener, tls): (TcpListener, Option<Arc<rustls::ServerConfig>>),
     http_state: HttpState,
     mut stopped: oneshot::Receiver<()>,
     sampler: impl Future<Output = ()>,
 ) -> Result<(), PodError> {
     let (stop_http, http_stopped) = oneshot::channel::<()>();
-    let http = http::serve(listener, http::router(http_state), async move {
+    let router = http::router(http_state);
+    let http_stopped = async move {
         let _ = http_stopped.await;
-    });
+    };
+    let http = async move {
+        match tls {
+            Some(tls) => http::serve_tls(listener, router, tls, http_stopped).await,
+            None => http::serve(listener, router, http_stopped).await,
+        }
+    };
     let ownership = async move {
         tokio::select! {
             pinned = pin_meta(&*store, &meta, store_timeout) => pinned.map_err(PodError::Meta)?,

@@ -71,6 +71,67 @@ fn invalid_timings_and_sizes_name_the_flag() {
 }
 
 #[test]
+fn tls_certificate_and_key_come_together() {
+    refused(
+        &["serve", "--tls-cert", "/tls/tls.crt"],
+        INSECURE,
+        "error: invalid --tls-cert: needs --tls-key",
+    );
+    refused(
+        &["serve", "--tls-key", "/tls/tls.key"],
+        INSECURE,
+        "error: invalid --tls-key: needs --tls-cert",
+    );
+    refused(
+        &["serve"],
+        &[
+            ("POSGATE_INSECURE", "1"),
+            ("POSGATE_TLS_KEY", "/tls/tls.key"),
+        ],
+        "error: invalid --tls-key: needs --tls-cert",
+    );
+    refused(
+        &["serve", "--tls-cert", "c", "--tls-key", "k"],
+        &[
+            ("POSGATE_INSECURE", "1"),
+            ("POSGATE_ADVERTISE_URL", "http://10.0.0.1:8080"),
+        ],
+        "error: invalid --advertise-url: must start with https://",
+    );
+    refused(
+        &["serve", "--reload-poll-interval", "often"],
+        INSECURE,
+        "error: invalid --reload-poll-interval: ",
+    );
+}
+
+/// Files that exist as flags but cannot be used stop the start with exit code 2, the
+/// log naming the file.
+#[test]
+fn an_unreadable_tls_certificate_stops_the_start_naming_the_file() {
+    let pki = support::tls::TestPki::generate();
+    let out = posgate(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--advertise-url",
+            "https://127.0.0.1:1",
+            "--tls-cert",
+            "/nonexistent/tls.crt",
+            "--tls-key",
+            pki.path("server-key").to_str().unwrap(),
+            "--pos-ca",
+            pki.path("ca").to_str().unwrap(),
+        ],
+        INSECURE,
+    );
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("/nonexistent/tls.crt"), "{stderr}");
+}
+
+#[test]
 fn environment_variables_are_checked_like_flags() {
     refused(
         &["serve"],

@@ -402,7 +402,7 @@ async fn peer_client_fails_fast_without_a_listener() {
     );
 
     let err = client
-        .store_reachable("https://example.invalid")
+        .store_reachable("ftp://example.invalid")
         .await
         .unwrap_err();
     assert!(matches!(err, PeerError::Url { .. }), "{err}");

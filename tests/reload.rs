@@ -1,9 +1,11 @@
 //! `SIGHUP` reloads secrets in place: a real `posgate serve` process gets a new API
 //! token and a new cluster secret from its files; the old token stops working, the new
-//! one works, and no shard changes owner or epoch (no rebalance for a rotation).
+//! one works, and no shard changes owner or epoch (no rebalance for a rotation). The
+//! file poller (`--reload-poll-interval`) does the same without a signal.
 
 pub mod support;
 
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -82,14 +84,9 @@ fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
-#[test]
-fn sighup_rotates_tokens_and_secret_without_a_rebalance() {
-    let redis = RedisServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let tokens = dir.path().join("tokens");
-    let secret = dir.path().join("secret");
-    std::fs::write(&tokens, format!("ops:{OLD}\n")).unwrap();
-    std::fs::write(&secret, "first-cluster-secret-0123").unwrap();
+/// Starts `posgate serve` on a free port with the token and secret files, plus `extra`
+/// flags; returns the process and its base URL.
+fn serve(redis: &RedisServer, tokens: &Path, secret: &Path, extra: &[&str]) -> (Serve, String) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -121,20 +118,39 @@ fn sighup_rotates_tokens_and_secret_without_a_rebalance() {
         .args(["--heartbeat-interval", "1s", "--close-budget", "300ms"])
         .args(["--store-timeout", "300ms"])
         .arg("--api-tokens-file")
-        .arg(&tokens)
+        .arg(tokens)
         .arg("--cluster-secret-file")
-        .arg(&secret)
+        .arg(secret)
+        .args(extra)
         .env_clear()
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let serve = Serve(child);
+    (Serve(child), base)
+}
+
+#[test]
+fn sighup_rotates_tokens_and_secret_without_a_rebalance() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    let secret = dir.path().join("secret");
+    std::fs::write(&tokens, format!("ops:{OLD}\n")).unwrap();
+    std::fs::write(&secret, "first-cluster-secret-0123").unwrap();
+    // The poller is off: only the signal may reload.
+    let (serve, base) = serve(&redis, &tokens, &secret, &["--reload-poll-interval", "0"]);
     wait_until("ready", || {
         curl_status(&format!("{base}/readyz"), "") == 200
     });
     assert_eq!(curl_status(&format!("{base}/v1/cluster"), OLD), 200);
     assert_eq!(curl_status(&format!("{base}/v1/cluster"), NEW), 401);
+    // The view shows the leases from the next store poll on, which may follow readiness.
+    wait_until("every shard shows its owner", || {
+        owners(&base, OLD)
+            .iter()
+            .all(|(_, owner, _)| !owner.is_empty())
+    });
     let before = owners(&base, OLD);
 
     std::fs::write(&tokens, format!("ops:{NEW}\n")).unwrap();
@@ -159,5 +175,47 @@ fn sighup_rotates_tokens_and_secret_without_a_rebalance() {
         .status()
         .unwrap();
     std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(curl_status(&format!("{base}/v1/cluster"), NEW), 200);
+}
+
+#[test]
+fn the_poller_reloads_a_changed_token_file_without_a_signal() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    let secret = dir.path().join("secret");
+    std::fs::write(&tokens, format!("ops:{OLD}\n")).unwrap();
+    std::fs::write(&secret, "first-cluster-secret-0123").unwrap();
+    let (_serve, base) = serve(
+        &redis,
+        &tokens,
+        &secret,
+        &["--reload-poll-interval", "100ms"],
+    );
+    wait_until("up", || curl_status(&format!("{base}/healthz"), "") == 200);
+    assert_eq!(curl_status(&format!("{base}/v1/cluster"), OLD), 200);
+
+    // Replaced the way an editor or `kubectl cp` would: a new file renamed over the old.
+    let staged = dir.path().join("tokens.new");
+    std::fs::write(&staged, format!("ops:{NEW}\n")).unwrap();
+    std::fs::rename(&staged, &tokens).unwrap();
+    wait_until("the poller applies the new token", || {
+        curl_status(&format!("{base}/v1/cluster"), NEW) == 200
+    });
+    assert_eq!(curl_status(&format!("{base}/v1/cluster"), OLD), 401);
+    let (_, metrics) = get(&format!("{base}/metrics"), "");
+    assert!(
+        metrics.contains("posgate_reloads_total{result=\"ok\"} 1"),
+        "{metrics}"
+    );
+
+    // A broken file is counted as a failed reload, once, and the current token stays.
+    std::fs::write(&staged, "no colon here\n").unwrap();
+    std::fs::rename(&staged, &tokens).unwrap();
+    wait_until("the failed reload is counted", || {
+        get(&format!("{base}/metrics"), "")
+            .1
+            .contains("posgate_reloads_total{result=\"error\"} 1")
+    });
     assert_eq!(curl_status(&format!("{base}/v1/cluster"), NEW), 200);
 }

@@ -10,8 +10,8 @@
 //! one line naming the flag. Layout: this file holds the resolved settings and the error
 //! type, `serve_args.rs` the clap flags and their resolution, `pos_args.rs` the POS
 //! connection flags (flattened into `ServeArgs`) and their [`PosSettings`], `push_args.rs`
-//! the push API flags (tokens, limits), `secrets.rs`
-//! where secrets come from and how a Redis URL carries or hides one. The `rediss://` TLS files
+//! the push API flags (tokens, limits), `tls_args.rs` the HTTPS flags (listener
+//! certificate, peer CA), `secrets.rs` where secrets come from and how a Redis URL carries or hides one. The `rediss://` TLS files
 //! (`--redis-ca-file`, `--redis-client-cert` with `--redis-client-key`) are passed on as
 //! paths: the store reads and checks them when it is created, still before anything runs.
 //!
@@ -26,12 +26,14 @@ mod serve_args;
 pub mod terminals_args;
 #[cfg(test)]
 mod tests;
+mod tls_args;
 
 use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::core::{CoreConfig, PodId};
+use crate::http::tls::ServerTlsFiles;
 use crate::peer::ClusterSecret;
 use crate::push::auth::ApiTokens;
 use crate::push::PushSettings;
@@ -41,6 +43,7 @@ pub use self::pos_args::{PosArgs, PosSettings, MAX_DIRECTORY_POLL};
 pub use self::push_args::{PushArgs, API_TOKENS_ENV, MAX_PUSH_BYTES};
 use self::secrets::redact_url;
 pub use self::serve_args::ServeArgs;
+pub use self::tls_args::TlsArgs;
 
 /// Environment variable holding the cluster secret.
 pub const CLUSTER_SECRET_ENV: &str = "POSGATE_CLUSTER_SECRET";
@@ -76,12 +79,18 @@ pub struct PodConfig {
     pub api_tokens: Option<ApiTokens>,
     /// Limits of the push API.
     pub push: PushSettings,
+    /// `--tls-cert`/`--tls-key`: the HTTP listener serves TLS with these files; `None`
+    /// is plain HTTP.
+    pub tls: Option<ServerTlsFiles>,
+    /// `--peer-ca-file`: CA bundle `https://` peers are verified against; `None`: the
+    /// system roots.
+    pub peer_ca_file: Option<PathBuf>,
 }
 
 impl PodConfig {
     /// A pod of cluster [`DEFAULT_CLUSTER`] with the default store timeout, POS and push
-    /// settings and no API tokens, for pods built in-process (tests, demo). Nothing is
-    /// validated; call `core.validate()` if needed.
+    /// settings, no API tokens and plain HTTP, for pods built in-process (tests, demo).
+    /// Nothing is validated; call `core.validate()` if needed.
     pub fn new(
         pod_id: PodId,
         advertise_url: impl Into<String>,
@@ -98,6 +107,8 @@ impl PodConfig {
             pos: PosSettings::default(),
             api_tokens: None,
             push: PushSettings::default(),
+            tls: None,
+            peer_ca_file: None,
         }
     }
 }

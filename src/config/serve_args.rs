@@ -1,17 +1,18 @@
 //! [`ServeArgs`]: the clap flags of `posgate serve`, and their resolution into a
 //! [`PodConfig`] and [`StoreSettings`], with the defaults that depend on the machine
-//! (hostname, pod id, advertise URL).
+//! (hostname, pod id, advertise URL), and the list of files a reload re-reads.
 //!
 //! What it does not do: read secrets itself (`secrets.rs`) or check timings beyond the
 //! store timeout (`CoreConfig::validate` does).
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::push_args::PushArgs;
 use super::redis_flags::RedisFlags;
 use super::secrets::secret_from;
+use super::tls_args::TlsArgs;
 use super::{
     invalid, parse_duration, ConfigError, LogFormat, PodConfig, PosArgs, StoreSettings,
     CLUSTER_SECRET_ENV, DEFAULT_CLUSTER,
@@ -72,8 +73,9 @@ pub struct ServeArgs {
         value_name = "ADDR"
     )]
     pub listen: SocketAddr,
-    /// How peers reach this pod, e.g. http://$(POD_IP):8080 [default: http://<listen
-    /// address>, or http://<hostname>:<port> when listening on all interfaces]
+    /// How peers reach this pod, e.g. http://$(POD_IP):8080; https:// with --tls-cert
+    /// [default: http(s)://<listen address>, or http(s)://<hostname>:<port> when
+    /// listening on all interfaces]
     #[arg(long, env = "POSGATE_ADVERTISE_URL", value_name = "URL", value_parser = parse_advertise_url)]
     pub advertise_url: Option<String>,
     /// Number of shards; every pod of a cluster must use the same
@@ -117,12 +119,18 @@ pub struct ServeArgs {
     /// the push API are then unauthenticated (local experiments only)
     #[arg(long, env = "POSGATE_INSECURE", value_parser = clap::builder::BoolishValueParser::new())]
     pub insecure: bool,
+    /// How often the secret and certificate files are checked for changed content, which
+    /// reloads them like SIGHUP does; 0 turns the check off
+    #[arg(long, env = "POSGATE_RELOAD_POLL_INTERVAL", default_value = "10s", value_parser = parse_duration)]
+    pub reload_poll_interval: Duration,
     /// Log format [default: json when stderr is not a terminal, else text]
     #[arg(long, env = "POSGATE_LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
     /// Log filter directives, e.g. info or posgate=debug [default: $RUST_LOG, else info]
     #[arg(long, env = "POSGATE_LOG_LEVEL", value_name = "FILTER")]
     pub log_level: Option<String>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
     #[command(flatten)]
     pub pos: PosArgs,
     #[command(flatten)]
@@ -170,6 +178,8 @@ impl ServeArgs {
         }
 
         let pos = self.pos.resolve()?;
+        let (tls, peer_ca_file) = self.tls.resolve()?;
+        let scheme = if tls.is_some() { "https" } else { "http" };
 
         let hostname = hostname(&env);
         let pod_id = match self.pod_id {
@@ -177,8 +187,16 @@ impl ServeArgs {
             None => default_pod_id(hostname.as_deref()),
         };
         let advertise_url = match self.advertise_url {
+            // Peers would speak h2c to a TLS port and fail every forwarded push. (The
+            // other way round can work: a sidecar terminating TLS in front of the pod.)
+            Some(url) if tls.is_some() && !url.starts_with("https://") => {
+                return Err(invalid(
+                    "advertise-url",
+                    "must start with https:// when the listener serves TLS (--tls-cert)",
+                ));
+            }
             Some(url) => url,
-            None => default_advertise_url(self.listen, hostname.as_deref())?,
+            None => default_advertise_url(scheme, self.listen, hostname.as_deref())?,
         };
 
         let secret = secret_from(
@@ -219,8 +237,32 @@ impl ServeArgs {
             pos,
             api_tokens,
             push,
+            tls,
+            peer_ca_file,
         };
         Ok((config, store, self.listen))
+    }
+
+    /// The files a reload reads again (secrets, POS, listener and peer TLS material),
+    /// whose content the reload poller watches. Redis settings are not among them: the
+    /// store connection is set up once.
+    pub fn reloadable_files(&self) -> Vec<PathBuf> {
+        let tls = &self.tls;
+        let pos = &self.pos;
+        [
+            self.push.api_tokens_file.as_deref(),
+            self.cluster_secret_file.as_deref(),
+            pos.pos_ca.as_deref(),
+            pos.pos_client_cert.as_deref(),
+            pos.pos_client_key.as_deref(),
+            tls.tls_cert.as_deref(),
+            tls.tls_key.as_deref(),
+            tls.peer_ca_file.as_deref(),
+        ]
+        .into_iter()
+        .flatten()
+        .map(Path::to_path_buf)
+        .collect()
     }
 }
 
@@ -270,11 +312,12 @@ fn default_pod_id(hostname: Option<&str>) -> PodId {
 }
 
 fn default_advertise_url(
+    scheme: &str,
     listen: SocketAddr,
     hostname: Option<&str>,
 ) -> Result<String, ConfigError> {
     if !listen.ip().is_unspecified() {
-        return Ok(format!("http://{listen}"));
+        return Ok(format!("{scheme}://{listen}"));
     }
     // 0.0.0.0 is not an address peers can dial; the hostname usually is (or set the flag).
     let host = hostname.ok_or_else(|| {
@@ -283,7 +326,7 @@ fn default_advertise_url(
             "no hostname to derive a default from; set --advertise-url",
         )
     })?;
-    parse_advertise_url(&format!("http://{host}:{}", listen.port())).map_err(|reason| {
+    parse_advertise_url(&format!("{scheme}://{host}:{}", listen.port())).map_err(|reason| {
         invalid(
             "advertise-url",
             format!("default from the hostname: {reason}; set --advertise-url"),

@@ -310,3 +310,63 @@ fn pos_flags_are_checked() {
     assert!(parse("--pos-client-cert c.pem").is_err());
     assert!(parse("--pos-client-key k.pem").is_err());
 }
+
+#[test]
+fn tls_flags_come_in_pairs_and_make_the_default_advertise_url_https() {
+    let (config, _, _) = resolve("--listen 127.0.0.1:8443").unwrap();
+    assert_eq!((config.tls, config.peer_ca_file), (None, None));
+    let (config, _, _) = resolve(
+        "--listen 127.0.0.1:8443 --tls-cert /tls/tls.crt --tls-key /tls/tls.key \
+         --peer-ca-file /tls/ca.crt",
+    )
+    .unwrap();
+    let files = config.tls.unwrap();
+    assert_eq!(
+        (files.cert_file.to_str(), files.key_file.to_str()),
+        (Some("/tls/tls.crt"), Some("/tls/tls.key"))
+    );
+    assert_eq!(config.advertise_url, "https://127.0.0.1:8443");
+    assert_eq!(
+        config.peer_ca_file.as_deref(),
+        Some(std::path::Path::new("/tls/ca.crt"))
+    );
+    for (args, flag) in [
+        ("--tls-cert /tls/tls.crt", "tls-cert"),
+        ("--tls-key /tls/tls.key", "tls-key"),
+        (
+            "--tls-cert c --tls-key k --advertise-url http://pod:8080",
+            "advertise-url",
+        ),
+    ] {
+        let err = resolve(args).unwrap_err();
+        assert_eq!(blamed(&err), flag, "{err}");
+    }
+}
+
+#[test]
+fn reloadable_files_are_the_secret_and_certificate_files() {
+    let args = parse(
+        "--api-tokens-file /s/tokens --cluster-secret-file /s/secret --pos-ca /s/pos-ca \
+         --tls-cert /s/tls.crt --tls-key /s/tls.key --redis-ca-file /s/redis-ca",
+    )
+    .unwrap();
+    let files: Vec<String> = args
+        .reloadable_files()
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    // Redis settings are applied once, at start; a reload does not read them.
+    assert_eq!(
+        files,
+        [
+            "/s/tokens",
+            "/s/secret",
+            "/s/pos-ca",
+            "/s/tls.crt",
+            "/s/tls.key"
+        ]
+    );
+    assert_eq!(args.reload_poll_interval, Duration::from_secs(10));
+    let off = parse("--reload-poll-interval 0s").unwrap();
+    assert!(off.reload_poll_interval.is_zero());
+}

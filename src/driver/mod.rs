@@ -124,6 +124,12 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
         self
     }
 
+    /// Reaches `https://` peers with `tls` (the pod's reloadable peer CA).
+    pub fn with_peer_tls(mut self, tls: crate::peer::PeerTls) -> Self {
+        self.peers = self.peers.using_tls(tls);
+        self
+    }
+
     /// Feeds the driver the `(shard, epoch)` pairs a terminal refused as stale (a newer
     /// owner said hello): the reconciler stops serving such a shard if it still holds
     /// that epoch. The sending half goes to the connection layer, which is built before

@@ -7,13 +7,15 @@
 //! a health probe. Every error answer is JSON `{"error": code, "message": text}`.
 //!
 //! [`serve`] speaks HTTP/1.1 and HTTP/2 with prior knowledge (h2c) on one port; peers use
-//! h2c (see [`crate::peer::PeerClient`]), probes and people HTTP/1.1.
+//! h2c (see [`crate::peer::PeerClient`]), probes and people HTTP/1.1. [`serve_tls`] is the
+//! same over TLS (`--tls-cert`, `tls.rs`), HTTP/2 or HTTP/1.1 chosen by ALPN.
 //!
-//! What it does not do: terminal traffic, TLS, or deciding anything about shards.
+//! What it does not do: terminal traffic, or deciding anything about shards.
 
 mod cluster;
 mod internal;
 mod push;
+pub mod tls;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -104,6 +106,21 @@ pub async fn serve(
     let addr = listener.local_addr()?;
     tracing::info!(%addr, "http listening");
     axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// [`serve`], over TLS with `tls` (see [`tls::ServerCert::server_config`]): only
+/// connections whose handshake finished reach the router.
+pub async fn serve_tls(
+    listener: TcpListener,
+    router: Router,
+    tls: Arc<rustls::ServerConfig>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, "https listening");
+    axum::serve(tls::TlsListener::new(listener, tls), router)
         .with_graceful_shutdown(shutdown)
         .await
 }

@@ -121,6 +121,8 @@ pub struct Metrics {
     pub pushes_waiting_for_owner: Gauge,
     pub push_owner_wait: Histogram,
     pub push_replays: Counter,
+    // Operations.
+    pub reloads: Family<Label, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -167,6 +169,7 @@ impl Metrics {
             pushes_waiting_for_owner: Gauge::default(),
             push_owner_wait: latency_buckets(),
             push_replays: Counter::default(),
+            reloads: Family::default(),
         };
         m.register();
         m.zero_known_series();
@@ -203,6 +206,9 @@ impl Metrics {
         }
         for result in DIAL_RESULTS {
             let _ = self.dials.get_or_create(&[("result", result)]);
+        }
+        for result in ["ok", "error"] {
+            let _ = self.reloads.get_or_create(&[("result", result)]);
         }
         for reason in ["lost", "stopped", "hello_failed"] {
             let _ = self.connections_closed.get_or_create(&[("reason", reason)]);
@@ -333,6 +339,11 @@ impl Metrics {
             "posgate_push_replays",
             "Pushes answered from the idempotency cache",
             self.push_replays.clone(),
+        );
+        r.register(
+            "posgate_reloads",
+            "Reloads of secrets and certificates (SIGHUP or changed files) by result (ok, error)",
+            self.reloads.clone(),
         );
     }
 

@@ -49,7 +49,7 @@ pub enum Forwarded {
     Unknown(String),
 }
 
-/// The forwarding side of [`PeerClient`]: the same pooled, signed h2c transport, with
+/// The forwarding side of [`PeerClient`]: the same pooled, signed transport, with
 /// the push wire format and what each outcome proves. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct ForwardClient {
@@ -60,6 +60,13 @@ impl ForwardClient {
     pub fn new(credentials: Credentials, connect_timeout: Duration) -> Self {
         ForwardClient {
             peers: PeerClient::with_credentials(credentials, connect_timeout),
+        }
+    }
+
+    /// The same client, verifying `https://` owners with `tls`.
+    pub fn using_tls(&self, tls: crate::peer::PeerTls) -> Self {
+        ForwardClient {
+            peers: self.peers.using_tls(tls),
         }
     }
 

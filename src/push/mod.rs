@@ -206,6 +206,12 @@ impl PushService {
         }
     }
 
+    /// Forwards to `https://` owners verified with `tls` (the pod's reloadable peer CA).
+    pub fn with_peer_tls(mut self, tls: crate::peer::PeerTls) -> Self {
+        self.forward = self.forward.using_tls(tls);
+        self
+    }
+
     pub fn settings(&self) -> &PushSettings {
         &self.settings
     }

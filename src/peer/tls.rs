@@ -1,0 +1,208 @@
+//! `https://` peers: the TLS half of [`super::PeerClient`]'s transport.
+//!
+//! A pod advertising an `https://` URL (it serves with `--tls-cert`) is reached over
+//! TLS with ALPN `h2`, its certificate verified for the URL's host against
+//! `--peer-ca-file`, or the system roots when that is not given (like `--pos-ca` and
+//! `--redis-ca-file`). Verification is never turned off: the HMAC signs requests, but
+//! only the certificate keeps a forwarded push's body from being read on the way.
+//! `http://` peers keep using h2c through the same connector.
+//!
+//! [`PeerTls`] is shared by every peer client of a pod, so a reloaded CA bundle applies
+//! to the next connection of each; pooled connections keep theirs.
+//!
+//! Not for: signing (`super`), or the server side (`crate::http::tls`).
+
+use std::future::Future;
+use std::io;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::{Arc, PoisonError, RwLock};
+use std::task::{Context, Poll};
+
+use http::uri::Scheme;
+use http::Uri;
+use hyper::rt::{Read, ReadBufCursor, Write};
+use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::ServerName;
+use rustls::ClientConfig;
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::TlsConnector;
+
+use crate::pos::tls::ALPN_H2;
+use crate::tls::{provider, roots_from_file, system_roots, TlsConfigError};
+
+/// The TLS client config for `https://` peers; cheap to clone, clones share it.
+#[derive(Clone, Debug, Default)]
+pub struct PeerTls {
+    /// `None`: the system roots, loaded at the first `https://` peer, so a pod whose
+    /// peers are all `http://` never needs a trust store.
+    config: Arc<RwLock<Option<Arc<ClientConfig>>>>,
+}
+
+impl PeerTls {
+    /// Verifies peers against the CA bundle `ca_file` (read now), or against the system
+    /// roots when `None`.
+    pub fn new(ca_file: Option<&Path>) -> Result<Self, TlsConfigError> {
+        let tls = PeerTls::default();
+        if let Some(path) = ca_file {
+            tls.set(client_config(Some(path))?);
+        }
+        Ok(tls)
+    }
+
+    /// Uses `config` for every new peer connection from now on.
+    pub fn set(&self, config: Arc<ClientConfig>) {
+        *self.config.write().unwrap_or_else(PoisonError::into_inner) = Some(config);
+    }
+
+    fn current(&self) -> Result<Arc<ClientConfig>, TlsConfigError> {
+        if let Some(config) = &*self.config.read().unwrap_or_else(PoisonError::into_inner) {
+            return Ok(config.clone());
+        }
+        let config = client_config(None)?;
+        self.set(config.clone());
+        Ok(config)
+    }
+}
+
+/// The client config for `https://` peers: ALPN `h2`, trusting `ca_file` or the system
+/// roots.
+pub fn client_config(ca_file: Option<&Path>) -> Result<Arc<ClientConfig>, TlsConfigError> {
+    let roots = match ca_file {
+        Some(path) => roots_from_file("peer TLS CA file (--peer-ca-file)", path)?,
+        None => system_roots("--peer-ca-file")?,
+    };
+    let mut config = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![ALPN_H2.to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// Connects to `http://` peers in plain TCP and to `https://` peers with TLS.
+#[derive(Clone, Debug)]
+pub(crate) struct PeerConnector {
+    http: HttpConnector,
+    tls: PeerTls,
+}
+
+impl PeerConnector {
+    pub(crate) fn new(mut http: HttpConnector, tls: PeerTls) -> Self {
+        // The TLS layer is ours; the TCP connector must accept `https://` URIs too.
+        http.enforce_http(false);
+        PeerConnector { http, tls }
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl tower_service::Service<Uri> for PeerConnector {
+    type Response = PeerStream;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<PeerStream, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.http.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let https = uri.scheme() == Some(&Scheme::HTTPS);
+        // An IPv6 host comes bracketed; the certificate names the bare address.
+        let host = uri
+            .host()
+            .unwrap_or_default()
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
+        let tls = https.then(|| self.tls.current());
+        let connecting = tower_service::Service::call(&mut self.http, uri);
+        Box::pin(async move {
+            let tcp = connecting.await?;
+            let Some(config) = tls else {
+                return Ok(PeerStream::Plain(tcp));
+            };
+            let name = ServerName::try_from(host)?;
+            let stream = TlsConnector::from(config?)
+                .connect(name, tcp.into_inner())
+                .await?;
+            Ok(PeerStream::Tls(Box::new(TokioIo::new(stream))))
+        })
+    }
+}
+
+/// One connection to a peer, plain or TLS.
+pub(crate) enum PeerStream {
+    Plain(TokioIo<TcpStream>),
+    // Boxed: a TLS stream is a few hundred bytes larger than a TCP one.
+    Tls(Box<TokioIo<TlsStream<TcpStream>>>),
+}
+
+impl Connection for PeerStream {
+    fn connected(&self) -> Connected {
+        match self {
+            PeerStream::Plain(tcp) => tcp.connected(),
+            PeerStream::Tls(tls) => tls.inner().get_ref().0.connected(),
+        }
+    }
+}
+
+impl Read for PeerStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: ReadBufCursor<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            PeerStream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            PeerStream::Tls(s) => Pin::new(&mut **s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl Write for PeerStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            PeerStream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            PeerStream::Tls(s) => Pin::new(&mut **s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            PeerStream::Plain(s) => Pin::new(s).poll_flush(cx),
+            PeerStream::Tls(s) => Pin::new(&mut **s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            PeerStream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            PeerStream::Tls(s) => Pin::new(&mut **s).poll_shutdown(cx),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            PeerStream::Plain(s) => s.is_write_vectored(),
+            PeerStream::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            PeerStream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            PeerStream::Tls(s) => Pin::new(&mut **s).poll_write_vectored(cx, bufs),
+        }
+    }
+}
