@@ -5,7 +5,7 @@
 
 pub mod support;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -130,14 +130,20 @@ fn serve(redis: &RedisServer, tokens: &Path, secret: &Path, extra: &[&str]) -> (
     (Serve(child), base)
 }
 
+/// The token file (`ops` with the OLD token) and the first cluster secret, in `dir`.
+fn first_files(dir: &Path) -> (PathBuf, PathBuf) {
+    let tokens = dir.join("tokens");
+    let secret = dir.join("secret");
+    std::fs::write(&tokens, format!("ops:{OLD}\n")).unwrap();
+    std::fs::write(&secret, "first-cluster-secret-0123").unwrap();
+    (tokens, secret)
+}
+
 #[test]
 fn sighup_rotates_tokens_and_secret_without_a_rebalance() {
     let redis = RedisServer::start();
     let dir = tempfile::tempdir().unwrap();
-    let tokens = dir.path().join("tokens");
-    let secret = dir.path().join("secret");
-    std::fs::write(&tokens, format!("ops:{OLD}\n")).unwrap();
-    std::fs::write(&secret, "first-cluster-secret-0123").unwrap();
+    let (tokens, secret) = first_files(dir.path());
     // The poller is off: only the signal may reload.
     let (serve, base) = serve(&redis, &tokens, &secret, &["--reload-poll-interval", "0"]);
     wait_until("ready", || {
@@ -182,10 +188,7 @@ fn sighup_rotates_tokens_and_secret_without_a_rebalance() {
 fn the_poller_reloads_a_changed_token_file_without_a_signal() {
     let redis = RedisServer::start();
     let dir = tempfile::tempdir().unwrap();
-    let tokens = dir.path().join("tokens");
-    let secret = dir.path().join("secret");
-    std::fs::write(&tokens, format!("ops:{OLD}\n")).unwrap();
-    std::fs::write(&secret, "first-cluster-secret-0123").unwrap();
+    let (tokens, secret) = first_files(dir.path());
     let (_serve, base) = serve(
         &redis,
         &tokens,
