@@ -1,6 +1,7 @@
 //! `docs/openapi.yaml` stays in sync with the code: every public error code and status
 //! the push API can answer is documented, the documented routes exist, and nothing
-//! documented is missing from the code (internal codes stay out of the document).
+//! documented is missing from the code (internal codes stay out of the document); the
+//! README's status table lists exactly the public codes, each with its real status.
 
 use posgate::push::answer::{ErrorCode, ALL_ERROR_CODES};
 
@@ -63,4 +64,26 @@ fn documented_routes_are_the_public_routes() {
             "{path} is documented but not routed"
         );
     }
+}
+
+#[test]
+fn the_readme_status_table_lists_every_public_code_with_its_status() {
+    let readme = include_str!("../README.md");
+    // Rows like "| 503 | `overloaded` | ...".
+    let rows: Vec<(u16, &str)> = readme
+        .lines()
+        .filter_map(|l| {
+            let mut cells = l.split('|').map(str::trim).skip(1);
+            let status = cells.next()?.parse().ok()?;
+            let code = cells.next()?.strip_prefix('`')?.strip_suffix('`')?;
+            Some((status, code))
+        })
+        .collect();
+    let expected: Vec<(u16, &str)> = public()
+        .map(|c| (c.status().as_u16(), c.as_str()))
+        .collect();
+    assert_eq!(
+        rows, expected,
+        "README status table vs ErrorCode (order included)"
+    );
 }
