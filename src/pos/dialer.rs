@@ -225,7 +225,7 @@ impl Dialer {
             origin: format!("https://{}", terminal.server_name),
             pod: self.cfg.pod.clone(),
         };
-        Ok(Session::new(send, ended, task.abort_handle(), peer))
+        Ok(Session::new(send, ended, task, peer))
     }
 }
 

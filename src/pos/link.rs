@@ -213,6 +213,11 @@ impl LinkTask {
                 .get_or_create(&[("reason", reason)])
                 .inc();
             if !matches!(outcome, Served::Lost(_)) {
+                // Take back the published request handle first: HTTP/2 sends GOAWAY and
+                // closes only once every handle is gone, so a published one would hold
+                // the connection open for the whole budget (and the shard's handover
+                // with it).
+                self.publish(&link, None);
                 session.close(self.cx.close_budget).await;
             }
             match outcome {

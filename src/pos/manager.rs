@@ -43,6 +43,11 @@ use crate::metrics::sampler::TerminalCounts;
 use crate::metrics::Metrics;
 use crate::store::StoreError;
 
+/// How much longer than the close budget a stopping shard waits for its links: enough
+/// for a link to cancel an ungraceful connection and see its task gone. Well inside the
+/// lease margin, which is what pays for it.
+const CLOSE_SLACK: Duration = Duration::from_millis(250);
+
 /// Settings of a [`ConnectionManager`].
 #[derive(Clone, Debug)]
 pub struct ManagerConfig {
@@ -364,7 +369,14 @@ impl<D: Directory> ServingHook for ConnectionManager<D> {
                 return;
             };
             let all_closed = async { while tasks.join_next().await.is_some() {} };
-            let graceful = tokio::time::timeout(budget, all_closed).await.is_ok();
+            // Each link closes its own session within `budget` and then waits for the
+            // cancelled connection task (socket included) to be gone; the slack lets
+            // that finish, so the fallback below (which can only request the
+            // cancellation) is for links stuck elsewhere, such as a dial in progress,
+            // whose sockets go with their task.
+            let graceful = tokio::time::timeout(budget + CLOSE_SLACK, all_closed)
+                .await
+                .is_ok();
             if !graceful {
                 // Aborted tasks drop their sessions, which drops the sockets.
                 tasks.abort_all();

@@ -16,7 +16,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::client::conn::http2::SendRequest;
 use tokio::sync::watch;
-use tokio::task::AbortHandle;
+use tokio::task::JoinHandle;
 
 use super::dialer::{DialError, Stage};
 use crate::core::{Epoch, PodId};
@@ -54,7 +54,7 @@ pub(super) struct Peer {
 pub struct Session {
     send: SendRequest<Full<Bytes>>,
     ended: watch::Receiver<ConnEnd>,
-    conn: AbortOnDrop,
+    conn: ConnTask,
     peer: Peer,
     /// The epoch of the last accepted hello, if any.
     epoch: Option<Epoch>,
@@ -64,13 +64,13 @@ impl Session {
     pub(super) fn new(
         send: SendRequest<Full<Bytes>>,
         ended: watch::Receiver<ConnEnd>,
-        conn: AbortHandle,
+        conn: JoinHandle<()>,
         peer: Peer,
     ) -> Self {
         Session {
             send,
             ended,
-            conn: AbortOnDrop(conn),
+            conn: ConnTask(Some(conn)),
             peer,
             epoch: None,
         }
@@ -136,33 +136,53 @@ impl Session {
 
     /// Closes the connection: dropping the last request handle makes the HTTP/2 layer
     /// send GOAWAY and close once in-flight streams are done. Waits up to `budget`,
-    /// then drops the connection outright. Returns whether it closed within budget.
+    /// then cancels the connection task and waits until it is gone. Either way the
+    /// socket is closed when this returns, which is what lets the shard's lease be
+    /// released right after (the next owner may dial at once). Returns whether it
+    /// closed within budget.
     pub async fn close(self, budget: Duration) -> bool {
         let Session {
             send,
             mut ended,
-            conn,
+            mut conn,
             ..
         } = self;
         drop(send);
+        // `ended` is set after the task dropped the connection, socket included.
         let graceful = tokio::time::timeout(budget, ended.wait_for(|e| *e != ConnEnd::Open))
             .await
             .is_ok();
-        // `conn` drops here: the task owns the socket, so the socket closes at once.
-        drop(conn);
+        if !graceful {
+            conn.cancel_and_wait().await;
+        }
         graceful
     }
 }
 
-/// Ends the connection task when the session goes away, however it goes: a session
-/// dropped without `close` (task aborted at a stop deadline) must not leave its socket
-/// open, or a stopped shard would still have live connections.
+/// The task that owns the connection (and its socket). Cancelled when the session goes
+/// away, however it goes: a session dropped without `close` (its link task aborted at a
+/// stop deadline) must not leave its socket open. Only `close` can also wait for the
+/// cancellation to finish; a drop merely requests it.
 #[derive(Debug)]
-struct AbortOnDrop(AbortHandle);
+struct ConnTask(Option<JoinHandle<()>>);
 
-impl Drop for AbortOnDrop {
+impl ConnTask {
+    /// Cancels the task and waits until it has been dropped, socket included.
+    async fn cancel_and_wait(&mut self) {
+        if let Some(task) = self.0.take() {
+            task.abort();
+            // Err(cancelled) is the expected outcome; a panic there is not ours to
+            // propagate either.
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for ConnTask {
     fn drop(&mut self) {
-        self.0.abort();
+        if let Some(task) = &self.0 {
+            task.abort();
+        }
     }
 }
 
@@ -215,5 +235,31 @@ mod tests {
             classify_hello(StatusCode::SERVICE_UNAVAILABLE, Some(&v)),
             Err(DialError::HelloRejected { .. })
         ));
+    }
+
+    /// Sets its flag when dropped: stands in for the socket the connection task owns.
+    struct Socket(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+    impl Drop for Socket {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_connection_task_is_gone_when_close_returns() {
+        let closed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let socket = Socket(closed.clone());
+        // A connection that never ends on its own (a terminal that ignores GOAWAY).
+        let task = tokio::spawn(async move {
+            let _socket = socket;
+            std::future::pending::<()>().await;
+        });
+        tokio::task::yield_now().await; // let it start and park
+        let mut conn = ConnTask(Some(task));
+        conn.cancel_and_wait().await;
+        // Requesting the abort alone would leave the task (and its socket) alive until
+        // the scheduler next ran it; the lease may be released right after this.
+        assert!(closed.load(std::sync::atomic::Ordering::SeqCst));
     }
 }

@@ -183,3 +183,33 @@ async fn stop_does_not_wait_for_a_frozen_terminal() {
         .expect("stop resolves after the close budget");
     assert!(m.shard(0).is_none());
 }
+
+#[tokio::test]
+async fn stop_closes_idle_sessions_without_waiting_out_the_budget() {
+    let pki = Pki::new();
+    let server = FakeTerminal::spawn(pki.server("pos-1.test", &[b"h2"])).await;
+    let directory = Arc::new(MemoryDirectory::new());
+    let terminals: Vec<Terminal> = ["pos-1", "pos-2", "pos-3"]
+        .iter()
+        .map(|id| server.terminal(id, "pos-1.test"))
+        .collect();
+    directory.upsert(1, &terminals).await.unwrap();
+    let (stale, _stale_rx) = mpsc::unbounded_channel();
+    // A budget far beyond LIMIT: a stop that had to wait it out fails the timeout below.
+    let config = ManagerConfig {
+        close_budget: LIMIT * 10,
+        ..manager_config()
+    };
+    let m = ConnectionManager::new(directory, pki.dialer(), config, stale);
+    m.start(0, 4);
+    wait_until("connected", || all_connected(&m, 3, 4)).await;
+    // Idle sessions have nothing in flight: GOAWAY closes them at once, as long as no
+    // request handle is left behind (the one published for pushes included).
+    tokio::time::timeout(LIMIT, m.stop(0, 4, StopReason::Rebalance))
+        .await
+        .expect("idle sessions close gracefully, long before the close budget");
+    wait_until("server sees every connection end", || {
+        server.open.load(Ordering::SeqCst) == 0
+    })
+    .await;
+}
