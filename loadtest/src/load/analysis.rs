@@ -220,6 +220,21 @@ pub fn latency_buckets(records: &[PushRecord], event_ms: u64) -> Vec<LatencyBuck
         .collect()
 }
 
+/// TLS handshakes per second overall, as the terminals saw them: the largest rise of
+/// open connections between two samples at least 1 s apart, per second. `series` is
+/// `(unix ms, connections open)` in time order. A lower bound while connections also
+/// close; exact in a cold start, where nothing closes.
+pub fn open_rise_max_per_s(series: &[(u64, u64)]) -> u64 {
+    let mut best = 0;
+    for (i, &(t0, open0)) in series.iter().enumerate() {
+        let Some(&(t1, open1)) = series[i..].iter().find(|(t, _)| *t >= t0 + 1000) else {
+            break;
+        };
+        best = best.max(open1.saturating_sub(open0) * 1000 / (t1 - t0));
+    }
+    best
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -275,5 +290,20 @@ mod tests {
             recent_pushes: vec![],
         };
         assert_eq!(session_gap(&view, 500, 5_000), Some((250, false)));
+    }
+
+    #[test]
+    fn handshake_rate_is_the_steepest_rise_over_a_second() {
+        // 250 ms samples: +100 per sample for a second (400/s), then flat, then a drop.
+        let series: Vec<(u64, u64)> = [0, 100, 200, 300, 400, 400, 400, 50, 50]
+            .iter()
+            .enumerate()
+            .map(|(i, &open)| (1_000 + i as u64 * 250, open))
+            .collect();
+        assert_eq!(open_rise_max_per_s(&series), 400);
+        // Under a second of samples: no window, no rate.
+        assert_eq!(open_rise_max_per_s(&series[..4]), 0);
+        // Closing connections only: nothing rose.
+        assert_eq!(open_rise_max_per_s(&[(0, 500), (1_000, 100)]), 0);
     }
 }

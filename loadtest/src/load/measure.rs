@@ -258,6 +258,11 @@ pub async fn run_scenario(c: &mut Cluster, sc: Scenario) -> Result<ScenarioRepor
         let rss: u64 = r.rss_kib.values().sum();
         r.rss_per_connection_kib = Some(rss as f64 / c.profile.terminals.max(1) as f64);
     }
+    let opens: Vec<(u64, u64)> = samples
+        .iter()
+        .map(|s| (s.at_unix_ms, s.connections_open))
+        .collect();
+    r.handshakes_per_s_max = analysis::open_rise_max_per_s(&opens);
     r.series = samples;
     checks(c, sc, &mut r);
     Ok(r)

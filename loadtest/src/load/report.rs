@@ -89,6 +89,9 @@ pub struct ScenarioReport {
     /// Push latency per second of send time (the latency chart's data).
     pub push_latency_per_s: Vec<LatencyBucket>,
     pub dial_limit_per_s: u64,
+    /// TLS handshakes/s overall: the steepest 1-s rise of open connections (a lower
+    /// bound while connections also close).
+    pub handshakes_per_s_max: u64,
     pub dial_rate_max_per_pod: BTreeMap<String, u64>,
     pub redis_commandstats: CommandStats,
     pub redis_round_trips_per_pod_s: f64,
@@ -203,6 +206,11 @@ pub fn markdown(header: &str, reports: &[ScenarioReport]) -> String {
             md,
             "- dial rate max per pod over 1-s windows (limit {}/s): {:?}",
             r.dial_limit_per_s, r.dial_rate_max_per_pod
+        );
+        let _ = writeln!(
+            md,
+            "- TLS handshakes/s overall (steepest 1-s rise of open connections; a lower bound while connections also close): {}",
+            r.handshakes_per_s_max
         );
         let _ = writeln!(
             md,
