@@ -149,12 +149,18 @@ impl Dialer {
     /// fenced with `epoch` and its connection is driven by a task of its own.
     pub async fn dial(&self, terminal: &Terminal, epoch: Epoch) -> Result<Session, DialError> {
         let mut session = self.connect(terminal).await?;
-        session.hello(epoch, self.cfg.handshake_timeout).await?;
+        if let Err(e) = session.hello(epoch, self.cfg.handshake_timeout).await {
+            // Closed here, not merely dropped, so the socket is gone when we return.
+            session.close(Duration::ZERO).await;
+            return Err(e);
+        }
         Ok(session)
     }
 
-    /// Everything before the hello: TCP, TLS, ALPN check, HTTP/2 handshake.
-    async fn connect(&self, terminal: &Terminal) -> Result<Session, DialError> {
+    /// Everything before the hello: TCP, TLS, ALPN check, HTTP/2 handshake. Dropping
+    /// the future at any await leaves no connection behind: the connection task is
+    /// spawned only right before returning the session.
+    pub(super) async fn connect(&self, terminal: &Terminal) -> Result<Session, DialError> {
         let name = ServerName::try_from(terminal.server_name.clone()).map_err(|e| {
             DialError::BadTerminal(format!("server name {:?}: {e}", terminal.server_name))
         })?;

@@ -246,28 +246,53 @@ impl LinkTask {
             let epoch = self.mode.borrow().epoch;
             let (cx, terminal, shared) = (&self.cx, &self.terminal, &self.shared);
             let state = &self.state;
-            let dial = async {
+            let mut started = std::time::Instant::now();
+            let connect = async {
                 let queued = std::time::Instant::now();
                 let _slot = admit(&cx.pacer, shared).await;
                 cx.metrics.dial_wait.observe(queued.elapsed().as_secs_f64());
-                let started = std::time::Instant::now();
+                started = std::time::Instant::now();
                 link.dialing();
                 state.send_replace(LinkStatus {
                     state: link.state(),
                     sender: None,
                 });
-                let result = cx.dialer.dial(terminal, epoch).await;
-                cx.metrics
-                    .dial_duration
-                    .observe(started.elapsed().as_secs_f64());
-                let label = result.as_ref().map_or_else(DialError::label, |_| "ok");
-                cx.metrics.dials.get_or_create(&[("result", label)]).inc();
-                result
+                cx.dialer.connect(terminal).await
             };
-            let result = tokio::select! {
-                result = dial => result,
+            // Cancelling `connect` leaves no socket behind (see `Dialer::connect`).
+            let connected = tokio::select! {
+                result = connect => result,
                 () = self.state.closed() => return None,
             };
+            // From here a connection task exists: if the shard stops during the hello,
+            // close the session (awaited, socket included) instead of dropping it, so
+            // the lease is released only after the terminal saw this connection end.
+            let result = match connected {
+                Ok(mut session) => {
+                    let timeout = cx.dialer.handshake_timeout();
+                    let hello = tokio::select! {
+                        r = session.hello(epoch, timeout) => Some(r),
+                        () = self.state.closed() => None,
+                    };
+                    match hello {
+                        Some(Ok(())) => Ok(session),
+                        Some(Err(e)) => {
+                            session.close(Duration::ZERO).await;
+                            Err(e)
+                        }
+                        None => {
+                            session.close(Duration::ZERO).await;
+                            return None;
+                        }
+                    }
+                }
+                Err(e) => Err(e),
+            };
+            cx.metrics
+                .dial_duration
+                .observe(started.elapsed().as_secs_f64());
+            let label = result.as_ref().map_or_else(DialError::label, |_| "ok");
+            cx.metrics.dials.get_or_create(&[("result", label)]).inc();
             self.shared.dialed.store(true, Ordering::Release);
             match result {
                 Ok(session) => {

@@ -5,8 +5,9 @@
 //! terminal (see `link`); all dials of the pod share one pacer. `suspend` keeps the
 //! connections but marks the shard not delivering. `start` again with a higher epoch
 //! re-sends the hello on every live connection. `stop` closes every session of the
-//! shard (GOAWAY, bounded by the close budget) and resolves only after, so the lease is
-//! released only when the next owner may dial. The directory's per-shard versions are
+//! shard (GOAWAY, bounded by the close budget) and resolves only after, plus a 500 ms
+//! settle on a rebalance or shutdown, so the lease is released only when the next owner
+//! may dial and the terminals have seen their connections end. The directory's per-shard versions are
 //! polled for all served shards in one call every `directory_poll`: new terminals are
 //! dialed, removed ones closed. A terminal's stale-epoch answer goes to the driver
 //! through the channel given at construction.
@@ -47,6 +48,14 @@ use crate::store::StoreError;
 /// for a link to cancel an ungraceful connection and see its task gone. Well inside the
 /// lease margin, which is what pays for it.
 const CLOSE_SLACK: Duration = Duration::from_millis(250);
+
+/// After a graceful stop closed a shard's sockets, how long it waits before resolving
+/// (and so before the lease is released and the next owner may dial). A terminal
+/// handles a closed connection asynchronously, as our simulator does: without a pause
+/// the next owner's connection could reach it before it noticed the close, which it
+/// would count as two connections at once. Only for handovers we choose (rebalance,
+/// shutdown); a lost or expired lease is not ours to delay.
+const HANDOVER_SETTLE: Duration = Duration::from_millis(500);
 
 /// Settings of a [`ConnectionManager`].
 #[derive(Clone, Debug)]
@@ -386,6 +395,9 @@ impl<D: Directory> ServingHook for ConnectionManager<D> {
                 shard, epoch, reason = %reason.as_str(), terminals, graceful,
                 "shard connections closed"
             );
+            if terminals > 0 && matches!(reason, StopReason::Rebalance | StopReason::Shutdown) {
+                tokio::time::sleep(HANDOVER_SETTLE).await;
+            }
         }
     }
 }
