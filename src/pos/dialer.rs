@@ -6,7 +6,9 @@
 //! Not for: pacing or retrying (the manager does both), or keeping the connection
 //! (that is the [`Session`]).
 
+use std::future::Future;
 use std::io;
+use std::pin::pin;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -148,19 +150,56 @@ impl Dialer {
     /// Connects to `terminal` and says hello with `epoch`. The returned session is
     /// fenced with `epoch` and its connection is driven by a task of its own.
     pub async fn dial(&self, terminal: &Terminal, epoch: Epoch) -> Result<Session, DialError> {
-        let mut session = self.connect(terminal).await?;
-        if let Err(e) = session.hello(epoch, self.cfg.handshake_timeout).await {
-            // Closed here, not merely dropped, so the socket is gone when we return.
-            session.close(Duration::ZERO).await;
-            return Err(e);
+        let Some(result) = self
+            .dial_unless(terminal, epoch, std::future::pending())
+            .await
+        else {
+            unreachable!("a pending future never stops the dial")
+        };
+        result
+    }
+
+    /// [`Dialer::dial`], given up (`None`) as soon as `stop` resolves. Whatever the
+    /// outcome, no connection of this dial is left open when it returns: cancelled
+    /// before the hello, nothing was spawned yet; a session whose hello failed or was
+    /// cut short by `stop` is closed and its socket awaited, not merely dropped, so a
+    /// caller may release the terminal's lease right after.
+    pub async fn dial_unless(
+        &self,
+        terminal: &Terminal,
+        epoch: Epoch,
+        stop: impl Future<Output = ()>,
+    ) -> Option<Result<Session, DialError>> {
+        let mut stop = pin!(stop);
+        let connected = tokio::select! {
+            result = self.connect(terminal) => result,
+            () = &mut stop => return None,
+        };
+        let mut session = match connected {
+            Ok(session) => session,
+            Err(e) => return Some(Err(e)),
+        };
+        let hello = tokio::select! {
+            r = session.hello(epoch, self.cfg.handshake_timeout) => Some(r),
+            () = &mut stop => None,
+        };
+        match hello {
+            Some(Ok(())) => Some(Ok(session)),
+            Some(Err(e)) => {
+                session.close(Duration::ZERO).await;
+                Some(Err(e))
+            }
+            None => {
+                session.close(Duration::ZERO).await;
+                None
+            }
         }
-        Ok(session)
     }
 
     /// Everything before the hello: TCP, TLS, ALPN check, HTTP/2 handshake. Dropping
     /// the future at any await leaves no connection behind: the connection task is
     /// spawned only right before returning the session.
-    pub(super) async fn connect(&self, terminal: &Terminal) -> Result<Session, DialError> {
+    async fn connect(&self, terminal: &Terminal) -> Result<Session, DialError> {
         let name = ServerName::try_from(terminal.server_name.clone()).map_err(|e| {
             DialError::BadTerminal(format!("server name {:?}: {e}", terminal.server_name))
         })?;

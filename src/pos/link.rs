@@ -245,49 +245,29 @@ impl LinkTask {
             self.publish(link, None);
             let epoch = self.mode.borrow().epoch;
             let (cx, terminal, shared) = (&self.cx, &self.terminal, &self.shared);
-            let state = &self.state;
-            let mut started = std::time::Instant::now();
-            let connect = async {
+            let admitted = async {
                 let queued = std::time::Instant::now();
-                let _slot = admit(&cx.pacer, shared).await;
+                let slot = admit(&cx.pacer, shared).await;
                 cx.metrics.dial_wait.observe(queued.elapsed().as_secs_f64());
-                started = std::time::Instant::now();
-                link.dialing();
-                state.send_replace(LinkStatus {
-                    state: link.state(),
-                    sender: None,
-                });
-                cx.dialer.connect(terminal).await
+                slot
             };
-            // Cancelling `connect` leaves no socket behind (see `Dialer::connect`).
-            let connected = tokio::select! {
-                result = connect => result,
+            // Held for the whole dial: the slot bounds handshakes in flight.
+            let _slot = tokio::select! {
+                slot = admitted => slot,
                 () = self.state.closed() => return None,
             };
-            // From here a connection task exists: if the shard stops during the hello,
-            // close the session (awaited, socket included) instead of dropping it, so
-            // the lease is released only after the terminal saw this connection end.
-            let result = match connected {
-                Ok(mut session) => {
-                    let timeout = cx.dialer.handshake_timeout();
-                    let hello = tokio::select! {
-                        r = session.hello(epoch, timeout) => Some(r),
-                        () = self.state.closed() => None,
-                    };
-                    match hello {
-                        Some(Ok(())) => Ok(session),
-                        Some(Err(e)) => {
-                            session.close(Duration::ZERO).await;
-                            Err(e)
-                        }
-                        None => {
-                            session.close(Duration::ZERO).await;
-                            return None;
-                        }
-                    }
-                }
-                Err(e) => Err(e),
-            };
+            let started = std::time::Instant::now();
+            link.dialing();
+            self.state.send_replace(LinkStatus {
+                state: link.state(),
+                sender: None,
+            });
+            // A stop mid-dial leaves no socket behind (see `Dialer::dial_unless`), so the
+            // lease may be released as soon as this link task ends.
+            let result = cx
+                .dialer
+                .dial_unless(terminal, epoch, self.state.closed())
+                .await?;
             cx.metrics
                 .dial_duration
                 .observe(started.elapsed().as_secs_f64());
