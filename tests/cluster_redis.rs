@@ -35,7 +35,10 @@ async fn three_pods_converge_on_the_ring_assignment() {
 
     // Redis agrees: every lease is held by the assigned pod, every pod is registered.
     let snapshot = cluster.redis_snapshot().await;
-    let assignment = cluster.assignment();
+    let assignment = cluster
+        .assignment()
+        .await
+        .expect("a placement for the live pods");
     for (shard, lease) in snapshot.leases.iter().enumerate() {
         let lease = lease
             .as_ref()
@@ -64,7 +67,7 @@ async fn a_joining_pod_takes_exactly_the_moved_shards_after_their_release() {
     cluster
         .wait_converged("3 pods to converge", startup_limit())
         .await;
-    let before = cluster.assignment();
+    let before = cluster.assignment().await.expect("a placement for 3 pods");
     let owners_before = cluster.owners();
 
     let joined = Instant::now();
@@ -72,7 +75,7 @@ async fn a_joining_pod_takes_exactly_the_moved_shards_after_their_release() {
     let took = cluster
         .wait_converged("4 pods to converge", Duration::from_secs(10))
         .await;
-    let after = cluster.assignment();
+    let after = cluster.assignment().await.expect("a placement for 4 pods");
     let moved: BTreeSet<ShardId> = (0..SHARDS)
         .filter(|&s| before.owner(s) != after.owner(s))
         .collect();
@@ -227,7 +230,7 @@ async fn redis_restarted_empty_changes_no_owner_and_raises_epochs() {
     // Past the claim hold (one member TTL) and a rebalance debounce: still nothing moved.
     let c = core();
     tokio::time::sleep(c.member_ttl + c.debounce + c.poll_interval).await;
-    assert!(cluster.converged());
+    assert!(cluster.converged().await);
     let after = cluster.owners();
     for (s, (pod, epoch)) in &after {
         assert_eq!(&before[s].0, pod, "shard {s} changed owner");
@@ -423,7 +426,7 @@ async fn all_pods_cut_off_suspend_and_resume_the_same_shards() {
     );
     let c = core();
     tokio::time::sleep(c.member_ttl + c.debounce).await;
-    assert!(cluster.converged());
+    assert!(cluster.converged().await);
     for (s, (pod, _)) in cluster.owners() {
         assert_eq!(
             before[&s].0, pod,

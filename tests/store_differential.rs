@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use posgate::core::lease::{AcquireOutcome, Checked, RenewOutcome};
 use posgate::core::membership::{Member, Snapshot};
+use posgate::core::placement::Placement;
 use posgate::core::{Epoch, PodId, ShardId};
 use posgate::store::memory::MemoryStore;
 use posgate::store::redis::{RedisOptions, RedisStore};
@@ -136,7 +137,17 @@ impl Transcript {
                 }
             }
         }
+        toks.push(text("placement"));
+        toks.push(text(format!("{:?}", snap.placement)));
         self.push("snapshot", toks);
+    }
+
+    fn place(&mut self, expected: Option<u64>, p: &Placement, r: Result<bool, StoreError>) {
+        let toks = match &r {
+            Err(e) => Self::error(e),
+            Ok(stored) => vec![text(stored.to_string())],
+        };
+        self.push(&format!("place v{} over {expected:?}", p.version), toks);
     }
 
     /// Renders with normalized generation ids and per-shard epoch ranks.
@@ -365,7 +376,17 @@ async fn run<S: CoordStore>(store: &S, wiper: &mut dyn Wiper) -> Transcript {
     store.deregister(&b).await.unwrap();
     store.deregister(&b).await.unwrap();
     t.snapshot(&store.snapshot(SHARDS).await.unwrap());
-    // Joins a, b, c, d, d again, c again; releases 4 (b) and 7 (c); leave b.
+
+    // Placement compare-and-set: only over the stored version (`None`: none stored).
+    let p1 = Placement::initial(&[a.clone(), c.clone()], SHARDS);
+    let p2 = p1.next(&[a.clone(), c.clone(), pod("d")], SHARDS);
+    t.place(Some(1), &p1, store.place(Some(1), &p1).await);
+    t.place(None, &p1, store.place(None, &p1).await);
+    t.place(None, &p2, store.place(None, &p2).await);
+    t.place(Some(2), &p2, store.place(Some(2), &p2).await);
+    t.place(Some(1), &p2, store.place(Some(1), &p2).await);
+    t.snapshot(&store.snapshot(SHARDS).await.unwrap());
+    // Joins a, b, c, d, d again, c again; releases 4 (b) and 7 (c); leave b; 2 placements.
     t.push(
         "notifications",
         vec![text(quiet_changes(store).await.to_string())],
@@ -384,6 +405,14 @@ async fn run<S: CoordStore>(store: &S, wiper: &mut dyn Wiper) -> Transcript {
         store.pin_meta(&other_meta).await.map(Checked::Ok),
     );
     t.acquire(&[1, 2], store.acquire(&g1, &a, &[1, 2], LONG).await);
+    t.snapshot(&store.snapshot(SHARDS).await.unwrap());
+    // The placement was lost with everything else; a pod puts back the one it remembers.
+    let p3 = Placement {
+        version: 3,
+        assignment: p2.assignment.clone(),
+    };
+    t.place(Some(2), &p3, store.place(Some(2), &p3).await);
+    t.place(None, &p3, store.place(None, &p3).await);
     t.snapshot(&store.snapshot(SHARDS).await.unwrap());
 
     // Hard wipe: the server restarts empty.

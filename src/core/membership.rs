@@ -1,5 +1,5 @@
-//! What a pod knows about the cluster: the members registered in the store and the
-//! holders of every shard lease, as returned by one poll of the store.
+//! What a pod knows about the cluster: the members registered in the store, the holders
+//! of every shard lease and the stored placement, as returned by one poll of the store.
 //!
 //! These are plain records; liveness was already judged by the store (by its own clock),
 //! so a [`Snapshot`] only ever lists members whose registration had not expired.
@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::placement::Placement;
 use super::types::{Epoch, PodId};
 
 /// One registered pod, as written by its heartbeat.
@@ -49,4 +50,7 @@ pub struct Snapshot {
     pub members: Vec<Member>,
     /// Index = shard; `None` when nobody holds the lease.
     pub leases: Vec<Option<Lease>>,
+    /// The stored placement; `None` before the first one is written and after the store
+    /// lost its data.
+    pub placement: Option<Placement>,
 }

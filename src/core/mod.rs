@@ -12,6 +12,7 @@
 pub mod config;
 pub mod lease;
 pub mod membership;
+pub mod placement;
 pub mod reconciler;
 pub mod ring;
 pub mod shard;

@@ -1,11 +1,14 @@
-//! Members -> shard assignment: which pod should own each shard.
+//! The consistent-hash ring and the memoryless bounded-load assignment built on it.
 //!
-//! Every pod computes the assignment on its own from the member list alone, so
+//! The cluster follows the stored placement (`core::placement`), which remembers owners;
+//! this module provides what the placement is built from: the ring order of pods per shard
+//! ([`Ring::walk`]), the bounded-load rounds that place shards on pods with room
+//! ([`Ring::fill`]), and [`Assignment`], the shard -> pod table itself.
 //! [`Assignment::compute`] is a pure function of the member *set*: input order and
 //! duplicates do not matter, nothing is random, nothing depends on the platform or the
-//! compiler (no `std` hashers), and every tie is broken by an explicit rule. It keeps no
-//! history; it does not decide *when* a pod takes or drops a shard (that is the
-//! reconciler's job, behind leases).
+//! compiler (no `std` hashers), and every tie is broken by an explicit rule. It does not
+//! decide *when* a pod takes or drops a shard (that is the reconciler's job, behind
+//! leases).
 //!
 //! # Algorithm (`bounded-ring-v1`)
 //! 1. **Ring.** Each pod gets [`VNODES`] virtual nodes on a `hashring` ring hashed with
@@ -19,7 +22,8 @@
 //!    nearest to; a shard falls back only when a better pod is full of shards that rank it
 //!    higher or sit closer.
 //!
-//! Why this variant (mean shards moved / ideal over 4..=32 pods, 200-1000 random name
+//! Why this variant for the rounds (mean shards moved / ideal over 4..=32 pods when it was
+//! the whole assignment, before the stored placement, 200-1000 random name
 //! sets per count; `posgate ring-report` reproduces the published columns): the
 //! reference, a greedy global matching of rendezvous scores under the same cap, moved
 //! 1.88x on a join and 1.85x on a leave; this one 1.81x and 1.77x. Greedy matching by
@@ -41,10 +45,12 @@ use super::types::{PodId, ShardId};
 
 /// Recorded in the cluster metadata; pods with another ring algorithm refuse to join.
 ///
-/// Change it whenever [`Assignment::compute`] can return a different assignment for the
-/// same input (hashes, [`VNODES`], order of rounds, tie-breaks): pods on different
-/// versions would otherwise fight over shards. The `golden_assignment` test pins it.
-pub const RING_VERSION: &str = "bounded-ring-v1";
+/// Change it whenever [`Assignment::compute`] or `placement::rebalance` can return a
+/// different assignment for the same input (hashes, [`VNODES`], order of rounds,
+/// tie-breaks): pods on different versions would otherwise fight over shards. The
+/// `golden_assignment` and `golden_rebalance` tests pin it. (`bounded-ring-v1` was the
+/// same `compute` without the stored placement.)
+pub const RING_VERSION: &str = "sticky-placement-v1";
 
 /// Virtual nodes per pod. With evenly spaced shards, 8-32 moved the same within noise and
 /// 64 slightly more (longer arcs let the even spacing even out plain loads better, which
@@ -59,6 +65,11 @@ pub struct Assignment {
     pods: Vec<PodId>,
     owner: Vec<u32>,
 }
+
+/// Why stored assignment parts do not form an [`Assignment`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid assignment: {0}")]
+pub struct InvalidAssignment(&'static str);
 
 impl Assignment {
     /// The assignment for `pods` (any order, duplicates ignored) and `shards` shards.
@@ -76,34 +87,35 @@ impl Assignment {
         }
         let ring = Ring::new(&pods);
         let cap = shards.div_ceil(pods.len() as u32);
-        let mut walks: Vec<Walk<'_>> = (0..shards).map(|s| ring.walk(s, shards)).collect();
+        let mut caps = vec![cap; pods.len()];
         let mut owner = vec![0u32; shards as usize];
-        let mut load = vec![0u32; pods.len()];
-        let mut pending: Vec<ShardId> = (0..shards).collect();
-        while !pending.is_empty() {
-            // A shard whose walk ran out was refused by every pod, i.e. all pods were full,
-            // which cannot happen while it is unplaced: pods * cap >= shards.
-            let mut offers: Vec<(u64, ShardId, u32)> = pending
-                .iter()
-                .map(|&s| {
-                    let (distance, pod) = walks[s as usize]
-                        .next()
-                        .expect("capacity covers all shards");
-                    (distance, s, pod)
-                })
-                .collect();
-            offers.sort_unstable();
-            pending.clear();
-            for (_, shard, pod) in offers {
-                if load[pod as usize] < cap {
-                    load[pod as usize] += 1;
-                    owner[shard as usize] = pod;
-                } else {
-                    pending.push(shard);
-                }
-            }
-        }
+        ring.fill((0..shards).collect(), shards, &mut caps, &mut owner);
         Assignment { pods, owner }
+    }
+
+    /// An assignment read back from the store: `pods` sorted and distinct, `owner[s]` an
+    /// index into `pods` for every shard `s` of `shards`.
+    pub fn from_parts(
+        pods: Vec<PodId>,
+        owner: Vec<u32>,
+        shards: u32,
+    ) -> Result<Assignment, InvalidAssignment> {
+        if !pods.windows(2).all(|w| w[0] < w[1]) {
+            return Err(InvalidAssignment("pods are not sorted and distinct"));
+        }
+        let complete = owner.len() == shards as usize || (pods.is_empty() && owner.is_empty());
+        if !complete {
+            return Err(InvalidAssignment("not one owner per shard"));
+        }
+        if owner.iter().any(|&i| i as usize >= pods.len()) {
+            return Err(InvalidAssignment("an owner is not among the pods"));
+        }
+        Ok(Assignment { pods, owner })
+    }
+
+    /// `owner[shard]` as an index into [`Assignment::pods`] (empty without members).
+    pub fn owner_indices(&self) -> &[u32] {
+        &self.owner
     }
 
     /// The pod assigned to `shard`, or `None` when there are no members.
@@ -254,6 +266,48 @@ impl Ring {
             next: first,
             steps: 0,
             seen: vec![false; self.pods],
+        }
+    }
+}
+
+impl Ring {
+    /// Places every shard of `pending` on a pod with room (`caps`, decremented as it
+    /// fills), writing `owner[shard]`: round `r` offers each still-unplaced shard to its
+    /// rank-`r` pod; offers are taken closest first (ties: lower shard id) while the pod
+    /// has room, and refused shards try their next pod in round `r + 1`.
+    ///
+    /// The caps must add up to at least `pending.len()`.
+    pub(crate) fn fill(
+        &self,
+        pending: Vec<ShardId>,
+        shards: u32,
+        caps: &mut [u32],
+        owner: &mut [u32],
+    ) {
+        let mut walks: Vec<(ShardId, Walk<'_>)> =
+            pending.iter().map(|&s| (s, self.walk(s, shards))).collect();
+        let mut pending: Vec<usize> = (0..walks.len()).collect();
+        while !pending.is_empty() {
+            // A shard whose walk ran out was refused by every pod, i.e. all pods were full,
+            // which cannot happen while it is unplaced: the caps cover all shards.
+            let mut offers: Vec<(u64, ShardId, usize, u32)> = pending
+                .iter()
+                .map(|&i| {
+                    let (shard, walk) = &mut walks[i];
+                    let (distance, pod) = walk.next().expect("capacity covers all shards");
+                    (distance, *shard, i, pod)
+                })
+                .collect();
+            offers.sort_unstable();
+            pending.clear();
+            for (_, shard, i, pod) in offers {
+                if caps[pod as usize] > 0 {
+                    caps[pod as usize] -= 1;
+                    owner[shard as usize] = pod;
+                } else {
+                    pending.push(i);
+                }
+            }
         }
     }
 }
@@ -419,7 +473,7 @@ mod tests {
         let got: String = (0..64)
             .map(|s| a.owner(s).unwrap().as_str().chars().last().unwrap())
             .collect();
-        assert_eq!(RING_VERSION, "bounded-ring-v1");
+        assert_eq!(RING_VERSION, "sticky-placement-v1");
         assert_eq!(got, GOLDEN);
     }
 

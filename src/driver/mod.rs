@@ -233,6 +233,10 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
             Action::Renew { generation, shards } => self.cx.renew(generation, shards),
             Action::Release { shards } => self.cx.release(shards),
             Action::Deregister => self.cx.deregister(),
+            Action::Place {
+                expected,
+                placement,
+            } => self.cx.place(expected, placement),
             Action::ProbePeers { peers } => ops::probe_peers(self.peers.clone(), peers),
             Action::StartServing { shard, epoch } => {
                 let me = self.rec.pod();
@@ -307,6 +311,19 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
                 rec.handle_release(now, &shards, health.check(now, "release", r))
             }
             Done::Deregister(r) => rec.handle_deregister(now, health.check(now, "deregister", r)),
+            Done::Place(placement, r) => {
+                let r = health.check(now, "place", r);
+                if r == Ok(true) {
+                    let moved = placement.assignment.moved_from(rec.assignment());
+                    info!(
+                        version = placement.version,
+                        pods = placement.assignment.pods().len(),
+                        moved,
+                        "placement written"
+                    );
+                }
+                rec.handle_place(now, placement, r)
+            }
             Done::Peers(report) => {
                 debug!(
                     answered = report.answered,

@@ -14,6 +14,7 @@ use tracing::{debug, info, warn};
 
 use crate::core::lease::{AcquireOutcome, Checked, RenewOutcome};
 use crate::core::membership::{Member, Snapshot};
+use crate::core::placement::Placement;
 use crate::core::reconciler::{OpFailed, OpResult, PeerReport};
 use crate::core::{CoreConfig, ShardId};
 use crate::metrics::Metrics;
@@ -34,6 +35,7 @@ pub(super) enum Done {
     Renew(Vec<ShardId>, Result<Checked<Vec<RenewOutcome>>, StoreError>),
     Release(Vec<ShardId>, Result<Vec<bool>, StoreError>),
     Deregister(Result<(), StoreError>),
+    Place(Placement, Result<bool, StoreError>),
     Peers(PeerReport),
     /// The connection layer closed the shard's connections.
     Stopped(ShardId),
@@ -107,6 +109,17 @@ impl<S: CoordStore> OpContext<S> {
                 .bounded("release", cx.store.release(&cx.member.pod, &shards))
                 .await;
             Done::Release(shards, result)
+        }
+        .boxed()
+    }
+
+    pub fn place(self: &Arc<Self>, expected: Option<u64>, placement: Placement) -> Op {
+        let cx = self.clone();
+        async move {
+            let result = cx
+                .bounded("place", cx.store.place(expected, &placement))
+                .await;
+            Done::Place(placement, result)
         }
         .boxed()
     }

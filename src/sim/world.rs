@@ -19,8 +19,8 @@ use super::faults::{self, Fault};
 use super::{SimConfig, SimStats};
 use crate::core::lease::{AcquireOutcome, Checked, RenewOutcome};
 use crate::core::membership::{Member, Snapshot};
+use crate::core::placement::Placement;
 use crate::core::reconciler::{Action, OpFailed, OpResult, PeerReport, Reconciler};
-use crate::core::ring::Assignment;
 use crate::core::{PodId, ShardId};
 use crate::store::memory::MemoryState;
 use crate::store::ClusterMeta;
@@ -40,6 +40,7 @@ enum Call {
     Renew(String, Vec<ShardId>),
     Release(Vec<ShardId>),
     Deregister,
+    Place(Option<u64>, Placement),
 }
 
 #[derive(Clone, Debug)]
@@ -50,6 +51,7 @@ enum Reply {
     Renew(Vec<ShardId>, OpResult<Checked<Vec<RenewOutcome>>>),
     Release(Vec<ShardId>, OpResult<Vec<bool>>),
     Deregister(OpResult<()>),
+    Place(Placement, OpResult<bool>),
 }
 
 #[derive(Clone, Debug)]
@@ -265,6 +267,7 @@ impl<'a> World<'a> {
                 Reply::Renew(s, r) => rec.handle_renew(now, &s, r),
                 Reply::Release(s, r) => rec.handle_release(now, &s, r),
                 Reply::Deregister(r) => rec.handle_deregister(now, r),
+                Reply::Place(p, r) => rec.handle_place(now, p, r),
             },
             _ => unreachable!("not a pod event"),
         }
@@ -295,6 +298,10 @@ impl<'a> World<'a> {
                 }
                 Action::Release { shards } => self.send(pod, Call::Release(shards)),
                 Action::Deregister => self.send(pod, Call::Deregister),
+                Action::Place {
+                    expected,
+                    placement,
+                } => self.send(pod, Call::Place(expected, placement)),
                 Action::StartServing { shard, epoch } => {
                     let id = self.pods[pod].id.clone();
                     self.check
@@ -425,6 +432,17 @@ impl<'a> World<'a> {
                 store.deregister(ms, &id);
                 Reply::Deregister(Ok(()))
             }
+            Call::Place(expected, placement) => {
+                let stored = store.place(expected, &placement);
+                self.check.log(
+                    self.now,
+                    format_args!(
+                        "store: {id} place v{} over {expected:?}: {stored}",
+                        placement.version
+                    ),
+                );
+                Reply::Place(placement, Ok(stored))
+            }
         };
         let n = self.store.notifications();
         if n != self.notifications {
@@ -551,12 +569,35 @@ impl<'a> World<'a> {
         Ok(())
     }
 
-    /// After faults stop and the settle time passes: each shard served by exactly its
-    /// assigned pod.
+    /// After faults stop and the settle time passes: the stored placement is a balanced
+    /// table over exactly the live pods, and each shard is served by exactly its pod.
     fn converged(&mut self) -> Result<(), Violation> {
         let alive = self.alive();
-        let ids: Vec<PodId> = alive.iter().map(|&p| self.pods[p].id.clone()).collect();
-        let assignment = Assignment::compute(&ids, self.cfg.core.shards);
+        let mut ids: Vec<PodId> = alive.iter().map(|&p| self.pods[p].id.clone()).collect();
+        ids.sort();
+        let shards = self.cfg.core.shards;
+        let assignment = match self.store.placement() {
+            Some(p) if p.assignment.pods() == ids.as_slice() => p.assignment.clone(),
+            other => {
+                let pods = other.map(|p| p.assignment.pods().to_vec());
+                return Err(self.check.violation(
+                    self.now,
+                    format!("not converged: placement for {pods:?}, live pods {ids:?}"),
+                ));
+            }
+        };
+        let n = ids.len().max(1);
+        let (lo, hi) = (shards as usize / n, (shards as usize).div_ceil(n));
+        if let Some(p) = ids
+            .iter()
+            .find(|p| !(lo..=hi).contains(&assignment.load_of(p)))
+        {
+            let load = assignment.load_of(p);
+            return Err(self.check.violation(
+                self.now,
+                format!("unbalanced placement: {p} holds {load}, not {lo}..={hi}"),
+            ));
+        }
         for shard in 0..self.cfg.core.shards {
             let servers: Vec<PodId> = alive
                 .iter()
@@ -591,6 +632,7 @@ fn failed(call: Call) -> Reply {
         Call::Renew(_, s) => Reply::Renew(s, Err(OpFailed)),
         Call::Release(s) => Reply::Release(s, Err(OpFailed)),
         Call::Deregister => Reply::Deregister(Err(OpFailed)),
+        Call::Place(_, p) => Reply::Place(p, Err(OpFailed)),
     }
 }
 
@@ -602,5 +644,6 @@ fn failed_reply(reply: Reply) -> Reply {
         Reply::Renew(s, _) => Reply::Renew(s, Err(OpFailed)),
         Reply::Release(s, _) => Reply::Release(s, Err(OpFailed)),
         Reply::Deregister(_) => Reply::Deregister(Err(OpFailed)),
+        Reply::Place(p, _) => Reply::Place(p, Err(OpFailed)),
     }
 }

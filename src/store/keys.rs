@@ -15,7 +15,8 @@
 //! | `posgate:{<cluster>}:lease:<shard>` | string, `PX` ttl | the shard's lease: value = owner pod id, expiry = lease TTL by Redis time. Its epoch is the `epochs` entry of the shard |
 //! | `posgate:{<cluster>}:terminals:<shard>` | hash | the terminal directory of one shard: terminal id -> JSON `{"addr", "server_name"}` ([`Entry`](crate::pos::directory::Entry)); written by `posgate terminals`, read by the shard's owner |
 //! | `posgate:{<cluster>}:terminals-version` | hash | shard -> directory version, set to `max(previous + 1, TIME ms)` by every write that changes the shard's terminals; owners poll it |
-//! | `posgate:{<cluster>}:events` | pub/sub channel | notifications `join <pod>`, `leave <pod>`, `release <shard>`; receivers treat any message as "poll now" |
+//! | `posgate:{<cluster>}:placement` | hash | the placement every pod follows ([`Placement`](crate::core::placement::Placement)): `version` (grows by one per change) and `table` (JSON `{"pods": [sorted ids], "owner": [index into pods, per shard]}`). Replaced only by `place.lua` when the caller names the current version; lost with the rest of the data, and then put back by the pods that remember it |
+//! | `posgate:{<cluster>}:events` | pub/sub channel | notifications `join <pod>`, `leave <pod>`, `release <shard>`, `placement <version>`; receivers treat any message as "poll now" |
 //!
 //! What this module does not do: talk to Redis or decide key lifetimes (the scripts in
 //! `store/lua/` do that).
@@ -101,6 +102,11 @@ impl Keys {
     /// Directory versions: hash shard -> version.
     pub fn terminals_version(&self) -> String {
         self.name("terminals-version")
+    }
+
+    /// The stored placement: hash `version`, `table` (JSON).
+    pub fn placement(&self) -> String {
+        self.name("placement")
     }
 
     /// The pub/sub channel for join, leave and release notifications.

@@ -29,6 +29,7 @@ use tokio::sync::watch;
 use super::{ClusterMeta, CoordStore, StoreError};
 use crate::core::lease::{AcquireOutcome, Checked, RenewOutcome};
 use crate::core::membership::{GenerationInfo, Lease, Member, Snapshot};
+use crate::core::placement::Placement;
 use crate::core::{Epoch, PodId, ShardId};
 
 /// A TTL in whole milliseconds, at least 1: Redis refuses `PX 0`, and both stores must
@@ -50,6 +51,7 @@ pub struct MemoryState {
     epochs: BTreeMap<ShardId, Epoch>,
     /// Shard -> (owner, expiry ms).
     leases: BTreeMap<ShardId, (PodId, u64)>,
+    placement: Option<Placement>,
     notifications: u64,
 }
 
@@ -63,6 +65,7 @@ impl MemoryState {
             members: BTreeMap::new(),
             epochs: BTreeMap::new(),
             leases: BTreeMap::new(),
+            placement: None,
             notifications: 0,
         }
     }
@@ -75,6 +78,7 @@ impl MemoryState {
         self.members.clear();
         self.epochs.clear();
         self.leases.clear();
+        self.placement = None;
     }
 
     /// How many join, leave and release notifications were published so far.
@@ -263,7 +267,24 @@ impl MemoryState {
             generation,
             members,
             leases,
+            placement: self.placement.clone(),
         }
+    }
+
+    /// The stored placement, if any.
+    pub fn placement(&self) -> Option<&Placement> {
+        self.placement.as_ref()
+    }
+
+    /// See `lua/place.lua`: compare-and-set on the version, no generation check, one
+    /// notification when stored.
+    pub fn place(&mut self, expected: Option<u64>, placement: &Placement) -> bool {
+        if self.placement.as_ref().map(|p| p.version) != expected {
+            return false;
+        }
+        self.placement = Some(placement.clone());
+        self.notifications += 1;
+        true
     }
 }
 
@@ -379,6 +400,14 @@ impl CoordStore for MemoryStore {
 
     async fn snapshot(&self, shards: u32) -> Result<Snapshot, StoreError> {
         Ok(self.with_state(|s, now| s.snapshot(now, shards)))
+    }
+
+    async fn place(
+        &self,
+        expected: Option<u64>,
+        placement: &Placement,
+    ) -> Result<bool, StoreError> {
+        Ok(self.with_state(|s, _| s.place(expected, placement)))
     }
 
     fn changes(&self) -> watch::Receiver<u64> {
@@ -545,5 +574,24 @@ mod tests {
         assert_eq!(*rx.borrow_and_update(), 1);
         store.wipe();
         assert_ne!(store.snapshot(1).await.unwrap().generation.id, g);
+    }
+
+    #[test]
+    fn placement_is_a_version_compare_and_set_lost_on_wipe() {
+        use crate::core::placement::Placement;
+        let mut s = MemoryState::new(3);
+        let p1 = Placement::initial(&[pod("a")], 4);
+        let p2 = p1.next(&[pod("a"), pod("b")], 4);
+        assert!(!s.place(Some(1), &p1), "nothing stored yet");
+        assert!(s.place(None, &p1));
+        assert!(!s.place(None, &p2), "a placement is stored");
+        assert!(!s.place(Some(2), &p2), "stored is version 1");
+        let before = s.notifications();
+        assert!(s.place(Some(1), &p2));
+        assert_eq!(s.notifications(), before + 1);
+        assert_eq!(s.snapshot(10, 4).placement, Some(p2.clone()));
+        s.wipe();
+        assert_eq!(s.snapshot(10, 4).placement, None);
+        assert!(s.place(None, &p2));
     }
 }

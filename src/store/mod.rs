@@ -15,8 +15,12 @@
 //! - **Epochs never decrease**, even across a restart that lost everything:
 //!   `epoch = max(last_epoch(shard) + 1, store_time_ms)`.
 //! - **Owner checks.** Renew and release act only on keys whose value is the caller.
-//! - **Notifications.** Joins, graceful leaves and releases bump [`CoordStore::changes`]
-//!   so peers poll at once instead of waiting for the poll interval.
+//! - **Placement compare-and-set.** [`CoordStore::place`] replaces the stored placement
+//!   only when the caller names the version the store holds (or `None` when it holds
+//!   none); it never checks the generation, so a placement can be put back after a wipe.
+//! - **Notifications.** Joins, graceful leaves, releases and placement changes bump
+//!   [`CoordStore::changes`] so peers poll at once instead of waiting for the poll
+//!   interval.
 //!
 //! What it does not do: decide anything. Policy (who should own what, when to give up)
 //! lives in `crate::core`.
@@ -29,6 +33,8 @@ use tokio::sync::watch;
 
 use crate::core::lease::{AcquireOutcome, Checked, RenewOutcome};
 use crate::core::membership::{Member, Snapshot};
+use crate::core::placement::Placement;
+use crate::core::ring::Assignment;
 use crate::core::{PodId, ShardId};
 
 pub mod keys;
@@ -125,11 +131,51 @@ pub trait CoordStore: Send + Sync + 'static {
         shards: &[ShardId],
     ) -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send;
 
-    /// Live members and all lease holders in one atomic read; creates the generation if
-    /// the store has none.
+    /// Live members, all lease holders and the placement in one atomic read; creates the
+    /// generation if the store has none.
     fn snapshot(&self, shards: u32) -> impl Future<Output = Result<Snapshot, StoreError>> + Send;
+
+    /// Stores `placement` if the stored placement has version `expected` (`None`: there is
+    /// none) and publishes a placement notification. Returns whether it was stored.
+    fn place(
+        &self,
+        expected: Option<u64>,
+        placement: &Placement,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// A counter bumped on every join, leave or release notification. Implementations
     /// keep the subscription alive (reconnecting as needed) for the store's lifetime.
     fn changes(&self) -> watch::Receiver<u64>;
+}
+
+/// The stored form of a placement's table (the `table` field of the placement key).
+#[derive(Serialize, Deserialize)]
+struct PlacementTable {
+    pods: Vec<PodId>,
+    owner: Vec<u32>,
+}
+
+/// The JSON `table` of `placement`.
+pub(crate) fn placement_table(placement: &Placement) -> Result<String, StoreError> {
+    let table = PlacementTable {
+        pods: placement.assignment.pods().to_vec(),
+        owner: placement.assignment.owner_indices().to_vec(),
+    };
+    serde_json::to_string(&table).map_err(|e| StoreError::Protocol(e.to_string()))
+}
+
+/// The placement of `version` with JSON `table`, checked against `shards`.
+pub(crate) fn parse_placement(
+    version: u64,
+    table: &str,
+    shards: u32,
+) -> Result<Placement, StoreError> {
+    let bad = |e: String| StoreError::Protocol(format!("bad stored placement: {e}"));
+    let table: PlacementTable = serde_json::from_str(table).map_err(|e| bad(e.to_string()))?;
+    let assignment =
+        Assignment::from_parts(table.pods, table.owner, shards).map_err(|e| bad(e.to_string()))?;
+    Ok(Placement {
+        version,
+        assignment,
+    })
 }

@@ -233,6 +233,8 @@ pub struct Cluster {
     alive: Vec<bool>,
     pub events: Events,
     sampler: Sampler,
+    /// An unproxied connection for the harness's own reads.
+    direct: RedisStore,
 }
 
 pub fn store_options() -> RedisOptions {
@@ -253,8 +255,13 @@ pub fn pod_config(id: &PodId, url: String) -> PodConfig {
 
 impl Cluster {
     pub async fn start(pods: usize) -> Cluster {
+        let redis = RedisServer::start();
+        let direct = RedisStore::connect(&redis.url(), CLUSTER, store_options())
+            .await
+            .unwrap();
         let mut cluster = Cluster {
-            redis: RedisServer::start(),
+            redis,
+            direct,
             pods: Vec::new(),
             alive: Vec::new(),
             events: Events::default(),
@@ -299,19 +306,40 @@ impl Cluster {
             .map(|(p, _)| p)
     }
 
-    /// The ring's assignment for the live pods.
-    pub fn assignment(&self) -> Assignment {
-        let ids: Vec<PodId> = self.live().map(|p| p.id.clone()).collect();
-        Assignment::compute(&ids, SHARDS)
+    /// The assignment of the placement stored in Redis, if it is a balanced table over
+    /// exactly the live pods.
+    pub async fn assignment(&self) -> Option<Assignment> {
+        let mut ids: Vec<PodId> = self.live().map(|p| p.id.clone()).collect();
+        ids.sort();
+        // The first call after a Redis restart fails while the client reconnects.
+        let mut snapshot = self.direct.snapshot(SHARDS).await;
+        for _ in 0..20 {
+            if snapshot.is_ok() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            snapshot = self.direct.snapshot(SHARDS).await;
+        }
+        let placement = snapshot.ok()?.placement?;
+        let a = placement.assignment;
+        let (lo, hi) = (
+            SHARDS as usize / ids.len(),
+            (SHARDS as usize).div_ceil(ids.len()),
+        );
+        let balanced = ids.iter().all(|p| (lo..=hi).contains(&a.load_of(p)));
+        (a.pods() == ids.as_slice() && balanced).then_some(a)
     }
 
     pub fn pod(&self, id: &PodId) -> &TestPod {
         self.pods.iter().find(|p| &p.id == id).unwrap()
     }
 
-    /// Every shard served by exactly its assigned live pod, every live pod ready.
-    pub fn converged(&self) -> bool {
-        let assignment = self.assignment();
+    /// The stored placement covers exactly the live pods, every shard is served by exactly
+    /// its assigned live pod, and every live pod is ready.
+    pub async fn converged(&self) -> bool {
+        let Some(assignment) = self.assignment().await else {
+            return false;
+        };
         self.live().all(TestPod::ready)
             && (0..SHARDS).all(|s| {
                 let serving: Vec<&PodId> = self
@@ -331,7 +359,15 @@ impl Cluster {
     }
 
     pub async fn wait_converged(&self, what: &str, limit: Duration) -> Duration {
-        wait_for(what, limit, || self.converged()).await
+        let started = Instant::now();
+        while !self.converged().await {
+            assert!(
+                started.elapsed() < limit,
+                "timed out after {limit:?} waiting for {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        started.elapsed()
     }
 
     /// A direct (unproxied) read of Redis.

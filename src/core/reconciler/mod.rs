@@ -9,10 +9,12 @@
 //!
 //! The rules it enforces (each is argued in `docs/design.md`):
 //! 1. A shard is served only while its local deadline (`sent + serve_window`) lies ahead.
-//! 2. Shards the ring no longer assigns to this pod are stopped and released **before**
+//! 2. Shards the placement no longer assigns to this pod are stopped and released **before**
 //!    any newly assigned shard is claimed.
 //! 3. A lost renewal (missing key, other owner) stops serving at once.
-//! 4. Membership changes are applied after `debounce` of stability.
+//! 4. The pod follows the placement stored in the store; a membership change that is
+//!    stable for `debounce` makes the pods write the next placement with a
+//!    compare-and-set ([`placing`]).
 //! 5. When the store generation changes (Redis restarted empty) or the store returns after
 //!    the local deadlines passed, held shards are re-claimed with `SET NX` and nothing else
 //!    is claimed or released until the generation is one member TTL old
@@ -22,8 +24,9 @@
 //!    instead of given up.
 //!
 //! What it does not do: talk to Redis, dial terminals, or decide *which* pod should own a
-//! shard (that is [`crate::core::ring`]).
+//! shard (that is [`crate::core::placement`] and [`crate::core::ring`]).
 
+mod placing;
 mod recovery;
 mod rules;
 mod shard;
@@ -41,6 +44,7 @@ use self::timers::{Debounce, Timer};
 use super::config::CoreConfig;
 use super::lease::{AcquireOutcome, Checked, RenewOutcome};
 use super::membership::{Lease, Member, Snapshot};
+use super::placement::Placement;
 use super::ring::Assignment;
 use super::types::{Epoch, PodId, ShardId};
 
@@ -79,6 +83,12 @@ pub enum Action {
     },
     /// Ask these peers whether they reach the store -> [`Reconciler::handle_peer_report`].
     ProbePeers { peers: Vec<Member> },
+    /// Store `placement` if the store's placement still has version `expected` (`None`:
+    /// the store has none) -> [`Reconciler::handle_place`].
+    Place {
+        expected: Option<u64>,
+        placement: Placement,
+    },
 }
 
 /// A store call failed or timed out; it may or may not have taken effect.
@@ -110,6 +120,16 @@ pub enum Outage {
     ClusterWide,
 }
 
+/// The store's placement as of the last snapshot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stored {
+    /// No snapshot yet.
+    Unknown,
+    /// The store has no placement (new cluster, or it lost its data).
+    Absent,
+    Version(u64),
+}
+
 /// One pod's ownership state machine. See the module docs.
 pub struct Reconciler {
     cfg: CoreConfig,
@@ -117,6 +137,12 @@ pub struct Reconciler {
     generation: Option<String>,
     /// While `now < hold_until`, nothing is claimed or released except re-claims.
     hold_until: Option<Instant>,
+    /// The placement followed: the store's, or the one this pod wrote, or (after the store
+    /// lost its data) the last one seen. `applied` is its assignment.
+    placement: Option<Placement>,
+    /// What the last snapshot said about the stored placement.
+    stored: Stored,
+    place_sent: bool,
     applied: Assignment,
     debounce: Debounce,
     members: Vec<Member>,
@@ -147,6 +173,9 @@ impl Reconciler {
         Reconciler {
             leases: vec![None; cfg.shards as usize],
             applied: Assignment::compute(&[], cfg.shards),
+            placement: None,
+            stored: Stored::Unknown,
+            place_sent: false,
             debounce: Debounce::default(),
             heartbeat: Timer::due_at(now),
             poll: Timer::due_at(now),
@@ -224,7 +253,15 @@ impl Reconciler {
         {
             at(self.give_up_suspended_at());
         }
-        at(self.debounce.due(self.cfg.debounce));
+        // A settled membership change waits for the hold (its own timer), an answer, or
+        // the store, not for the debounce: waking for it then would spin.
+        let can_place = self.hold_until.is_none()
+            && !self.place_sent
+            && self.store_failing_since.is_none()
+            && self.stored != Stored::Unknown;
+        if can_place {
+            at(self.debounce.due(self.cfg.debounce));
+        }
         at(self.hold_until);
         next
     }
@@ -248,9 +285,13 @@ impl Reconciler {
     pub fn config(&self) -> &CoreConfig {
         &self.cfg
     }
-    /// The assignment of the applied (debounced) membership view.
+    /// The assignment of the followed placement (see [`crate::core::placement`]).
     pub fn assignment(&self) -> &Assignment {
         &self.applied
+    }
+    /// The placement followed (see [`crate::core::placement`]), if any yet.
+    pub fn placement(&self) -> Option<&Placement> {
+        self.placement.as_ref()
     }
     /// Live members from the last snapshot.
     pub fn members(&self) -> &[Member] {
@@ -306,12 +347,38 @@ impl Reconciler {
                 self.store_ok(now);
                 self.observe_generation(now, &snap.generation);
                 self.registered = snap.members.iter().any(|m| m.pod == self.me);
+                match snap.placement {
+                    Some(p) => {
+                        self.stored = Stored::Version(p.version);
+                        self.adopt(p);
+                    }
+                    None => self.stored = Stored::Absent,
+                }
                 let ids: Vec<PodId> = snap.members.iter().map(|m| m.pod.clone()).collect();
                 self.debounce.observe(now, ids, self.applied.pods());
                 self.members = snap.members;
                 self.leases = snap.leases;
                 self.leases.resize(self.cfg.shards as usize, None);
             }
+        }
+        self.reconcile(now);
+    }
+
+    /// The answer to [`Action::Place`] for `placement`: `Ok(true)` stored, `Ok(false)` the
+    /// store's version was not the expected one (someone else changed it first).
+    pub fn handle_place(&mut self, now: Instant, placement: Placement, result: OpResult<bool>) {
+        self.place_sent = false;
+        match result {
+            Ok(true) => {
+                self.store_ok(now);
+                self.stored = Stored::Version(placement.version);
+                self.adopt(placement);
+            }
+            Ok(false) => {
+                self.store_ok(now);
+                self.poll.reschedule(now);
+            }
+            Err(OpFailed) => self.store_failed(now),
         }
         self.reconcile(now);
     }

@@ -8,8 +8,8 @@
 //! After a generation change only shards still within their deadline count as held: a
 //! suspended shard (deadline passed in a cluster-wide outage) may have been taken by
 //! another pod before the wipe, so it is given up (found by the simulation, seed 4453).
-//! By then every live pod has re-registered and re-claimed its own shards, so the ring is
-//! computed from the full membership again and no shard changes owner.
+//! By then every live pod has re-registered and re-claimed its own shards, and the
+//! placement the pods put back (see `placing`) still stands, so no shard changes owner.
 //!
 //! Why a pod that has never seen the old generation must hold too: it cannot tell a fresh
 //! cluster from a restarted one, and a pod still serving from before the restart may not

@@ -7,7 +7,6 @@ use super::shard::Shard;
 use super::{Action, AfterStop, Outage, Reconciler, ShardState, StopReason};
 use crate::core::lease::{AcquireOutcome, RenewOutcome};
 use crate::core::membership::Lease;
-use crate::core::ring::Assignment;
 use crate::core::ShardId;
 
 impl Reconciler {
@@ -20,11 +19,7 @@ impl Reconciler {
             self.drive_shutdown(now, started);
             return;
         }
-        if self.debounce.ready(now, self.cfg.debounce) {
-            if let Some(view) = self.debounce.take() {
-                self.applied = Assignment::compute(&view, self.cfg.shards);
-            }
-        }
+        self.update_placement(now);
         let holding = self.holding(now);
         if !holding {
             self.hold_until = None;

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use super::*;
 use crate::core::lease::{AcquireOutcome, Checked, RenewOutcome};
 use crate::core::membership::{GenerationInfo, Lease, Member, Snapshot};
+use crate::core::placement::Placement;
 
 fn pod(name: &str) -> PodId {
     PodId::new(name).unwrap()
@@ -25,11 +26,13 @@ fn generation(id: &str, age: Duration) -> GenerationInfo {
     GenerationInfo { id: id.into(), age }
 }
 
-fn snapshot(gen: &str, members: &[&str], leases: Vec<Option<Lease>>) -> Snapshot {
+/// A snapshot of a store whose placement is the one `r` follows (what it wrote last).
+fn snapshot(r: &Reconciler, gen: &str, members: &[&str], leases: Vec<Option<Lease>>) -> Snapshot {
     Snapshot {
         generation: generation(gen, Duration::from_secs(3600)),
         members: members.iter().map(|m| member(m)).collect(),
         leases,
+        placement: r.placement().cloned(),
     }
 }
 
@@ -42,6 +45,32 @@ fn cfg() -> CoreConfig {
 
 fn drain(r: &mut Reconciler) -> Vec<Action> {
     std::iter::from_fn(|| r.poll_action()).collect()
+}
+
+/// Drains the actions, answering every placement write as stored at `now`; returns all
+/// actions, the writes included.
+fn settle(r: &mut Reconciler, now: Instant) -> Vec<Action> {
+    let mut all = Vec::new();
+    while let Some(action) = r.poll_action() {
+        if let Action::Place { placement, .. } = &action {
+            r.handle_place(now, placement.clone(), Ok(true));
+        }
+        all.push(action);
+    }
+    all
+}
+
+fn places(actions: &[Action]) -> Vec<(Option<u64>, &Placement)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Place {
+                expected,
+                placement,
+            } => Some((*expected, placement)),
+            _ => None,
+        })
+        .collect()
 }
 
 fn acquires(actions: &[Action]) -> Vec<ShardId> {
@@ -71,11 +100,11 @@ fn serving_pod(me: &str, members: &[&str]) -> (Reconciler, Instant) {
     let mut r = Reconciler::new(cfg(), pod(me), t0);
     r.handle_timeout(t0);
     assert_eq!(drain(&mut r), vec![Action::Poll]);
-    r.handle_snapshot(t0, Ok(snapshot("g", members, vec![None; 8])));
+    r.handle_snapshot(t0, Ok(snapshot(&r, "g", members, vec![None; 8])));
     r.handle_heartbeat(t0, Ok(Checked::Ok(())));
     let t1 = t0 + cfg().debounce;
     r.handle_timeout(t1);
-    let actions = drain(&mut r);
+    let actions = settle(&mut r, t1);
     let mine = acquires(&actions);
     assert!(!mine.is_empty(), "{actions:?}");
     let outcomes = mine
@@ -95,10 +124,10 @@ fn releases_lost_shards_before_claiming_gained_ones() {
     let (mut r, t) = serving_pod("a", &["a"]);
     // b joins: the ring moves some shards to b; a keeps the rest. Then a assignment in
     // which a gains nothing would not test ordering, so make a lose and (later) gain.
-    r.handle_snapshot(t, Ok(snapshot("g", &["a", "b"], vec![None; 8])));
+    r.handle_snapshot(t, Ok(snapshot(&r, "g", &["a", "b"], vec![None; 8])));
     let t = t + cfg().debounce;
     r.handle_timeout(t);
-    let actions = drain(&mut r);
+    let actions = settle(&mut r, t);
     let stops: Vec<ShardId> = actions
         .iter()
         .filter_map(|a| match a {
@@ -122,11 +151,11 @@ fn releases_lost_shards_before_claiming_gained_ones() {
     // Each shard is released as soon as its connections are closed.
     assert_eq!(releases(&drain(&mut r)), stops);
     // b leaves again before the release answers: a must not claim until it is answered.
-    r.handle_snapshot(t, Ok(snapshot("g", &["a"], vec![None; 8])));
+    r.handle_snapshot(t, Ok(snapshot(&r, "g", &["a"], vec![None; 8])));
     let t = t + cfg().debounce;
     r.handle_timeout(t);
     assert!(
-        acquires(&drain(&mut r)).is_empty(),
+        acquires(&settle(&mut r, t)).is_empty(),
         "claimed before the release answered"
     );
     r.handle_release(t, &stops, Ok(vec![true; stops.len()]));
@@ -199,13 +228,22 @@ fn a_lost_renewal_stops_serving_at_once() {
 fn a_new_generation_reclaims_held_shards_and_holds_everything_else() {
     let (mut r, t) = serving_pod("a", &["a"]);
     // Redis restarted empty; b registered first, a's registration is gone.
+    let before = r.placement().cloned().expect("a placement");
     let snap = Snapshot {
         generation: generation("g2", Duration::from_millis(200)),
         members: vec![member("b")],
         leases: vec![None; 8],
+        placement: None,
     };
     r.handle_snapshot(t, Ok(snap));
     let actions = drain(&mut r);
+    // The remembered placement is put back unchanged, not recomputed for b alone.
+    let restored = places(&actions);
+    assert_eq!(restored.len(), 1, "{actions:?}");
+    assert_eq!(restored[0].0, None);
+    assert_eq!(restored[0].1.assignment, before.assignment);
+    assert_eq!(restored[0].1.version, before.version + 1);
+    let restored = restored[0].1.clone();
     let reclaimed = acquires(&actions);
     assert_eq!(
         reclaimed.len(),
@@ -228,17 +266,28 @@ fn a_new_generation_reclaims_held_shards_and_holds_everything_else() {
         .collect();
     r.handle_acquire(t, &reclaimed, Ok(Checked::Ok(outcomes)));
     assert_eq!(r.serving(0, t), Some(9));
-    // The view without a (only b) is debounced and would move everything to b, but the
-    // hold lasts until the generation is one member TTL old.
+    r.handle_place(t, restored.clone(), Ok(true));
+    // The view without a (only b) is stable past the debounce, but the placement only
+    // changes once the hold ends (the generation is one member TTL old).
     let later = t + cfg().debounce * 2;
+    let mut snap = snapshot(&r, "g2", &["b"], vec![None; 8]);
+    snap.generation = generation("g2", Duration::from_millis(200) + cfg().debounce * 2);
+    r.handle_snapshot(later, Ok(snap));
     r.handle_timeout(later);
     assert!(r.holding(later));
-    assert!(!drain(&mut r)
+    let actions = drain(&mut r);
+    assert!(places(&actions).is_empty(), "{actions:?}");
+    assert!(!actions
         .iter()
         .any(|a| matches!(a, Action::StopServing { .. })));
     let after = t + cfg().member_ttl;
     r.handle_timeout(after);
     assert!(!r.holding(after));
+    let actions = drain(&mut r);
+    let next = places(&actions);
+    assert_eq!(next.len(), 1, "{actions:?}");
+    assert_eq!(next[0].0, Some(restored.version));
+    assert_eq!(next[0].1.assignment.pods(), &[pod("b")]);
 }
 
 #[test]
@@ -295,7 +344,7 @@ fn cluster_wide_outage_suspends_and_isolation_gives_up() {
             assert_eq!(r.shard_state(s), Some(ShardState::Suspended { epoch: 7 }));
             // The store returns; the key expired meanwhile: re-claim, then serve again.
             r.handle_renew(past, &[], Err(OpFailed)); // ignored: not the pending renewal
-            r.handle_snapshot(past, Ok(snapshot("g", &["a", "b", "c"], vec![None; 8])));
+            r.handle_snapshot(past, Ok(snapshot(&r, "g", &["a", "b", "c"], vec![None; 8])));
             let reclaim = acquires(&drain(&mut r));
             assert!(reclaim.contains(&s), "{reclaim:?}");
             let outcomes = reclaim
@@ -314,9 +363,9 @@ fn cluster_wide_outage_suspends_and_isolation_gives_up() {
 #[test]
 fn membership_changes_are_debounced() {
     let (mut r, t) = serving_pod("a", &["a"]);
-    r.handle_snapshot(t, Ok(snapshot("g", &["a", "b"], vec![None; 8])));
+    r.handle_snapshot(t, Ok(snapshot(&r, "g", &["a", "b"], vec![None; 8])));
     let half = t + cfg().debounce / 2;
-    r.handle_snapshot(half, Ok(snapshot("g", &["a", "b", "c"], vec![None; 8])));
+    r.handle_snapshot(half, Ok(snapshot(&r, "g", &["a", "b", "c"], vec![None; 8])));
     r.handle_timeout(t + cfg().debounce);
     assert!(
         !drain(&mut r)
@@ -324,12 +373,11 @@ fn membership_changes_are_debounced() {
             .any(|a| matches!(a, Action::StopServing { .. })),
         "applied too early"
     );
-    r.handle_timeout(half + cfg().debounce);
-    assert_eq!(
-        r.assignment().pods().len(),
-        3,
-        "one rebalance for both joins"
-    );
+    let due = half + cfg().debounce;
+    r.handle_timeout(due);
+    let actions = settle(&mut r, due);
+    assert_eq!(places(&actions).len(), 1, "one rebalance for both joins");
+    assert_eq!(r.assignment().pods().len(), 3);
 }
 
 #[test]
@@ -366,10 +414,10 @@ fn a_late_acquire_answer_is_not_served_on() {
     let mut r = Reconciler::new(cfg(), pod("a"), t0);
     r.handle_timeout(t0);
     drain(&mut r);
-    r.handle_snapshot(t0, Ok(snapshot("g", &["a"], vec![None; 8])));
+    r.handle_snapshot(t0, Ok(snapshot(&r, "g", &["a"], vec![None; 8])));
     let t1 = t0 + cfg().debounce;
     r.handle_timeout(t1);
-    let claimed = acquires(&drain(&mut r));
+    let claimed = acquires(&settle(&mut r, t1));
     // The pod froze; the answer arrives after the serve window.
     let late = t1 + cfg().serve_window();
     let outcomes = claimed
@@ -435,6 +483,7 @@ fn a_new_generation_gives_up_suspended_shards() {
         generation: generation("g2", Duration::ZERO),
         members: vec![],
         leases: vec![None; 8],
+        placement: None,
     };
     r.handle_snapshot(past, Ok(snap));
     let actions = drain(&mut r);
@@ -494,4 +543,58 @@ fn suspended_shards_survive_a_brief_isolated_verdict() {
         epoch: 7,
         reason: StopReason::Isolated
     }));
+}
+
+#[test]
+fn a_placement_written_by_another_pod_is_followed_at_once() {
+    let (mut r, t) = serving_pod("a", &["a"]);
+    let mine = r.placement().cloned().unwrap();
+    // b wrote the placement for {a, b}; a has not even seen b in a snapshot before.
+    let theirs = mine.next(&[pod("a"), pod("b")], 8);
+    let mut snap = snapshot(&r, "g", &["a", "b"], vec![None; 8]);
+    snap.placement = Some(theirs.clone());
+    r.handle_snapshot(t, Ok(snap));
+    let actions = drain(&mut r);
+    assert!(
+        places(&actions).is_empty(),
+        "no write of its own: {actions:?}"
+    );
+    let lost: Vec<ShardId> = (0..8)
+        .filter(|&s| theirs.assignment.owner(s) == Some(&pod("b")))
+        .collect();
+    assert!(!lost.is_empty());
+    for s in lost {
+        assert!(
+            actions.contains(&Action::StopServing {
+                shard: s,
+                epoch: 7,
+                reason: StopReason::Rebalance
+            }),
+            "shard {s}: {actions:?}"
+        );
+    }
+}
+
+#[test]
+fn a_lost_placement_race_polls_and_follows_the_winner() {
+    let (mut r, t) = serving_pod("a", &["a"]);
+    let before = r.placement().cloned().unwrap();
+    r.handle_snapshot(t, Ok(snapshot(&r, "g", &["a", "b"], vec![None; 8])));
+    let t = t + cfg().debounce;
+    r.handle_timeout(t);
+    let actions = drain(&mut r);
+    let written = places(&actions);
+    assert_eq!(written.len(), 1, "{actions:?}");
+    assert_eq!(written[0].0, Some(before.version));
+    let attempt = written[0].1.clone();
+    // Another pod's write landed first: nothing changes until the store is read again.
+    r.handle_place(t, attempt.clone(), Ok(false));
+    assert_eq!(r.placement(), Some(&before));
+    assert!(drain(&mut r).contains(&Action::Poll));
+    let winner = before.next(&[pod("a"), pod("b"), pod("c")], 8);
+    let mut snap = snapshot(&r, "g", &["a", "b", "c"], vec![None; 8]);
+    snap.placement = Some(winner.clone());
+    r.handle_snapshot(t, Ok(snap));
+    assert_eq!(r.placement(), Some(&winner));
+    assert!(places(&drain(&mut r)).is_empty());
 }

@@ -1,10 +1,10 @@
--- snapshot: one atomic read of generation, live members and lease holders. Writes only
--- to create a missing generation and to prune expired members.
--- KEYS[1] gen, KEYS[2] members, KEYS[3] member-info, KEYS[4] epochs,
--- KEYS[5..] lease:<shard> for shards 0..n-1
--- ARGV[1] nonce, ARGV[2..] shard ids aligned with KEYS[5..]
--- Reply: {gen_id, age_ms, {member_json...}, {lease...}} where lease is {} (free) or
--- {owner, epoch}. Members are not sorted here: Lua compares strings with the server's
+-- snapshot: one atomic read of generation, live members, lease holders and the
+-- placement. Writes only to create a missing generation and to prune expired members.
+-- KEYS[1] gen, KEYS[2] members, KEYS[3] member-info, KEYS[4] epochs, KEYS[5] placement,
+-- KEYS[6..] lease:<shard> for shards 0..n-1
+-- ARGV[1] nonce, ARGV[2..] shard ids aligned with KEYS[6..]
+-- Reply: {gen_id, age_ms, {member_json...}, {lease...}, placement} where lease is {}
+-- (free) or {owner, epoch}, and placement is {} (none) or {version, table_json}. Members are not sorted here: Lua compares strings with the server's
 -- locale, so the client sorts by pod id.
 -- '' never matches a generation id, so check_gen always answers the current one.
 local g, now = check_gen(KEYS[1], '', ARGV[1])
@@ -29,8 +29,8 @@ if #pods > 0 then
   end
 end
 local leases = {}
-if #KEYS >= 5 then
-  local owners = redis.call('MGET', unpack(KEYS, 5))
+if #KEYS >= 6 then
+  local owners = redis.call('MGET', unpack(KEYS, 6))
   local epochs = redis.call('HMGET', KEYS[4], unpack(ARGV, 2))
   for i, owner in ipairs(owners) do
     if owner then
@@ -40,4 +40,9 @@ if #KEYS >= 5 then
     end
   end
 end
-return {g[2], g[3], members, leases}
+local placement = {}
+local stored = redis.call('HMGET', KEYS[5], 'version', 'table')
+if stored[1] and stored[2] then
+  placement = {stored[1], stored[2]}
+end
+return {g[2], g[3], members, leases, placement}

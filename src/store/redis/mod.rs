@@ -13,7 +13,8 @@
 //! | `acquire` | `acquire.lua` | gen, epochs, `lease:<s>`... | yes |
 //! | `renew` | `renew.lua` | gen, `lease:<s>`... | yes |
 //! | `release` | `release.lua` | `lease:<s>`... | no (owner check only) |
-//! | `snapshot` | `snapshot.lua` | gen, members, member-info, epochs, `lease:0..n` | creates it if missing |
+//! | `snapshot` | `snapshot.lua` | gen, members, member-info, epochs, placement, `lease:0..n` | creates it if missing |
+//! | `place` | `place.lua` | placement | no (version compare-and-set) |
 //!
 //! Connection handling, and why:
 //! - A `ConnectionManager` with a response timeout, a connect timeout and a few retries
@@ -70,9 +71,10 @@ use self::reply::{
 };
 use super::keys::Keys;
 use super::memory::ttl_ms;
-use super::{ClusterMeta, CoordStore, StoreError};
+use super::{placement_table, ClusterMeta, CoordStore, StoreError};
 use crate::core::lease::{AcquireOutcome, Checked, RenewOutcome};
 use crate::core::membership::{Member, Snapshot};
+use crate::core::placement::Placement;
 use crate::core::{PodId, ShardId};
 
 /// Timeouts in a row after which the connection manager is rebuilt.
@@ -126,6 +128,7 @@ struct Scripts {
     renew: Script,
     release: Script,
     snapshot: Script,
+    place: Script,
 }
 
 impl Scripts {
@@ -138,6 +141,7 @@ impl Scripts {
             renew: script!("renew.lua"),
             release: script!("release.lua"),
             snapshot: script!("snapshot.lua"),
+            place: script!("place.lua"),
         }
     }
 }
@@ -481,11 +485,42 @@ impl CoordStore for RedisStore {
     async fn snapshot(&self, shards: u32) -> Result<Snapshot, StoreError> {
         let k = &self.shared.keys;
         let all: Vec<ShardId> = (0..shards).collect();
-        let prefix = vec![k.generation(), k.members(), k.member_info(), k.epochs()];
+        let prefix = vec![
+            k.generation(),
+            k.members(),
+            k.member_info(),
+            k.epochs(),
+            k.placement(),
+        ];
         let keys = self.with_leases(prefix, &all);
         let args = shard_args(vec![nonce()], &all);
         let reply = self.call("snapshot", &self.shared.scripts.snapshot, keys, args);
         parse_snapshot(reply.await?, shards)
+    }
+
+    async fn place(
+        &self,
+        expected: Option<u64>,
+        placement: &Placement,
+    ) -> Result<bool, StoreError> {
+        let k = &self.shared.keys;
+        let args = vec![
+            expected.map_or(String::new(), |v| v.to_string()),
+            placement.version.to_string(),
+            placement_table(placement)?,
+            k.events(),
+        ];
+        let reply = self.call(
+            "place",
+            &self.shared.scripts.place,
+            vec![k.placement()],
+            args,
+        );
+        match uint(&reply.await?)? {
+            0 => Ok(false),
+            1 => Ok(true),
+            n => Err(bad(format!("place answered {n}"))),
+        }
     }
 
     fn changes(&self) -> watch::Receiver<u64> {

@@ -15,7 +15,7 @@ use redis::Value;
 use crate::core::lease::{AcquireOutcome, Checked, RenewOutcome};
 use crate::core::membership::{GenerationInfo, Lease, Member, Snapshot};
 use crate::core::PodId;
-use crate::store::{ClusterMeta, StoreError};
+use crate::store::{parse_placement, ClusterMeta, StoreError};
 
 /// A reply (or request) we cannot make sense of.
 pub(super) fn bad(what: impl fmt::Display) -> StoreError {
@@ -146,9 +146,9 @@ pub(super) fn released(reply: Value, shards: usize) -> Result<Vec<bool>, StoreEr
 }
 
 pub(super) fn parse_snapshot(reply: Value, shards: u32) -> Result<Snapshot, StoreError> {
-    let [id, age, members, leases]: [Value; 4] = items(reply)?
+    let [id, age, members, leases, placement]: [Value; 5] = items(reply)?
         .try_into()
-        .map_err(|v: Vec<Value>| bad(format!("snapshot has {} parts, expected 4", v.len())))?;
+        .map_err(|v: Vec<Value>| bad(format!("snapshot has {} parts, expected 5", v.len())))?;
     let mut members = items(members)?
         .iter()
         .map(|m| {
@@ -174,10 +174,21 @@ pub(super) fn parse_snapshot(reply: Value, shards: u32) -> Result<Snapshot, Stor
             leases.len()
         )));
     }
+    let placement = match items(placement)?.as_slice() {
+        [] => None,
+        [version, table] => {
+            let version = text(version)?
+                .parse()
+                .map_err(|e| bad(format!("bad placement version: {e}")))?;
+            Some(parse_placement(version, text(table)?, shards)?)
+        }
+        other => return Err(bad(format!("placement entry with {} items", other.len()))),
+    };
     Ok(Snapshot {
         generation: generation(&id, &age)?,
         members,
         leases,
+        placement,
     })
 }
 

@@ -1,0 +1,127 @@
+//! The placement: the shard -> pod table the cluster follows, kept in the store and
+//! changed in the fewest moves when the membership changes.
+//!
+//! Why a stored table and not [`Assignment::compute`] of the members alone: a function of
+//! the member set cannot know which pod will join or leave next, so at every pod count
+//! where `ceil(shards / pods)` drops it must reshuffle far more than the joining pod's
+//! share (3-7x at 21 -> 22 or 31 -> 32; 1.8x the ideal on average over 4..=32 pods). A
+//! table that remembers the current owners can move exactly what balance requires:
+//! [`rebalance`] keeps every shard with its pod up to that pod's quota and moves only the
+//! rest.
+//!
+//! Rules of [`rebalance`] (all deterministic, so every pod computes the same table from
+//! the same stored table and member set):
+//! 1. Quotas are `floor(shards / pods)` each, and the `shards % pods` spare `+1` slots go
+//!    to the pods currently holding the most shards (ties: XXH3 of the pod id, then the
+//!    id), which minimises the shards that must leave a pod.
+//! 2. A pod above its quota keeps the shards nearest to it on the ring (the clockwise
+//!    distance used by [`Assignment::compute`]; ties: lower shard id).
+//! 3. Shards of departed pods and shards over quota are placed by the bounded ring rounds
+//!    of [`Assignment::compute`] on the pods below quota.
+//!
+//! So the number of shards that change pod is exactly the shards of departed pods plus the
+//! excess over quota, the minimum for a balanced table. What it does not do: decide when
+//! to change the placement (the reconciler, after its debounce), or store it (the
+//! `CoordStore`, with a version compare-and-set).
+
+use std::cmp::Reverse;
+
+use xxhash_rust::xxh3::xxh3_64;
+
+use super::ring::{Assignment, Ring};
+use super::types::{PodId, ShardId};
+
+/// The table the cluster follows, with the version the store compares on every change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placement {
+    /// Grows by one with every change; the store only accepts a change made from the
+    /// version it holds.
+    pub version: u64,
+    pub assignment: Assignment,
+}
+
+impl Placement {
+    /// The first placement of a cluster, when the store has none and no pod remembers one:
+    /// the balanced table reached from nothing (every shard placed by the ring rounds).
+    pub fn initial(pods: &[PodId], shards: u32) -> Placement {
+        Placement {
+            version: 1,
+            assignment: rebalance(&Assignment::compute(&[], shards), pods, shards),
+        }
+    }
+
+    /// The placement for `pods` reached from this one with the fewest moves.
+    pub fn next(&self, pods: &[PodId], shards: u32) -> Placement {
+        Placement {
+            version: self.version + 1,
+            assignment: rebalance(&self.assignment, pods, shards),
+        }
+    }
+}
+
+/// The balanced assignment for `pods` (any order, duplicates ignored) that moves the
+/// fewest shards away from `prev`. See the module docs for the rules.
+pub fn rebalance(prev: &Assignment, pods: &[PodId], shards: u32) -> Assignment {
+    let mut pods = pods.to_vec();
+    pods.sort();
+    pods.dedup();
+    let n = pods.len();
+    if n == 0 {
+        return Assignment::compute(&pods, shards);
+    }
+    // The current holder of each shard among the new members (`None`: departed or unset).
+    let holder: Vec<Option<u32>> = (0..shards)
+        .map(|s| {
+            prev.owner(s)
+                .and_then(|p| pods.binary_search(p).ok())
+                .map(|i| i as u32)
+        })
+        .collect();
+    let mut held = vec![0u32; n];
+    for &h in holder.iter().flatten() {
+        held[h as usize] += 1;
+    }
+    let (base, spare) = (shards / n as u32, (shards % n as u32) as usize);
+    let mut by_holding: Vec<usize> = (0..n).collect();
+    by_holding.sort_by_key(|&p| (Reverse(held[p]), xxh3_64(pods[p].as_str().as_bytes()), p));
+    let mut quota = vec![base; n];
+    for &p in by_holding.iter().take(spare) {
+        quota[p] += 1;
+    }
+
+    let ring = Ring::new(&pods);
+    let mut owner = vec![0u32; shards as usize];
+    let mut pending: Vec<ShardId> = Vec::new();
+    let mut mine: Vec<Vec<(u64, ShardId)>> = vec![Vec::new(); n];
+    for s in 0..shards {
+        match holder[s as usize] {
+            Some(p) if held[p as usize] <= quota[p as usize] => owner[s as usize] = p,
+            Some(p) => {
+                let distance = ring
+                    .walk(s, shards)
+                    .find(|&(_, q)| q == p)
+                    .map_or(u64::MAX, |(d, _)| d);
+                mine[p as usize].push((distance, s));
+            }
+            None => pending.push(s),
+        }
+    }
+    // Over-quota pods keep their nearest shards and give up the rest.
+    for (p, shards_of_p) in mine.iter_mut().enumerate() {
+        shards_of_p.sort_unstable();
+        for (i, &(_, s)) in shards_of_p.iter().enumerate() {
+            if i < quota[p] as usize {
+                owner[s as usize] = p as u32;
+            } else {
+                pending.push(s);
+            }
+        }
+    }
+    let mut room: Vec<u32> = (0..n).map(|p| quota[p].saturating_sub(held[p])).collect();
+    pending.sort_unstable();
+    ring.fill(pending, shards, &mut room, &mut owner);
+    Assignment::from_parts(pods, owner, shards).expect("every shard placed on a member")
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,190 @@
+use super::*;
+
+/// Deterministic pseudo-random pod ids (a fixed LCG; no `rand` so the ids never change).
+fn random_pods(seed: u64, n: usize) -> Vec<PodId> {
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            PodId::new(format!("posgate-{:09x}-{:05x}", x >> 28, x & 0xfffff)).unwrap()
+        })
+        .collect()
+}
+
+fn loads(a: &Assignment) -> Vec<usize> {
+    a.pods().iter().map(|p| a.load_of(p)).collect()
+}
+
+/// Balanced: every member holds floor or ceil of its share and every shard has a member.
+fn assert_balanced(a: &Assignment, pods: &[PodId], shards: u32) {
+    let mut sorted = pods.to_vec();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(a.pods(), &sorted[..]);
+    let n = sorted.len();
+    let (lo, hi) = (shards as usize / n, (shards as usize).div_ceil(n));
+    let l = loads(a);
+    assert!(l.iter().all(|&x| x == lo || x == hi), "loads {l:?}");
+    assert_eq!(l.iter().sum::<usize>(), shards as usize);
+}
+
+/// The fewest moves any balanced table for `pods` can make from `prev`, computed
+/// independently of `rebalance`: shards of departed pods, plus for each kept pod what it
+/// holds beyond the largest quota it can get, with the spare slots given where they save
+/// the most.
+fn fewest_moves(prev: &Assignment, pods: &[PodId], shards: u32) -> usize {
+    let n = pods.len();
+    let (base, spare) = (shards as usize / n, shards as usize % n);
+    let departed = (0..shards)
+        .filter(|&s| prev.owner(s).is_none_or(|p| !pods.contains(p)))
+        .count();
+    let mut excess_at_base: Vec<usize> = pods
+        .iter()
+        .map(|p| prev.load_of(p).saturating_sub(base))
+        .collect();
+    excess_at_base.sort_unstable_by(|a, b| b.cmp(a));
+    // A spare slot saves one move on a pod above base.
+    let saved = excess_at_base
+        .iter()
+        .take(spare)
+        .filter(|&&e| e > 0)
+        .count();
+    departed + excess_at_base.iter().sum::<usize>() - saved
+}
+
+#[test]
+fn a_join_or_leave_moves_the_fewest_shards_a_balanced_table_can() {
+    for n in 1..=40usize {
+        for seed in 0..20u64 {
+            let all = random_pods(1000 * n as u64 + seed, n + 1);
+            let (old, joiner) = (&all[..n], &all[n]);
+            let before = Placement::initial(old, 64);
+            assert_balanced(&before.assignment, old, 64);
+
+            let joined: Vec<PodId> = all.clone();
+            let after = before.next(&joined, 64);
+            assert_eq!(after.version, before.version + 1);
+            assert_balanced(&after.assignment, &joined, 64);
+            let moved = after.assignment.moved_from(&before.assignment);
+            assert_eq!(
+                moved,
+                fewest_moves(&before.assignment, &joined, 64),
+                "{n}+1"
+            );
+            // Only the joiner gains shards on a join.
+            assert_eq!(moved, after.assignment.load_of(joiner), "{n}+1");
+
+            if n > 1 {
+                let leaver = &old[seed as usize % n];
+                let rest: Vec<PodId> = old.iter().filter(|p| *p != leaver).cloned().collect();
+                let after = before.next(&rest, 64);
+                assert_balanced(&after.assignment, &rest, 64);
+                let moved = after.assignment.moved_from(&before.assignment);
+                assert_eq!(moved, fewest_moves(&before.assignment, &rest, 64), "{n}-1");
+                assert!(moved >= before.assignment.load_of(leaver));
+            }
+        }
+    }
+}
+
+/// The movement targets, as means over 4..=32 pods of the per-N ratio to the
+/// ideal (`64 / (n + 1)` on a join, the leaver's load on a leave). The memoryless
+/// `Assignment::compute` misses them (1.81x and 1.77x), which is why the placement exists.
+#[test]
+fn movement_over_4_to_32_pods_is_within_the_targets() {
+    let (mut join_ratios, mut leave_ratios) = (Vec::new(), Vec::new());
+    for n in 4..=32usize {
+        let (mut join, mut join_ideal, mut leave, mut leave_ideal) = (0, 0.0, 0, 0);
+        for seed in 0..40u64 {
+            let all = random_pods(7000 * n as u64 + seed, n + 1);
+            let old = &all[..n];
+            // A cluster that reached n pods by a join from n - 1.
+            let before = Placement::initial(&old[1..], 64).next(old, 64);
+            join += before
+                .next(&all, 64)
+                .assignment
+                .moved_from(&before.assignment);
+            join_ideal += 64.0 / (n + 1) as f64;
+            let leaver = &old[seed as usize % n];
+            let rest: Vec<PodId> = old.iter().filter(|p| *p != leaver).cloned().collect();
+            leave += before
+                .next(&rest, 64)
+                .assignment
+                .moved_from(&before.assignment);
+            leave_ideal += before.assignment.load_of(leaver);
+        }
+        join_ratios.push(join as f64 / join_ideal);
+        leave_ratios.push(leave as f64 / leave_ideal as f64);
+    }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    let (j, l) = (mean(&join_ratios), mean(&leave_ratios));
+    eprintln!("placement movement over 4..=32 pods: join {j:.3}x, leave {l:.3}x the ideal");
+    assert!(
+        j <= 1.35 && l <= 1.5,
+        "join {j:.3}x, leave {l:.3}x the ideal"
+    );
+}
+
+#[test]
+fn an_unchanged_member_set_moves_nothing() {
+    let pods = random_pods(5, 13);
+    let p = Placement::initial(&pods, 64);
+    let again = p.next(&pods, 64);
+    assert_eq!(again.assignment, p.assignment);
+    assert_eq!(again.version, 2);
+}
+
+#[test]
+fn member_order_and_duplicates_do_not_matter() {
+    let pods = random_pods(9, 10);
+    let p = Placement::initial(&pods[..7], 64);
+    let mut shuffled: Vec<PodId> = pods.iter().rev().cloned().collect();
+    shuffled.extend(pods[2..4].iter().cloned());
+    assert_eq!(p.next(&pods, 64), p.next(&shuffled, 64));
+}
+
+#[test]
+fn from_nothing_or_to_nothing() {
+    let pods = random_pods(11, 6);
+    let empty = Assignment::compute(&[], 64);
+    let a = rebalance(&empty, &pods, 64);
+    assert_balanced(&a, &pods, 64);
+    let none = rebalance(&a, &[], 64);
+    assert!(none.pods().is_empty());
+    assert_eq!(none.owner(0), None);
+    // More pods than shards: 64 pods hold one each, the rest none.
+    let many = random_pods(12, 80);
+    let a = rebalance(&a, &many, 64);
+    assert!(loads(&a).iter().all(|&l| l <= 1));
+    assert_eq!(loads(&a).iter().sum::<usize>(), 64);
+}
+
+/// Pins the rebalance rules. If this fails, pods of a rolling upgrade would compute
+/// different tables from the same stored one: bump `RING_VERSION`, then update the string.
+#[test]
+fn golden_rebalance() {
+    let pods: Vec<PodId> = (0..6)
+        .map(|i| PodId::new(format!("posgate-{i}")).unwrap())
+        .collect();
+    let before = Placement::initial(&pods[..5], 64);
+    let joined = before.next(&pods, 64);
+    let left = joined.next(&[&pods[..2], &pods[3..]].concat(), 64);
+    let got = |a: &Assignment| -> String {
+        (0..64)
+            .map(|s| a.owner(s).unwrap().as_str().chars().last().unwrap())
+            .collect()
+    };
+    assert_eq!(super::super::ring::RING_VERSION, "sticky-placement-v1");
+    assert_eq!(
+        got(&joined.assignment),
+        "1222250055112330331143304042445512221032542340135103345405051441"
+    );
+    assert_eq!(
+        got(&left.assignment),
+        "1550050055113330331143304044445513541031541340135103345405051441"
+    );
+}

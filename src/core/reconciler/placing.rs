@@ -1,0 +1,69 @@
+//! Following and changing the stored placement (rule 4 of the reconciler).
+//!
+//! Every pod follows the placement in the store. When the live member set differs from
+//! the placement's for one debounce period, a pod writes the next placement
+//! ([`Placement::next`]) with a version compare-and-set; all pods compute the same table
+//! from the same inputs, so whichever write lands first is the one everybody adopts, and
+//! the others' writes fail harmlessly and trigger a poll.
+//!
+//! After the store lost its data, pods that remember the last placement put it back
+//! unchanged (even during the recovery hold): shards stay where they were while members
+//! re-register. Only once the hold ends may the membership change the placement again,
+//! because until then the member list in the store is incomplete.
+
+use std::time::Instant;
+
+use super::{Action, Reconciler, Stored};
+use crate::core::placement::Placement;
+
+impl Reconciler {
+    /// Follow `placement` if it is not the one followed already.
+    pub(super) fn adopt(&mut self, placement: Placement) {
+        if self.placement.as_ref() != Some(&placement) {
+            self.applied = placement.assignment.clone();
+            self.placement = Some(placement);
+        }
+    }
+
+    /// Writes a placement when one is due: the remembered one after a data loss, or the
+    /// next one once a membership change has been stable for the debounce period.
+    pub(super) fn update_placement(&mut self, now: Instant) {
+        if self.place_sent || self.store_failing_since.is_some() {
+            return;
+        }
+        let expected = match self.stored {
+            Stored::Unknown => return,
+            Stored::Absent => None,
+            Stored::Version(v) => Some(v),
+        };
+        if expected.is_none() {
+            if let Some(remembered) = &self.placement {
+                let restored = Placement {
+                    version: remembered.version + 1,
+                    assignment: remembered.assignment.clone(),
+                };
+                self.send_place(None, restored);
+                return;
+            }
+        }
+        if self.holding(now) || !self.debounce.ready(now, self.cfg.debounce) {
+            return;
+        }
+        let Some(view) = self.debounce.take() else {
+            return;
+        };
+        let next = match &self.placement {
+            Some(p) => p.next(&view, self.cfg.shards),
+            None => Placement::initial(&view, self.cfg.shards),
+        };
+        self.send_place(expected, next);
+    }
+
+    fn send_place(&mut self, expected: Option<u64>, placement: Placement) {
+        self.place_sent = true;
+        self.actions.push_back(Action::Place {
+            expected,
+            placement,
+        });
+    }
+}
