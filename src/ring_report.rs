@@ -56,16 +56,10 @@ enum Variant {
     Placement,
 }
 
+#[rustfmt::skip]
 const VARIANTS: [Variant; 6] = {
     use Variant::*;
-    [
-        HashMod,
-        Plain,
-        Bounded,
-        Rendezvous,
-        RendezvousCap,
-        Placement,
-    ]
+    [HashMod, Plain, Bounded, Rendezvous, RendezvousCap, Placement]
 };
 /// Where the production algorithm is in [`VARIANTS`].
 const PRODUCTION: usize = 5;

@@ -16,6 +16,8 @@ pub mod placement;
 pub mod reconciler;
 pub mod ring;
 pub mod shard;
+#[cfg(test)]
+mod testing;
 pub mod types;
 
 pub use config::CoreConfig;

@@ -1,23 +1,5 @@
 use super::*;
-
-/// Deterministic pseudo-random pod ids (a fixed LCG; no `rand` so the ids never change).
-fn random_pods(seed: u64, n: usize) -> Vec<PodId> {
-    let mut x = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            PodId::new(format!("posgate-{:09x}-{:05x}", x >> 28, x & 0xfffff)).unwrap()
-        })
-        .collect()
-}
-
-fn loads(a: &Assignment) -> Vec<usize> {
-    a.pods().iter().map(|p| a.load_of(p)).collect()
-}
+use crate::core::testing::{loads, random_pods};
 
 /// Balanced: every member holds floor or ceil of its share and every shard has a member.
 fn assert_balanced(a: &Assignment, pods: &[PodId], shards: u32) {
