@@ -165,6 +165,7 @@ impl Pod {
         let manager_config = ManagerConfig {
             dial_rate: pos.dial_rate,
             max_handshakes: pos.dial_concurrency,
+            hello_rate: pos.hello_rate,
             backoff: pos.backoff,
             close_budget: config.core.close_budget,
             directory_poll: pos.directory_poll,

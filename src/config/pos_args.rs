@@ -28,6 +28,9 @@ pub struct PosSettings {
     pub dial_rate: NonZeroU32,
     /// Handshakes in flight at once.
     pub dial_concurrency: usize,
+    /// Hellos per second, pod-wide, re-sent on live connections when a shard's epoch
+    /// changes (after a re-claim).
+    pub hello_rate: NonZeroU32,
     /// Bounds the TCP connect and each handshake step.
     pub dial_timeout: Duration,
     pub backoff: BackoffPolicy,
@@ -43,6 +46,7 @@ impl Default for PosSettings {
             keepalive: Keepalive::default(),
             dial_rate: NonZeroU32::new(200).expect("non-zero"),
             dial_concurrency: 64,
+            hello_rate: NonZeroU32::new(1000).expect("non-zero"),
             dial_timeout: Duration::from_secs(5),
             backoff: BackoffPolicy::default(),
             directory_poll: Duration::from_secs(4),
@@ -85,6 +89,10 @@ pub struct PosArgs {
     /// Terminal handshakes in flight at once (> 0)
     #[arg(long, env = "POSGATE_DIAL_CONCURRENCY", default_value_t = 64)]
     pub dial_concurrency: usize,
+    /// Hellos per second, pod-wide, re-sent on live terminal connections when a shard
+    /// gets a new epoch (> 0); terminals with a push waiting go first
+    #[arg(long, env = "POSGATE_HELLO_RATE", default_value_t = 1000)]
+    pub hello_rate: u32,
     /// Bound of the TCP connect and of each handshake step (TLS, HTTP/2, hello)
     #[arg(long, env = "POSGATE_DIAL_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
     pub dial_timeout: Duration,
@@ -108,6 +116,8 @@ impl PosArgs {
         if self.dial_concurrency == 0 {
             return Err(invalid("dial-concurrency", "must be greater than zero"));
         }
+        let hello_rate = NonZeroU32::new(self.hello_rate)
+            .ok_or_else(|| invalid("hello-rate", "must be greater than zero"))?;
         for (flag, d) in [
             ("pos-keepalive", self.pos_keepalive),
             ("pos-keepalive-timeout", self.pos_keepalive_timeout),
@@ -157,6 +167,7 @@ impl PosArgs {
             },
             dial_rate,
             dial_concurrency: self.dial_concurrency,
+            hello_rate,
             dial_timeout: self.dial_timeout,
             backoff: BackoffPolicy {
                 base: self.dial_backoff_base,

@@ -266,7 +266,7 @@ fn pos_flags_default_and_resolve() {
     let (config, _, _) = resolve(
         "--pos-ca ca.pem --pos-client-cert c.pem --pos-client-key k.pem --pos-keepalive 3s \
          --pos-keepalive-timeout 1s --dial-rate 1000 --dial-concurrency 8 --dial-timeout 2s \
-         --dial-backoff-base 500ms --dial-backoff-cap 10s --directory-poll 5s",
+         --hello-rate 300 --dial-backoff-base 500ms --dial-backoff-cap 10s --directory-poll 5s",
     )
     .unwrap();
     let pos = config.pos;
@@ -281,6 +281,7 @@ fn pos_flags_default_and_resolve() {
         (Duration::from_secs(3), Duration::from_secs(1))
     );
     assert_eq!((pos.dial_rate.get(), pos.dial_concurrency), (1000, 8));
+    assert_eq!(pos.hello_rate.get(), 300);
     assert_eq!(pos.dial_timeout, Duration::from_secs(2));
     assert_eq!(
         (pos.backoff.base, pos.backoff.cap),
@@ -294,6 +295,7 @@ fn pos_flags_are_checked() {
     for (args, flag) in [
         ("--dial-rate 0", "dial-rate"),
         ("--dial-concurrency 0", "dial-concurrency"),
+        ("--hello-rate 0", "hello-rate"),
         ("--dial-timeout 0s", "dial-timeout"),
         (
             "--dial-backoff-base 2s --dial-backoff-cap 1s",

@@ -162,6 +162,9 @@ impl Drop for WaitingPush {
 pub(super) struct LinkContext {
     pub dialer: Dialer,
     pub pacer: Pacer,
+    /// Paces hellos re-sent on live connections (a re-claim gives every session of a
+    /// shard a new epoch at once).
+    pub hellos: Pacer,
     pub backoff: BackoffPolicy,
     pub close_budget: Duration,
     pub stale: mpsc::UnboundedSender<(ShardId, Epoch)>,
@@ -296,6 +299,15 @@ impl LinkTask {
         loop {
             let epoch = self.mode.borrow_and_update().epoch;
             if session.epoch() != Some(epoch) {
+                // After a re-claim every session of the pod needs a new hello at once;
+                // sent all together they would starve everything else on the pod and
+                // the terminals. Paced, with terminals that have a push waiting first.
+                let _slot = tokio::select! {
+                    slot = admit(&self.cx.hellos, &self.shared) => slot,
+                    () = self.state.closed() => return Served::Removed,
+                };
+                // The epoch may have moved on while we waited: say hello with the latest.
+                let epoch = self.mode.borrow_and_update().epoch;
                 let timeout = self.cx.dialer.handshake_timeout();
                 let hello = tokio::select! {
                     r = session.hello(epoch, timeout) => r,

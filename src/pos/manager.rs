@@ -64,8 +64,12 @@ pub struct ManagerConfig {
     pub dial_rate: NonZeroU32,
     /// Random extra wait per dial, so paced dials do not tick in lockstep.
     pub dial_jitter: Duration,
-    /// TCP + TLS + HTTP/2 + hello handshakes in flight at once.
+    /// TCP + TLS + HTTP/2 + hello handshakes in flight at once; also bounds re-sent
+    /// hellos in flight.
     pub max_handshakes: usize,
+    /// Hellos per second re-sent on live connections after an epoch change
+    /// (`--hello-rate`).
+    pub hello_rate: NonZeroU32,
     pub backoff: BackoffPolicy,
     /// How long a stopping shard's sessions get to close before they are dropped.
     pub close_budget: Duration,
@@ -83,6 +87,7 @@ impl Default for ManagerConfig {
             dial_rate: NonZeroU32::new(200).expect("non-zero"),
             dial_jitter: Duration::from_millis(20),
             max_handshakes: 64,
+            hello_rate: NonZeroU32::new(1000).expect("non-zero"),
             backoff: BackoffPolicy::default(),
             close_budget: Duration::from_secs(2),
             directory_poll: Duration::from_secs(2),
@@ -209,6 +214,7 @@ impl<D: Directory> ConnectionManager<D> {
             links: Arc::new(LinkContext {
                 dialer,
                 pacer: Pacer::new(cfg.dial_rate, cfg.dial_jitter, cfg.max_handshakes),
+                hellos: Pacer::new(cfg.hello_rate, Duration::ZERO, cfg.max_handshakes),
                 backoff: cfg.backoff,
                 close_budget: cfg.close_budget,
                 stale,

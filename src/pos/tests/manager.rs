@@ -12,7 +12,7 @@ use crate::core::reconciler::StopReason;
 use crate::driver::ServingHook;
 use crate::pos::dialer::Keepalive;
 use crate::pos::directory::{DirectoryAdmin, MemoryDirectory, Terminal};
-use crate::pos::manager::{ConnectionManager, ManagerConfig};
+use crate::pos::manager::{ConnectionManager, Lookup, ManagerConfig};
 use crate::pos::LinkState;
 
 fn manager_config() -> ManagerConfig {
@@ -212,4 +212,56 @@ async fn stop_closes_idle_sessions_without_waiting_out_the_budget() {
         server.open.load(Ordering::SeqCst) == 0
     })
     .await;
+}
+
+/// A re-claim gives every session of a shard a new epoch at once; the hellos that follow
+/// are paced (`--hello-rate`), and a terminal with a push waiting is served first. At 1
+/// hello per second, when the waiting terminal's hello lands at most one other has been
+/// sent; unpaced, all six would be out within milliseconds.
+#[tokio::test]
+async fn re_sent_hellos_are_paced_and_a_waiting_push_goes_first() {
+    let pki = Pki::new();
+    let server = FakeTerminal::spawn(pki.server("pos-1.test", &[b"h2"])).await;
+    let directory = Arc::new(MemoryDirectory::new());
+    let ids = ["pos-1", "pos-2", "pos-3", "pos-4", "pos-5", "pos-6"];
+    let terminals: Vec<Terminal> = ids
+        .iter()
+        .map(|id| server.terminal(id, "pos-1.test"))
+        .collect();
+    directory.upsert(1, &terminals).await.unwrap();
+    let (stale, _stale_rx) = mpsc::unbounded_channel();
+    let config = ManagerConfig {
+        dial_rate: std::num::NonZeroU32::new(1000).unwrap(),
+        hello_rate: std::num::NonZeroU32::MIN,
+        ..manager_config()
+    };
+    let m = ConnectionManager::new(directory.clone(), pki.dialer(), config, stale);
+    m.start(0, 10);
+    wait_until("all connected with epoch 10", || all_connected(&m, 6, 10)).await;
+
+    m.start(0, 11);
+    let Lookup::Found(link) = m.lookup(0, "pos-6") else {
+        panic!("pos-6 is in the shard");
+    };
+    let _waiting = link.wait(10).expect("room to wait");
+    let re_sent = || {
+        server
+            .hellos()
+            .into_iter()
+            .filter(|h| h.epoch == 11)
+            .map(|h| h.terminal)
+            .collect::<Vec<_>>()
+    };
+    wait_until("pos-6 re-hello'd", || {
+        re_sent().contains(&"pos-6".to_string())
+    })
+    .await;
+    let first = re_sent();
+    assert!(first.len() <= 2, "hellos not paced: {first:?}");
+    wait_until("all re-hello'd with epoch 11", || all_connected(&m, 6, 11)).await;
+    assert_eq!(
+        server.open.load(Ordering::SeqCst),
+        6,
+        "no redial for a new epoch"
+    );
 }
