@@ -7,6 +7,10 @@
 //! store fails after the store timeout, and a reply may be lost after the store applied
 //! the call.
 
+mod converge;
+mod inject;
+mod store_calls;
+
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::{Duration, Instant};
@@ -14,6 +18,7 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use self::store_calls::failed;
 use super::checks::{Checker, Violation};
 use super::faults::{self, Fault};
 use super::{SimConfig, SimStats};
@@ -369,104 +374,6 @@ impl<'a> World<'a> {
         }
     }
 
-    /// A call reaches the store: apply it and send the reply (which may get lost).
-    fn arrive(&mut self, pod: usize, call: Call) -> Result<(), Violation> {
-        if self.pods[pod].partitioned || !self.store_up {
-            let at = self.now + STORE_TIMEOUT;
-            self.schedule(at, Ev::Reply(pod, failed(call)));
-            return Ok(());
-        }
-        let ms = STORE_EPOCH_MS + self.now.as_millis() as u64;
-        let core = &self.cfg.core;
-        let id = self.pods[pod].id.clone();
-        let store = &mut self.store;
-        let reply = match call {
-            Call::Heartbeat(g) => {
-                let member = Member {
-                    pod: id.clone(),
-                    url: format!("http://sim/{id}"),
-                    version: "sim".into(),
-                    ring_version: crate::core::ring::RING_VERSION.into(),
-                    started_ms: ms,
-                };
-                let meta = ClusterMeta::current(core.shards);
-                let r = store
-                    .heartbeat(ms, &g, &member, &meta, core.member_ttl)
-                    .map_err(|_| OpFailed);
-                if !matches!(r, Ok(Checked::Ok(()))) {
-                    self.check
-                        .log(self.now, format_args!("store: {id} heartbeat {r:?}"));
-                }
-                Reply::Heartbeat(r)
-            }
-            Call::Poll => Reply::Snapshot(Ok(store.snapshot(ms, core.shards))),
-            Call::Acquire(g, shards) => {
-                let r = store
-                    .acquire(ms, &g, &id, &shards, core.lease_ttl)
-                    .map_err(|_| OpFailed);
-                if let Ok(Checked::Ok(outcomes)) = &r {
-                    for (&s, o) in shards.iter().zip(outcomes) {
-                        if let AcquireOutcome::Acquired { epoch } = o {
-                            self.stats.acquisitions += 1;
-                            self.check.log(
-                                self.now,
-                                format_args!("store: {id} acquired {s} epoch {epoch}"),
-                            );
-                            self.check.granted(self.now, s, *epoch)?;
-                        }
-                    }
-                }
-                Reply::Acquire(shards, r)
-            }
-            Call::Renew(g, shards) => {
-                let r = store
-                    .renew(ms, &g, &id, &shards, core.lease_ttl)
-                    .map_err(|_| OpFailed);
-                Reply::Renew(shards, r)
-            }
-            Call::Release(shards) => {
-                let r = store.release(ms, &id, &shards);
-                Reply::Release(shards, Ok(r))
-            }
-            Call::Deregister => {
-                store.deregister(ms, &id);
-                Reply::Deregister(Ok(()))
-            }
-            Call::Place(expected, placement) => {
-                let stored = store.place(expected, &placement);
-                self.check.log(
-                    self.now,
-                    format_args!(
-                        "store: {id} place v{} over {expected:?}: {stored}",
-                        placement.version
-                    ),
-                );
-                Reply::Place(placement, Ok(stored))
-            }
-        };
-        let n = self.store.notifications();
-        if n != self.notifications {
-            self.notifications = n;
-            for p in self.alive() {
-                if !self.pods[p].partitioned {
-                    let at = self.now + self.latency();
-                    self.schedule(at, Ev::Notify(p));
-                }
-            }
-        }
-        // Lost replies are faults too: none after `fault_end`, so convergence is judged
-        // on a quiet network. (Drawn either way, to keep every seed's random sequence.)
-        let lost = self.rng.random_bool(self.cfg.reply_loss);
-        if lost && self.now < self.cfg.fault_end {
-            let at = self.now + STORE_TIMEOUT;
-            self.schedule(at, Ev::Reply(pod, failed_reply(reply)));
-        } else {
-            let at = self.now + self.latency();
-            self.schedule(at, Ev::Reply(pod, reply));
-        }
-        Ok(())
-    }
-
     fn schedule_wake(&mut self, pod: usize) {
         let Some(next) = self.pods[pod]
             .rec
@@ -518,132 +425,5 @@ impl<'a> World<'a> {
             self.check.checks += 1;
         }
         Ok(())
-    }
-
-    fn fault(&mut self, fault: Fault) -> Result<(), Violation> {
-        self.stats.faults += 1;
-        let staying: Vec<usize> = self
-            .alive()
-            .into_iter()
-            .filter(|&p| !self.pods[p].leaving)
-            .collect();
-        let can_lose = staying.len() > 1;
-        let alive: Vec<usize> = staying
-            .into_iter()
-            .filter(|&p| self.pods[p].paused_until.is_none())
-            .collect();
-        let victim = if alive.is_empty() {
-            None
-        } else {
-            Some(alive[self.rng.random_range(0..alive.len())])
-        };
-        self.check
-            .log(self.now, format_args!("fault {fault:?} victim {victim:?}"));
-        match (fault, victim) {
-            (Fault::Join, _) if self.alive().len() < self.cfg.max_pods => self.add_pod(self.now),
-            (Fault::Leave, Some(v)) if can_lose => {
-                self.pods[v].leaving = true;
-                let now = self.local(v);
-                if let Some(rec) = self.pods[v].rec.as_mut() {
-                    rec.begin_shutdown(now);
-                }
-                self.perform(v)?;
-                self.schedule_wake(v);
-            }
-            (Fault::Crash, Some(v)) if can_lose => self.pods[v].alive = false,
-            (Fault::Pause(d), Some(v)) => {
-                self.pods[v].paused_until = Some(self.now + d);
-                self.schedule(self.now + d, Ev::Resume(v));
-            }
-            (Fault::Partition(d), Some(v)) => {
-                self.pods[v].partitioned = true;
-                self.schedule(self.now + d, Ev::Heal(v));
-            }
-            (Fault::StoreOutage(d), _) => {
-                self.store_up = false;
-                self.schedule(self.now + d, Ev::StoreUp);
-            }
-            (Fault::StoreWipe, _) => self.store.wipe(),
-            _ => {}
-        }
-        Ok(())
-    }
-
-    /// After faults stop and the settle time passes: the stored placement is a balanced
-    /// table over exactly the live pods, and each shard is served by exactly its pod.
-    fn converged(&mut self) -> Result<(), Violation> {
-        let alive = self.alive();
-        let mut ids: Vec<PodId> = alive.iter().map(|&p| self.pods[p].id.clone()).collect();
-        ids.sort();
-        let shards = self.cfg.core.shards;
-        let assignment = match self.store.placement() {
-            Some(p) if p.assignment.pods() == ids.as_slice() => p.assignment.clone(),
-            other => {
-                let pods = other.map(|p| p.assignment.pods().to_vec());
-                return Err(self.check.violation(
-                    self.now,
-                    format!("not converged: placement for {pods:?}, live pods {ids:?}"),
-                ));
-            }
-        };
-        let n = ids.len().max(1);
-        let (lo, hi) = (shards as usize / n, (shards as usize).div_ceil(n));
-        if let Some(p) = ids
-            .iter()
-            .find(|p| !(lo..=hi).contains(&assignment.load_of(p)))
-        {
-            let load = assignment.load_of(p);
-            return Err(self.check.violation(
-                self.now,
-                format!("unbalanced placement: {p} holds {load}, not {lo}..={hi}"),
-            ));
-        }
-        for shard in 0..self.cfg.core.shards {
-            let servers: Vec<PodId> = alive
-                .iter()
-                .filter(|&&p| {
-                    let now = self.local(p);
-                    self.pods[p]
-                        .rec
-                        .as_ref()
-                        .is_some_and(|r| r.serving(shard, now).is_some())
-                })
-                .map(|&p| self.pods[p].id.clone())
-                .collect();
-            let want = assignment.owner(shard).cloned();
-            if servers.len() != 1 || Some(&servers[0]) != want.as_ref() {
-                return Err(self.check.violation(
-                    self.now,
-                    format!(
-                        "not converged: shard {shard} assigned to {want:?}, served by {servers:?}"
-                    ),
-                ));
-            }
-        }
-        Ok(())
-    }
-}
-
-fn failed(call: Call) -> Reply {
-    match call {
-        Call::Heartbeat(_) => Reply::Heartbeat(Err(OpFailed)),
-        Call::Poll => Reply::Snapshot(Err(OpFailed)),
-        Call::Acquire(_, s) => Reply::Acquire(s, Err(OpFailed)),
-        Call::Renew(_, s) => Reply::Renew(s, Err(OpFailed)),
-        Call::Release(s) => Reply::Release(s, Err(OpFailed)),
-        Call::Deregister => Reply::Deregister(Err(OpFailed)),
-        Call::Place(_, p) => Reply::Place(p, Err(OpFailed)),
-    }
-}
-
-fn failed_reply(reply: Reply) -> Reply {
-    match reply {
-        Reply::Heartbeat(_) => Reply::Heartbeat(Err(OpFailed)),
-        Reply::Snapshot(_) => Reply::Snapshot(Err(OpFailed)),
-        Reply::Acquire(s, _) => Reply::Acquire(s, Err(OpFailed)),
-        Reply::Renew(s, _) => Reply::Renew(s, Err(OpFailed)),
-        Reply::Release(s, _) => Reply::Release(s, Err(OpFailed)),
-        Reply::Deregister(_) => Reply::Deregister(Err(OpFailed)),
-        Reply::Place(p, _) => Reply::Place(p, Err(OpFailed)),
     }
 }

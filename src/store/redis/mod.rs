@@ -49,6 +49,7 @@
 mod client;
 mod directory;
 mod events;
+mod ops;
 mod reply;
 
 use std::fmt;
@@ -66,16 +67,9 @@ use tracing::{debug, info, warn};
 pub use self::client::ClientCert;
 use self::client::{bounded, cannot_connect, lazy_manager, open};
 use self::events::{Events, Subscription};
-use self::reply::{
-    acquire_outcome, bad, checked, map_ok, parse_snapshot, released, renew_outcome, uint,
-};
 use super::keys::Keys;
-use super::memory::ttl_ms;
-use super::{placement_table, ClusterMeta, CoordStore, StoreError};
-use crate::core::lease::{AcquireOutcome, Checked, RenewOutcome};
-use crate::core::membership::{Member, Snapshot};
-use crate::core::placement::Placement;
-use crate::core::{PodId, ShardId};
+use super::StoreError;
+use crate::core::ShardId;
 
 /// Timeouts in a row after which the connection manager is rebuilt.
 pub const REBUILD_AFTER_TIMEOUTS: u32 = 3;
@@ -185,10 +179,6 @@ impl fmt::Debug for RedisStore {
             .field("cluster", &self.shared.keys.cluster())
             .finish_non_exhaustive()
     }
-}
-
-fn nonce() -> String {
-    format!("{:016x}", rand::random::<u64>())
 }
 
 impl RedisStore {
@@ -375,155 +365,5 @@ impl RedisStore {
     fn with_leases(&self, mut prefix: Vec<String>, shards: &[ShardId]) -> Vec<String> {
         prefix.extend(shards.iter().map(|&s| self.shared.keys.lease(s)));
         prefix
-    }
-}
-
-fn to_json(v: &impl serde::Serialize) -> Result<String, StoreError> {
-    serde_json::to_string(v).map_err(|e| bad(format!("cannot encode: {e}")))
-}
-
-fn shard_args(mut prefix: Vec<String>, shards: &[ShardId]) -> Vec<String> {
-    prefix.extend(shards.iter().map(ShardId::to_string));
-    prefix
-}
-
-impl CoordStore for RedisStore {
-    async fn pin_meta(&self, meta: &ClusterMeta) -> Result<(), StoreError> {
-        let (keys, args) = (vec![self.shared.keys.meta()], vec![to_json(meta)?]);
-        let reply = self.call("pin_meta", &self.shared.scripts.pin_meta, keys, args);
-        match checked(reply.await?, Some(meta), 0)? {
-            Checked::Ok(_) => Ok(()),
-            Checked::GenerationChanged(_) => Err(bad("pin_meta answered a generation")),
-        }
-    }
-
-    async fn heartbeat(
-        &self,
-        generation: &str,
-        member: &Member,
-        meta: &ClusterMeta,
-        ttl: Duration,
-    ) -> Result<Checked<()>, StoreError> {
-        let k = &self.shared.keys;
-        let keys = vec![k.generation(), k.members(), k.member_info(), k.meta()];
-        let args = vec![
-            generation.to_string(),
-            nonce(),
-            member.pod.to_string(),
-            to_json(member)?,
-            to_json(meta)?,
-            ttl_ms(ttl).to_string(),
-            k.events(),
-        ];
-        let reply = self.call("heartbeat", &self.shared.scripts.heartbeat, keys, args);
-        map_ok(checked(reply.await?, Some(meta), 0)?, |_| Ok(()))
-    }
-
-    async fn deregister(&self, pod: &PodId) -> Result<(), StoreError> {
-        let k = &self.shared.keys;
-        let (keys, args) = (
-            vec![k.members(), k.member_info()],
-            vec![pod.to_string(), k.events()],
-        );
-        let reply = self.call("deregister", &self.shared.scripts.deregister, keys, args);
-        uint(&reply.await?).map(|_| ())
-    }
-
-    async fn acquire(
-        &self,
-        generation: &str,
-        pod: &PodId,
-        shards: &[ShardId],
-        ttl: Duration,
-    ) -> Result<Checked<Vec<AcquireOutcome>>, StoreError> {
-        let k = &self.shared.keys;
-        let keys = self.with_leases(vec![k.generation(), k.epochs()], shards);
-        let args = vec![
-            generation.to_string(),
-            nonce(),
-            pod.to_string(),
-            ttl_ms(ttl).to_string(),
-        ];
-        let reply = self.call(
-            "acquire",
-            &self.shared.scripts.acquire,
-            keys,
-            shard_args(args, shards),
-        );
-        map_ok(checked(reply.await?, None, shards.len())?, |v| {
-            v.into_iter().map(acquire_outcome).collect()
-        })
-    }
-
-    async fn renew(
-        &self,
-        generation: &str,
-        pod: &PodId,
-        shards: &[ShardId],
-        ttl: Duration,
-    ) -> Result<Checked<Vec<RenewOutcome>>, StoreError> {
-        let keys = self.with_leases(vec![self.shared.keys.generation()], shards);
-        let args = vec![
-            generation.to_string(),
-            nonce(),
-            pod.to_string(),
-            ttl_ms(ttl).to_string(),
-        ];
-        let reply = self.call("renew", &self.shared.scripts.renew, keys, args);
-        map_ok(checked(reply.await?, None, shards.len())?, |v| {
-            v.into_iter().map(renew_outcome).collect()
-        })
-    }
-
-    async fn release(&self, pod: &PodId, shards: &[ShardId]) -> Result<Vec<bool>, StoreError> {
-        let keys = self.with_leases(Vec::new(), shards);
-        let args = shard_args(vec![pod.to_string(), self.shared.keys.events()], shards);
-        let reply = self.call("release", &self.shared.scripts.release, keys, args);
-        released(reply.await?, shards.len())
-    }
-
-    async fn snapshot(&self, shards: u32) -> Result<Snapshot, StoreError> {
-        let k = &self.shared.keys;
-        let all: Vec<ShardId> = (0..shards).collect();
-        let prefix = vec![
-            k.generation(),
-            k.members(),
-            k.member_info(),
-            k.epochs(),
-            k.placement(),
-        ];
-        let keys = self.with_leases(prefix, &all);
-        let args = shard_args(vec![nonce()], &all);
-        let reply = self.call("snapshot", &self.shared.scripts.snapshot, keys, args);
-        parse_snapshot(reply.await?, shards)
-    }
-
-    async fn place(
-        &self,
-        expected: Option<u64>,
-        placement: &Placement,
-    ) -> Result<bool, StoreError> {
-        let k = &self.shared.keys;
-        let args = vec![
-            expected.map_or(String::new(), |v| v.to_string()),
-            placement.version.to_string(),
-            placement_table(placement)?,
-            k.events(),
-        ];
-        let reply = self.call(
-            "place",
-            &self.shared.scripts.place,
-            vec![k.placement()],
-            args,
-        );
-        match uint(&reply.await?)? {
-            0 => Ok(false),
-            1 => Ok(true),
-            n => Err(bad(format!("place answered {n}"))),
-        }
-    }
-
-    fn changes(&self) -> watch::Receiver<u64> {
-        self.changes.clone()
     }
 }

@@ -1,0 +1,246 @@
+//! The reconciler's inputs: `handle_*(now, ..)` for every store answer, peer report,
+//! connection-layer acknowledgement and the passage of time. Each records what it
+//! learned and then runs the rules (`rules.rs`) once.
+
+use std::time::Instant;
+
+use super::shard::Shard;
+use super::{
+    AfterStop, OpFailed, OpResult, Outage, PeerReport, Reconciler, ShardState, StopReason, Stored,
+};
+use crate::core::lease::{AcquireOutcome, Checked, RenewOutcome};
+use crate::core::membership::Snapshot;
+use crate::core::placement::Placement;
+use crate::core::types::{Epoch, PodId, ShardId};
+
+impl Reconciler {
+    /// Time passed: expire deadlines, fire timers, reconcile.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.reconcile(now);
+    }
+
+    /// A change notification from the store (join, leave, release): poll now.
+    pub fn handle_change_notification(&mut self, now: Instant) {
+        self.poll.reschedule(now);
+        self.reconcile(now);
+    }
+
+    pub fn handle_snapshot(&mut self, now: Instant, result: OpResult<Snapshot>) {
+        self.poll.finish(now + self.cfg.poll_interval);
+        match result {
+            Err(OpFailed) => self.store_failed(now),
+            Ok(snap) => {
+                self.store_ok(now);
+                self.observe_generation(now, &snap.generation);
+                self.registered = snap.members.iter().any(|m| m.pod == self.me);
+                match snap.placement {
+                    Some(p) => {
+                        self.stored = Stored::Version(p.version);
+                        self.adopt(p);
+                    }
+                    None => self.stored = Stored::Absent,
+                }
+                let ids: Vec<PodId> = snap.members.iter().map(|m| m.pod.clone()).collect();
+                self.debounce.observe(now, ids, self.applied.pods());
+                self.members = snap.members;
+                self.leases = snap.leases;
+                self.leases.resize(self.cfg.shards as usize, None);
+            }
+        }
+        self.reconcile(now);
+    }
+
+    /// The answer to [`Action::Place`] for `placement`: `Ok(true)` stored, `Ok(false)` the
+    /// store's version was not the expected one (someone else changed it first).
+    pub fn handle_place(&mut self, now: Instant, placement: Placement, result: OpResult<bool>) {
+        self.place_sent = false;
+        match result {
+            Ok(true) => {
+                self.store_ok(now);
+                self.stored = Stored::Version(placement.version);
+                self.adopt(placement);
+            }
+            Ok(false) => {
+                self.store_ok(now);
+                self.poll.reschedule(now);
+            }
+            Err(OpFailed) => self.store_failed(now),
+        }
+        self.reconcile(now);
+    }
+
+    pub fn handle_heartbeat(&mut self, now: Instant, result: OpResult<Checked<()>>) {
+        match result {
+            Err(OpFailed) => {
+                self.heartbeat.finish(now + self.cfg.heartbeat_interval / 4);
+                self.store_failed(now);
+            }
+            Ok(Checked::GenerationChanged(info)) => {
+                self.heartbeat.finish(now);
+                self.store_ok(now);
+                self.observe_generation(now, &info);
+            }
+            Ok(Checked::Ok(())) => {
+                self.heartbeat.finish(now + self.cfg.heartbeat_interval);
+                self.store_ok(now);
+            }
+        }
+        self.reconcile(now);
+    }
+
+    pub fn handle_acquire(
+        &mut self,
+        now: Instant,
+        shards: &[ShardId],
+        result: OpResult<Checked<Vec<AcquireOutcome>>>,
+    ) {
+        match result {
+            Err(OpFailed) => {
+                self.store_failed(now);
+                for &s in shards {
+                    let sh = &mut self.shards[s as usize];
+                    if sh.claim_sent.take().is_some() && sh.state == ShardState::Idle {
+                        sh.maybe_ours = true;
+                    }
+                }
+            }
+            Ok(Checked::GenerationChanged(info)) => {
+                self.store_ok(now);
+                for &s in shards {
+                    self.shards[s as usize].claim_sent = None;
+                }
+                self.observe_generation(now, &info);
+            }
+            Ok(Checked::Ok(outcomes)) => {
+                self.store_ok(now);
+                for (&s, outcome) in shards.iter().zip(outcomes) {
+                    self.claim_answered(now, s, outcome);
+                }
+            }
+        }
+        self.reconcile(now);
+    }
+
+    pub fn handle_renew(
+        &mut self,
+        now: Instant,
+        shards: &[ShardId],
+        result: OpResult<Checked<Vec<RenewOutcome>>>,
+    ) {
+        let sent = match self.renew_sent.take() {
+            Some((sent, ref sent_shards)) if sent_shards == shards => sent,
+            other => {
+                // Not the renewal we are waiting for (cannot happen with one driver);
+                // keep waiting for ours.
+                self.renew_sent = other;
+                return;
+            }
+        };
+        match result {
+            Err(OpFailed) => {
+                self.renew.finish(now + self.cfg.renew_interval / 4);
+                self.store_failed(now);
+            }
+            Ok(Checked::GenerationChanged(info)) => {
+                self.renew.finish(now + self.cfg.renew_interval);
+                self.store_ok(now);
+                self.observe_generation(now, &info);
+            }
+            Ok(Checked::Ok(outcomes)) => {
+                self.renew.finish(now + self.cfg.renew_interval);
+                self.store_ok(now);
+                for (&s, outcome) in shards.iter().zip(outcomes) {
+                    self.renewal_answered(now, sent, s, outcome);
+                }
+            }
+        }
+        self.reconcile(now);
+    }
+
+    pub fn handle_release(
+        &mut self,
+        now: Instant,
+        shards: &[ShardId],
+        result: OpResult<Vec<bool>>,
+    ) {
+        match result {
+            // The lease expires by itself; we stopped serving before sending the release.
+            Err(OpFailed) => self.store_failed(now),
+            Ok(_) => self.store_ok(now),
+        }
+        for &s in shards {
+            let sh = &mut self.shards[s as usize];
+            sh.maybe_ours = false;
+            if sh.state == (ShardState::Releasing { sent: true }) {
+                sh.state = ShardState::Idle;
+            }
+        }
+        self.reconcile(now);
+    }
+
+    pub fn handle_deregister(&mut self, now: Instant, result: OpResult<()>) {
+        // Even a failed deregistration ends shutdown: the registration expires by TTL.
+        let _ = result;
+        self.deregistered = true;
+        self.registered = false;
+        self.reconcile(now);
+    }
+
+    /// The connections of a shard that was told to stop are closed.
+    pub fn handle_serving_stopped(&mut self, now: Instant, shard: ShardId) {
+        if let Some(sh) = self.shards.get_mut(shard as usize) {
+            if let ShardState::Stopping { then, .. } = sh.state {
+                sh.state = match then {
+                    AfterStop::Release => ShardState::Releasing { sent: false },
+                    AfterStop::Forget => ShardState::Idle,
+                };
+            }
+        }
+        self.reconcile(now);
+    }
+
+    /// A terminal refused `epoch` on `shard` as stale: a newer owner exists.
+    pub fn handle_stale_epoch(&mut self, now: Instant, shard: ShardId, epoch: Epoch) {
+        if self.shards.get(shard as usize).and_then(Shard::held_epoch) == Some(epoch) {
+            self.stop(shard, StopReason::StaleEpoch, AfterStop::Forget);
+        }
+        self.reconcile(now);
+    }
+
+    pub fn handle_peer_report(&mut self, now: Instant, report: PeerReport) {
+        let failing = self.store_failing_since.is_some();
+        if failing {
+            let verdict = if report.answered > 0 && report.reaching == 0 {
+                Outage::ClusterWide
+            } else {
+                Outage::Isolated
+            };
+            if verdict == Outage::Isolated && self.outage != Outage::Isolated {
+                self.isolated_since = Some(now);
+            }
+            self.outage = verdict;
+        }
+        // A peer whose last store call predates the outage still says it reaches the
+        // store. While we serve, ask again well before our deadlines rather than one
+        // renew interval later, or a cluster-wide outage is mistaken for isolation.
+        let serving = self
+            .shards
+            .iter()
+            .any(|s| matches!(s.state, ShardState::Serving { .. }));
+        let again = if failing && report.reaching > 0 && serving {
+            self.cfg.renew_interval / 4
+        } else {
+            self.cfg.renew_interval
+        };
+        self.probe.finish(now + again);
+        self.reconcile(now);
+    }
+
+    /// Start a graceful shutdown: stop serving everything, release, deregister.
+    pub fn begin_shutdown(&mut self, now: Instant) {
+        if self.shutdown.is_none() {
+            self.shutdown = Some(now);
+        }
+        self.reconcile(now);
+    }
+}

@@ -1,0 +1,234 @@
+//! Store loss and outages (rules 5 and 6, `recovery.rs`): re-claims, holds, suspension.
+
+use super::*;
+
+#[test]
+fn a_new_generation_reclaims_held_shards_and_holds_everything_else() {
+    let (mut r, t) = serving_pod("a", &["a"]);
+    // Redis restarted empty; b registered first, a's registration is gone.
+    let before = r.placement().cloned().expect("a placement");
+    let snap = Snapshot {
+        generation: generation("g2", Duration::from_millis(200)),
+        members: vec![member("b")],
+        leases: vec![None; 8],
+        placement: None,
+    };
+    r.handle_snapshot(t, Ok(snap));
+    let actions = drain(&mut r);
+    // The remembered placement is put back unchanged, not recomputed for b alone.
+    let restored = places(&actions);
+    assert_eq!(restored.len(), 1, "{actions:?}");
+    assert_eq!(restored[0].0, None);
+    assert_eq!(restored[0].1.assignment, before.assignment);
+    assert_eq!(restored[0].1.version, before.version + 1);
+    let restored = restored[0].1.clone();
+    let reclaimed = acquires(&actions);
+    assert_eq!(
+        reclaimed.len(),
+        8,
+        "re-claims every held shard: {actions:?}"
+    );
+    assert!(actions
+        .iter()
+        .any(|a| matches!(a, Action::Heartbeat { generation } if generation == "g2")));
+    assert!(
+        !actions
+            .iter()
+            .any(|a| matches!(a, Action::StopServing { .. })),
+        "no stop: {actions:?}"
+    );
+    // Re-claims succeed with new epochs: serving continues with them.
+    let outcomes = reclaimed
+        .iter()
+        .map(|_| AcquireOutcome::Acquired { epoch: 9 })
+        .collect();
+    r.handle_acquire(t, &reclaimed, Ok(Checked::Ok(outcomes)));
+    assert_eq!(r.serving(0, t), Some(9));
+    r.handle_place(t, restored.clone(), Ok(true));
+    // The view without a (only b) is stable past the debounce, but the placement only
+    // changes once the hold ends (the generation is one member TTL old).
+    let later = t + cfg().debounce * 2;
+    let mut snap = snapshot(&r, "g2", &["b"], vec![None; 8]);
+    snap.generation = generation("g2", Duration::from_millis(200) + cfg().debounce * 2);
+    r.handle_snapshot(later, Ok(snap));
+    r.handle_timeout(later);
+    assert!(r.holding(later));
+    let actions = drain(&mut r);
+    assert!(places(&actions).is_empty(), "{actions:?}");
+    assert!(!actions
+        .iter()
+        .any(|a| matches!(a, Action::StopServing { .. })));
+    let after = t + cfg().member_ttl;
+    r.handle_timeout(after);
+    assert!(!r.holding(after));
+    let actions = drain(&mut r);
+    let next = places(&actions);
+    assert_eq!(next.len(), 1, "{actions:?}");
+    assert_eq!(next[0].0, Some(restored.version));
+    assert_eq!(next[0].1.assignment.pods(), &[pod("b")]);
+}
+
+#[test]
+fn cluster_wide_outage_suspends_and_isolation_gives_up() {
+    for (report, suspended) in [
+        (
+            PeerReport {
+                answered: 2,
+                reaching: 0,
+            },
+            true,
+        ),
+        (
+            PeerReport {
+                answered: 2,
+                reaching: 1,
+            },
+            false,
+        ),
+        (
+            PeerReport {
+                answered: 0,
+                reaching: 0,
+            },
+            false,
+        ),
+    ] {
+        let (mut r, t) = serving_pod("a", &["a", "b", "c"]);
+        let t = t + Duration::from_secs(1);
+        r.handle_timeout(t);
+        let shards = match drain(&mut r)
+            .into_iter()
+            .find(|a| matches!(a, Action::Renew { .. }))
+        {
+            Some(Action::Renew { shards, .. }) => shards,
+            other => panic!("{other:?}"),
+        };
+        r.handle_renew(t, &shards, Err(OpFailed));
+        let actions = drain(&mut r);
+        assert!(actions
+            .iter()
+            .any(|a| matches!(a, Action::ProbePeers { peers } if peers.len() == 2)));
+        r.handle_peer_report(t, report);
+        let past = t + cfg().lease_ttl;
+        r.handle_timeout(past);
+        let actions = drain(&mut r);
+        let s = shards[0];
+        assert_eq!(r.serving(s, past), None);
+        if suspended {
+            assert!(
+                actions.contains(&Action::SuspendServing { shard: s, epoch: 7 }),
+                "{actions:?}"
+            );
+            assert_eq!(r.shard_state(s), Some(ShardState::Suspended { epoch: 7 }));
+            // The store returns; the key expired meanwhile: re-claim, then serve again.
+            r.handle_renew(past, &[], Err(OpFailed)); // ignored: not the pending renewal
+            r.handle_snapshot(past, Ok(snapshot(&r, "g", &["a", "b", "c"], vec![None; 8])));
+            let reclaim = acquires(&drain(&mut r));
+            assert!(reclaim.contains(&s), "{reclaim:?}");
+            let outcomes = reclaim
+                .iter()
+                .map(|_| AcquireOutcome::Acquired { epoch: 8 })
+                .collect();
+            r.handle_acquire(past, &reclaim, Ok(Checked::Ok(outcomes)));
+            assert!(drain(&mut r).contains(&Action::StartServing { shard: s, epoch: 8 }));
+            assert_eq!(r.serving(s, past), Some(8));
+        } else {
+            assert!(actions.iter().any(|a| matches!(a, Action::StopServing { shard, reason: StopReason::Expired, .. } if *shard == s)), "{actions:?}");
+        }
+    }
+}
+
+#[test]
+fn a_new_generation_gives_up_suspended_shards() {
+    let (mut r, t) = serving_pod("a", &["a", "b"]);
+    let t = t + Duration::from_secs(1);
+    r.handle_timeout(t);
+    let shards = match drain(&mut r)
+        .into_iter()
+        .find(|a| matches!(a, Action::Renew { .. }))
+    {
+        Some(Action::Renew { shards, .. }) => shards,
+        other => panic!("{other:?}"),
+    };
+    r.handle_renew(t, &shards, Err(OpFailed));
+    drain(&mut r);
+    r.handle_peer_report(
+        t,
+        PeerReport {
+            answered: 1,
+            reaching: 0,
+        },
+    );
+    let past = t + cfg().lease_ttl;
+    r.handle_timeout(past);
+    drain(&mut r);
+    assert_eq!(
+        r.shard_state(shards[0]),
+        Some(ShardState::Suspended { epoch: 7 })
+    );
+    // Redis comes back wiped: the suspended lease may have been someone else's by now.
+    let snap = Snapshot {
+        generation: generation("g2", Duration::ZERO),
+        members: vec![],
+        leases: vec![None; 8],
+        placement: None,
+    };
+    r.handle_snapshot(past, Ok(snap));
+    let actions = drain(&mut r);
+    assert!(acquires(&actions).is_empty(), "{actions:?}");
+    assert!(actions.contains(&Action::StopServing {
+        shard: shards[0],
+        epoch: 7,
+        reason: StopReason::Lost
+    }));
+}
+
+#[test]
+fn suspended_shards_survive_a_brief_isolated_verdict() {
+    let (mut r, t) = serving_pod("a", &["a", "b"]);
+    let t = t + Duration::from_secs(1);
+    r.handle_timeout(t);
+    let shards = match drain(&mut r)
+        .into_iter()
+        .find(|a| matches!(a, Action::Renew { .. }))
+    {
+        Some(Action::Renew { shards, .. }) => shards,
+        other => panic!("{other:?}"),
+    };
+    r.handle_renew(t, &shards, Err(OpFailed));
+    r.handle_peer_report(
+        t,
+        PeerReport {
+            answered: 1,
+            reaching: 0,
+        },
+    );
+    let past = t + cfg().lease_ttl;
+    r.handle_timeout(past);
+    assert_eq!(
+        r.shard_state(shards[0]),
+        Some(ShardState::Suspended { epoch: 7 })
+    );
+    // The outage ends; b is back first while our first call still fails.
+    r.handle_peer_report(
+        past,
+        PeerReport {
+            answered: 1,
+            reaching: 1,
+        },
+    );
+    r.handle_timeout(past + cfg().renew_interval / 2);
+    assert_eq!(
+        r.shard_state(shards[0]),
+        Some(ShardState::Suspended { epoch: 7 })
+    );
+    // Still cut off a renew interval later: now we are the isolated one.
+    let later = past + cfg().renew_interval;
+    assert!(r.poll_timeout().is_some_and(|at| at <= later));
+    r.handle_timeout(later);
+    assert!(drain(&mut r).contains(&Action::StopServing {
+        shard: shards[0],
+        epoch: 7,
+        reason: StopReason::Isolated
+    }));
+}

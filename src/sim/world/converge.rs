@@ -1,0 +1,63 @@
+//! The end-of-run check: once faults stop and the settle time passes, the stored
+//! placement is a balanced table over exactly the live pods and every shard is served
+//! by exactly its pod.
+
+use super::World;
+use crate::core::PodId;
+use crate::sim::checks::Violation;
+
+impl World<'_> {
+    /// After faults stop and the settle time passes: the stored placement is a balanced
+    /// table over exactly the live pods, and each shard is served by exactly its pod.
+    pub(super) fn converged(&mut self) -> Result<(), Violation> {
+        let alive = self.alive();
+        let mut ids: Vec<PodId> = alive.iter().map(|&p| self.pods[p].id.clone()).collect();
+        ids.sort();
+        let shards = self.cfg.core.shards;
+        let assignment = match self.store.placement() {
+            Some(p) if p.assignment.pods() == ids.as_slice() => p.assignment.clone(),
+            other => {
+                let pods = other.map(|p| p.assignment.pods().to_vec());
+                return Err(self.check.violation(
+                    self.now,
+                    format!("not converged: placement for {pods:?}, live pods {ids:?}"),
+                ));
+            }
+        };
+        let n = ids.len().max(1);
+        let (lo, hi) = (shards as usize / n, (shards as usize).div_ceil(n));
+        if let Some(p) = ids
+            .iter()
+            .find(|p| !(lo..=hi).contains(&assignment.load_of(p)))
+        {
+            let load = assignment.load_of(p);
+            return Err(self.check.violation(
+                self.now,
+                format!("unbalanced placement: {p} holds {load}, not {lo}..={hi}"),
+            ));
+        }
+        for shard in 0..self.cfg.core.shards {
+            let servers: Vec<PodId> = alive
+                .iter()
+                .filter(|&&p| {
+                    let now = self.local(p);
+                    self.pods[p]
+                        .rec
+                        .as_ref()
+                        .is_some_and(|r| r.serving(shard, now).is_some())
+                })
+                .map(|&p| self.pods[p].id.clone())
+                .collect();
+            let want = assignment.owner(shard).cloned();
+            if servers.len() != 1 || Some(&servers[0]) != want.as_ref() {
+                return Err(self.check.violation(
+                    self.now,
+                    format!(
+                        "not converged: shard {shard} assigned to {want:?}, served by {servers:?}"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}

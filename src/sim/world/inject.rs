@@ -1,0 +1,59 @@
+//! Applying one fault to the simulated cluster: a join, a graceful leave, a crash, a
+//! pause, a partition, a store outage or a store wipe.
+
+use rand::Rng;
+
+use super::{Ev, World};
+use crate::sim::checks::Violation;
+use crate::sim::faults::Fault;
+
+impl World<'_> {
+    pub(super) fn fault(&mut self, fault: Fault) -> Result<(), Violation> {
+        self.stats.faults += 1;
+        let staying: Vec<usize> = self
+            .alive()
+            .into_iter()
+            .filter(|&p| !self.pods[p].leaving)
+            .collect();
+        let can_lose = staying.len() > 1;
+        let alive: Vec<usize> = staying
+            .into_iter()
+            .filter(|&p| self.pods[p].paused_until.is_none())
+            .collect();
+        let victim = if alive.is_empty() {
+            None
+        } else {
+            Some(alive[self.rng.random_range(0..alive.len())])
+        };
+        self.check
+            .log(self.now, format_args!("fault {fault:?} victim {victim:?}"));
+        match (fault, victim) {
+            (Fault::Join, _) if self.alive().len() < self.cfg.max_pods => self.add_pod(self.now),
+            (Fault::Leave, Some(v)) if can_lose => {
+                self.pods[v].leaving = true;
+                let now = self.local(v);
+                if let Some(rec) = self.pods[v].rec.as_mut() {
+                    rec.begin_shutdown(now);
+                }
+                self.perform(v)?;
+                self.schedule_wake(v);
+            }
+            (Fault::Crash, Some(v)) if can_lose => self.pods[v].alive = false,
+            (Fault::Pause(d), Some(v)) => {
+                self.pods[v].paused_until = Some(self.now + d);
+                self.schedule(self.now + d, Ev::Resume(v));
+            }
+            (Fault::Partition(d), Some(v)) => {
+                self.pods[v].partitioned = true;
+                self.schedule(self.now + d, Ev::Heal(v));
+            }
+            (Fault::StoreOutage(d), _) => {
+                self.store_up = false;
+                self.schedule(self.now + d, Ev::StoreUp);
+            }
+            (Fault::StoreWipe, _) => self.store.wipe(),
+            _ => {}
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,177 @@
+use super::*;
+
+const TTL: Duration = Duration::from_millis(1000);
+
+fn pod(id: &str) -> PodId {
+    PodId::new(id).unwrap()
+}
+
+fn member(id: &str) -> Member {
+    Member {
+        pod: pod(id),
+        url: format!("http://{id}:8080"),
+        version: "test".into(),
+        ring_version: "r".into(),
+        started_ms: 1,
+    }
+}
+
+/// Learns the generation the way a pod does: the first call answers it.
+fn generation(s: &mut MemoryState, now: u64) -> String {
+    match s.acquire(now, "", &pod("x"), &[], TTL).unwrap() {
+        Checked::GenerationChanged(g) => g.id,
+        Checked::Ok(_) => panic!("the empty generation must never match"),
+    }
+}
+
+#[test]
+fn generation_is_created_once_and_checked() {
+    let mut s = MemoryState::new(7);
+    let g = generation(&mut s, 1_000);
+    assert!(g.starts_with("1.000000-"), "{g}");
+    assert_eq!(
+        s.acquire(1_500, &g, &pod("a"), &[0], TTL).unwrap(),
+        Checked::Ok(vec![AcquireOutcome::Acquired { epoch: 1_500 }])
+    );
+    match s.renew(2_000, "stale", &pod("a"), &[0], TTL).unwrap() {
+        Checked::GenerationChanged(info) => {
+            assert_eq!(info.id, g);
+            assert_eq!(info.age, Duration::from_millis(1_000));
+        }
+        other => panic!("{other:?}"),
+    }
+    // Same seed, same ids: the simulation replays.
+    assert_eq!(generation(&mut MemoryState::new(7), 1_000), g);
+}
+
+#[test]
+fn epochs_increase_and_survive_wipe_by_the_clock() {
+    let mut s = MemoryState::new(1);
+    let g = generation(&mut s, 10);
+    let a = pod("a");
+    let epoch = |c: Checked<Vec<AcquireOutcome>>| match c {
+        Checked::Ok(v) => match v[0] {
+            AcquireOutcome::Acquired { epoch } => epoch,
+            ref o => panic!("{o:?}"),
+        },
+        other => panic!("{other:?}"),
+    };
+    let e1 = epoch(s.acquire(100, &g, &a, &[3], TTL).unwrap());
+    assert_eq!(s.release(100, &a, &[3]), vec![true]);
+    // Same millisecond: last + 1 wins over the clock.
+    let e2 = epoch(s.acquire(100, &g, &a, &[3], TTL).unwrap());
+    assert_eq!((e1, e2), (100, 101));
+    s.wipe();
+    let g2 = generation(&mut s, 200);
+    assert_ne!(g, g2);
+    let e3 = epoch(s.acquire(200, &g2, &a, &[3], TTL).unwrap());
+    assert!(e3 > e2);
+}
+
+#[test]
+fn owner_checks_and_expiry() {
+    let mut s = MemoryState::new(2);
+    let g = generation(&mut s, 0);
+    let (a, b) = (pod("a"), pod("b"));
+    s.acquire(0, &g, &a, &[1], TTL).unwrap();
+    assert_eq!(
+        s.acquire(10, &g, &b, &[1], TTL).unwrap(),
+        Checked::Ok(vec![AcquireOutcome::HeldBy {
+            owner: a.clone(),
+            epoch: 1
+        }])
+    );
+    assert_eq!(
+        s.renew(10, &g, &b, &[1, 2], TTL).unwrap(),
+        Checked::Ok(vec![
+            RenewOutcome::HeldBy { owner: a.clone() },
+            RenewOutcome::Missing
+        ])
+    );
+    assert_eq!(s.release(10, &b, &[1]), vec![false]);
+    assert_eq!(
+        s.acquire(20, &g, &a, &[1], TTL).unwrap(),
+        Checked::Ok(vec![AcquireOutcome::AlreadyMine { epoch: 1 }])
+    );
+    // Extended to 20 + 1000: still live at 1020, gone at 1021.
+    assert!(s.snapshot(1_020, 4).leases[1].is_some());
+    assert_eq!(
+        s.renew(1_021, &g, &a, &[1], TTL).unwrap(),
+        Checked::Ok(vec![RenewOutcome::Missing])
+    );
+    assert_eq!(s.notifications(), 0);
+}
+
+#[test]
+fn membership_notifications_and_meta() {
+    let mut s = MemoryState::new(3);
+    let g = generation(&mut s, 0);
+    let meta = ClusterMeta::current(64);
+    assert_eq!(
+        s.heartbeat(0, &g, &member("b"), &meta, TTL).unwrap(),
+        Checked::Ok(())
+    );
+    s.heartbeat(0, &g, &member("a"), &meta, TTL).unwrap();
+    s.heartbeat(500, &g, &member("a"), &meta, TTL).unwrap();
+    assert_eq!(s.notifications(), 2, "a refresh is not a join");
+    let snap = s.snapshot(1_000, 2);
+    assert_eq!(
+        snap.members
+            .iter()
+            .map(|m| m.pod.as_str())
+            .collect::<Vec<_>>(),
+        ["a", "b"]
+    );
+    let snap = s.snapshot(1_001, 2);
+    assert_eq!(snap.members.len(), 1, "b expired at 1000");
+    s.deregister(1_001, &pod("a"));
+    s.deregister(1_001, &pod("a"));
+    assert_eq!(s.notifications(), 3, "only a real removal notifies");
+    let other = ClusterMeta {
+        shards: 32,
+        ..meta.clone()
+    };
+    assert!(matches!(
+        s.heartbeat(1_002, &g, &member("c"), &other, TTL),
+        Err(StoreError::MetaMismatch { .. })
+    ));
+    assert!(
+        s.snapshot(1_002, 0).members.is_empty(),
+        "a refused heartbeat writes nothing"
+    );
+}
+
+#[tokio::test]
+async fn memory_store_bumps_changes() {
+    let store = MemoryStore::from_state(MemoryState::new(4));
+    let mut rx = store.changes();
+    let snap = store.snapshot(1).await.unwrap();
+    let g = snap.generation.id;
+    let a = pod("a");
+    store.acquire(&g, &a, &[0], TTL).await.unwrap();
+    assert!(!rx.has_changed().unwrap());
+    assert_eq!(store.release(&a, &[0]).await.unwrap(), vec![true]);
+    assert!(rx.has_changed().unwrap());
+    assert_eq!(*rx.borrow_and_update(), 1);
+    store.wipe();
+    assert_ne!(store.snapshot(1).await.unwrap().generation.id, g);
+}
+
+#[test]
+fn placement_is_a_version_compare_and_set_lost_on_wipe() {
+    use crate::core::placement::Placement;
+    let mut s = MemoryState::new(3);
+    let p1 = Placement::initial(&[pod("a")], 4);
+    let p2 = p1.next(&[pod("a"), pod("b")], 4);
+    assert!(!s.place(Some(1), &p1), "nothing stored yet");
+    assert!(s.place(None, &p1));
+    assert!(!s.place(None, &p2), "a placement is stored");
+    assert!(!s.place(Some(2), &p2), "stored is version 1");
+    let before = s.notifications();
+    assert!(s.place(Some(1), &p2));
+    assert_eq!(s.notifications(), before + 1);
+    assert_eq!(s.snapshot(10, 4).placement, Some(p2.clone()));
+    s.wipe();
+    assert_eq!(s.snapshot(10, 4).placement, None);
+    assert!(s.place(None, &p2));
+}
