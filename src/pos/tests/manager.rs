@@ -33,17 +33,23 @@ fn all_connected(m: &ConnectionManager<MemoryDirectory>, n: usize, epoch: u64) -
     })
 }
 
-#[tokio::test]
-async fn manager_follows_epochs_directory_changes_and_stop() {
-    let pki = Pki::new();
+/// One fake terminal server answering for `ids`, all in one directory (one shard in these
+/// tests' cluster, so every terminal is in shard 0).
+async fn farm(pki: &Pki, ids: &[&str]) -> (FakeTerminal, Arc<MemoryDirectory>) {
     let server = FakeTerminal::spawn(pki.server("pos-1.test", &[b"h2"])).await;
     let directory = Arc::new(MemoryDirectory::new());
-    let terminals: Vec<Terminal> = ["pos-1", "pos-2"]
+    let terminals: Vec<Terminal> = ids
         .iter()
         .map(|id| server.terminal(id, "pos-1.test"))
         .collect();
-    // One shard in this cluster: every terminal is in shard 0.
     directory.upsert(1, &terminals).await.unwrap();
+    (server, directory)
+}
+
+#[tokio::test]
+async fn manager_follows_epochs_directory_changes_and_stop() {
+    let pki = Pki::new();
+    let (server, directory) = farm(&pki, &["pos-1", "pos-2"]).await;
     let (stale, _stale_rx) = mpsc::unbounded_channel();
     let m = ConnectionManager::new(directory.clone(), pki.dialer(), manager_config(), stale);
 
@@ -187,13 +193,7 @@ async fn stop_does_not_wait_for_a_frozen_terminal() {
 #[tokio::test]
 async fn stop_closes_idle_sessions_without_waiting_out_the_budget() {
     let pki = Pki::new();
-    let server = FakeTerminal::spawn(pki.server("pos-1.test", &[b"h2"])).await;
-    let directory = Arc::new(MemoryDirectory::new());
-    let terminals: Vec<Terminal> = ["pos-1", "pos-2", "pos-3"]
-        .iter()
-        .map(|id| server.terminal(id, "pos-1.test"))
-        .collect();
-    directory.upsert(1, &terminals).await.unwrap();
+    let (server, directory) = farm(&pki, &["pos-1", "pos-2", "pos-3"]).await;
     let (stale, _stale_rx) = mpsc::unbounded_channel();
     // A budget far beyond LIMIT: a stop that had to wait it out fails the timeout below.
     let config = ManagerConfig {
@@ -221,14 +221,8 @@ async fn stop_closes_idle_sessions_without_waiting_out_the_budget() {
 #[tokio::test]
 async fn re_sent_hellos_are_paced_and_a_waiting_push_goes_first() {
     let pki = Pki::new();
-    let server = FakeTerminal::spawn(pki.server("pos-1.test", &[b"h2"])).await;
-    let directory = Arc::new(MemoryDirectory::new());
     let ids = ["pos-1", "pos-2", "pos-3", "pos-4", "pos-5", "pos-6"];
-    let terminals: Vec<Terminal> = ids
-        .iter()
-        .map(|id| server.terminal(id, "pos-1.test"))
-        .collect();
-    directory.upsert(1, &terminals).await.unwrap();
+    let (server, directory) = farm(&pki, &ids).await;
     let (stale, _stale_rx) = mpsc::unbounded_channel();
     let config = ManagerConfig {
         dial_rate: std::num::NonZeroU32::new(1000).unwrap(),

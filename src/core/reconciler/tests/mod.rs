@@ -76,6 +76,18 @@ fn places(actions: &[Action]) -> Vec<(Option<u64>, &Placement)> {
         .collect()
 }
 
+/// Fires the timers at `t` and returns the shards of the renewal that is due then.
+fn renewal_due(r: &mut Reconciler, t: Instant) -> Vec<ShardId> {
+    r.handle_timeout(t);
+    match drain(r)
+        .into_iter()
+        .find(|a| matches!(a, Action::Renew { .. }))
+    {
+        Some(Action::Renew { shards, .. }) => shards,
+        other => panic!("no renewal due: {other:?}"),
+    }
+}
+
 fn acquires(actions: &[Action]) -> Vec<ShardId> {
     actions
         .iter()
@@ -200,14 +212,7 @@ fn serving_ends_at_the_local_deadline_without_renewal() {
 fn a_lost_renewal_stops_serving_at_once() {
     let (mut r, t) = serving_pod("a", &["a"]);
     let t = t + Duration::from_secs(1);
-    r.handle_timeout(t);
-    let shards = match drain(&mut r)
-        .into_iter()
-        .find(|a| matches!(a, Action::Renew { .. }))
-    {
-        Some(Action::Renew { shards, .. }) => shards,
-        other => panic!("{other:?}"),
-    };
+    let shards = renewal_due(&mut r, t);
     let mut outcomes = vec![RenewOutcome::Renewed; shards.len()];
     outcomes[0] = RenewOutcome::Missing;
     outcomes[1] = RenewOutcome::HeldBy { owner: pod("z") };

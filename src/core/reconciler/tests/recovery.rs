@@ -2,6 +2,31 @@
 
 use super::*;
 
+/// A pod of {a, b} whose renewal failed while b answered without reaching the store (a
+/// cluster-wide outage), past its deadline: its shards are suspended. Returns the pod,
+/// the time and the shards of the failed renewal.
+fn suspended_in_a_cluster_wide_outage() -> (Reconciler, Instant, Vec<ShardId>) {
+    let (mut r, t) = serving_pod("a", &["a", "b"]);
+    let t = t + Duration::from_secs(1);
+    let shards = renewal_due(&mut r, t);
+    r.handle_renew(t, &shards, Err(OpFailed));
+    r.handle_peer_report(
+        t,
+        PeerReport {
+            answered: 1,
+            reaching: 0,
+        },
+    );
+    let past = t + cfg().lease_ttl;
+    r.handle_timeout(past);
+    drain(&mut r);
+    assert_eq!(
+        r.shard_state(shards[0]),
+        Some(ShardState::Suspended { epoch: 7 })
+    );
+    (r, past, shards)
+}
+
 #[test]
 fn a_new_generation_reclaims_held_shards_and_holds_everything_else() {
     let (mut r, t) = serving_pod("a", &["a"]);
@@ -95,14 +120,7 @@ fn cluster_wide_outage_suspends_and_isolation_gives_up() {
     ] {
         let (mut r, t) = serving_pod("a", &["a", "b", "c"]);
         let t = t + Duration::from_secs(1);
-        r.handle_timeout(t);
-        let shards = match drain(&mut r)
-            .into_iter()
-            .find(|a| matches!(a, Action::Renew { .. }))
-        {
-            Some(Action::Renew { shards, .. }) => shards,
-            other => panic!("{other:?}"),
-        };
+        let shards = renewal_due(&mut r, t);
         r.handle_renew(t, &shards, Err(OpFailed));
         let actions = drain(&mut r);
         assert!(actions
@@ -140,32 +158,7 @@ fn cluster_wide_outage_suspends_and_isolation_gives_up() {
 
 #[test]
 fn a_new_generation_gives_up_suspended_shards() {
-    let (mut r, t) = serving_pod("a", &["a", "b"]);
-    let t = t + Duration::from_secs(1);
-    r.handle_timeout(t);
-    let shards = match drain(&mut r)
-        .into_iter()
-        .find(|a| matches!(a, Action::Renew { .. }))
-    {
-        Some(Action::Renew { shards, .. }) => shards,
-        other => panic!("{other:?}"),
-    };
-    r.handle_renew(t, &shards, Err(OpFailed));
-    drain(&mut r);
-    r.handle_peer_report(
-        t,
-        PeerReport {
-            answered: 1,
-            reaching: 0,
-        },
-    );
-    let past = t + cfg().lease_ttl;
-    r.handle_timeout(past);
-    drain(&mut r);
-    assert_eq!(
-        r.shard_state(shards[0]),
-        Some(ShardState::Suspended { epoch: 7 })
-    );
+    let (mut r, past, shards) = suspended_in_a_cluster_wide_outage();
     // Redis comes back wiped: the suspended lease may have been someone else's by now.
     let snap = Snapshot {
         generation: generation("g2", Duration::ZERO),
@@ -185,30 +178,7 @@ fn a_new_generation_gives_up_suspended_shards() {
 
 #[test]
 fn suspended_shards_survive_a_brief_isolated_verdict() {
-    let (mut r, t) = serving_pod("a", &["a", "b"]);
-    let t = t + Duration::from_secs(1);
-    r.handle_timeout(t);
-    let shards = match drain(&mut r)
-        .into_iter()
-        .find(|a| matches!(a, Action::Renew { .. }))
-    {
-        Some(Action::Renew { shards, .. }) => shards,
-        other => panic!("{other:?}"),
-    };
-    r.handle_renew(t, &shards, Err(OpFailed));
-    r.handle_peer_report(
-        t,
-        PeerReport {
-            answered: 1,
-            reaching: 0,
-        },
-    );
-    let past = t + cfg().lease_ttl;
-    r.handle_timeout(past);
-    assert_eq!(
-        r.shard_state(shards[0]),
-        Some(ShardState::Suspended { epoch: 7 })
-    );
+    let (mut r, past, shards) = suspended_in_a_cluster_wide_outage();
     // The outage ends; b is back first while our first call still fails.
     r.handle_peer_report(
         past,
