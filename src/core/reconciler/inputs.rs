@@ -36,12 +36,13 @@ impl Reconciler {
                 match snap.placement {
                     Some(p) => {
                         self.stored = Stored::Version(p.version);
-                        self.adopt(p);
+                        self.placement = p;
                     }
                     None => self.stored = Stored::Absent,
                 }
                 let ids: Vec<PodId> = snap.members.iter().map(|m| m.pod.clone()).collect();
-                self.debounce.observe(now, ids, self.applied.pods());
+                self.debounce
+                    .observe(now, ids, self.placement.assignment.pods());
                 self.members = snap.members;
                 self.leases = snap.leases;
                 self.leases.resize(self.cfg.shards as usize, None);
@@ -58,7 +59,7 @@ impl Reconciler {
             Ok(true) => {
                 self.store_ok(now);
                 self.stored = Stored::Version(placement.version);
-                self.adopt(placement);
+                self.placement = placement;
             }
             Ok(false) => {
                 self.store_ok(now);

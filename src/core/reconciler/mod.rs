@@ -138,12 +138,11 @@ pub struct Reconciler {
     /// While `now < hold_until`, nothing is claimed or released except re-claims.
     hold_until: Option<Instant>,
     /// The placement followed: the store's, or the one this pod wrote, or (after the store
-    /// lost its data) the last one seen. `applied` is its assignment.
-    placement: Option<Placement>,
+    /// lost its data) the last one seen. Version 0 (no members) until one is known.
+    placement: Placement,
     /// What the last snapshot said about the stored placement.
     stored: Stored,
     place_sent: bool,
-    applied: Assignment,
     debounce: Debounce,
     members: Vec<Member>,
     leases: Vec<Option<Lease>>,
@@ -172,8 +171,10 @@ impl Reconciler {
         let shards = (0..cfg.shards).map(|_| Shard::new()).collect();
         Reconciler {
             leases: vec![None; cfg.shards as usize],
-            applied: Assignment::compute(&[], cfg.shards),
-            placement: None,
+            placement: Placement {
+                version: 0,
+                assignment: Assignment::compute(&[], cfg.shards),
+            },
             stored: Stored::Unknown,
             place_sent: false,
             debounce: Debounce::default(),
@@ -241,7 +242,7 @@ impl Reconciler {
             let retry_pending = claims_allowed
                 && s.state == ShardState::Idle
                 && s.claim_sent.is_none()
-                && self.applied.owner(i as ShardId) == Some(&self.me);
+                && self.placement.assignment.owner(i as ShardId) == Some(&self.me);
             if retry_pending {
                 at(s.last_claim.map(|t| t + self.cfg.renew_interval));
             }
@@ -287,11 +288,11 @@ impl Reconciler {
     }
     /// The assignment of the followed placement (see [`crate::core::placement`]).
     pub fn assignment(&self) -> &Assignment {
-        &self.applied
+        &self.placement.assignment
     }
     /// The placement followed (see [`crate::core::placement`]), if any yet.
     pub fn placement(&self) -> Option<&Placement> {
-        self.placement.as_ref()
+        (self.placement.version > 0).then_some(&self.placement)
     }
     /// Live members from the last snapshot.
     pub fn members(&self) -> &[Member] {

@@ -17,14 +17,6 @@ use super::{Action, Reconciler, Stored};
 use crate::core::placement::Placement;
 
 impl Reconciler {
-    /// Follow `placement` if it is not the one followed already.
-    pub(super) fn adopt(&mut self, placement: Placement) {
-        if self.placement.as_ref() != Some(&placement) {
-            self.applied = placement.assignment.clone();
-            self.placement = Some(placement);
-        }
-    }
-
     /// Writes a placement when one is due: the remembered one after a data loss, or the
     /// next one once a membership change has been stable for the debounce period.
     pub(super) fn update_placement(&mut self, now: Instant) {
@@ -37,7 +29,7 @@ impl Reconciler {
             Stored::Version(v) => Some(v),
         };
         if expected.is_none() {
-            if let Some(remembered) = &self.placement {
+            if let Some(remembered) = self.placement() {
                 let restored = Placement {
                     version: remembered.version + 1,
                     assignment: remembered.assignment.clone(),
@@ -52,10 +44,8 @@ impl Reconciler {
         let Some(view) = self.debounce.take() else {
             return;
         };
-        let next = match &self.placement {
-            Some(p) => p.next(&view, self.cfg.shards),
-            None => Placement::initial(&view, self.cfg.shards),
-        };
+        // From version 0 (nothing known) this is `Placement::initial`.
+        let next = self.placement.next(&view, self.cfg.shards);
         self.send_place(expected, next);
     }
 

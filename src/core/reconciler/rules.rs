@@ -79,7 +79,7 @@ impl Reconciler {
     /// Rule 2, first half: stop serving what the ring gave to someone else.
     pub(super) fn stop_unassigned(&mut self) {
         for s in 0..self.cfg.shards {
-            let mine = self.applied.owner(s) == Some(&self.me);
+            let mine = self.placement.assignment.owner(s) == Some(&self.me);
             let sh = &mut self.shards[s as usize];
             if mine {
                 continue;
@@ -110,7 +110,7 @@ impl Reconciler {
         (0..self.cfg.shards)
             .filter(|&s| {
                 let sh = &self.shards[s as usize];
-                if self.applied.owner(s) != Some(&self.me)
+                if self.placement.assignment.owner(s) != Some(&self.me)
                     || sh.state != ShardState::Idle
                     || sh.claim_sent.is_some()
                 {
@@ -148,7 +148,8 @@ impl Reconciler {
 
     pub(super) fn claim_answered(&mut self, now: Instant, s: ShardId, outcome: AcquireOutcome) {
         let window = self.cfg.serve_window();
-        let wanted = self.shutdown.is_none() && self.applied.owner(s) == Some(&self.me);
+        let wanted =
+            self.shutdown.is_none() && self.placement.assignment.owner(s) == Some(&self.me);
         let sh = &mut self.shards[s as usize];
         let Some(sent) = sh.claim_sent.take() else {
             return;
@@ -273,11 +274,11 @@ impl Reconciler {
     }
 
     pub(super) fn update_ready(&mut self) {
-        if self.ready || !self.registered || !self.applied.pods().contains(&self.me) {
+        if self.ready || !self.registered || !self.placement.assignment.pods().contains(&self.me) {
             return;
         }
         let all_served = (0..self.cfg.shards).all(|s| {
-            self.applied.owner(s) != Some(&self.me)
+            self.placement.assignment.owner(s) != Some(&self.me)
                 || matches!(self.shards[s as usize].state, ShardState::Serving { .. })
         });
         self.ready = all_served;
