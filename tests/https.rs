@@ -316,7 +316,9 @@ async fn a_reloaded_certificate_serves_new_handshakes_and_keeps_open_connections
     pod.reloader.reload(&config).unwrap();
     let tls = tls_connect(addr, both.clone()).await.unwrap();
     assert_eq!(presented(&tls), leaf(&second.path("server")));
-    // The connection opened before the rotation still works.
+    // The connection opened before the rotation still works. (hyper sends only on a
+    // connection that reported ready.)
+    open.ready().await.unwrap();
     let (status, _) = answer(open.send_request(get("/healthz")).await.unwrap()).await;
     assert_eq!(status, StatusCode::OK);
 
@@ -333,6 +335,7 @@ async fn a_reloaded_certificate_serves_new_handshakes_and_keeps_open_connections
         .header("authorization", format!("Bearer {TOKEN}"))
         .body(Full::new(Bytes::new()))
         .unwrap();
+    open.ready().await.unwrap();
     let (status, _) = answer(open.send_request(cluster).await.unwrap()).await;
     assert_eq!(status, StatusCode::OK, "the old token must still work");
 }
@@ -410,8 +413,12 @@ async fn the_binary_picks_up_a_swapped_secret_volume_without_a_signal() {
         wait_for("a new handshake presents the new certificate", started);
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // hyper sends only on a connection that reported ready; right after a response the
+    // connection task may not have caught up yet ("connection was not ready").
+    open.ready().await.unwrap();
     let (status, _) = answer(open.send_request(get("/healthz")).await.unwrap()).await;
     assert_eq!(status, StatusCode::OK);
+    open.ready().await.unwrap();
     let (status, metrics) = answer(open.send_request(get("/metrics")).await.unwrap()).await;
     assert_eq!(status, StatusCode::OK);
     let metrics = String::from_utf8_lossy(&metrics);
