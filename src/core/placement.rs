@@ -41,13 +41,18 @@ pub struct Placement {
 }
 
 impl Placement {
+    /// Version 0, no members, no owners: what a pod follows before it knows a placement.
+    pub fn none(shards: u32) -> Placement {
+        Placement {
+            version: 0,
+            assignment: Assignment::compute(&[], shards),
+        }
+    }
+
     /// The first placement of a cluster, when the store has none and no pod remembers one:
     /// the balanced table reached from nothing (every shard placed by the ring rounds).
     pub fn initial(pods: &[PodId], shards: u32) -> Placement {
-        Placement {
-            version: 1,
-            assignment: rebalance(&Assignment::compute(&[], shards), pods, shards),
-        }
+        Placement::none(shards).next(pods, shards)
     }
 
     /// The placement for `pods` reached from this one with the fewest moves.

@@ -170,15 +170,3 @@ fn golden_rebalance() {
         "1550050055113330331143304044445513541031541340135103345405051441"
     );
 }
-
-/// The reconciler starts from version 0 with no members and writes `next` of it: that
-/// must be exactly the first placement.
-#[test]
-fn the_first_placement_is_next_of_the_empty_one() {
-    let pods = random_pods(21, 9);
-    let empty = Placement {
-        version: 0,
-        assignment: Assignment::compute(&[], 64),
-    };
-    assert_eq!(empty.next(&pods, 64), Placement::initial(&pods, 64));
-}

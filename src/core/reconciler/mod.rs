@@ -171,10 +171,7 @@ impl Reconciler {
         let shards = (0..cfg.shards).map(|_| Shard::new()).collect();
         Reconciler {
             leases: vec![None; cfg.shards as usize],
-            placement: Placement {
-                version: 0,
-                assignment: Assignment::compute(&[], cfg.shards),
-            },
+            placement: Placement::none(cfg.shards),
             stored: Stored::Unknown,
             place_sent: false,
             debounce: Debounce::default(),
