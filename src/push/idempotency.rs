@@ -1,6 +1,10 @@
-//! The owner's idempotency cache: `(tenant, key)` -> the body's digest and the answer,
-//! so a retry with the same key and body gets the stored answer instead of a second
-//! delivery, and a reuse of the key with another body is refused.
+//! The owner's idempotency cache: `(tenant, terminal, key)` -> the body's digest and the
+//! answer, so a retry with the same key and body gets the stored answer instead of a
+//! second delivery, and a reuse of the key with another body is refused.
+//!
+//! A key belongs to one terminal: the same key sent to another terminal is a different
+//! push (delivered there), never the first terminal's cached answer. Senders commonly
+//! derive keys from their own order ids, which repeat across terminals.
 //!
 //! Only final answers the terminal gave are stored (`200`, and `502` — the terminal
 //! saw the push). A key whose push is in flight is reserved: a concurrent push with the
@@ -22,7 +26,13 @@ use std::time::{Duration, Instant};
 use super::answer::Answer;
 use super::auth::Tenant;
 
-type Key = (Tenant, String);
+/// What a key is unique within: the tenant that sent it and the terminal it is for.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Key {
+    tenant: Tenant,
+    terminal: String,
+    key: String,
+}
 
 #[derive(Debug)]
 enum Slot {
@@ -80,11 +90,22 @@ impl IdempotencyCache {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Looks `key` up for `tenant` and reserves it when new.
-    pub fn reserve(&self, tenant: &Tenant, key: &str, digest: [u8; 32], now: Instant) -> Reserve {
+    /// Looks `key` up for `tenant`'s pushes to `terminal` and reserves it when new.
+    pub fn reserve(
+        &self,
+        tenant: &Tenant,
+        terminal: &str,
+        key: &str,
+        digest: [u8; 32],
+        now: Instant,
+    ) -> Reserve {
         let mut cache = self.lock();
         cache.expire(now);
-        let k = (tenant.clone(), key.to_string());
+        let k = Key {
+            tenant: tenant.clone(),
+            terminal: terminal.to_string(),
+            key: key.to_string(),
+        };
         if let Some(entry) = cache.entries.get(&k) {
             if entry.digest != digest {
                 return Reserve::Conflict("idempotency key reused with a different body");
@@ -210,36 +231,56 @@ mod tests {
         let cache = IdempotencyCache::new(Duration::from_secs(600), 100);
         let t0 = Instant::now();
         let (a, b) = ([1u8; 32], [2u8; 32]);
-        let Reserve::Reserved(r) = cache.reserve(&tenant("x"), "k1", a, t0) else {
+        let Reserve::Reserved(r) = cache.reserve(&tenant("x"), "t1", "k1", a, t0) else {
             panic!("new key is reserved");
         };
         // In flight: same key conflicts, whatever the body.
         assert!(matches!(
-            cache.reserve(&tenant("x"), "k1", a, t0),
+            cache.reserve(&tenant("x"), "t1", "k1", a, t0),
             Reserve::Conflict(_)
         ));
         // Another tenant's identical key is independent.
         assert!(matches!(
-            cache.reserve(&tenant("y"), "k1", a, t0),
+            cache.reserve(&tenant("y"), "t1", "k1", a, t0),
             Reserve::Reserved(_)
         ));
         r.complete(&ok_answer());
-        match cache.reserve(&tenant("x"), "k1", a, t0) {
+        match cache.reserve(&tenant("x"), "t1", "k1", a, t0) {
             Reserve::Replay(answer) => assert_eq!(answer, ok_answer()),
             other => panic!("expected a replay, got {other:?}"),
         }
         assert!(matches!(
-            cache.reserve(&tenant("x"), "k1", b, t0),
+            cache.reserve(&tenant("x"), "t1", "k1", b, t0),
             Reserve::Conflict(_)
         ));
         // A reservation dropped without an answer frees the key.
-        let Reserve::Reserved(r2) = cache.reserve(&tenant("x"), "k2", a, t0) else {
+        let Reserve::Reserved(r2) = cache.reserve(&tenant("x"), "t1", "k2", a, t0) else {
             panic!("new key is reserved");
         };
         drop(r2);
         assert!(matches!(
-            cache.reserve(&tenant("x"), "k2", a, t0),
+            cache.reserve(&tenant("x"), "t1", "k2", a, t0),
             Reserve::Reserved(_)
+        ));
+    }
+
+    #[test]
+    fn a_key_belongs_to_its_terminal() {
+        let cache = IdempotencyCache::new(Duration::from_secs(600), 100);
+        let t0 = Instant::now();
+        let Reserve::Reserved(r) = cache.reserve(&tenant("x"), "t1", "order-1", [1; 32], t0) else {
+            panic!("new key is reserved");
+        };
+        r.complete(&ok_answer());
+        // The same tenant, key and body for another terminal is another push: it is
+        // delivered there, never answered with t1's stored result.
+        assert!(matches!(
+            cache.reserve(&tenant("x"), "t2", "order-1", [1; 32], t0),
+            Reserve::Reserved(_)
+        ));
+        assert!(matches!(
+            cache.reserve(&tenant("x"), "t1", "order-1", [1; 32], t0),
+            Reserve::Replay(_)
         ));
     }
 
@@ -249,7 +290,7 @@ mod tests {
         let t0 = Instant::now();
         for (i, key) in ["a", "b", "c"].iter().enumerate() {
             let at = t0 + Duration::from_secs(i as u64);
-            let Reserve::Reserved(r) = cache.reserve(&tenant("x"), key, [0; 32], at) else {
+            let Reserve::Reserved(r) = cache.reserve(&tenant("x"), "t1", key, [0; 32], at) else {
                 panic!("reserved");
             };
             r.complete(&ok_answer());
@@ -257,13 +298,19 @@ mod tests {
         assert_eq!(cache.len(), 2, "capacity bounds the cache");
         // "a" was evicted: it is new again.
         assert!(matches!(
-            cache.reserve(&tenant("x"), "a", [9; 32], t0 + Duration::from_secs(3)),
+            cache.reserve(
+                &tenant("x"),
+                "t1",
+                "a",
+                [9; 32],
+                t0 + Duration::from_secs(3)
+            ),
             Reserve::Reserved(_)
         ));
         // After the TTL "c" (inserted at t0+2) is gone too.
         let later = t0 + Duration::from_secs(13);
         assert!(matches!(
-            cache.reserve(&tenant("x"), "c", [9; 32], later),
+            cache.reserve(&tenant("x"), "t1", "c", [9; 32], later),
             Reserve::Reserved(_)
         ));
     }

@@ -71,19 +71,23 @@ impl PushService {
             }
         };
         let digest: [u8; 32] = Sha256::digest(&push.body).into();
-        let reservation = match self.cache.reserve(&push.tenant, &push.key, digest, now()) {
-            Reserve::Reserved(r) => r,
-            Reserve::Replay(answer) => {
-                self.metrics.push_replays.inc();
-                return Owned::Answer(answer);
-            }
-            Reserve::Conflict(why) => {
-                return Owned::Answer(Answer::error_with(
-                    ErrorCode::IdempotencyConflict,
-                    with_key(push, why),
-                ))
-            }
-        };
+        let reservation =
+            match self
+                .cache
+                .reserve(&push.tenant, &push.terminal, &push.key, digest, now())
+            {
+                Reserve::Reserved(r) => r,
+                Reserve::Replay(answer) => {
+                    self.metrics.push_replays.inc();
+                    return Owned::Answer(answer);
+                }
+                Reserve::Conflict(why) => {
+                    return Owned::Answer(Answer::error_with(
+                        ErrorCode::IdempotencyConflict,
+                        with_key(push, why),
+                    ))
+                }
+            };
         loop {
             let Some(epoch) = self.serving.serving(shard, now()) else {
                 return Owned::NotHere;
