@@ -9,14 +9,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::extract::{Path, Request, State};
+use axum::extract::{Path, Query, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::Extension;
 use rand::Rng;
+use serde::Deserialize;
 
+use super::errors::respond;
 use super::{read_bounded, HttpState};
+use crate::metrics::GaugeUnit;
 use crate::pos::directory::valid_id;
 use crate::push::answer::{Answer, ErrorBody, ErrorCode};
 use crate::push::auth::{ApiTokens, Tenant};
@@ -24,21 +27,6 @@ use crate::push::{PushRequest, PushService, DEFAULT_TIMEOUT, MAX_TIMEOUT};
 
 /// The tenant of requests when the API runs without tokens (`--insecure`).
 pub const INSECURE_TENANT: &str = "default";
-
-/// Turns an [`Answer`] into a response (JSON, `Retry-After` on `503`).
-pub(super) fn respond(answer: Answer) -> Response {
-    let retry_after = answer.retry_after();
-    let mut response = (answer.status, answer.body).into_response();
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    if let Some(secs) = retry_after {
-        headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
-    }
-    response
-}
 
 fn error(code: ErrorCode, message: impl Into<String>) -> Response {
     respond(Answer::error(code, message))
@@ -87,14 +75,18 @@ fn new_key() -> String {
         .to_string()
 }
 
-/// The `timeout_ms` query parameter, checked.
+/// The push's query: `timeout_ms` only, so a misspelt parameter is an error, not a
+/// silently ignored wish.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PushQuery {
+    timeout_ms: Option<String>,
+}
+
+/// The `timeout_ms` query parameter, checked; any other parameter is refused.
 fn deadline_of(uri: &Uri) -> Result<Duration, String> {
-    let Some(raw) = uri
-        .query()
-        .into_iter()
-        .flat_map(|q| q.split('&'))
-        .find_map(|pair| pair.strip_prefix("timeout_ms="))
-    else {
+    let Query(query) = Query::<PushQuery>::try_from_uri(uri).map_err(|e| e.body_text())?;
+    let Some(raw) = query.timeout_ms else {
         return Ok(DEFAULT_TIMEOUT);
     };
     let max = MAX_TIMEOUT.as_millis() as u64;
@@ -103,6 +95,11 @@ fn deadline_of(uri: &Uri) -> Result<Duration, String> {
         _ => Err(format!("timeout_ms must be an integer from 1 to {max}")),
     }
 }
+
+/// A request that takes no query parameters.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct NoQuery {}
 
 /// `POST /v1/terminals/{id}/push`.
 pub(super) async fn push(
@@ -115,8 +112,8 @@ pub(super) async fn push(
 ) -> Response {
     let received = Instant::now();
     let service = &state.push;
-    let metrics = service.metrics();
-    metrics.pushes_in_flight.inc();
+    // Held until the answer is ready; dropped with the future if the caller goes away.
+    let in_flight = GaugeUnit::hold(&service.metrics().pushes_in_flight);
     let (answer, path) = match checked(service, tenant, terminal, &uri, &headers, body).await {
         Ok((request, timeout)) => match service.admit() {
             Some(_slot) => {
@@ -127,7 +124,7 @@ pub(super) async fn push(
         },
         Err(answer) => (answer, "none"),
     };
-    metrics.pushes_in_flight.dec();
+    drop(in_flight);
     count(service, path, &answer, received);
     respond(answer)
 }
@@ -209,6 +206,7 @@ fn count(service: &PushService, path: &'static str, answer: &Answer, received: I
 pub(super) async fn terminal(
     State(state): State<Arc<HttpState>>,
     Path(terminal): Path<String>,
+    Query(NoQuery {}): Query<NoQuery>,
 ) -> Response {
     if !valid_id(&terminal) {
         return error(ErrorCode::InvalidRequest, BAD_ID);
@@ -246,7 +244,7 @@ mod tests {
             Ok(Duration::from_millis(250))
         );
         assert_eq!(
-            deadline_of(&uri("?a=1&timeout_ms=30000")),
+            deadline_of(&uri("?timeout_ms=30000")),
             Ok(Duration::from_millis(30_000))
         );
         for bad in [
@@ -254,6 +252,8 @@ mod tests {
             "?timeout_ms=30001",
             "?timeout_ms=soon",
             "?timeout_ms=",
+            "?a=1&timeout_ms=30000",
+            "?timeout_ms=1&timeout_ms=2",
         ] {
             assert!(deadline_of(&uri(bad)).is_err(), "{bad}");
         }

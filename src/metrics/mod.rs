@@ -86,6 +86,26 @@ const DIAL_RESULTS: [&str; 7] = [
     "error",
 ];
 
+/// One unit of a gauge that counts things in progress: incremented when made,
+/// decremented when dropped. A request future dropped half-way (its caller went away)
+/// still counts down, so such gauges cannot drift; never pair `inc` and `dec` by hand
+/// around an `.await`.
+#[derive(Debug)]
+pub struct GaugeUnit(Gauge);
+
+impl GaugeUnit {
+    pub fn hold(gauge: &Gauge) -> Self {
+        gauge.inc();
+        GaugeUnit(gauge.clone())
+    }
+}
+
+impl Drop for GaugeUnit {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 /// Every metric of one pod. See `docs/metrics.md`.
 pub struct Metrics {
     registry: Registry,

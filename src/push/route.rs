@@ -20,7 +20,7 @@ use super::owner::{unavailable, with_key, Owned};
 use super::{PushRequest, PushService};
 use crate::core::shard::shard_of;
 use crate::core::{Epoch, PodId, ShardId};
-use crate::metrics::Metrics;
+use crate::metrics::{GaugeUnit, Metrics};
 use crate::pos::manager::Lookup;
 
 /// Longest wait between two looks for an owner.
@@ -182,7 +182,7 @@ impl PushService {
 /// it is answered (`posgate_pushes_waiting_for_owner`, `posgate_push_owner_wait_seconds`).
 struct OwnerWait<'a> {
     metrics: &'a Metrics,
-    since: Option<Instant>,
+    since: Option<(Instant, GaugeUnit)>,
 }
 
 impl<'a> OwnerWait<'a> {
@@ -195,16 +195,15 @@ impl<'a> OwnerWait<'a> {
 
     fn start(&mut self) {
         if self.since.is_none() {
-            self.since = Some(Instant::now());
-            self.metrics.pushes_waiting_for_owner.inc();
+            let unit = GaugeUnit::hold(&self.metrics.pushes_waiting_for_owner);
+            self.since = Some((Instant::now(), unit));
         }
     }
 }
 
 impl Drop for OwnerWait<'_> {
     fn drop(&mut self) {
-        if let Some(since) = self.since {
-            self.metrics.pushes_waiting_for_owner.dec();
+        if let Some((since, _unit)) = &self.since {
             self.metrics
                 .push_owner_wait
                 .observe(since.elapsed().as_secs_f64());
