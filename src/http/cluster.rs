@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{RawQuery, State};
+use axum::extract::{Query, State};
 use axum::http::header;
 use axum::response::{Html, IntoResponse, Response};
 use axum::Json;
@@ -54,14 +54,25 @@ pub(super) struct ShardTerminals {
     shards: Vec<(ShardId, usize)>,
 }
 
+/// The query of `GET /v1/cluster`: only `include=terminals`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ClusterQuery {
+    include: Option<Include>,
+}
+
+#[derive(Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+enum Include {
+    Terminals,
+}
+
 /// `GET /v1/cluster[?include=terminals]`.
 pub(super) async fn cluster(
     State(state): State<Arc<HttpState>>,
-    RawQuery(query): RawQuery,
+    Query(query): Query<ClusterQuery>,
 ) -> Response {
-    let include_peers = query
-        .as_deref()
-        .is_some_and(|q| q.split('&').any(|p| p == "include=terminals"));
+    let include_peers = query.include == Some(Include::Terminals);
     let mut counts: BTreeMap<ShardId, usize> =
         state.push.connected_by_shard().into_iter().collect();
     if include_peers {

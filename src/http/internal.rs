@@ -17,8 +17,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use super::push::respond;
-use super::{json_error, read_bounded, valid_key, HttpState};
+use super::errors::respond;
+use super::{read_bounded, valid_key, HttpState};
 #[cfg(doc)]
 use crate::peer::MAX_INTERNAL_BODY;
 use crate::peer::{verify, PeerAnswer};
@@ -51,7 +51,7 @@ pub(super) async fn authenticate(
         if let Err(err) = checked {
             // A peer with a different secret shows up here; worth an operator's attention.
             tracing::warn!(path = parts.uri.path(), reason = %err, "peer request refused");
-            return json_error(StatusCode::UNAUTHORIZED, "unauthorized", err.to_string());
+            return respond(Answer::error(ErrorCode::Unauthorized, err.to_string()));
         }
     }
     next.run(Request::from_parts(parts, Body::from(body))).await
@@ -62,11 +62,7 @@ pub(super) async fn store_reachable(State(state): State<Arc<HttpState>>) -> Resp
     // The driver is gone (the pod is stopping or its task died): its last status is no
     // evidence about the store any more, so do not let peers count on it.
     if state.status.has_changed().is_err() {
-        return json_error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "stopping",
-            "this pod's coordination loop is not running",
-        );
+        return peer_unavailable("stopping", "this pod's coordination loop is not running");
     }
     let status = state.status.borrow();
     match &status.pod {
@@ -77,12 +73,14 @@ pub(super) async fn store_reachable(State(state): State<Arc<HttpState>>) -> Resp
             };
             Json(answer).into_response()
         }
-        None => json_error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "starting",
-            "this pod has not published its status yet",
-        ),
+        None => peer_unavailable("starting", "this pod has not published its status yet"),
     }
+}
+
+/// `503` to a peer: this pod cannot answer now (`code` says why; internal codes).
+fn peer_unavailable(code: &str, message: &str) -> Response {
+    let body = serde_json::json!({"error": code, "message": message});
+    (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
 }
 
 /// The owner's `421`: this pod does not serve the shard; the forwarder looks again.

@@ -13,6 +13,8 @@
 //! What it does not do: terminal traffic, or deciding anything about shards.
 
 mod cluster;
+mod errors;
+mod head_errors;
 mod internal;
 mod push;
 pub mod tls;
@@ -24,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::{to_bytes, Body};
 use axum::extract::State;
-use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{middleware, Json, Router};
@@ -34,12 +36,14 @@ use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use self::head_errors::JsonHeadErrorsListener;
 use crate::credentials::Credentials;
 use crate::peer::{MAX_INTERNAL_BODY, STORE_REACHABLE_PATH};
 use crate::push::answer::{Answer, ErrorCode};
 use crate::push::PushService;
 use crate::status::PodStatus;
 
+pub use self::errors::MAX_URI_BYTES;
 pub use self::push::{valid_key, INSECURE_TENANT};
 
 /// What the HTTP handlers read.
@@ -91,8 +95,10 @@ pub fn router(state: HttpState) -> Router {
         .route("/metrics", get(metrics))
         .merge(api)
         .merge(internal)
-        .fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
+        .fallback(errors::not_found)
+        .method_not_allowed_fallback(errors::method_not_allowed)
+        .layer(middleware::from_fn(errors::json_bodies))
+        .layer(middleware::from_fn(errors::check_head))
         .with_state(state)
 }
 
@@ -105,7 +111,7 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let addr = listener.local_addr()?;
     tracing::info!(%addr, "http listening");
-    axum::serve(listener, router)
+    axum::serve(JsonHeadErrorsListener(listener), router)
         .with_graceful_shutdown(shutdown)
         .await
 }
@@ -120,26 +126,10 @@ pub async fn serve_tls(
 ) -> std::io::Result<()> {
     let addr = listener.local_addr()?;
     tracing::info!(%addr, "https listening");
-    axum::serve(tls::TlsListener::new(listener, tls), router)
+    let listener = JsonHeadErrorsListener(tls::TlsListener::new(listener, tls));
+    axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
         .await
-}
-
-/// A JSON error answer: `{"error": code, "message": message}`.
-fn json_error(status: StatusCode, error: &str, message: impl Into<String>) -> Response {
-    #[derive(Serialize)]
-    struct ErrorBody<'a> {
-        error: &'a str,
-        message: String,
-    }
-    (
-        status,
-        Json(ErrorBody {
-            error,
-            message: message.into(),
-        }),
-    )
-        .into_response()
 }
 
 /// Reads a request body of at most `limit` bytes. An announced oversize body is refused
@@ -253,21 +243,4 @@ pub struct ReadyLatch {
     latched: AtomicBool,
     /// When readiness first saw every assigned shard served.
     served_at: OnceLock<Instant>,
-}
-
-async fn not_found(method: Method, uri: Uri) -> Response {
-    json_error(
-        StatusCode::NOT_FOUND,
-        "not_found",
-        format!("no route for {method} {}", uri.path()),
-    )
-}
-
-async fn method_not_allowed(method: Method, uri: Uri) -> Response {
-    let message = format!("{method} is not allowed on {}", uri.path());
-    json_error(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
-        message,
-    )
 }

@@ -15,7 +15,7 @@ use crate::core::{Epoch, PodId, ShardId};
 pub const RETRY_AFTER_SECS: u32 = 1;
 
 /// Every error code, the internal `shard_moved` last.
-pub const ALL_ERROR_CODES: [ErrorCode; 10] = [
+pub const ALL_ERROR_CODES: [ErrorCode; 15] = [
     ErrorCode::InvalidRequest,
     ErrorCode::Unauthorized,
     ErrorCode::UnknownTerminal,
@@ -25,6 +25,11 @@ pub const ALL_ERROR_CODES: [ErrorCode; 10] = [
     ErrorCode::TerminalUnavailable,
     ErrorCode::Overloaded,
     ErrorCode::PosTimeout,
+    ErrorCode::NotFound,
+    ErrorCode::MethodNotAllowed,
+    ErrorCode::UriTooLong,
+    ErrorCode::HeadersTooLarge,
+    ErrorCode::Internal,
     ErrorCode::ShardMoved,
 ];
 
@@ -54,6 +59,15 @@ pub enum ErrorCode {
     TerminalUnavailable,
     Overloaded,
     PosTimeout,
+    /// No such route.
+    NotFound,
+    MethodNotAllowed,
+    /// The request target is longer than the pod accepts.
+    UriTooLong,
+    /// The request head (request line and headers) is larger than the pod accepts.
+    HeadersTooLarge,
+    /// A bug in posgate: the answer a handler could not produce.
+    Internal,
     /// Internal only (`421`): the pod asked does not serve the shard; never reaches a
     /// caller of the public API.
     ShardMoved,
@@ -71,6 +85,11 @@ impl ErrorCode {
             ErrorCode::TerminalUnavailable => "terminal_unavailable",
             ErrorCode::Overloaded => "overloaded",
             ErrorCode::PosTimeout => "pos_timeout",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::MethodNotAllowed => "method_not_allowed",
+            ErrorCode::UriTooLong => "uri_too_long",
+            ErrorCode::HeadersTooLarge => "headers_too_large",
+            ErrorCode::Internal => "internal_error",
             ErrorCode::ShardMoved => "shard_moved",
         }
     }
@@ -92,7 +111,28 @@ impl ErrorCode {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             ErrorCode::PosTimeout => StatusCode::GATEWAY_TIMEOUT,
+            ErrorCode::NotFound => StatusCode::NOT_FOUND,
+            ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ErrorCode::UriTooLong => StatusCode::URI_TOO_LONG,
+            ErrorCode::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
             ErrorCode::ShardMoved => StatusCode::MISDIRECTED_REQUEST,
+        }
+    }
+
+    /// The code for an error `status` produced below the handlers (an extractor's
+    /// rejection, the HTTP layer), which carries no code of its own. `404` on a known
+    /// route is the handlers' `unknown_terminal`, so this is only asked for answers
+    /// without a JSON body.
+    pub fn for_status(status: StatusCode) -> ErrorCode {
+        match status {
+            StatusCode::NOT_FOUND => ErrorCode::NotFound,
+            StatusCode::METHOD_NOT_ALLOWED => ErrorCode::MethodNotAllowed,
+            StatusCode::PAYLOAD_TOO_LARGE => ErrorCode::PayloadTooLarge,
+            StatusCode::URI_TOO_LONG => ErrorCode::UriTooLong,
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE => ErrorCode::HeadersTooLarge,
+            s if s.is_client_error() => ErrorCode::InvalidRequest,
+            _ => ErrorCode::Internal,
         }
     }
 }
