@@ -243,6 +243,165 @@ async fn unknown_routes_and_methods_are_json_errors() {
     server.stop().await;
 }
 
+/// One raw HTTP/1.1 exchange on a new connection: writes `request` as is and reads the
+/// answer until the server closes (every request here ends the connection), so requests
+/// no client library would send can be tried.
+async fn raw_exchange(base: &str, request: &[u8]) -> (u16, HeaderMap, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = base.trim_start_matches("http://");
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    // The server may refuse before reading everything; a reset write is part of that.
+    let _ = tcp.write_all(request).await;
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut answer));
+    let _ = read.await.expect("the server answers and closes");
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    parse_raw(&text)
+}
+
+/// The first HTTP/1.1 response in `text`: status, headers, body (by content-length).
+fn parse_raw(text: &str) -> (u16, HeaderMap, String) {
+    let (head, rest) = text.split_once("\r\n\r\n").expect("a complete head");
+    let mut lines = head.split("\r\n");
+    let status = lines.next().unwrap()[9..12].parse().unwrap();
+    let mut headers = HeaderMap::new();
+    for line in lines {
+        let (name, value) = line.split_once(": ").unwrap();
+        headers.append(
+            http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            value.parse().unwrap(),
+        );
+    }
+    let length: usize = headers["content-length"].to_str().unwrap().parse().unwrap();
+    (status, headers, rest[..length].to_string())
+}
+
+/// Asserts the documented JSON error with `status` and `code`.
+fn assert_json_error(case: &str, answer: &(u16, HeaderMap, String), status: u16, code: &str) {
+    let (got, headers, body) = answer;
+    assert_eq!(*got, status, "{case}: {body}");
+    assert_eq!(headers["content-type"], "application/json", "{case}");
+    let json: Value = serde_json::from_str(body).unwrap_or_else(|_| panic!("{case}: {body:?}"));
+    assert_eq!(json["error"], code, "{case}: {body}");
+    assert!(
+        json["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{case}: {body}"
+    );
+}
+
+#[tokio::test]
+async fn errors_below_the_handlers_are_json() {
+    let server = Server::start(None).await;
+    let long_target = format!("/v1/cluster?x={}", "a".repeat(70_000));
+    let big_header = "a".repeat(500_000);
+    let cases: Vec<(&str, Vec<u8>, u16, &str)> = vec![
+        (
+            "a header line without a colon (hyper)",
+            b"GET /healthz HTTP/1.1\r\nhost: x\r\nno colon here\r\n\r\n".to_vec(),
+            400,
+            "invalid_request",
+        ),
+        (
+            "a request line that is not HTTP (hyper)",
+            b"GET /healthz HTTX/1.1\r\n\r\n".to_vec(),
+            400,
+            "invalid_request",
+        ),
+        (
+            "a target over 64 KiB (hyper)",
+            format!("GET {long_target} HTTP/1.1\r\nhost: x\r\n\r\n").into_bytes(),
+            414,
+            "uri_too_long",
+        ),
+        (
+            "a target over the pod's limit",
+            format!(
+                "GET /v1/cluster?x={} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+                "a".repeat(10_000)
+            )
+            .into_bytes(),
+            414,
+            "uri_too_long",
+        ),
+        (
+            "a head over hyper's buffer (hyper)",
+            format!("GET /healthz HTTP/1.1\r\nhost: x\r\nx-big: {big_header}\r\n\r\n")
+                .into_bytes(),
+            431,
+            "headers_too_large",
+        ),
+        (
+            "a path that is not UTF-8 (axum's rejection)",
+            b"POST /v1/terminals/%FF/push HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                .to_vec(),
+            400,
+            "invalid_request",
+        ),
+        (
+            "an undefined include value",
+            b"GET /v1/cluster?include=AAA HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+                .to_vec(),
+            400,
+            "invalid_request",
+        ),
+        (
+            "an undefined cluster parameter",
+            b"GET /v1/cluster?verbose=1 HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+                .to_vec(),
+            400,
+            "invalid_request",
+        ),
+        (
+            "an undefined push parameter",
+            b"POST /v1/terminals/t1/push?timeout_ms=5&retry=1 HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                .to_vec(),
+            400,
+            "invalid_request",
+        ),
+        (
+            "a parameter on the terminal view",
+            b"GET /v1/terminals/t1?x=1 HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n".to_vec(),
+            400,
+            "invalid_request",
+        ),
+    ];
+    for (case, request, status, code) in &cases {
+        let answer = raw_exchange(&server.base, request).await;
+        assert_json_error(case, &answer, *status, code);
+    }
+    // A malformed request after a good one on the same keep-alive connection.
+    let rest = {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let addr = server.base.trim_start_matches("http://");
+        let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        tcp.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut first = vec![0u8; 1024];
+        let n = tcp.read(&mut first).await.unwrap();
+        assert!(
+            first[..n].starts_with(b"HTTP/1.1 200"),
+            "the health check answers"
+        );
+        tcp.write_all(b"GET /healthz HTTP/1.1\r\nbad\r\n\r\n")
+            .await
+            .unwrap();
+        let mut second = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut second))
+            .await
+            .unwrap()
+            .unwrap();
+        String::from_utf8_lossy(&second).into_owned()
+    };
+    assert_json_error(
+        "a malformed request after a good one",
+        &parse_raw(&rest),
+        400,
+        "invalid_request",
+    );
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn internal_endpoint_requires_a_fresh_signature() {
     let good = secret(1);

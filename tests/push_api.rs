@@ -741,6 +741,119 @@ async fn round_robin_pushes_reach_each_terminal_once_from_the_owner() {
     assert_eq!(delivered.get("twice"), Some(&1));
 }
 
+/// One tenant's key reused for a second terminal of the same owner is a second push: it
+/// reaches that terminal, and never answers with the first terminal's stored result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_idempotency_key_belongs_to_its_terminal() {
+    let c = Cluster::start(2, 100, &[], PushSettings::default()).await;
+    let http = client();
+    let first = c.ids[0].clone();
+    let owner = c.owner_of(&first);
+    let second = c.ids[1..]
+        .iter()
+        .find(|t| c.owner_of(t) == owner)
+        .expect("another terminal of the same owner")
+        .clone();
+    let keyed = || Push {
+        key: Some("order-7"),
+        ..Push::default()
+    };
+    for (base, terminal) in [(&c.urls[0], &first), (&c.urls[1], &second)] {
+        let (status, _, body) = push(&http, base, terminal, keyed()).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["terminal"], terminal.as_str(), "{body}");
+    }
+    for terminal in [&first, &second] {
+        let report = c.farm.terminal_report(terminal).unwrap();
+        let got = report
+            .recent_pushes
+            .iter()
+            .filter(|p| p.idempotency_key == "acme:order-7")
+            .count();
+        assert_eq!(got, 1, "{terminal} received the push once");
+    }
+    // And each terminal's own retry is still a replay.
+    let (status, _, body) = push(&http, &c.urls[1], &first, keyed()).await;
+    assert_eq!(
+        (status, body["terminal"].as_str()),
+        (StatusCode::OK, Some(first.as_str()))
+    );
+    assert_eq!(c.farm.counters().keys_delivered_twice, 0);
+}
+
+/// Callers that hang up while their push waits (here for a terminal that never answers)
+/// leave nothing counted in flight once the pod notices.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn callers_that_go_away_leave_no_push_in_flight() {
+    use tokio::io::AsyncWriteExt;
+    let c = Cluster::start(
+        1,
+        10,
+        &[("pos-offline", "127.0.0.1:1")],
+        PushSettings::default(),
+    )
+    .await;
+    let addr = c.urls[0].trim_start_matches("http://").to_string();
+    let body = "{}";
+    let mut hung_up = Vec::new();
+    for i in 0..5 {
+        let mut tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let request = format!(
+            "POST /v1/terminals/pos-offline/push?timeout_ms=20000 HTTP/1.1\r\nhost: x\r\n\
+             authorization: Bearer {ACME}\r\nidempotency-key: gone-{i}\r\n\
+             content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        tcp.write_all(request.as_bytes()).await.unwrap();
+        hung_up.push(tcp);
+    }
+    let http = client();
+    let in_flight = || async {
+        let text = metrics_text(&http, &c.urls[0]).await;
+        gauge(&text, "posgate_pushes_in_flight")
+    };
+    let waited = Instant::now();
+    while in_flight().await < 5.0 {
+        assert!(
+            waited.elapsed() < Duration::from_secs(5),
+            "pushes never counted"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(hung_up);
+    let waited = Instant::now();
+    while in_flight().await > 0.0 {
+        assert!(
+            waited.elapsed() < Duration::from_secs(5),
+            "posgate_pushes_in_flight stays at {} after every caller went away",
+            in_flight().await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The value of an unlabelled gauge in a `/metrics` text.
+fn gauge(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing from /metrics"))
+}
+
+/// The pod's `/metrics` text.
+async fn metrics_text(http: &Client<HttpConnector, Full<Bytes>>, base: &str) -> String {
+    let response = http
+        .request(
+            Request::get(format!("{base}/metrics"))
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8(body.to_vec()).unwrap()
+}
+
 /// Outcome counts of a stream of pushes.
 #[derive(Debug, Default)]
 struct Tally {
@@ -959,25 +1072,7 @@ async fn readiness_waits_for_the_first_dial_of_every_terminal() {
 /// The pod's `/metrics` has exactly the families `docs/metrics.md` lists, and the
 /// counters of what this test did moved.
 async fn check_metrics(http: &Client<HttpConnector, Full<Bytes>>, base: &str) {
-    let response = http
-        .request(
-            Request::get(format!("{base}/metrics"))
-                .body(Full::new(Bytes::new()))
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
-    let text = String::from_utf8(
-        response
-            .into_body()
-            .collect()
-            .await
-            .unwrap()
-            .to_bytes()
-            .to_vec(),
-    )
-    .unwrap();
+    let text = metrics_text(http, base).await;
     let doc = include_str!("../docs/metrics.md");
     let documented: std::collections::BTreeSet<String> = doc
         .lines()
