@@ -8,7 +8,8 @@
 //! - [`pod`]: one pod as a library value (`Pod::run_with_terminals`: HTTP, driver, POS connections).
 //! - [`pos`]: terminal directory and connections to POS terminals.
 //! - [`http`]: the pod's HTTP surface (health, cluster view, peer endpoints).
-//! - [`peer`]: pod-to-pod authentication (HMAC) and the peer client (h2c or TLS).
+//! - [`peer`]: the peer protocol: signed, replay-proof pod-to-pod requests and the client (h2c or TLS).
+//! - [`rate_log`]: log lines for refusals a stranger can cause, at most one per second per kind.
 //! - [`reload`]: replacing secrets and certificates at run time (`SIGHUP`, changed files).
 //! - [`tls`]: TLS material from PEM files, shared by every TLS use.
 //! - [`status`]: the status a pod publishes for HTTP and peers.
@@ -30,6 +31,7 @@ pub mod peer;
 pub mod pod;
 pub mod pos;
 pub mod push;
+pub mod rate_log;
 pub mod reload;
 pub mod ring_report;
 pub mod sim;

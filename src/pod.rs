@@ -30,7 +30,7 @@ use crate::driver::{Driver, ServingHook, ServingTable};
 use crate::http::tls::ServerCert;
 use crate::http::{self, HttpState, ReadyLatch};
 use crate::metrics::{sampler, Metrics};
-use crate::peer::PeerTls;
+use crate::peer::{PeerReceiver, PeerTls};
 use crate::pos::dialer::{Dialer, DialerConfig};
 use crate::pos::directory::Directory;
 use crate::pos::manager::{ConnectionManager, ManagerConfig};
@@ -254,6 +254,7 @@ fn spawn_pod<S: CoordStore, H: ServingHook>(
         credentials: credentials.clone(),
         push: Arc::new(push),
         ready: ReadyLatch::default(),
+        peer: PeerReceiver::default(),
     };
     let meta = ClusterMeta::current(config.core.shards);
     let (stop, stopped) = oneshot::channel();

@@ -20,8 +20,10 @@ use posgate::credentials::Credentials;
 use posgate::driver::ServingTable;
 use posgate::http::{router, serve, HttpState, ReadyLatch};
 use posgate::metrics::Metrics;
+use posgate::peer::signing::{self, legacy};
 use posgate::peer::{
-    sign, ClusterSecret, PeerAnswer, PeerClient, PeerError, MAX_INTERNAL_BODY, STORE_REACHABLE_PATH,
+    ClusterSecret, PeerAnswer, PeerClient, PeerError, PeerReceiver, PeerTarget, MAX_INTERNAL_BODY,
+    PEER_PROTOCOL, STORE_REACHABLE_PATH,
 };
 use posgate::push::{NoTerminals, PushService, PushSettings};
 use posgate::status::{PodStatus, ShardStatus};
@@ -61,6 +63,7 @@ impl Server {
             credentials,
             push: Arc::new(push),
             ready: ReadyLatch::default(),
+            peer: PeerReceiver::default(),
         });
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
@@ -135,10 +138,39 @@ async fn post(url: &str, headers: HeaderMap, body: TestBody) -> (StatusCode, Val
     (status, serde_json::from_str(&body).expect("JSON body"))
 }
 
+/// Headers of an empty store-reachable probe signed at `at` for pod "pod-a".
 fn signed(secret: &ClusterSecret, at: SystemTime) -> HeaderMap {
+    signed_for(secret, at, "pod-a", b"")
+}
+
+/// Headers of a store-reachable probe with `body`, signed at `at` for pod `to`.
+fn signed_for(secret: &ClusterSecret, at: SystemTime, to: &str, body: &[u8]) -> HeaderMap {
     let mut headers = HeaderMap::new();
-    sign(secret, &Method::POST, STORE_REACHABLE_PATH, at, b"").apply(&mut headers);
+    signing::sign(
+        secret,
+        &Method::POST,
+        STORE_REACHABLE_PATH,
+        &mut headers,
+        body,
+        at,
+        &pod("test-client"),
+        &pod(to),
+    );
     headers
+}
+
+/// `pod` listening at `base`, speaking this build's protocol.
+fn target(base: &str, pod_id: &str) -> PeerTarget {
+    PeerTarget {
+        pod: pod(pod_id),
+        url: base.to_string(),
+        protocol: PEER_PROTOCOL,
+    }
+}
+
+/// A peer client of pod "test-client" signing with `secret` (none: insecure).
+fn peer_client(secret: Option<ClusterSecret>, timeout: Duration) -> PeerClient {
+    PeerClient::new(pod("test-client"), Credentials::new(None, secret), timeout)
 }
 
 #[tokio::test]
@@ -183,6 +215,7 @@ async fn cluster_view_shape() {
         version: "0.1.0".to_string(),
         ring_version: "test".to_string(),
         started_ms: 1,
+        peer_protocol: 2,
     };
     server.status.send_replace(PodStatus {
         members: vec![
@@ -439,8 +472,11 @@ async fn internal_endpoint_requires_a_fresh_signature() {
         )
     );
     // ... and by the peer client over h2c, with any of the accepted secrets.
-    let client = PeerClient::new(Some(good), Duration::from_secs(2));
-    let answer = client.store_reachable(&server.base).await.unwrap();
+    let client = peer_client(Some(good), Duration::from_secs(2));
+    let answer = client
+        .store_reachable(&target(&server.base, "pod-a"))
+        .await
+        .unwrap();
     assert_eq!(
         answer,
         PeerAnswer {
@@ -450,17 +486,117 @@ async fn internal_endpoint_requires_a_fresh_signature() {
     );
     server.status.send_replace(status_of("pod-a", false));
     let answer = client
-        .store_reachable(&format!("{}/", server.base))
+        .store_reachable(&target(&format!("{}/", server.base), "pod-a"))
         .await
         .unwrap();
     assert!(!answer.store_reachable);
 
-    let stranger = PeerClient::new(Some(secret(3)), Duration::from_secs(2));
-    let err = stranger.store_reachable(&server.base).await.unwrap_err();
+    let stranger = peer_client(Some(secret(3)), Duration::from_secs(2));
+    let err = stranger
+        .store_reachable(&target(&server.base, "pod-a"))
+        .await
+        .unwrap_err();
     assert!(
         matches!(err, PeerError::Status { status: 401, .. }),
         "{err}"
     );
+    server.stop().await;
+}
+
+/// A signed request is good once: its exact copy, a copy addressed to another pod, a
+/// body that does not match the signed digest and an unknown protocol are refused, and
+/// each refusal is counted by reason.
+#[tokio::test]
+async fn signed_requests_cannot_be_replayed_redirected_or_altered() {
+    let good = secret(1);
+    let server = Server::start(Some(vec![good.clone()])).await;
+    server.status.send_replace(status_of("pod-a", true));
+    let url = format!("{}{STORE_REACHABLE_PATH}", server.base);
+    let now = SystemTime::now();
+
+    let once = signed(&good, now);
+    let (code, body) = post(&url, once.clone(), full("")).await;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    let (code, body) = post(&url, once, full("")).await;
+    assert_eq!(code, StatusCode::UNAUTHORIZED, "the exact copy: {body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("replay"),
+        "{body}"
+    );
+
+    let elsewhere = signed_for(&good, now, "pod-b", b"");
+    let (code, body) = post(&url, elsewhere, full("")).await;
+    assert_eq!(code, StatusCode::UNAUTHORIZED, "for another pod: {body}");
+
+    let altered = signed_for(&good, now, "pod-a", b"{\"a\":1}");
+    let (code, body) = post(&url, altered, full("{\"a\":2}")).await;
+    assert_eq!(code, StatusCode::UNAUTHORIZED, "another body: {body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("digest"),
+        "{body}"
+    );
+
+    let mut future = signed(&good, now);
+    future.insert("posgate-peer-version", http::HeaderValue::from_static("3"));
+    let (code, body) = post(&url, future, full("")).await;
+    assert_eq!(
+        (code, body["error"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("invalid_request")),
+        "{body}"
+    );
+
+    let (_, metrics) = get(&format!("{}/metrics", server.base)).await;
+    for reason in [
+        "replay",
+        "wrong_recipient",
+        "digest_mismatch",
+        "unsupported_version",
+    ] {
+        let line = format!("posgate_peer_requests_refused_total{{reason=\"{reason}\"}} 1");
+        assert!(metrics.contains(&line), "{line} missing:\n{metrics}");
+    }
+    server.stop().await;
+}
+
+/// Protocol 1 (the previous release) is accepted only while a member speaks nothing
+/// newer, and even then its exact copies are refused.
+#[tokio::test]
+async fn protocol_1_is_accepted_only_during_a_rolling_upgrade() {
+    let good = secret(1);
+    let server = Server::start(Some(vec![good.clone()])).await;
+    let url = format!("{}{STORE_REACHABLE_PATH}", server.base);
+    let old_signed = |at: SystemTime| {
+        let mut headers = HeaderMap::new();
+        legacy::sign(&good, &Method::POST, STORE_REACHABLE_PATH, at, b"").apply(&mut headers);
+        headers
+    };
+    let member = |id: &str, protocol: u32| Member {
+        pod: pod(id),
+        url: "http://x:1".into(),
+        version: "0.1.0".into(),
+        ring_version: "test".into(),
+        started_ms: 1,
+        peer_protocol: protocol,
+    };
+    server.status.send_replace(PodStatus {
+        members: vec![
+            member("pod-a", PEER_PROTOCOL),
+            member("pod-b", PEER_PROTOCOL),
+        ],
+        ..status_of("pod-a", true)
+    });
+    let (code, body) = post(&url, old_signed(SystemTime::now()), full("")).await;
+    assert_eq!(code, StatusCode::UNAUTHORIZED, "no old member: {body}");
+
+    server.status.send_replace(PodStatus {
+        members: vec![member("pod-a", PEER_PROTOCOL), member("pod-old", 1)],
+        ..status_of("pod-a", true)
+    });
+    let at = SystemTime::now();
+    let (code, body) = post(&url, old_signed(at), full("")).await;
+    assert_eq!(code, StatusCode::OK, "an old member is there: {body}");
+    let (code, body) = post(&url, old_signed(at), full("")).await;
+    assert_eq!(code, StatusCode::UNAUTHORIZED, "its exact copy: {body}");
     server.stop().await;
 }
 
@@ -476,26 +612,32 @@ async fn oversize_bodies_are_refused_before_authentication() {
     assert_eq!(code, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
     assert_eq!(body["error"], "payload_too_large");
 
-    // Chunked, without a length up front: caught while buffering.
+    // Chunked, without a length up front: caught while reading, after the signed head.
+    let chunks = (0..20).map(|_| Ok::<_, Infallible>(Frame::data(Bytes::from(vec![b'x'; 4096]))));
+    let streamed = StreamBody::new(futures::stream::iter(chunks)).boxed();
+    let (code, _) = post(&url, signed(&good, SystemTime::now()), streamed).await;
+    assert_eq!(code, StatusCode::PAYLOAD_TOO_LARGE);
+    // Unsigned, its body is not read at all.
     let chunks = (0..20).map(|_| Ok::<_, Infallible>(Frame::data(Bytes::from(vec![b'x'; 4096]))));
     let streamed = StreamBody::new(futures::stream::iter(chunks)).boxed();
     let (code, _) = post(&url, HeaderMap::new(), streamed).await;
-    assert_eq!(code, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(code, StatusCode::UNAUTHORIZED);
     server.stop().await;
 }
 
 #[tokio::test]
 async fn insecure_mode_accepts_unsigned_peers() {
     let server = Server::start(None).await;
-    let client = PeerClient::new(None, Duration::from_secs(2));
+    let client = peer_client(None, Duration::from_secs(2));
+    let peer = target(&server.base, "pod-b");
     // No status published yet: the pod cannot answer for itself.
-    let err = client.store_reachable(&server.base).await.unwrap_err();
+    let err = client.store_reachable(&peer).await.unwrap_err();
     assert!(
         matches!(err, PeerError::Status { status: 503, .. }),
         "{err}"
     );
     server.status.send_replace(status_of("pod-b", true));
-    let answer = client.store_reachable(&server.base).await.unwrap();
+    let answer = client.store_reachable(&peer).await.unwrap();
     assert_eq!(
         answer,
         PeerAnswer {
@@ -510,14 +652,9 @@ async fn insecure_mode_accepts_unsigned_peers() {
 async fn a_pod_whose_driver_is_gone_does_not_vouch_for_the_store() {
     let server = Server::start(None).await;
     server.status.send_replace(status_of("pod-b", true));
-    let client = PeerClient::new(None, Duration::from_secs(2));
-    assert!(
-        client
-            .store_reachable(&server.base)
-            .await
-            .unwrap()
-            .store_reachable
-    );
+    let client = peer_client(None, Duration::from_secs(2));
+    let peer = target(&server.base, "pod-b");
+    assert!(client.store_reachable(&peer).await.unwrap().store_reachable);
     // The driver owns the sender; it is dropped when the pod's coordination loop ends.
     let Server {
         base,
@@ -526,7 +663,7 @@ async fn a_pod_whose_driver_is_gone_does_not_vouch_for_the_store() {
         task,
     } = server;
     drop(status);
-    let err = client.store_reachable(&base).await.unwrap_err();
+    let err = client.store_reachable(&peer).await.unwrap_err();
     assert!(
         matches!(err, PeerError::Status { status: 503, .. }),
         "{err}"
@@ -547,10 +684,10 @@ async fn peer_client_fails_fast_without_a_listener() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         listener.local_addr().unwrap()
     };
-    let client = PeerClient::new(Some(secret(1)), Duration::from_secs(5));
+    let client = peer_client(Some(secret(1)), Duration::from_secs(5));
     let started = Instant::now();
     let err = client
-        .store_reachable(&format!("http://{addr}"))
+        .store_reachable(&target(&format!("http://{addr}"), "pod-a"))
         .await
         .unwrap_err();
     assert!(matches!(err, PeerError::Transport(_)), "{err}");
@@ -561,7 +698,7 @@ async fn peer_client_fails_fast_without_a_listener() {
     );
 
     let err = client
-        .store_reachable("ftp://example.invalid")
+        .store_reachable(&target("ftp://example.invalid", "pod-a"))
         .await
         .unwrap_err();
     assert!(matches!(err, PeerError::Url { .. }), "{err}");
@@ -572,9 +709,12 @@ async fn peer_client_times_out_on_a_silent_peer() {
     // Accepts connections (kernel backlog) but never speaks HTTP.
     let silent = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", silent.local_addr().unwrap());
-    let client = PeerClient::new(Some(secret(1)), Duration::from_millis(300));
+    let client = peer_client(Some(secret(1)), Duration::from_millis(300));
     let started = Instant::now();
-    let err = client.store_reachable(&base).await.unwrap_err();
+    let err = client
+        .store_reachable(&target(&base, "pod-a"))
+        .await
+        .unwrap_err();
     assert!(matches!(err, PeerError::Timeout(_)), "{err}");
     assert!(
         started.elapsed() < Duration::from_secs(2),

@@ -31,6 +31,7 @@ use posgate::push::PushSettings;
 use posgate::store::redis::{RedisOptions, RedisStore};
 use posgate_loadtest::pos_sim::{FarmConfig, FaultConfig, PosFarm};
 use serde_json::Value;
+use support::peer_tap::PeerTap;
 use support::RedisServer;
 use tokio::net::TcpListener;
 
@@ -46,7 +47,10 @@ struct Cluster {
     ca_file: std::path::PathBuf,
     farm: PosFarm,
     pods: Vec<PodHandle>,
+    /// Each pod's own listener.
     urls: Vec<String>,
+    /// With `Cluster::start_tapped`, the tap in front of each pod (what peers reach).
+    taps: Vec<PeerTap>,
     ids: Vec<String>,
     _dir: tempfile::TempDir,
 }
@@ -124,6 +128,22 @@ impl Cluster {
         extra: &[(&str, &str)],
         push: PushSettings,
     ) -> Self {
+        Cluster::start_with(pods, terminals, extra, push, false).await
+    }
+
+    /// Like `start`, with a [`PeerTap`] in front of every pod: each pod advertises its
+    /// tap's URL, so every forwarded push crosses a tap and is recorded there.
+    async fn start_tapped(pods: usize, terminals: u64) -> Self {
+        Cluster::start_with(pods, terminals, &[], PushSettings::default(), true).await
+    }
+
+    async fn start_with(
+        pods: usize,
+        terminals: u64,
+        extra: &[(&str, &str)],
+        push: PushSettings,
+        tapped: bool,
+    ) -> Self {
         let redis = RedisServer::start();
         let mut farm_config = FarmConfig::new(0..terminals);
         farm_config.port = 0;
@@ -146,14 +166,19 @@ impl Cluster {
         admin.upsert(SHARDS, &entries).await.unwrap();
         let mut handles = Vec::new();
         let mut urls = Vec::new();
+        let mut taps = Vec::new();
         for i in 0..pods {
-            let (pod, url) = start_pod(
-                &format!("push-pod-{i}"),
-                &redis.url(),
-                &ca_file,
-                push.clone(),
-            )
-            .await;
+            let name = format!("push-pod-{i}");
+            let (pod, url) = if tapped {
+                let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+                let url = format!("http://{}", listener.local_addr().unwrap());
+                let tap = PeerTap::start(url.clone()).await;
+                let config = pod_config(&name, &tap.url, &ca_file, push.clone());
+                taps.push(tap);
+                (start_configured(config, &redis.url(), listener).await, url)
+            } else {
+                start_pod(&name, &redis.url(), &ca_file, push.clone()).await
+            };
             handles.push(pod);
             urls.push(url);
         }
@@ -163,6 +188,7 @@ impl Cluster {
             farm,
             pods: handles,
             urls,
+            taps,
             ids,
             _dir: dir,
         };
@@ -739,6 +765,156 @@ async fn round_robin_pushes_reach_each_terminal_once_from_the_owner() {
             m
         });
     assert_eq!(delivered.get("twice"), Some(&1));
+}
+
+/// An attacker on the pod network captures a forwarded push and sends it again: as it
+/// was, with each signed part altered, to another pod, or downgraded to the previous
+/// protocol. Every copy is refused, and the terminal received the push exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_captured_forwarded_push_cannot_be_replayed_or_altered() {
+    let c = Cluster::start_tapped(2, 50).await;
+    let http = client();
+    let owner = "push-pod-1";
+    let t = c
+        .ids
+        .iter()
+        .find(|t| c.owner_of(t).as_deref() == Some(owner))
+        .expect("a terminal of pod 1")
+        .clone();
+    let keyed = Push {
+        key: Some("captured-1"),
+        ..Push::default()
+    };
+    let (status, _, body) = push(&http, &c.urls[0], &t, keyed).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["pod"], owner);
+    let wire = c.taps[1]
+        .captured()
+        .into_iter()
+        .find(|r| r.target.starts_with("/internal/v1/push/"))
+        .expect("the forwarded push crossed pod 1's tap");
+
+    let replay = |headers: HeaderMap, target: String, body: Bytes, base: String| {
+        let http = http.clone();
+        async move {
+            let mut request = Request::post(format!("{base}{target}"))
+                .body(Full::new(body))
+                .unwrap();
+            *request.headers_mut() = headers;
+            send(&http, request).await
+        }
+    };
+    let header = |name: &'static str, value: &str| (name, value.to_string());
+    let altered: Vec<(&str, (&'static str, String))> = vec![
+        (
+            "a new idempotency key",
+            header("idempotency-key", "captured-2"),
+        ),
+        ("another tenant", header("posgate-tenant", "bank")),
+        (
+            "a tenant that does not exist",
+            header("posgate-tenant", "nobody"),
+        ),
+        ("a longer deadline", header("posgate-deadline-ms", "29000")),
+        ("another content type", header("content-type", "text/plain")),
+        ("a content encoding", header("content-encoding", "gzip")),
+        ("no hop marker", header("posgate-hop", "0")),
+        (
+            "a new request id",
+            header("posgate-request-id", "0123456789abcdef0123456789abcdef"),
+        ),
+        ("a new timestamp", header("posgate-timestamp", "1")),
+        ("another sender", header("posgate-from", "push-pod-0x")),
+        ("an added posgate header", header("posgate-epoch", "1")),
+    ];
+    let mut base_headers = wire.headers.clone();
+    base_headers.remove("content-length");
+    let owner_url = c.urls[1].clone();
+    let mut refused = Vec::new();
+    // The exact copy first (its id is already used), then each alteration.
+    let (status, _, answer) = replay(
+        base_headers.clone(),
+        wire.target.clone(),
+        wire.body.clone(),
+        owner_url.clone(),
+    )
+    .await;
+    refused.push(("the exact copy", status, answer));
+    for (case, (name, value)) in altered {
+        let mut headers = base_headers.clone();
+        headers.insert(name, value.parse().unwrap());
+        let (status, _, answer) = replay(
+            headers,
+            wire.target.clone(),
+            wire.body.clone(),
+            owner_url.clone(),
+        )
+        .await;
+        refused.push((case, status, answer));
+    }
+    let other_terminal = c.ids.iter().find(|x| **x != t).unwrap();
+    let (status, _, answer) = replay(
+        base_headers.clone(),
+        format!("/internal/v1/push/{other_terminal}"),
+        wire.body.clone(),
+        owner_url.clone(),
+    )
+    .await;
+    refused.push(("another terminal's path", status, answer));
+    let (status, _, answer) = replay(
+        base_headers.clone(),
+        wire.target.clone(),
+        Bytes::from_static(b"{\"amount\": 9}"),
+        owner_url.clone(),
+    )
+    .await;
+    refused.push(("another body", status, answer));
+    let mut downgraded = base_headers.clone();
+    downgraded.remove("posgate-peer-version");
+    let (status, _, answer) = replay(
+        downgraded,
+        wire.target.clone(),
+        wire.body.clone(),
+        owner_url.clone(),
+    )
+    .await;
+    refused.push(("downgraded to protocol 1", status, answer));
+    let (status, _, answer) = replay(
+        base_headers.clone(),
+        wire.target.clone(),
+        wire.body.clone(),
+        c.urls[0].clone(),
+    )
+    .await;
+    refused.push(("sent to the other pod", status, answer));
+    for (case, status, answer) in &refused {
+        assert_eq!(*status, StatusCode::UNAUTHORIZED, "{case}: {answer}");
+        assert_eq!(error_of(answer), "unauthorized", "{case}");
+    }
+
+    let report = c.farm.terminal_report(&t).unwrap();
+    let delivered: Vec<&str> = report
+        .recent_pushes
+        .iter()
+        .map(|p| p.idempotency_key.as_str())
+        .collect();
+    assert_eq!(delivered, ["acme:captured-1"], "one delivery, the original");
+    assert_eq!(
+        c.farm.counters().pushes_accepted,
+        1,
+        "no copy reached any terminal"
+    );
+    let metrics = metrics_text(&http, &c.urls[1]).await;
+    let refusals: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("posgate_peer_requests_refused_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(
+        refusals as usize,
+        refused.len() - 1,
+        "counted by pod 1\n{metrics}"
+    );
 }
 
 /// One tenant's key reused for a second terminal of the same owner is a second push: it

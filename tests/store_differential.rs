@@ -238,6 +238,7 @@ fn member(id: &str) -> Member {
         version: "diff".into(),
         ring_version: "r1".into(),
         started_ms: 42,
+        peer_protocol: 2,
     }
 }
 

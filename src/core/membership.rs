@@ -23,6 +23,14 @@ pub struct Member {
     pub ring_version: String,
     /// Wall-clock start time of the pod, milliseconds since the Unix epoch (informational).
     pub started_ms: u64,
+    /// The newest peer protocol the pod speaks (`crate::peer::PEER_PROTOCOL`). Records
+    /// of the release before it have none, which means protocol 1.
+    #[serde(default = "protocol_1")]
+    pub peer_protocol: u32,
+}
+
+fn protocol_1() -> u32 {
+    1
 }
 
 /// The store's generation: a random id created whenever the store finds it missing, i.e.

@@ -39,7 +39,7 @@ use crate::core::ring::RING_VERSION;
 use crate::core::{Epoch, ShardId};
 use crate::credentials::Credentials;
 use crate::metrics::Metrics;
-use crate::peer::PeerClient;
+use crate::peer::{PeerClient, PEER_PROTOCOL};
 use crate::status::PodStatus;
 use crate::store::{ClusterMeta, CoordStore};
 
@@ -91,11 +91,16 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
             started_ms: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64),
+            peer_protocol: PEER_PROTOCOL,
         };
         let probe_timeout = core.renew_interval.min(MAX_PROBE_TIMEOUT);
         let (status, _) = watch::channel(report::pod_status(&rec, now()));
         Ok(Driver {
-            peers: PeerClient::new(config.cluster_secret.clone(), probe_timeout),
+            peers: PeerClient::new(
+                config.pod_id.clone(),
+                Credentials::new(None, config.cluster_secret.clone()),
+                probe_timeout,
+            ),
             cx: Arc::new(OpContext {
                 store,
                 member,
@@ -120,7 +125,7 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
     /// instead of the config's fixed one.
     pub fn with_credentials(mut self, credentials: Credentials) -> Self {
         let probe_timeout = self.cx.core.renew_interval.min(MAX_PROBE_TIMEOUT);
-        self.peers = PeerClient::with_credentials(credentials, probe_timeout);
+        self.peers = PeerClient::new(self.cx.member.pod.clone(), credentials, probe_timeout);
         self
     }
 

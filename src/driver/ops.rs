@@ -18,7 +18,7 @@ use crate::core::placement::Placement;
 use crate::core::reconciler::{OpFailed, OpResult, PeerReport};
 use crate::core::{CoreConfig, ShardId};
 use crate::metrics::Metrics;
-use crate::peer::PeerClient;
+use crate::peer::{PeerClient, PeerTarget};
 use crate::store::{ClusterMeta, CoordStore, StoreError};
 
 /// A failed store call is logged at most this often (the first one always).
@@ -155,7 +155,8 @@ impl<S: CoordStore> OpContext<S> {
 /// with its own timeout; an error or a timeout counts as "did not answer".
 pub(super) fn probe_peers(client: PeerClient, peers: Vec<Member>) -> Op {
     async move {
-        let answers = join_all(peers.iter().map(|m| client.store_reachable(&m.url))).await;
+        let targets: Vec<PeerTarget> = peers.iter().map(PeerTarget::from).collect();
+        let answers = join_all(targets.iter().map(|t| client.store_reachable(t))).await;
         let mut report = PeerReport::default();
         for (peer, answer) in peers.iter().zip(answers) {
             match answer {

@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use super::HttpState;
 use crate::core::{PodId, ShardId};
+use crate::peer::PeerTarget;
 use crate::status::ShardStatus;
 
 /// Path of the internal "connected terminals per shard" endpoint.
@@ -76,19 +77,19 @@ pub(super) async fn cluster(
     let mut counts: BTreeMap<ShardId, usize> =
         state.push.connected_by_shard().into_iter().collect();
     if include_peers {
-        let peers: Vec<String> = {
+        let peers: Vec<PeerTarget> = {
             let status = state.status.borrow();
             status
                 .members
                 .iter()
                 .filter(|m| status.pod.as_ref() != Some(&m.pod))
-                .map(|m| m.url.clone())
+                .map(PeerTarget::from)
                 .collect()
         };
-        let asks = peers.iter().map(|url| {
+        let asks = peers.iter().map(|peer| {
             state
                 .push
-                .peer_get(url, SHARD_TERMINALS_PATH, PEER_COUNTS_TIMEOUT)
+                .peer_get(peer, SHARD_TERMINALS_PATH, PEER_COUNTS_TIMEOUT)
         });
         for answer in join_all(asks).await {
             let Ok((code, body)) = answer else { continue };

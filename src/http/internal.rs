@@ -1,60 +1,196 @@
 //! The peer endpoints (`/internal/...`) and the middleware that authenticates them.
 //!
-//! The middleware bounds the body before buffering it (`413` beyond
-//! [`MAX_INTERNAL_BODY`], or the push size limit when larger), checks the HMAC signature with [`crate::peer::verify`] (`401`
-//! when missing, wrong or stale) and hands the buffered body on. In insecure mode (no
-//! secrets) it only bounds the body.
+//! [`authenticate`] checks every request before its handler runs, in an order that
+//! costs a stranger the least of this pod's work: an announced oversize body is `413`
+//! before anything else; then the signature over the head (`crate::peer::signing`), so
+//! an unsigned or altered request is `401` before its body is read; then the request id
+//! against the ones accepted within the clock-skew window (`401` for a copy); then the
+//! body, read as it arrives, against the signed digest (`401` when it differs). Only
+//! then does the handler see the request, and every header it reads was signed.
+//!
+//! Protocol 1 requests (pods of the previous release) are accepted only while such a
+//! pod is a member, their exact copies refused by signature. Each refusal counts in
+//! `posgate_peer_requests_refused_total{reason}` and is logged at most once per second
+//! per reason, with the number suppressed since the last line. In insecure mode (no
+//! secrets) only the body is bounded.
 
 use std::sync::Arc;
-use std::time::SystemTime;
-
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Request, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, request::Parts, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use super::errors::respond;
-use super::{read_bounded, valid_key, HttpState};
-#[cfg(doc)]
-use crate::peer::MAX_INTERNAL_BODY;
-use crate::peer::{verify, PeerAnswer};
+use super::{check_announced, read_body, valid_key, HttpState};
+use crate::peer::replay::RequestKey;
+use crate::peer::signing::{self, claimed, legacy, unix_seconds, AuthError, BodyDigest, Claimed};
+use crate::peer::{ClusterSecret, PeerAnswer, PEER_PROTOCOL, SIGNATURE_HEADER, VERSION_HEADER};
 use crate::pos::directory::valid_id;
 use crate::push::answer::{Answer, ErrorCode};
 use crate::push::auth::Tenant;
 use crate::push::{Owned, PushRequest, HEADER_DEADLINE_MS, HEADER_HOP, HEADER_TENANT, MAX_TIMEOUT};
 
-/// Bounds, buffers and authenticates a peer request.
+/// Why a peer request goes no further.
+enum Refused {
+    /// The signature checks failed.
+    Auth(AuthError),
+    /// An answer that needs no refusal bookkeeping (`413`, an unreadable body, a pod
+    /// that is still starting).
+    Answer(Answer),
+}
+
+impl From<AuthError> for Refused {
+    fn from(e: AuthError) -> Self {
+        Refused::Auth(e)
+    }
+}
+
+/// Bounds, buffers and authenticates a peer request; see the module docs.
 pub(super) async fn authenticate(
     State(state): State<Arc<HttpState>>,
     request: Request,
     next: Next,
 ) -> Response {
     let (parts, body) = request.into_parts();
-    let body = match read_bounded(&parts.headers, body, state.internal_body_limit()).await {
-        Ok(body) => body,
-        Err(answer) => return respond(answer),
+    let limit = state.internal_body_limit();
+    let checked = match state.credentials.accepted_secrets() {
+        None => match check_announced(&parts.headers, limit) {
+            Ok(()) => read_body(body, limit, |_| {})
+                .await
+                .map_err(Refused::Answer),
+            Err(answer) => Err(Refused::Answer(answer)),
+        },
+        Some(secrets) => checked_body(&state, &secrets, &parts, body, limit).await,
     };
-    if let Some(secrets) = &state.credentials.accepted_secrets() {
-        let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
-        let checked = verify(
-            secrets,
-            &parts.method,
-            path_and_query,
-            &parts.headers,
-            &body,
-            SystemTime::now(),
-        );
-        if let Err(err) = checked {
-            // A peer with a different secret shows up here; worth an operator's attention.
-            tracing::warn!(path = parts.uri.path(), reason = %err, "peer request refused");
-            return respond(Answer::error(ErrorCode::Unauthorized, err.to_string()));
+    match checked {
+        Ok(body) => {
+            let mut response = next.run(Request::from_parts(parts, Body::from(body))).await;
+            response
+                .headers_mut()
+                .insert(VERSION_HEADER, HeaderValue::from(PEER_PROTOCOL));
+            response
+        }
+        Err(Refused::Answer(answer)) => respond(answer),
+        Err(Refused::Auth(err)) => refuse(&state, &parts, err),
+    }
+}
+
+/// The body of a request whose every check passed.
+async fn checked_body(
+    state: &HttpState,
+    secrets: &[ClusterSecret],
+    parts: &Parts,
+    body: Body,
+    limit: usize,
+) -> Result<Bytes, Refused> {
+    check_announced(&parts.headers, limit).map_err(Refused::Answer)?;
+    let now = SystemTime::now();
+    let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+    let replay = &state.peer.replay;
+    match claimed(&parts.headers)? {
+        Claimed::Current => {
+            let Some(me) = state.status.borrow().pod.clone() else {
+                return Err(Refused::Answer(starting()));
+            };
+            let head = signing::verify_head(
+                secrets,
+                &parts.method,
+                path_and_query,
+                &parts.headers,
+                now,
+                &me,
+            )?;
+            replay.first_use(
+                RequestKey::Id(head.request_id),
+                head.timestamp,
+                unix_seconds(now),
+            )?;
+            let mut digest = BodyDigest::default();
+            let body = read_body(body, limit, |chunk| digest.update(chunk))
+                .await
+                .map_err(Refused::Answer)?;
+            digest.check(&head)?;
+            Ok(body)
+        }
+        Claimed::Legacy => {
+            if !parts.headers.contains_key(SIGNATURE_HEADER) {
+                return Err(AuthError::Missing(SIGNATURE_HEADER).into());
+            }
+            if !legacy_members(state) {
+                return Err(AuthError::LegacyRefused.into());
+            }
+            let body = read_body(body, limit, |_| {})
+                .await
+                .map_err(Refused::Answer)?;
+            let (timestamp, signature) = legacy::verify(
+                secrets,
+                &parts.method,
+                path_and_query,
+                &parts.headers,
+                &body,
+                now,
+            )?;
+            replay.first_use(RequestKey::Legacy(signature), timestamp, unix_seconds(now))?;
+            state.push.metrics().peer_legacy_accepted.inc();
+            Ok(body)
         }
     }
-    next.run(Request::from_parts(parts, Body::from(body))).await
+}
+
+/// Whether a member of the last poll speaks only protocol 1: a rolling upgrade from
+/// the previous release is under way, and its pods sign the old way.
+fn legacy_members(state: &HttpState) -> bool {
+    let status = state.status.borrow();
+    status
+        .members
+        .iter()
+        .any(|m| m.peer_protocol < PEER_PROTOCOL && status.pod.as_ref() != Some(&m.pod))
+}
+
+/// Counts and (rate-limited) logs a refusal, and answers it.
+fn refuse(state: &HttpState, parts: &Parts, err: AuthError) -> Response {
+    let reason = err.reason();
+    state
+        .push
+        .metrics()
+        .peer_refusals
+        .get_or_create(&[("reason", reason)])
+        .inc();
+    if let Some(suppressed) = state.peer.refusals.admit(reason, Instant::now()) {
+        // `from` is what the request claims; it was not verified when the MAC failed.
+        let claimed_from = parts
+            .headers
+            .get(signing::FROM_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(|v| v.chars().take(64).collect::<String>());
+        tracing::warn!(
+            path = parts.uri.path(),
+            reason,
+            error = %err,
+            claimed_from,
+            suppressed_since_last_line = suppressed,
+            "peer request refused"
+        );
+    }
+    let code = match err {
+        AuthError::UnsupportedVersion(_) => ErrorCode::InvalidRequest,
+        AuthError::WindowFull => ErrorCode::Overloaded,
+        _ => ErrorCode::Unauthorized,
+    };
+    respond(Answer::error(code, err.to_string()))
+}
+
+fn starting() -> Answer {
+    Answer {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        body: Bytes::from_static(
+            br#"{"error":"starting","message":"this pod has not published its status yet"}"#,
+        ),
+    }
 }
 
 /// `POST /internal/v1/store-reachable`: does this pod reach the coordination store?

@@ -24,21 +24,21 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use axum::body::{to_bytes, Body};
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{middleware, Json, Router};
-use bytes::Bytes;
-use http_body_util::LengthLimitError;
+use bytes::{Bytes, BytesMut};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use self::head_errors::JsonHeadErrorsListener;
 use crate::credentials::Credentials;
-use crate::peer::{MAX_INTERNAL_BODY, STORE_REACHABLE_PATH};
+use crate::peer::{PeerReceiver, MAX_INTERNAL_BODY, STORE_REACHABLE_PATH};
 use crate::push::answer::{Answer, ErrorCode};
 use crate::push::PushService;
 use crate::status::PodStatus;
@@ -57,6 +57,8 @@ pub struct HttpState {
     pub push: Arc<PushService>,
     /// `/readyz`'s memory; start with `ReadyLatch::default()`.
     pub ready: ReadyLatch,
+    /// The peer endpoints' memory of accepted request ids; start with the default.
+    pub peer: PeerReceiver,
 }
 
 impl HttpState {
@@ -136,6 +138,12 @@ pub async fn serve_tls(
 /// (`413`) before any of it is read; one that lies about or omits its length is cut off
 /// at the limit.
 async fn read_bounded(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, Answer> {
+    check_announced(headers, limit)?;
+    read_body(body, limit, |_| {}).await
+}
+
+/// `413` when `headers` announce a body over `limit` bytes.
+fn check_announced(headers: &HeaderMap, limit: usize) -> Result<(), Answer> {
     let announced = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -143,15 +151,28 @@ async fn read_bounded(headers: &HeaderMap, body: Body, limit: usize) -> Result<B
     if announced.is_some_and(|len| len > limit as u64) {
         return Err(push::too_large(limit));
     }
-    to_bytes(body, limit).await.map_err(|err| {
-        let over_limit =
-            std::error::Error::source(&err).is_some_and(|source| source.is::<LengthLimitError>());
-        if over_limit {
-            push::too_large(limit)
-        } else {
-            Answer::error(ErrorCode::InvalidRequest, err.to_string())
+    Ok(())
+}
+
+/// Reads `body` (at most `limit` bytes, `413` beyond), showing each chunk to `seen` as
+/// it arrives.
+async fn read_body(body: Body, limit: usize, mut seen: impl FnMut(&[u8])) -> Result<Bytes, Answer> {
+    let mut body = Limited::new(body, limit);
+    let mut out = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|err| {
+            if err.is::<LengthLimitError>() {
+                push::too_large(limit)
+            } else {
+                Answer::error(ErrorCode::InvalidRequest, err.to_string())
+            }
+        })?;
+        if let Ok(data) = frame.into_data() {
+            seen(&data);
+            out.extend_from_slice(&data);
         }
-    })
+    }
+    Ok(out.freeze())
 }
 
 /// Prometheus scrape: OpenMetrics text. No token: metrics carry no tenant data.

@@ -106,6 +106,20 @@ impl Drop for GaugeUnit {
     }
 }
 
+/// The `reason` values of `posgate_peer_requests_refused_total` (`AuthError::reason`).
+pub const PEER_REFUSAL_REASONS: [&str; 10] = [
+    "unsigned",
+    "malformed",
+    "stale",
+    "bad_signature",
+    "wrong_recipient",
+    "replay",
+    "digest_mismatch",
+    "unsupported_version",
+    "legacy_refused",
+    "window_full",
+];
+
 /// Every metric of one pod. See `docs/metrics.md`.
 pub struct Metrics {
     registry: Registry,
@@ -143,6 +157,8 @@ pub struct Metrics {
     pub push_replays: Counter,
     // Operations.
     pub reloads: Family<Label, Counter>,
+    pub peer_refusals: Family<Label, Counter>,
+    pub peer_legacy_accepted: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -190,6 +206,8 @@ impl Metrics {
             push_owner_wait: latency_buckets(),
             push_replays: Counter::default(),
             reloads: Family::default(),
+            peer_refusals: Family::default(),
+            peer_legacy_accepted: Counter::default(),
         };
         m.register();
         m.zero_known_series();
@@ -229,6 +247,9 @@ impl Metrics {
         }
         for result in ["ok", "error"] {
             let _ = self.reloads.get_or_create(&[("result", result)]);
+        }
+        for reason in PEER_REFUSAL_REASONS {
+            let _ = self.peer_refusals.get_or_create(&[("reason", reason)]);
         }
         for reason in ["lost", "stopped", "hello_failed"] {
             let _ = self.connections_closed.get_or_create(&[("reason", reason)]);
@@ -364,6 +385,16 @@ impl Metrics {
             "posgate_reloads",
             "Reloads of secrets and certificates (SIGHUP or changed files) by result (ok, error)",
             self.reloads.clone(),
+        );
+        r.register(
+            "posgate_peer_requests_refused",
+            "Requests to the peer endpoints refused before they were acted on, by reason",
+            self.peer_refusals.clone(),
+        );
+        r.register(
+            "posgate_peer_legacy_requests",
+            "Peer requests accepted in protocol 1 (from pods of the previous release during a rolling upgrade)",
+            self.peer_legacy_accepted.clone(),
         );
     }
 

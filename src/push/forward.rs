@@ -22,8 +22,9 @@ use http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 
 use super::answer::{Answer, ErrorCode};
 use super::PushRequest;
+use crate::core::PodId;
 use crate::credentials::Credentials;
-use crate::peer::{PeerClient, SendError};
+use crate::peer::{PeerClient, PeerTarget, SendError};
 
 /// Path prefix of the internal push endpoint; the terminal id follows.
 pub const PUSH_PREFIX: &str = "/internal/v1/push/";
@@ -57,9 +58,10 @@ pub struct ForwardClient {
 }
 
 impl ForwardClient {
-    pub fn new(credentials: Credentials, connect_timeout: Duration) -> Self {
+    /// The forwarding client of pod `me`.
+    pub fn new(me: PodId, credentials: Credentials, connect_timeout: Duration) -> Self {
         ForwardClient {
-            peers: PeerClient::with_credentials(credentials, connect_timeout),
+            peers: PeerClient::new(me, credentials, connect_timeout),
         }
     }
 
@@ -70,8 +72,13 @@ impl ForwardClient {
         }
     }
 
-    /// Forwards `push` to the pod at `base_url`, answering by `deadline` + grace.
-    pub async fn push(&self, base_url: &str, push: &PushRequest, deadline: Instant) -> Forwarded {
+    /// Forwards `push` to `owner`, answering by `deadline` + grace.
+    pub async fn push(
+        &self,
+        owner: &PeerTarget,
+        push: &PushRequest,
+        deadline: Instant,
+    ) -> Forwarded {
         let remaining = deadline.saturating_duration_since(Instant::now());
         let path = format!("{PUSH_PREFIX}{}", push.terminal);
         let mut headers = HeaderMap::new();
@@ -93,7 +100,7 @@ impl ForwardClient {
             .peers
             .send(
                 Method::POST,
-                base_url,
+                owner,
                 &path,
                 push.body.clone(),
                 headers,
@@ -104,7 +111,7 @@ impl ForwardClient {
             Ok((StatusCode::MISDIRECTED_REQUEST, _)) => Forwarded::Moved,
             Ok((StatusCode::UNAUTHORIZED, _)) => {
                 tracing::warn!(
-                    peer = base_url,
+                    peer = %owner.pod,
                     "peer refused a forwarded push: cluster secrets differ?"
                 );
                 // Refused before it was processed: not delivered, and not worth retrying.
@@ -122,28 +129,28 @@ impl ForwardClient {
         }
     }
 
-    /// Asks the pod at `base_url` about `terminal`; returns its status and JSON body.
+    /// Asks `owner` about `terminal`; returns its status and JSON body.
     pub async fn terminal(
         &self,
-        base_url: &str,
+        owner: &PeerTarget,
         terminal: &str,
         timeout: Duration,
     ) -> Result<(StatusCode, Bytes), String> {
-        self.get(base_url, &format!("{TERMINAL_PREFIX}{terminal}"), timeout)
+        self.get(owner, &format!("{TERMINAL_PREFIX}{terminal}"), timeout)
             .await
     }
 
-    /// A signed `GET path` to the pod at `base_url`; its status and body.
+    /// A signed `GET path` to `peer`; its status and body.
     pub async fn get(
         &self,
-        base_url: &str,
+        peer: &PeerTarget,
         path: &str,
         timeout: Duration,
     ) -> Result<(StatusCode, Bytes), String> {
         self.peers
             .send(
                 Method::GET,
-                base_url,
+                peer,
                 path,
                 Bytes::new(),
                 HeaderMap::new(),

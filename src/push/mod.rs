@@ -193,13 +193,13 @@ impl PushService {
         metrics: Arc<Metrics>,
     ) -> Self {
         PushService {
+            forward: forward::ForwardClient::new(pod.clone(), credentials, peer_timeout),
             pod,
             shards,
             serving,
             status,
             sessions,
             cache: IdempotencyCache::new(settings.idempotency_ttl, settings.idempotency_capacity),
-            forward: forward::ForwardClient::new(credentials, peer_timeout),
             inflight: Arc::new(Semaphore::new(settings.max_inflight.max(1))),
             settings,
             metrics,
@@ -234,14 +234,14 @@ impl PushService {
         self.sessions.connected_by_shard()
     }
 
-    /// Asks the pod at `base_url` for an internal `GET path` (signed); its status and body.
+    /// Asks `peer` for an internal `GET path` (signed); its status and body.
     pub async fn peer_get(
         &self,
-        base_url: &str,
+        peer: &crate::peer::PeerTarget,
         path: &str,
         timeout: Duration,
     ) -> Result<(http::StatusCode, Bytes), String> {
-        self.forward.get(base_url, path, timeout).await
+        self.forward.get(peer, path, timeout).await
     }
 
     /// This pod's id.

@@ -21,6 +21,7 @@ use super::{PushRequest, PushService};
 use crate::core::shard::shard_of;
 use crate::core::{Epoch, PodId, ShardId};
 use crate::metrics::{GaugeUnit, Metrics};
+use crate::peer::PeerTarget;
 use crate::pos::manager::Lookup;
 
 /// Longest wait between two looks for an owner.
@@ -39,7 +40,7 @@ pub struct TerminalView {
 
 enum Target {
     Here,
-    Peer(String),
+    Peer(PeerTarget),
     Nobody,
 }
 
@@ -62,16 +63,18 @@ impl PushService {
                     Owned::Answer(answer) => return (answer, "local"),
                     Owned::NotHere => debug!(shard, "shard left this pod; looking again"),
                 },
-                Target::Peer(url) => match self.forward.push(&url, &push, deadline).await {
+                Target::Peer(owner) => match self.forward.push(&owner, &push, deadline).await {
                     Forwarded::Answer(answer) => {
                         return (with_total_latency(answer, &push), "forwarded")
                     }
-                    Forwarded::Moved => debug!(shard, peer = %url, "owner moved; looking again"),
+                    Forwarded::Moved => {
+                        debug!(shard, peer = %owner.pod, "owner moved; looking again")
+                    }
                     Forwarded::NotSent(why) => {
-                        debug!(shard, peer = %url, %why, "owner unreachable; looking again")
+                        debug!(shard, peer = %owner.pod, %why, "owner unreachable; looking again")
                     }
                     Forwarded::Unknown(why) => {
-                        debug!(shard, peer = %url, %why, "forwarded push outcome unknown");
+                        debug!(shard, peer = %owner.pod, %why, "forwarded push outcome unknown");
                         let mut body = with_key(&push, "no answer from the owner pod; the terminal may have received the push: retry with the same idempotency key");
                         body.delivery = Some("unknown".into());
                         return (Answer::error_with(ErrorCode::PosTimeout, body), "forwarded");
@@ -109,7 +112,7 @@ impl PushService {
             return Target::Nobody;
         }
         match status.members.iter().find(|m| m.pod == *owner) {
-            Some(member) => Target::Peer(member.url.clone()),
+            Some(member) => Target::Peer(PeerTarget::from(member)),
             None => Target::Nobody,
         }
     }
@@ -122,13 +125,13 @@ impl PushService {
                 Owned::Answer(answer) => answer,
                 Owned::NotHere => self.unowned_view(terminal, shard),
             },
-            Target::Peer(url) => match self.forward.terminal(&url, terminal, timeout).await {
+            Target::Peer(owner) => match self.forward.terminal(&owner, terminal, timeout).await {
                 Ok((status, body)) if status != StatusCode::MISDIRECTED_REQUEST => {
                     Answer { status, body }
                 }
                 Ok(_) => self.unowned_view(terminal, shard),
                 Err(why) => {
-                    debug!(shard, peer = %url, %why, "owner did not answer a terminal lookup");
+                    debug!(shard, peer = %owner.pod, %why, "owner did not answer a terminal lookup");
                     Answer::error(
                         ErrorCode::TerminalUnavailable,
                         "the owner pod did not answer",

@@ -24,6 +24,7 @@ impl World<'_> {
                     version: "sim".into(),
                     ring_version: crate::core::ring::RING_VERSION.into(),
                     started_ms: ms,
+                    peer_protocol: 2,
                 };
                 let meta = ClusterMeta::current(core.shards);
                 let r = store

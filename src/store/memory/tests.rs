@@ -13,6 +13,7 @@ fn member(id: &str) -> Member {
         version: "test".into(),
         ring_version: "r".into(),
         started_ms: 1,
+        peer_protocol: 2,
     }
 }
 

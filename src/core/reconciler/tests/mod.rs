@@ -22,6 +22,7 @@ fn member(name: &str) -> Member {
         version: "t".into(),
         ring_version: "t".into(),
         started_ms: 0,
+        peer_protocol: 2,
     }
 }
 

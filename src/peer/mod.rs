@@ -1,0 +1,75 @@
+//! The peer protocol: how pods call each other, and how a pod knows a call came from a
+//! pod of its cluster, unaltered and only once.
+//!
+//! - `signing`: every request is signed with the cluster secret over everything the
+//!   receiver acts on (protocol 2; protocol 1 of the previous release during a rolling
+//!   upgrade). The exact rules are in its docs and `docs/design.md` "Peer requests".
+//! - `replay`: the receiver's memory of request ids, so a copy is refused.
+//! - `client`: [`PeerClient`], the one transport of every pod-to-pod call (HTTP/2: h2c
+//!   to `http://` peers, TLS to `https://` ones, `tls.rs`), which signs each request for
+//!   the protocol its target advertises in its member record.
+//!
+//! # Insecure mode
+//! Without a cluster secret (`posgate serve --insecure`) requests go unsigned and are
+//! accepted unsigned: anyone who reaches the port can ask the peer questions and forward
+//! pushes. Only for local development.
+//!
+//! What this module does not do: routing or HTTP serving. The middleware that checks
+//! requests on the internal endpoints lives in `crate::http`.
+
+mod client;
+pub mod replay;
+pub mod signing;
+pub mod tls;
+
+use serde::{Deserialize, Serialize};
+
+use crate::core::membership::Member;
+use crate::core::PodId;
+
+pub(crate) use self::client::SendError;
+pub use self::client::{PeerClient, PeerError};
+pub use self::signing::{
+    legacy, AuthError, ClusterSecret, SecretTooShort, MAX_CLOCK_SKEW, MIN_SECRET_LEN,
+    PEER_PROTOCOL, SIGNATURE_HEADER, TIMESTAMP_HEADER, VERSION_HEADER,
+};
+pub use self::tls::PeerTls;
+
+/// Largest body the internal endpoints buffer, and the largest answer the client reads.
+pub const MAX_INTERNAL_BODY: usize = 64 * 1024;
+/// Path of the "do you reach the store?" peer endpoint.
+pub const STORE_REACHABLE_PATH: &str = "/internal/v1/store-reachable";
+
+/// What the receiving side of the peer endpoints remembers: the ids of requests it
+/// accepted (so copies are refused), and when it last logged a refusal of each kind.
+#[derive(Debug, Default)]
+pub struct PeerReceiver {
+    pub replay: replay::ReplayWindow,
+    pub refusals: crate::rate_log::RateLog,
+}
+
+/// A pod a request goes to: who it is (signed into the request, so it cannot be
+/// replayed to another pod), where it listens, and which peer protocol it speaks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerTarget {
+    pub pod: PodId,
+    pub url: String,
+    pub protocol: u32,
+}
+
+impl From<&Member> for PeerTarget {
+    fn from(member: &Member) -> Self {
+        PeerTarget {
+            pod: member.pod.clone(),
+            url: member.url.clone(),
+            protocol: member.peer_protocol,
+        }
+    }
+}
+
+/// A peer's answer to "do you reach the store?".
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerAnswer {
+    pub pod: PodId,
+    pub store_reachable: bool,
+}

@@ -1,0 +1,73 @@
+//! Log lines for events a stranger can cause at will (refused requests), at most one
+//! per interval per kind, each saying how many were suppressed since the last one. A
+//! flood of refusals costs a counter increment each, not a line each, yet an operator
+//! still sees the first one at once and the volume afterwards. The exact counts are in
+//! the metrics.
+//!
+//! Not for: logging anything that happens at a bounded rate by design.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+/// One line per second per kind at most.
+pub const INTERVAL: Duration = Duration::from_secs(1);
+
+#[derive(Debug)]
+struct Kind {
+    last_line: Instant,
+    suppressed: u64,
+}
+
+/// See the module docs.
+#[derive(Debug, Default)]
+pub struct RateLog {
+    kinds: Mutex<HashMap<&'static str, Kind>>,
+}
+
+impl RateLog {
+    /// Whether a line for `kind` may be written at `now`; if so, how many events of
+    /// that kind were suppressed since the previous line (the caller writes the line).
+    pub fn admit(&self, kind: &'static str, now: Instant) -> Option<u64> {
+        let mut kinds = self.kinds.lock().unwrap_or_else(PoisonError::into_inner);
+        match kinds.get_mut(kind) {
+            Some(k) if now.duration_since(k.last_line) < INTERVAL => {
+                k.suppressed += 1;
+                None
+            }
+            Some(k) => {
+                let suppressed = std::mem::take(&mut k.suppressed);
+                k.last_line = now;
+                Some(suppressed)
+            }
+            None => {
+                kinds.insert(
+                    kind,
+                    Kind {
+                        last_line: now,
+                        suppressed: 0,
+                    },
+                );
+                Some(0)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_line_per_interval_per_kind_with_the_suppressed_count() {
+        let log = RateLog::default();
+        let t = Instant::now();
+        assert_eq!(log.admit("replay", t), Some(0));
+        for i in 1..=1000 {
+            assert_eq!(log.admit("replay", t + Duration::from_micros(i)), None);
+        }
+        assert_eq!(log.admit("stale", t), Some(0), "kinds are independent");
+        assert_eq!(log.admit("replay", t + INTERVAL), Some(1000));
+        assert_eq!(log.admit("replay", t + INTERVAL), None);
+    }
+}

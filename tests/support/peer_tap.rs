@@ -1,0 +1,127 @@
+//! `PeerTap`: an attacker's vantage point on the pod network. An HTTP/2 (h2c) relay
+//! placed in front of a pod (the pod advertises the tap's URL), which records every
+//! request as it crossed the wire (method, target, headers, body) and relays it
+//! unchanged, so a test can replay or alter real captured peer traffic.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, Response};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+/// One request as it crossed the tap.
+#[derive(Clone, Debug)]
+pub struct Captured {
+    pub method: Method,
+    /// Path and query.
+    pub target: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+/// See the module docs. Dropping it stops accepting.
+pub struct PeerTap {
+    pub url: String,
+    captured: Arc<Mutex<Vec<Captured>>>,
+    accept: JoinHandle<()>,
+}
+
+type H2Client = Client<HttpConnector, Full<Bytes>>;
+
+impl PeerTap {
+    /// A tap relaying to the pod listening at `upstream` (`http://host:port`).
+    pub async fn start(upstream: String) -> PeerTap {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr: SocketAddr = listener.local_addr().unwrap();
+        let captured = Arc::new(Mutex::new(Vec::new()));
+        let client: H2Client = Client::builder(TokioExecutor::new())
+            .http2_only(true)
+            .build_http();
+        let log = captured.clone();
+        let accept = tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let (client, log, upstream) = (client.clone(), log.clone(), upstream.clone());
+                tokio::spawn(async move {
+                    let service = service_fn(move |request: Request<Incoming>| {
+                        relay(client.clone(), log.clone(), upstream.clone(), request)
+                    });
+                    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(tcp), service)
+                        .await;
+                });
+            }
+        });
+        PeerTap {
+            url: format!("http://{addr}"),
+            captured,
+            accept,
+        }
+    }
+
+    /// Every request seen so far.
+    pub fn captured(&self) -> Vec<Captured> {
+        self.captured.lock().unwrap().clone()
+    }
+}
+
+impl Drop for PeerTap {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+async fn relay(
+    client: H2Client,
+    log: Arc<Mutex<Vec<Captured>>>,
+    upstream: String,
+    request: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let (parts, body) = request.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let target = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |pq| pq.as_str())
+        .to_string();
+    log.lock().unwrap().push(Captured {
+        method: parts.method.clone(),
+        target: target.clone(),
+        headers: parts.headers.clone(),
+        body: body.clone(),
+    });
+    let mut forward = Request::builder()
+        .method(parts.method)
+        .uri(format!("{upstream}{target}"))
+        .body(Full::new(body))
+        .unwrap();
+    *forward.headers_mut() = parts.headers;
+    let answer = match client.request(forward).await {
+        Ok(response) => {
+            let (parts, body) = response.into_parts();
+            let body = body
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            Response::from_parts(parts, Full::new(body))
+        }
+        Err(_) => Response::builder()
+            .status(502)
+            .body(Full::new(Bytes::new()))
+            .unwrap(),
+    };
+    Ok(answer)
+}
