@@ -1,6 +1,7 @@
 //! Shared harness for the integration tests: a throwaway `redis-server` per test (plain,
 //! or also serving TLS), a TCP proxy that can cut or stall the network between a client
-//! and Redis, a throwaway CA for the TLS tests, and a runner for the `posgate` binary.
+//! and Redis, a throwaway CA for the TLS tests, a runner for the `posgate` binary, and a
+//! client for the push API.
 //!
 //! Declare it as `pub mod support;` in a test file: public items of a public module are
 //! not dead code, so each test file may use just the parts it needs.
@@ -9,6 +10,7 @@
 //! 127.0.0.1.
 
 pub mod binary;
+pub mod push;
 pub mod redis_server;
 pub mod tcp_proxy;
 pub mod tls;
