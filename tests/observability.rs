@@ -6,7 +6,8 @@
 //! - with `promtool` on PATH (Debian package `prometheus`; `scripts/test` installs it):
 //!   `promtool test rules alerts_test.yaml`, `promtool check rules alerts.yaml`, and every
 //!   dashboard query parses as PromQL (Grafana variables replaced by sample values);
-//!   without it those checks print "skipped" and pass;
+//!   without it those checks print "skipped" and pass, except under `CI=true`, where
+//!   they fail (`support::tools`);
 //! - `prometheusrule.yaml` (the operator's wrapping of the rules) is exactly what
 //!   `scripts/gen-prometheusrule` makes of `alerts.yaml` today;
 //! - the dashboard is JSON with the expected variables, and every panel has a title and a
@@ -41,7 +42,7 @@ const DASHBOARD: &str = "k8s/observability/dashboard.json";
 const ALERTS: &str = "k8s/observability/alerts.yaml";
 const ALERTS_TEST: &str = "k8s/observability/alerts_test.yaml";
 const PROMETHEUS_RULE: &str = "k8s/observability/prometheusrule.yaml";
-const SKIPPED: &str = "skipped: promtool not installed (scripts/test installs it)";
+const INSTALL: &str = "Debian package prometheus; scripts/test installs it";
 const HISTOGRAM_SUFFIXES: [&str; 3] = ["_bucket", "_sum", "_count"];
 
 fn root() -> &'static Path {
@@ -190,8 +191,14 @@ fn every_metric_used_by_dashboard_and_rules_is_documented() {
     );
 }
 
-/// `promtool args..` in the repository root, `None` when promtool is not installed.
-fn promtool(args: &[&str], stdin: Option<&[u8]>) -> Option<Output> {
+/// `promtool args..` in the repository root, `None` when promtool is not installed
+/// (see [`support::tools::require`]); `unchecked` says what is then not checked.
+fn promtool(args: &[&str], stdin: Option<&[u8]>, unchecked: &str) -> Option<Output> {
+    let output = run_promtool(args, stdin);
+    support::tools::require(output, "promtool", unchecked, INSTALL)
+}
+
+fn run_promtool(args: &[&str], stdin: Option<&[u8]>) -> Option<Output> {
     let mut command = Command::new("promtool");
     command
         .args(args)
@@ -226,8 +233,7 @@ fn describe(output: &Output) -> String {
 
 #[test]
 fn alert_rules_pass_promtool() {
-    let Some(version) = promtool(&["--version"], None) else {
-        eprintln!("{SKIPPED}");
+    let Some(version) = promtool(&["--version"], None, "alert rules not checked") else {
         return;
     };
     eprintln!(
@@ -238,13 +244,13 @@ fn alert_rules_pass_promtool() {
             .next()
             .unwrap_or("promtool")
     );
-    let check = promtool(&["check", "rules", ALERTS], None).expect("promtool");
+    let check = run_promtool(&["check", "rules", ALERTS], None).expect("promtool");
     assert!(
         check.status.success(),
         "promtool check rules: {}",
         describe(&check)
     );
-    let test = promtool(&["test", "rules", ALERTS_TEST], None).expect("promtool");
+    let test = run_promtool(&["test", "rules", ALERTS_TEST], None).expect("promtool");
     assert!(
         test.status.success(),
         "promtool test rules: {}",
@@ -372,23 +378,20 @@ fn dashboard_is_valid_json_with_a_query_per_panel() {
     let dir = tempfile::tempdir().expect("temp dir");
     let file = dir.path().join("dashboard-queries.yaml");
     std::fs::write(&file, rules).expect("write rules");
-    match promtool(
-        &["check", "rules", file.to_str().expect("UTF-8 path")],
-        None,
-    ) {
-        None => eprintln!("dashboard PromQL check {SKIPPED}"),
-        Some(out) => {
-            assert!(
-                out.status.success(),
-                "dashboard queries: {}",
-                describe(&out)
-            );
-            eprintln!(
-                "[observability] {} dashboard queries parse (promtool)",
-                exprs.len()
-            );
-        }
-    }
+    let path = file.to_str().expect("UTF-8 path");
+    let unchecked = "dashboard queries not parsed";
+    let Some(out) = promtool(&["check", "rules", path], None, unchecked) else {
+        return;
+    };
+    assert!(
+        out.status.success(),
+        "dashboard queries: {}",
+        describe(&out)
+    );
+    eprintln!(
+        "[observability] {} dashboard queries parse (promtool)",
+        exprs.len()
+    );
 }
 
 /// Metric families in a scrape, by their `# TYPE` lines; OpenMetrics names counter
@@ -514,8 +517,8 @@ async fn live_scrape_has_every_metric_the_dashboard_and_rules_use() {
 /// the raw scrape (for counter families of the scrape); the same scrape rewritten to the
 /// classic format (counter HELP/TYPE names with `_total`, no `# EOF`) must pass clean.
 fn check_metrics_with_promtool(text: &str) {
-    let Some(raw) = promtool(&["check", "metrics"], Some(text.as_bytes())) else {
-        eprintln!("promtool check metrics {SKIPPED}");
+    let unchecked = "the scrape not checked";
+    let Some(raw) = promtool(&["check", "metrics"], Some(text.as_bytes()), unchecked) else {
         return;
     };
     let counters: BTreeSet<&str> = text
@@ -565,7 +568,7 @@ fn check_metrics_with_promtool(text: &str) {
             format!("{l}\n")
         })
         .collect();
-    let out = promtool(&["check", "metrics"], Some(classic.as_bytes())).expect("promtool");
+    let out = run_promtool(&["check", "metrics"], Some(classic.as_bytes())).expect("promtool");
     assert!(
         out.status.success(),
         "promtool check metrics (classic text format): {}",

@@ -4,8 +4,11 @@
 //!
 //! Checks that every terminal gets a session from the owner of its shard, and that a
 //! graceful shutdown of one pod moves its terminals to the other without two connections
-//! to one terminal at any moment (the farm's `raw_overlaps`) and without a key delivered
-//! twice. Measured durations and the farm counters are printed (`--nocapture`).
+//! to one terminal at any moment (the farm's `raw_overlaps`). Pushes to a sample of
+//! terminals before and after the move, each retried with the same key (before the move
+//! through the other pod), reach every terminal once per key: the owner's idempotency
+//! cache answers the retry. Measured durations and the farm counters are printed
+//! (`--nocapture`).
 //!
 //! Timings are `CoreConfig::fast()` (lease TTL 3 s, renew 1 s, close budget 300 ms);
 //! each pod dials at most 1,000 terminals per second.
@@ -23,8 +26,10 @@ use posgate::peer::ClusterSecret;
 use posgate::pod::{Pod, PodHandle};
 use posgate::pos::directory::{DirectoryAdmin, Terminal};
 use posgate::pos::tls::TlsFiles;
+use posgate::push::auth::ApiTokens;
 use posgate::store::redis::{RedisOptions, RedisStore};
 use posgate_loadtest::pos_sim::{FarmConfig, PosFarm};
+use support::push::PushClient;
 use support::RedisServer;
 use tokio::net::TcpListener;
 
@@ -32,6 +37,9 @@ const SHARDS: u32 = 64;
 const CLUSTER: &str = "pos-e2e";
 const TERMINALS: u64 = 2_000;
 const STORE_TIMEOUT: Duration = Duration::from_millis(300);
+const API_TOKEN: &str = "pos-connections-test-token-0123456789";
+/// Terminals pushed to before and after the move, one key each, every key sent twice.
+const PUSHED: usize = 100;
 
 fn store_options() -> RedisOptions {
     RedisOptions {
@@ -41,14 +49,16 @@ fn store_options() -> RedisOptions {
     }
 }
 
-async fn start_pod(i: usize, redis_url: &str, ca_file: &Path) -> PodHandle {
+/// A pod and the base URL of its HTTP API.
+async fn start_pod(i: usize, redis_url: &str, ca_file: &Path) -> (PodHandle, String) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let id = PodId::new(format!("pos-pod-{i}")).unwrap();
     let secret = ClusterSecret::new(*b"pos-connections-test-secret").unwrap();
-    let mut config = PodConfig::new(id, url, CoreConfig::fast(), Some(secret));
+    let mut config = PodConfig::new(id, &url, CoreConfig::fast(), Some(secret));
     config.cluster = CLUSTER.to_string();
     config.store_timeout = STORE_TIMEOUT;
+    config.api_tokens = Some(ApiTokens::from_env_value(&format!("e2e:{API_TOKEN}")).unwrap());
     config.pos = PosSettings {
         tls: TlsFiles {
             ca_file: Some(ca_file.to_owned()),
@@ -58,7 +68,37 @@ async fn start_pod(i: usize, redis_url: &str, ca_file: &Path) -> PodHandle {
         ..PosSettings::default()
     };
     let store = RedisStore::connect_lazy(redis_url, CLUSTER, store_options()).unwrap();
-    Pod::start_with_terminals(config, store, listener).unwrap()
+    (
+        Pod::start_with_terminals(config, store, listener).unwrap(),
+        url,
+    )
+}
+
+/// Pushes to each of `terminals` with its own key `{tag}-{i}` through `first[i % 2]`,
+/// then again with the same key and body through `retry[i % 2]`: both must be 200 and
+/// name the same owner and epoch. Returns the keys sent.
+async fn push_with_retries(
+    http: &PushClient,
+    terminals: &[&String],
+    tag: &str,
+    first: [&str; 2],
+    retry: [&str; 2],
+) -> usize {
+    for (i, terminal) in terminals.iter().enumerate() {
+        let key = format!("{tag}-{i}");
+        let body = format!("{{\"amount\": {i}}}");
+        let sent = http.push(first[i % 2], terminal, &key, &body).await;
+        assert_eq!(sent.status, 200, "{terminal} {key}: {}", sent.body);
+        let mut again = http.push(retry[i % 2], terminal, &key, &body).await;
+        assert_eq!(again.status, 200, "{terminal} {key} again: {}", again.body);
+        // The answering pod sets its own latency; the rest is the owner's answer.
+        let mut sent = sent.body;
+        for answer in [&mut sent, &mut again.body] {
+            answer.as_object_mut().unwrap().remove("latency_ms");
+        }
+        assert_eq!(again.body, sent, "{terminal} {key}: the same delivery");
+    }
+    terminals.len()
 }
 
 /// Polls `cond` every 50 ms until it holds; panics after `limit`. Returns the wait.
@@ -117,10 +157,9 @@ async fn two_pods_connect_every_terminal_and_hand_over_gracefully() {
     assert_eq!(admin.count(SHARDS).await.unwrap(), TERMINALS);
 
     let started = Instant::now();
-    let mut pods = vec![
-        start_pod(0, &redis.url(), &ca_file).await,
-        start_pod(1, &redis.url(), &ca_file).await,
-    ];
+    let (pod0, url0) = start_pod(0, &redis.url(), &ca_file).await;
+    let (pod1, url1) = start_pod(1, &redis.url(), &ca_file).await;
+    let mut pods = vec![pod0, pod1];
     let took = wait_for("2,000 accepted sessions", Duration::from_secs(20), || {
         farm.counters().sessions_accepted >= TERMINALS
     })
@@ -146,6 +185,17 @@ async fn two_pods_connect_every_terminal_and_hand_over_gracefully() {
         started.elapsed().as_secs_f64(),
         served(&pods[0]),
         served(&pods[1])
+    );
+    // Every retry goes through the pod the first push did not: for about half of the
+    // terminals that is the owner itself, for the others a forward to it.
+    let http = PushClient::new(API_TOKEN);
+    let sample: Vec<&String> = ids.iter().step_by(ids.len() / PUSHED).collect();
+    let pushed = Instant::now();
+    let mut keys =
+        push_with_retries(&http, &sample, "before", [&url0, &url1], [&url1, &url0]).await;
+    eprintln!(
+        "[pos] {keys} keys pushed twice each (retry through the other pod) in {:.3} s",
+        pushed.elapsed().as_secs_f64()
     );
     let before = farm.counters();
     eprintln!("[pos] counters before the move: {before:?}");
@@ -174,13 +224,18 @@ async fn two_pods_connect_every_terminal_and_hand_over_gracefully() {
         "[pos] all {TERMINALS} terminals on the remaining pod {:.3} s after the shutdown began",
         moved.elapsed().as_secs_f64()
     );
+    keys += push_with_retries(&http, &sample, "after", [&url1; 2], [&url1; 2]).await;
     let after = farm.counters();
     eprintln!("[pos] counters after the move: {after:?}");
     assert_eq!(
         after.raw_overlaps, 0,
         "raw overlaps during the graceful move"
     );
-    assert_eq!(after.keys_delivered_twice, 0);
+    assert_eq!(
+        after.keys_delivered_twice, 0,
+        "a retried key delivered twice"
+    );
+    assert_eq!(after.pushes_accepted, keys as u64, "one delivery per key");
     assert_eq!(after.terminals_connected, TERMINALS);
     assert!(
         after.sessions_accepted >= before.sessions_accepted,

@@ -2,10 +2,13 @@
 //! headless Chromium loading the page with a token in the URL fragment, and checks on
 //! the rendered DOM (members, 64 shard rows with owners and epochs). Chromium is the
 //! Debian package `chromium` (`scripts/test` installs it); without it the test says so
-//! and passes, as the browser is a test tool, not part of posgate.
+//! and passes, as the browser is a test tool, not part of posgate, except under
+//! `CI=true`, where it fails (`support::tools`).
 //!
 //! `POSGATE_SCREENSHOT=path.png` also saves a screenshot (how `docs/status-page.png`
 //! was made).
+
+pub mod support;
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -44,8 +47,9 @@ fn headless(bin: &str) -> Command {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_status_page_renders_the_ring() {
-    let Some(bin) = chromium() else {
-        eprintln!("skipped: chromium not installed (scripts/test installs it)");
+    let unchecked = "the status page not rendered";
+    let install = "Debian package chromium; scripts/test installs it";
+    let Some(bin) = support::tools::require(chromium(), "chromium", unchecked, install) else {
         return;
     };
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

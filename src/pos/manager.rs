@@ -38,7 +38,7 @@ use super::backoff::BackoffPolicy;
 use super::dialer::Dialer;
 use super::directory::{Directory, Terminal};
 use super::link::{LinkContext, LinkShared, LinkState, LinkStatus, LinkTask, Mode, WaitingPush};
-use super::pacer::Pacer;
+use super::pacer::{Jitter, Pacer};
 use super::session::RequestSender;
 use crate::core::reconciler::StopReason;
 use crate::core::{Epoch, ShardId};
@@ -78,7 +78,7 @@ pub struct ManagerConfig {
     pub close_budget: Duration,
     /// How often the directory versions are polled (also bounds each directory call).
     pub directory_poll: Duration,
-    /// Seed of the backoff jitter; `None` seeds from the OS.
+    /// Seed of the backoff and dial jitter; `None` seeds from the OS.
     pub rng_seed: Option<u64>,
     /// Where dials and closed connections are counted.
     pub metrics: Arc<Metrics>,
@@ -208,16 +208,20 @@ impl<D: Directory> ConnectionManager<D> {
         cfg: ManagerConfig,
         stale: mpsc::UnboundedSender<(ShardId, Epoch)>,
     ) -> Self {
-        let rng = match cfg.rng_seed {
+        let mut rng = match cfg.rng_seed {
             Some(seed) => StdRng::seed_from_u64(seed),
             None => StdRng::from_os_rng(),
+        };
+        let jitter = Jitter::UpTo {
+            max: cfg.dial_jitter,
+            rng: Box::new(StdRng::from_rng(&mut rng)),
         };
         let inner = Arc::new(Inner {
             directory,
             links: Arc::new(LinkContext {
                 dialer,
-                pacer: Pacer::new(cfg.dial_rate, cfg.dial_jitter, cfg.max_handshakes),
-                hellos: Pacer::new(cfg.hello_rate, Duration::ZERO, cfg.max_handshakes),
+                pacer: Pacer::new(cfg.dial_rate, jitter, cfg.max_handshakes),
+                hellos: Pacer::new(cfg.hello_rate, Jitter::None, cfg.max_handshakes),
                 backoff: cfg.backoff,
                 close_budget: cfg.close_budget,
                 stale,

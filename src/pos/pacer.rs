@@ -8,6 +8,9 @@
 //! (its link was removed, or it re-queued as urgent) is skipped. The jitter is waited
 //! by each granted dial on its own, after the grant: waited inside the dispatcher it
 //! would be paid once per dial in series and cap the rate far below `--dial-rate`.
+//! The jitter comes from a seedable RNG, and the tokens from a [`Tokens`] source (the
+//! governor limiter on its own clock), so the tests can run the whole pacer on tokio's
+//! paused clock and check the exact dial start times.
 //!
 //! Not for: backoff (each link has its own) or deciding which terminals to dial.
 
@@ -16,7 +19,9 @@ use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use governor::{Quota, RateLimiter};
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+use rand::rngs::StdRng;
+use rand::Rng;
 use tokio::sync::{oneshot, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::AbortHandle;
 
@@ -26,6 +31,42 @@ pub(super) type DialSlot = OwnedSemaphorePermit;
 /// `rate` dials per second, evenly spaced: no burst.
 pub(super) fn dial_quota(rate: NonZeroU32) -> Quota {
     Quota::per_second(rate).allow_burst(NonZeroU32::MIN)
+}
+
+/// Where the dispatcher's tokens come from. In the pod: governor's limiter, whose
+/// `until_ready` sleeps on the real clock with sub-millisecond precision (tokio's timers
+/// tick in whole milliseconds, which would lose pace at 200-1,000 dials/s). The tests
+/// substitute the same quota on tokio's clock, which they can pause.
+trait Tokens: Send + Sync + 'static {
+    /// Returns once the next token is taken.
+    fn next(&self) -> impl std::future::Future<Output = ()> + Send;
+}
+
+impl Tokens for DefaultDirectRateLimiter {
+    async fn next(&self) {
+        self.until_ready().await;
+    }
+}
+
+/// The random wait of each granted dial before it starts.
+pub(super) enum Jitter {
+    None,
+    /// Up to `max` (whole milliseconds), drawn from `rng` (boxed: it is 300+ bytes).
+    UpTo {
+        max: Duration,
+        rng: Box<StdRng>,
+    },
+}
+
+impl Jitter {
+    fn draw(&mut self) -> Duration {
+        match self {
+            Jitter::None => Duration::ZERO,
+            Jitter::UpTo { max, rng } => {
+                Duration::from_millis(rng.random_range(0..=max.as_millis() as u64))
+            }
+        }
+    }
 }
 
 #[derive(Default)]
@@ -50,8 +91,7 @@ impl Lanes {
 
 struct Shared {
     lanes: Mutex<Lanes>,
-    /// Each granted dial waits a random part of this before it starts.
-    jitter: Duration,
+    jitter: Mutex<Jitter>,
     /// Wakes the dispatcher when a waiter arrives.
     arrived: Notify,
 }
@@ -70,14 +110,19 @@ impl std::fmt::Debug for Pacer {
 
 impl Pacer {
     /// Spawns the dispatcher: call within a tokio runtime.
-    pub(super) fn new(rate: NonZeroU32, jitter: Duration, max_handshakes: usize) -> Self {
+    pub(super) fn new(rate: NonZeroU32, jitter: Jitter, max_handshakes: usize) -> Self {
+        let tokens = RateLimiter::direct(dial_quota(rate));
+        Pacer::with_tokens(tokens, jitter, max_handshakes)
+    }
+
+    fn with_tokens(tokens: impl Tokens, jitter: Jitter, max_handshakes: usize) -> Self {
         let shared = Arc::new(Shared {
             lanes: Mutex::new(Lanes::default()),
-            jitter,
+            jitter: Mutex::new(jitter),
             arrived: Notify::new(),
         });
         let handshakes = Arc::new(Semaphore::new(max_handshakes.max(1)));
-        let dispatcher = tokio::spawn(dispatch(shared.clone(), rate, handshakes));
+        let dispatcher = tokio::spawn(dispatch(shared.clone(), tokens, handshakes));
         Pacer {
             shared,
             dispatcher: dispatcher.abort_handle(),
@@ -103,10 +148,14 @@ impl Pacer {
         }
         self.shared.arrived.notify_one();
         let slot = rx.await.ok()?;
-        let jitter_ms = self.shared.jitter.as_millis() as u64;
-        if jitter_ms > 0 {
-            let wait = rand::random_range(0..=jitter_ms);
-            tokio::time::sleep(Duration::from_millis(wait)).await;
+        let wait = self
+            .shared
+            .jitter
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .draw();
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
         }
         Some(slot)
     }
@@ -130,13 +179,12 @@ impl Drop for Pacer {
     }
 }
 
-async fn dispatch(shared: Arc<Shared>, rate: NonZeroU32, handshakes: Arc<Semaphore>) {
-    let limiter = RateLimiter::direct(dial_quota(rate));
+async fn dispatch(shared: Arc<Shared>, tokens: impl Tokens, handshakes: Arc<Semaphore>) {
     // The semaphore is never closed.
     while let Ok(mut slot) = handshakes.clone().acquire_owned().await {
         loop {
             wait_for_waiter(&shared).await;
-            limiter.until_ready().await;
+            tokens.next().await;
             let waiter = shared
                 .lanes
                 .lock()
@@ -174,9 +222,98 @@ async fn wait_for_waiter(shared: &Shared) {
 
 #[cfg(test)]
 mod tests {
-    use governor::clock::FakeRelativeClock;
+    use governor::clock::{Clock, FakeRelativeClock};
+    use governor::middleware::NoOpMiddleware;
+    use governor::state::{InMemoryState, NotKeyed};
+    use rand::SeedableRng;
+    use tokio::time::Instant;
 
     use super::*;
+
+    /// governor's clock read from tokio's, so a paused runtime drives the pace.
+    #[derive(Clone, Copy)]
+    struct TokioClock;
+
+    impl Clock for TokioClock {
+        type Instant = std::time::Instant;
+        fn now(&self) -> std::time::Instant {
+            Instant::now().into_std()
+        }
+    }
+
+    /// The pod's quota on tokio's clock.
+    struct VirtualTokens(
+        RateLimiter<NotKeyed, InMemoryState, TokioClock, NoOpMiddleware<std::time::Instant>>,
+    );
+
+    impl Tokens for VirtualTokens {
+        async fn next(&self) {
+            while let Err(not_until) = self.0.check() {
+                tokio::time::sleep(not_until.wait_time_from(TokioClock.now())).await;
+            }
+        }
+    }
+
+    /// Most of `starts` (sorted) within any `window`.
+    fn most_in_window(starts: &[Duration], window: Duration) -> usize {
+        (0..starts.len())
+            .map(|i| starts[i..].partition_point(|&t| t < starts[i] + window))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// On virtual time with a seeded jitter, so every start time is exact and the same in
+    /// every run: the limiter grants on the grid `k / rate`, and the jitter moves each
+    /// dial's start off it by up to `jitter`, while the pace stays within
+    /// `rate x (window + jitter) + burst` dials in any window.
+    #[tokio::test(start_paused = true)]
+    async fn dials_start_jittered_off_the_rate_grid_at_the_pace() {
+        const N: usize = 60;
+        const RATE: u32 = 100;
+        let period = Duration::from_secs(1) / RATE;
+        let jitter = Duration::from_millis(20);
+        let quota = dial_quota(NonZeroU32::new(RATE).unwrap());
+        let tokens = VirtualTokens(RateLimiter::direct_with_clock(quota, TokioClock));
+        let rng = Box::new(StdRng::seed_from_u64(7));
+        let pacer = Arc::new(Pacer::with_tokens(
+            tokens,
+            Jitter::UpTo { max: jitter, rng },
+            N,
+        ));
+        let t0 = Instant::now();
+        let dials: Vec<_> = (0..N)
+            .map(|_| {
+                let pacer = pacer.clone();
+                tokio::spawn(async move {
+                    let _slot = pacer.admit(false).await.unwrap();
+                    t0.elapsed()
+                })
+            })
+            .collect();
+        let mut starts = Vec::new();
+        for dial in dials {
+            starts.push(dial.await.unwrap());
+        }
+        starts.sort();
+        let on_grid = starts
+            .iter()
+            .filter(|t| t.as_nanos() % period.as_nanos() == 0)
+            .count();
+        // A draw of 0, 10 or 20 ms lands on the grid: 3 in 21, about 9 of 60.
+        assert!(
+            on_grid <= N / 2,
+            "{on_grid} of {N} dials start on the {period:?} grid: {starts:?}"
+        );
+        let last_slot = period * (N as u32 - 1);
+        assert!(*starts.last().unwrap() <= last_slot + jitter, "{starts:?}");
+        let window = Duration::from_millis(100);
+        let bound = (RATE as f64 * (window + jitter).as_secs_f64()) as usize + 1;
+        let most = most_in_window(&starts, window);
+        assert!(
+            most <= bound,
+            "{most} dials started within {window:?} (at most {bound} at {RATE}/s): {starts:?}"
+        );
+    }
 
     #[test]
     fn dial_quota_paces_evenly_without_burst() {
@@ -207,8 +344,8 @@ mod tests {
     /// skipped; the handshake bound holds.
     #[tokio::test]
     async fn urgent_dials_go_first_and_handshakes_are_bounded() {
-        // 50/s: governor waits on the real clock, so keep the test short.
-        let pacer = Arc::new(Pacer::new(NonZeroU32::new(50).unwrap(), Duration::ZERO, 1));
+        // 50/s on the pod's limiter, which waits on the real clock: keep the test short.
+        let pacer = Arc::new(Pacer::new(NonZeroU32::new(50).unwrap(), Jitter::None, 1));
         let (order_tx, mut order) = tokio::sync::mpsc::unbounded_channel();
         let mut tasks = Vec::new();
         // The first normal waiter takes the only handshake slot and holds it until told.

@@ -180,6 +180,53 @@ fn releases_lost_shards_before_claiming_gained_ones() {
     assert_eq!(claimed, stops);
 }
 
+/// Rule 2 across shards: a pod that loses shard X and gains shard Y in one placement change
+/// sends no acquire for Y until the release of X is answered. Y is free and `Idle`, so
+/// only the pod-wide `claims_allowed` guard holds it back (the test above regains the
+/// very shards it released, which their own `Releasing` state already blocks).
+#[test]
+fn a_gained_shard_is_not_claimed_until_a_lost_one_is_released() {
+    let (mut r, t) = serving_pod("a", &["a", "b"]);
+    let current = r.placement().cloned().unwrap();
+    let (a, b) = (pod("a"), pod("b"));
+    let lost = current.assignment.shards_of(&a).next().unwrap();
+    let gained = current.assignment.shards_of(&b).next().unwrap();
+    // Another pod wrote a placement that swaps one shard of a's with one of b's.
+    let mut owner = current.assignment.owner_indices().to_vec();
+    owner.swap(lost as usize, gained as usize);
+    let swapped = Placement {
+        version: current.version + 1,
+        assignment: Assignment::from_parts(current.assignment.pods().to_vec(), owner, 8).unwrap(),
+    };
+    let mut snap = snapshot(&r, "g", &["a", "b"], vec![None; 8]);
+    snap.placement = Some(swapped);
+    r.handle_snapshot(t, Ok(snap));
+    let actions = drain(&mut r);
+    assert!(
+        actions.contains(&Action::StopServing {
+            shard: lost,
+            epoch: 7,
+            reason: StopReason::Rebalance
+        }),
+        "{actions:?}"
+    );
+    assert!(
+        acquires(&actions).is_empty(),
+        "claimed shard {gained} while shard {lost} was still served: {actions:?}"
+    );
+    r.handle_serving_stopped(t, lost);
+    assert_eq!(releases(&drain(&mut r)), vec![lost]);
+    // Time passing (renewals, polls, claim retries) does not let the claim out either.
+    let later = t + cfg().renew_interval * 3 / 2;
+    r.handle_timeout(later);
+    assert!(
+        acquires(&drain(&mut r)).is_empty(),
+        "claimed shard {gained} before the release of shard {lost} answered"
+    );
+    r.handle_release(later, &[lost], Ok(vec![true]));
+    assert_eq!(acquires(&drain(&mut r)), vec![gained]);
+}
+
 #[test]
 fn serving_ends_at_the_local_deadline_without_renewal() {
     let (mut r, t) = serving_pod("a", &["a"]);
