@@ -767,9 +767,10 @@ async fn round_robin_pushes_reach_each_terminal_once_from_the_owner() {
     assert_eq!(delivered.get("twice"), Some(&1));
 }
 
-/// An attacker on the pod network captures a forwarded push and sends it again: as it
-/// was, with each signed part altered, to another pod, or downgraded to the previous
-/// protocol. Every copy is refused, and the terminal received the push exactly once.
+/// A man in the middle on the pod network holds a forwarded push back and sends it on
+/// altered: with each signed part changed, to another pod, downgraded to the previous
+/// protocol. Each altered copy is refused; the untouched one is delivered, once; its
+/// copy after that is refused as a replay. The terminal received the push exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_captured_forwarded_push_cannot_be_replayed_or_altered() {
     let c = Cluster::start_tapped(2, 50).await;
@@ -781,18 +782,26 @@ async fn a_captured_forwarded_push_cannot_be_replayed_or_altered() {
         .find(|t| c.owner_of(t).as_deref() == Some(owner))
         .expect("a terminal of pod 1")
         .clone();
+    c.taps[1].intercept();
     let keyed = Push {
         key: Some("captured-1"),
+        query: "?timeout_ms=1000",
         ..Push::default()
     };
     let (status, _, body) = push(&http, &c.urls[0], &t, keyed).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["pod"], owner);
+    // The tap's bare 503 is not an owner's answer: the push may have arrived, so the
+    // caller is told the delivery is unknown, not that it failed.
+    assert_eq!(
+        (status, error_of(&body), body["delivery"].as_str()),
+        (StatusCode::GATEWAY_TIMEOUT, "pos_timeout", Some("unknown")),
+        "held back by the tap: {body}"
+    );
     let wire = c.taps[1]
         .captured()
         .into_iter()
         .find(|r| r.target.starts_with("/internal/v1/push/"))
         .expect("the forwarded push crossed pod 1's tap");
+    assert_eq!(c.farm.counters().pushes_accepted, 0);
 
     let replay = |headers: HeaderMap, target: String, body: Bytes, base: String| {
         let http = http.clone();
@@ -804,8 +813,11 @@ async fn a_captured_forwarded_push_cannot_be_replayed_or_altered() {
             send(&http, request).await
         }
     };
+    let mut original = wire.headers.clone();
+    original.remove("content-length");
+    let owner_url = c.urls[1].clone();
     let header = |name: &'static str, value: &str| (name, value.to_string());
-    let altered: Vec<(&str, (&'static str, String))> = vec![
+    let changed_headers: Vec<(&str, (&'static str, String))> = vec![
         (
             "a new idempotency key",
             header("idempotency-key", "captured-2"),
@@ -827,70 +839,77 @@ async fn a_captured_forwarded_push_cannot_be_replayed_or_altered() {
         ("another sender", header("posgate-from", "push-pod-0x")),
         ("an added posgate header", header("posgate-epoch", "1")),
     ];
-    let mut base_headers = wire.headers.clone();
-    base_headers.remove("content-length");
-    let owner_url = c.urls[1].clone();
-    let mut refused = Vec::new();
-    // The exact copy first (its id is already used), then each alteration.
-    let (status, _, answer) = replay(
-        base_headers.clone(),
-        wire.target.clone(),
-        wire.body.clone(),
-        owner_url.clone(),
-    )
-    .await;
-    refused.push(("the exact copy", status, answer));
-    for (case, (name, value)) in altered {
-        let mut headers = base_headers.clone();
+    let mut copies: Vec<(&str, HeaderMap, String, Bytes, String)> = Vec::new();
+    for (case, (name, value)) in changed_headers {
+        let mut headers = original.clone();
         headers.insert(name, value.parse().unwrap());
-        let (status, _, answer) = replay(
+        copies.push((
+            case,
             headers,
             wire.target.clone(),
             wire.body.clone(),
             owner_url.clone(),
-        )
-        .await;
-        refused.push((case, status, answer));
+        ));
     }
     let other_terminal = c.ids.iter().find(|x| **x != t).unwrap();
-    let (status, _, answer) = replay(
-        base_headers.clone(),
+    copies.push((
+        "another terminal's path",
+        original.clone(),
         format!("/internal/v1/push/{other_terminal}"),
         wire.body.clone(),
         owner_url.clone(),
-    )
-    .await;
-    refused.push(("another terminal's path", status, answer));
-    let (status, _, answer) = replay(
-        base_headers.clone(),
+    ));
+    copies.push((
+        "another body",
+        original.clone(),
         wire.target.clone(),
         Bytes::from_static(b"{\"amount\": 9}"),
         owner_url.clone(),
-    )
-    .await;
-    refused.push(("another body", status, answer));
-    let mut downgraded = base_headers.clone();
+    ));
+    let mut downgraded = original.clone();
     downgraded.remove("posgate-peer-version");
-    let (status, _, answer) = replay(
+    copies.push((
+        "downgraded to protocol 1",
         downgraded,
         wire.target.clone(),
         wire.body.clone(),
         owner_url.clone(),
-    )
-    .await;
-    refused.push(("downgraded to protocol 1", status, answer));
-    let (status, _, answer) = replay(
-        base_headers.clone(),
+    ));
+    copies.push((
+        "sent to the other pod",
+        original.clone(),
         wire.target.clone(),
         wire.body.clone(),
         c.urls[0].clone(),
+    ));
+    let altered = copies.len();
+    for (case, headers, target, body, base) in copies {
+        let (status, _, answer) = replay(headers, target, body, base).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{case}: {answer}");
+        assert_eq!(error_of(&answer), "unauthorized", "{case}");
+    }
+    assert_eq!(
+        c.farm.counters().pushes_accepted,
+        0,
+        "no altered copy was delivered"
+    );
+
+    // The request as it was signed is good, once.
+    let (status, _, answer) = replay(
+        original.clone(),
+        wire.target.clone(),
+        wire.body.clone(),
+        owner_url.clone(),
     )
     .await;
-    refused.push(("sent to the other pod", status, answer));
-    for (case, status, answer) in &refused {
-        assert_eq!(*status, StatusCode::UNAUTHORIZED, "{case}: {answer}");
-        assert_eq!(error_of(answer), "unauthorized", "{case}");
-    }
+    assert_eq!(status, StatusCode::OK, "the untouched request: {answer}");
+    let (status, _, answer) =
+        replay(original, wire.target.clone(), wire.body.clone(), owner_url).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "its copy: {answer}");
+    assert!(
+        answer["message"].as_str().unwrap().contains("replay"),
+        "{answer}"
+    );
 
     let report = c.farm.terminal_report(&t).unwrap();
     let delivered: Vec<&str> = report
@@ -904,17 +923,21 @@ async fn a_captured_forwarded_push_cannot_be_replayed_or_altered() {
         1,
         "no copy reached any terminal"
     );
-    let metrics = metrics_text(&http, &c.urls[1]).await;
-    let refusals: f64 = metrics
-        .lines()
-        .filter(|l| l.starts_with("posgate_peer_requests_refused_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
-    assert_eq!(
-        refusals as usize,
-        refused.len() - 1,
-        "counted by pod 1\n{metrics}"
-    );
+    let refused_by = |base: &str| {
+        let http = http.clone();
+        let base = base.to_string();
+        async move {
+            metrics_text(&http, &base)
+                .await
+                .lines()
+                .filter(|l| l.starts_with("posgate_peer_requests_refused_total{"))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>() as usize
+        }
+    };
+    // All but the one sent to pod 0, plus the replay, were counted by pod 1.
+    assert_eq!(refused_by(&c.urls[1]).await, altered - 1 + 1);
+    assert_eq!(refused_by(&c.urls[0]).await, 1);
 }
 
 /// One tenant's key reused for a second terminal of the same owner is a second push: it

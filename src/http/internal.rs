@@ -4,9 +4,10 @@
 //! costs a stranger the least of this pod's work: an announced oversize body is `413`
 //! before anything else; then the signature over the head (`crate::peer::signing`), so
 //! an unsigned or altered request is `401` before its body is read; then the request id
-//! against the ones accepted within the clock-skew window (`401` for a copy); then the
-//! body, read as it arrives, against the signed digest (`401` when it differs). Only
-//! then does the handler see the request, and every header it reads was signed.
+//! against the ones accepted within the clock-skew window (`401` for a copy; reserved
+//! while the body is checked, kept only if it matches); then the body, read as it
+//! arrives, against the signed digest (`401` when it differs). Only then does the
+//! handler see the request, and every header it reads was signed.
 //!
 //! Protocol 1 requests (pods of the previous release) are accepted only while such a
 //! pod is a member, their exact copies refused by signature. Each refusal counts in
@@ -104,16 +105,14 @@ async fn checked_body(
                 now,
                 &me,
             )?;
-            replay.first_use(
-                RequestKey::Id(head.request_id),
-                head.timestamp,
-                unix_seconds(now),
-            )?;
+            let id = RequestKey::Id(head.request_id);
+            let reserved = replay.reserve(id, head.timestamp, unix_seconds(now))?;
             let mut digest = BodyDigest::default();
             let body = read_body(body, limit, |chunk| digest.update(chunk))
                 .await
                 .map_err(Refused::Answer)?;
             digest.check(&head)?;
+            reserved.keep();
             Ok(body)
         }
         Claimed::Legacy => {
@@ -134,7 +133,9 @@ async fn checked_body(
                 &body,
                 now,
             )?;
-            replay.first_use(RequestKey::Legacy(signature), timestamp, unix_seconds(now))?;
+            replay
+                .reserve(RequestKey::Legacy(signature), timestamp, unix_seconds(now))?
+                .keep();
             state.push.metrics().peer_legacy_accepted.inc();
             Ok(body)
         }

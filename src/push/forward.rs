@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 
-use super::answer::{Answer, ErrorCode};
+use super::answer::{Answer, Delivered, ErrorBody, ErrorCode};
 use super::PushRequest;
 use crate::core::PodId;
 use crate::credentials::Credentials;
@@ -120,7 +120,19 @@ impl ForwardClient {
                     "the owner pod refused the forwarded request",
                 ))
             }
-            Ok((status, body)) => Forwarded::Answer(Answer { status, body }),
+            Ok((status, body)) => {
+                let answer = Answer { status, body };
+                if is_posgate_answer(&answer) {
+                    Forwarded::Answer(answer)
+                } else {
+                    // Not the owner's answer (every one is JSON): something between the
+                    // pods answered, and the owner may have got the push or not.
+                    Forwarded::Unknown(format!(
+                        "HTTP {} from the owner's address without posgate's JSON body",
+                        answer.status.as_u16()
+                    ))
+                }
+            }
             Err(SendError::Url(e) | SendError::Connect(e)) => Forwarded::NotSent(e),
             Err(SendError::Transport(e)) => Forwarded::Unknown(e),
             Err(SendError::Timeout(t)) => {
@@ -158,5 +170,15 @@ impl ForwardClient {
             )
             .await
             .map_err(|e| format!("{e:?}"))
+    }
+}
+
+/// Whether `answer` is what a posgate owner answers: a `200` with the delivery, or an
+/// error with the documented body.
+fn is_posgate_answer(answer: &Answer) -> bool {
+    if answer.status == StatusCode::OK {
+        serde_json::from_slice::<Delivered>(&answer.body).is_ok()
+    } else {
+        serde_json::from_slice::<ErrorBody>(&answer.body).is_ok()
     }
 }

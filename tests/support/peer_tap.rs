@@ -1,10 +1,13 @@
 //! `PeerTap`: an attacker's vantage point on the pod network. An HTTP/2 (h2c) relay
 //! placed in front of a pod (the pod advertises the tap's URL), which records every
 //! request as it crossed the wire (method, target, headers, body) and relays it
-//! unchanged, so a test can replay or alter real captured peer traffic.
+//! unchanged, so a test can replay or alter real captured peer traffic. With
+//! [`PeerTap::intercept`] it keeps requests instead of relaying them (answering `503`),
+//! as a man in the middle would before sending an altered copy on.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -32,6 +35,7 @@ pub struct Captured {
 pub struct PeerTap {
     pub url: String,
     captured: Arc<Mutex<Vec<Captured>>>,
+    intercepting: Arc<AtomicBool>,
     accept: JoinHandle<()>,
 }
 
@@ -47,12 +51,16 @@ impl PeerTap {
             .http2_only(true)
             .build_http();
         let log = captured.clone();
+        let intercepting = Arc::new(AtomicBool::new(false));
+        let held = intercepting.clone();
         let accept = tokio::spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
                 let (client, log, upstream) = (client.clone(), log.clone(), upstream.clone());
+                let held = held.clone();
                 tokio::spawn(async move {
                     let service = service_fn(move |request: Request<Incoming>| {
-                        relay(client.clone(), log.clone(), upstream.clone(), request)
+                        let hold = held.load(Ordering::SeqCst);
+                        relay(client.clone(), log.clone(), upstream.clone(), request, hold)
                     });
                     let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
                         .serve_connection(TokioIo::new(tcp), service)
@@ -63,8 +71,14 @@ impl PeerTap {
         PeerTap {
             url: format!("http://{addr}"),
             captured,
+            intercepting,
             accept,
         }
+    }
+
+    /// From now on keep requests (recorded, never relayed) instead of relaying them.
+    pub fn intercept(&self) {
+        self.intercepting.store(true, Ordering::SeqCst);
     }
 
     /// Every request seen so far.
@@ -84,6 +98,7 @@ async fn relay(
     log: Arc<Mutex<Vec<Captured>>>,
     upstream: String,
     request: Request<Incoming>,
+    hold: bool,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let (parts, body) = request.into_parts();
     let body = body
@@ -102,6 +117,12 @@ async fn relay(
         headers: parts.headers.clone(),
         body: body.clone(),
     });
+    if hold {
+        let refused = Response::builder()
+            .status(503)
+            .body(Full::new(Bytes::new()));
+        return Ok(refused.unwrap());
+    }
     let mut forward = Request::builder()
         .method(parts.method)
         .uri(format!("{upstream}{target}"))
