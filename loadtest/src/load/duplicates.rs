@@ -7,12 +7,13 @@
 //! pod. The killed owner's idempotency cache died with it, so the sender's retry (its
 //! answer was lost with the pod) is delivered again by the shard's next owner; only a
 //! terminal that dedupes by key closes that. Every other repeat is a defect: the same
-//! pod delivering a key twice (its cache did not replay), or another pod while the first
-//! one lived or was stopped gracefully (a handover that left a retry undecided).
+//! pod delivering a key twice (its cache did not replay; told apart when the sender had
+//! been answered `504` delivery unknown, after which the owner frees the key), or another
+//! pod while the first one lived or was stopped gracefully.
 //!
 //! Not for: counting duplicates (pos-sim's counters do) or deciding the gate (`measure`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::Serialize;
 
@@ -33,6 +34,10 @@ pub enum Cause {
     OwnerKilledCacheLost,
     /// Defect: one pod delivered the key twice; its idempotency cache did not replay.
     SamePod,
+    /// Defect: one pod delivered the key twice, and the sender had been answered `504`
+    /// (delivery unknown) before retrying: the owner's attempt had reached the terminal
+    /// but ended without its answer, and the owner frees the key after a `504`.
+    SamePodAfterUnknown,
     /// Defect: another pod delivered it while the first lived (or after it stopped
     /// gracefully).
     OtherPodFirstNotKilled,
@@ -48,18 +53,32 @@ impl Cause {
         match self {
             Cause::OwnerKilledCacheLost => "owner killed, cache lost",
             Cause::SamePod => "same pod delivered twice",
+            Cause::SamePodAfterUnknown => "same pod again after a 504 delivery unknown",
             Cause::OtherPodFirstNotKilled => "another pod, the first not killed",
         }
     }
 }
 
-/// The cause of one repeat; `kills` are `(pod, unix ms of the SIGKILL)`.
-pub fn cause(d: &Duplicate, kills: &[(String, u64)]) -> Cause {
+/// What the harness knows besides pos-sim's log.
+#[derive(Debug, Clone, Default)]
+pub struct Evidence {
+    /// `(pod, unix ms of the SIGKILL)`.
+    pub kills: Vec<(String, u64)>,
+    /// Keys (as pos-sim records them, `tenant:key`) the sender retried after a `504`.
+    pub retried_after_unknown: HashSet<String>,
+}
+
+/// The cause of one repeat.
+pub fn cause(d: &Duplicate, e: &Evidence) -> Cause {
     let (before, now) = (&d.previous, &d.this);
     if before.pod == now.pod {
-        return Cause::SamePod;
+        return if e.retried_after_unknown.contains(&d.key) {
+            Cause::SamePodAfterUnknown
+        } else {
+            Cause::SamePod
+        };
     }
-    let killed_between = kills.iter().any(|(pod, at)| {
+    let killed_between = e.kills.iter().any(|(pod, at)| {
         *pod == before.pod && before.at_unix_ms <= at + KILL_SLACK_MS && *at < now.at_unix_ms
     });
     if killed_between {
@@ -94,9 +113,9 @@ pub struct DuplicateSummary {
     pub examples: Vec<Judged>,
 }
 
-/// Judges `log` (this scenario's repeats) against `kills`; `keys` is the counters' number
-/// of keys delivered twice over the same window.
-pub fn summarize(log: &[Duplicate], keys: u64, kills: &[(String, u64)]) -> DuplicateSummary {
+/// Judges `log` (this scenario's repeats) against `evidence`; `keys` is the counters'
+/// number of keys delivered twice over the same window.
+pub fn summarize(log: &[Duplicate], keys: u64, evidence: &Evidence) -> DuplicateSummary {
     let mut s = DuplicateSummary {
         keys,
         ..DuplicateSummary::default()
@@ -104,7 +123,7 @@ pub fn summarize(log: &[Duplicate], keys: u64, kills: &[(String, u64)]) -> Dupli
     // Per key: whether its first repeat is in the log, and its worst cause.
     let mut per_key: HashMap<(&str, &str), (bool, Cause)> = HashMap::new();
     for d in log {
-        let c = cause(d, kills);
+        let c = cause(d, evidence);
         *s.repeats_by_cause.entry(c.label().to_owned()).or_default() += 1;
         let slot = per_key
             .entry((d.terminal.as_str(), d.key.as_str()))
@@ -148,8 +167,11 @@ mod tests {
         }
     }
 
-    fn kills() -> Vec<(String, u64)> {
-        vec![("pod-0".into(), 10_000)]
+    fn kills() -> Evidence {
+        Evidence {
+            kills: vec![("pod-0".into(), 10_000)],
+            ..Evidence::default()
+        }
     }
 
     #[test]
@@ -170,6 +192,18 @@ mod tests {
     }
 
     #[test]
+    fn the_same_pod_after_a_504_is_told_apart_and_still_a_defect() {
+        let mut e = kills();
+        e.retried_after_unknown.insert("load:k".into());
+        let d = dup("k", 2, ("pod-1", 1_000), ("pod-1", 1_250));
+        assert_eq!(cause(&d, &e), Cause::SamePodAfterUnknown);
+        assert!(Cause::SamePodAfterUnknown.is_defect());
+        // Another key of the same run, without a 504 before its retry.
+        let d = dup("other", 2, ("pod-1", 1_000), ("pod-1", 1_250));
+        assert_eq!(cause(&d, &e), Cause::SamePod);
+    }
+
+    #[test]
     fn another_pod_without_the_kill_in_between_is_a_defect() {
         // The first pod was never killed (a graceful stop is not in `kills`).
         let d = dup("k", 2, ("pod-2", 9_000), ("pod-1", 13_000));
@@ -182,7 +216,10 @@ mod tests {
         assert_eq!(cause(&d, &kills()), Cause::OtherPodFirstNotKilled);
         // No kill at all.
         let d = dup("k", 2, ("pod-0", 9_990), ("pod-1", 13_500));
-        assert_eq!(cause(&d, &[]), Cause::OtherPodFirstNotKilled);
+        assert_eq!(
+            cause(&d, &Evidence::default()),
+            Cause::OtherPodFirstNotKilled
+        );
     }
 
     #[test]

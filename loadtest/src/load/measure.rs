@@ -16,6 +16,7 @@ use super::{
     duplicates,
     handover::{self, Verdict},
     observe::{Owners, Sample, Sampler, SAMPLE_EVERY},
+    pods::TENANT,
     procs::CLOCK_TICKS,
     push_summary,
     pushgen::{PushGen, PushPlan},
@@ -189,7 +190,15 @@ pub async fn run_scenario(c: &mut Cluster, sc: Scenario) -> Result<ScenarioRepor
             Vec::new()
         }
     };
-    r.duplicates = duplicates::summarize(&window, r.keys_delivered_twice, &action.kills);
+    let evidence = duplicates::Evidence {
+        kills: action.kills.clone(),
+        retried_after_unknown: pushes
+            .iter()
+            .filter(|p| p.attempts().take(p.retries.len()).any(|a| a.status == 504))
+            .map(|p| format!("{TENANT}:{}", p.idempotency_key))
+            .collect(),
+    };
+    r.duplicates = duplicates::summarize(&window, r.keys_delivered_twice, &evidence);
     r.stale_hellos_refused = d("stale_hellos_refused");
     r.stale_pushes_refused = d("stale_pushes_refused");
     r.pushes_without_session = d("pushes_without_session");
