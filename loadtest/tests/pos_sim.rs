@@ -11,7 +11,8 @@ use common::{connect, connect_to, Conn};
 use http::StatusCode;
 use http_body_util::{channel::Channel, BodyExt};
 use posgate_loadtest::pos_sim::{
-    FarmConfig, FarmCounters, FaultConfig, PosFarm, Refusals, H_IDEMPOTENCY_KEY, H_STALE_EPOCH,
+    Duplicates, FarmConfig, FarmCounters, FaultConfig, PosFarm, Refusals, H_IDEMPOTENCY_KEY,
+    H_STALE_EPOCH,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -108,6 +109,32 @@ async fn session_push_supersede_and_stale_epochs() {
         ]
     );
     assert!(log.refusals[0].at_unix_ms <= log.refusals[1].at_unix_ms);
+
+    // Each repeat is logged with the delivery before it, for load tests that classify
+    // duplicates by which pods delivered them.
+    let dups = farm.duplicates();
+    assert_eq!(dups.dropped, 0);
+    let seen: Vec<(&str, &str, u32, u64, u64, &str)> = dups
+        .duplicates
+        .iter()
+        .map(|d| {
+            (
+                d.terminal.as_str(),
+                d.key.as_str(),
+                d.copy,
+                d.previous.epoch,
+                d.this.epoch,
+                d.this.pod.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (T0, "k1", 2, 10, 11, "test-pod"),
+            (T0, "k1", 3, 11, 11, "test-pod")
+        ]
+    );
 
     let report = farm.terminal_report(T0).unwrap();
     assert_eq!(report.highest_epoch, Some(11));
@@ -310,6 +337,21 @@ async fn admin_endpoint_serves_counters_faults_and_reports() {
     assert_eq!(
         (log.refusals[0].pod.as_str(), log.refusals[0].epoch),
         ("test-pod", 2)
+    );
+
+    // A repeated key shows up in /duplicates with the pods of both copies.
+    for _ in 0..2 {
+        assert_eq!(a.push(3, "again").await.unwrap().status(), StatusCode::OK);
+    }
+    let (status, body) = admin_call(addr, "GET", "/duplicates", "").await;
+    assert_eq!(status, 200);
+    let log: Duplicates = serde_json::from_str(&body).unwrap();
+    assert_eq!(log.duplicates.len(), 1, "{body}");
+    let d = &log.duplicates[0];
+    assert_eq!((d.key.as_str(), d.copy), ("again", 2));
+    assert_eq!(
+        (d.previous.pod.as_str(), d.this.pod.as_str()),
+        ("test-pod", "test-pod")
     );
 
     let (status, _) = admin_call(addr, "POST", "/faults", r#"{"handshake_delay_ms":50}"#).await;

@@ -3,8 +3,10 @@
 //! steady push load, and writes a JSON report per scenario, PNG charts per scenario (with
 //! the default `charts` feature) and `summary.md` into the results directory. Exit code 1
 //! if a gate failed (a raw overlap in a graceful scenario, any session overlap, any key
-//! delivered twice, a push unanswered by its deadline + 1 s), 2 if the harness itself
-//! failed. Every child process is killed on exit and on Ctrl-C.
+//! delivered twice except by a killed owner's successor, a push attempt unanswered by its
+//! deadline + 1 s), 2 if the harness itself failed. Pushes not answered 200 are retried
+//! with the same key through another pod, as a real sender would. Every child process is
+//! killed on exit and on Ctrl-C.
 #![forbid(unsafe_code)]
 
 use std::{

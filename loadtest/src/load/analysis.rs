@@ -173,11 +173,12 @@ pub fn accepted_from_after(
         .sum()
 }
 
-/// Pushes sent within one second of a scenario, by send time.
+/// Push attempts sent within one second of a scenario, by send time.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct LatencyBucket {
     /// Bucket start in seconds relative to the event (negative before it).
     pub second: i64,
+    /// Attempts (first sends and retries).
     pub sent: usize,
     /// Answered with any status; latency percentiles are over these.
     pub answered: usize,
@@ -188,11 +189,12 @@ pub struct LatencyBucket {
     pub not_ok: usize,
 }
 
-/// Push latency per 1-s bucket of send time, from `records`, relative to `event_ms`.
-/// Buckets without a push are left out (the chart draws a gap there, not a zero).
+/// Push latency per 1-s bucket of send time, over every attempt (retries included, by
+/// their own send time), from `records`, relative to `event_ms`. Buckets without an
+/// attempt are left out (the chart draws a gap there, not a zero).
 pub fn latency_buckets(records: &[PushRecord], event_ms: u64) -> Vec<LatencyBucket> {
     let mut by_second: BTreeMap<i64, (usize, usize, Vec<u64>)> = BTreeMap::new();
-    for p in records {
+    for p in records.iter().flat_map(PushRecord::attempts) {
         let rel = p.sent_unix_ms as i64 - event_ms as i64;
         let slot = by_second.entry(rel.div_euclid(1000)).or_default();
         slot.0 += 1;
@@ -238,7 +240,10 @@ pub fn open_rise_max_per_s(series: &[(u64, u64)]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::load::sims::{Event, TerminalView};
+    use crate::load::{
+        pushgen::Attempt,
+        sims::{Event, TerminalView},
+    };
 
     fn ev(conn: u64, event: &str, at: u64) -> Event {
         Event {
@@ -256,14 +261,19 @@ mod tests {
 
     #[test]
     fn latency_buckets_by_send_second_relative_to_the_event() {
-        let rec = |sent: u64, status: u16, latency_ms: u64| PushRecord {
+        let attempt = |sent: u64, status: u16, latency_ms: u64| Attempt {
             sent_unix_ms: sent,
             entry_pod: "p".into(),
-            terminal: "t".into(),
             status,
             outcome: String::new(),
             latency_ms,
             unanswered: status == 0,
+        };
+        let rec = |sent: u64, status: u16, latency_ms: u64| PushRecord {
+            terminal: "t".into(),
+            idempotency_key: format!("k{sent}"),
+            first: attempt(sent, status, latency_ms),
+            retries: Vec::new(),
         };
         let records = [
             rec(9_500, 200, 3),
@@ -272,12 +282,16 @@ mod tests {
             rec(10_999, 0, 6_000),
             rec(12_100, 200, 7),
         ];
+        // The 503 sent at 10_400 retried at 12_900: counted in its own second.
+        let mut records = records.to_vec();
+        records[2].retries.push(attempt(12_900, 200, 9));
         let b = latency_buckets(&records, 10_000);
         let seconds: Vec<i64> = b.iter().map(|x| x.second).collect();
         assert_eq!(seconds, [-1, 0, 2]);
         assert_eq!((b[1].sent, b[1].answered, b[1].not_ok), (3, 2, 2));
         assert_eq!((b[1].p50_ms, b[1].max_ms), (1, 5_000));
         assert_eq!((b[0].p99_ms, b[2].p50_ms), (3, 7));
+        assert_eq!((b[2].sent, b[2].max_ms), (2, 9));
     }
 
     #[test]

@@ -27,10 +27,11 @@ pub fn client() -> HttpClient {
         .build(connector)
 }
 
-/// Status and body of an answer.
+/// Status, `Retry-After` (seconds) and body of an answer.
 #[derive(Debug)]
 pub struct Answer {
     pub status: u16,
+    pub retry_after_s: Option<u64>,
     pub body: Bytes,
 }
 
@@ -65,13 +66,21 @@ pub async fn exchange(
             .await
             .map_err(|e| ExchangeError::Transport(e.to_string()))?;
         let status = resp.status().as_u16();
+        let retry_after_s = resp
+            .headers()
+            .get(http::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok()?.trim().parse().ok());
         let body = resp
             .into_body()
             .collect()
             .await
             .map_err(|e| ExchangeError::Transport(e.to_string()))?
             .to_bytes();
-        Ok(Answer { status, body })
+        Ok(Answer {
+            status,
+            retry_after_s,
+            body,
+        })
     };
     tokio::time::timeout(limit, fut)
         .await

@@ -2,7 +2,9 @@
 //! `pos-sim` processes, the terminal directory import and N `posgate serve` processes (each
 //! behind its own cuttable TCP proxy to Redis), sends pushes at a set rate, injects one
 //! event per scenario (scale, SIGTERM, kill -9, SIGSTOP, Redis restart or outage, one pod
-//! cut off) and reports what the terminals and the push callers saw.
+//! cut off) and reports what the terminals and the push callers saw. Pushes that were not
+//! answered 200 are retried with the same key, as a real sender would, so keys delivered
+//! twice are counted for real (and classified by cause).
 //!
 //! Everything runs as real processes on loopback; this crate never links posgate.
 //! Children are killed when their guards drop, so an error, a panic or Ctrl-C in the
@@ -11,6 +13,7 @@
 pub mod analysis;
 pub mod charts;
 pub mod cluster;
+pub mod duplicates;
 mod error;
 pub mod handover;
 pub mod http;
@@ -19,6 +22,7 @@ pub mod observe;
 pub mod pods;
 pub mod procs;
 pub mod proxy;
+pub mod push_summary;
 pub mod pushgen;
 pub mod redis;
 pub mod report;

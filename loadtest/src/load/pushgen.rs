@@ -1,6 +1,15 @@
-//! The push generator: pushes at a fixed rate to a random target pod for a random
-//! terminal, each with a fresh idempotency key, and records every outcome. It never
-//! retries, so a key a terminal accepts twice is the gateway's doing.
+//! The push generator: pushes at a fixed rate to a random in-service pod for a random
+//! terminal, each push with its own idempotency key, and records every attempt.
+//!
+//! It retries like a real sender ([`retry_delay`]): a push answered `503` (not delivered;
+//! after its `Retry-After`, loosely), `504` (delivery unknown), `409
+//! idempotency_conflict` (the harness never reuses a key with another body, so that is
+//! "the first attempt is still in flight") or not answered at all is sent again with the
+//! same key and body through a different entry pod when there is one, up to
+//! [`MAX_ATTEMPTS`] attempts. Only these retries reuse a key, so a key a terminal accepts
+//! twice is either the gateway's doing or the crash gap `duplicates` classifies.
+//!
+//! Not for: judging outcomes (`measure`) or classifying duplicates (`duplicates`).
 
 use std::{
     sync::{Arc, Mutex, RwLock},
@@ -22,19 +31,49 @@ use super::{
 /// harness removes a pod before it stops, kills or pauses it.
 pub type Targets = Arc<RwLock<Vec<(String, String)>>>;
 
-/// One push and what came back.
+/// Most attempts per push (the first one included).
+pub const MAX_ATTEMPTS: usize = 3;
+/// Pause before retrying a `504`, a `409` or a push without an answer.
+const BACKOFF: Duration = Duration::from_millis(250);
+/// `503` without `Retry-After`: what the gateway sends (`Retry-After: 1`).
+const DEFAULT_RETRY_AFTER_S: u64 = 1;
+/// A longer `Retry-After` is cut to this: a load test must not wait out a long hint.
+const MAX_RETRY_AFTER_S: u64 = 2;
+
+/// One attempt of a push and what came back.
 #[derive(Debug, Clone, Serialize)]
-pub struct PushRecord {
+pub struct Attempt {
     pub sent_unix_ms: u64,
     pub entry_pod: String,
-    pub terminal: String,
     /// HTTP status, 0 without an answer.
     pub status: u16,
-    /// The `error` code of a non-200 answer, `transport` / `unanswered` without one.
+    /// `ok` (200), the `error` code of another answer, `transport` / `unanswered` without one.
     pub outcome: String,
     pub latency_ms: u64,
     /// No answer within the push deadline + 1 s, or the connection failed before one.
     pub unanswered: bool,
+}
+
+/// One push: its key and every attempt, in order.
+#[derive(Debug, Clone, Serialize)]
+pub struct PushRecord {
+    pub terminal: String,
+    pub idempotency_key: String,
+    pub first: Attempt,
+    /// The retries, in order; the last one (or `first`) is the push's final outcome.
+    pub retries: Vec<Attempt>,
+}
+
+impl PushRecord {
+    /// The first attempt, then the retries.
+    pub fn attempts(&self) -> impl Iterator<Item = &Attempt> {
+        std::iter::once(&self.first).chain(&self.retries)
+    }
+
+    /// The last attempt: the outcome the sender ends with.
+    pub fn last(&self) -> &Attempt {
+        self.retries.last().unwrap_or(&self.first)
+    }
 }
 
 /// Generator settings.
@@ -60,12 +99,46 @@ impl PushGen {
         PushGen { stop, task }
     }
 
-    /// Stops sending and returns every record once all pushes ended (each is bounded by
-    /// its deadline + 1 s).
+    /// Stops starting pushes and returns every record once all pushes ended, retries
+    /// included (each attempt is bounded by its deadline + 1 s).
     pub async fn stop(self) -> Vec<PushRecord> {
         let _ = self.stop.send(true);
         self.task.await.unwrap_or_default()
     }
+}
+
+/// How long a sender waits before retrying after `attempt` (`retry_after_s`: the answer's
+/// `Retry-After`), or `None` when it does not retry: after a `200`, and after answers
+/// that a retry cannot change (`400`, `401`, `404`, `413`, `502`: the terminal's own
+/// refusal).
+pub fn retry_delay(attempt: &Attempt, retry_after_s: Option<u64>) -> Option<Duration> {
+    match attempt.status {
+        0 | 504 => Some(BACKOFF),
+        409 if attempt.outcome == "idempotency_conflict" => Some(BACKOFF),
+        503 => {
+            let s = retry_after_s.unwrap_or(DEFAULT_RETRY_AFTER_S);
+            Some(Duration::from_secs(s.min(MAX_RETRY_AFTER_S)))
+        }
+        _ => None,
+    }
+}
+
+/// A target for the next attempt: one not `tried` yet if there is one, else any.
+pub fn pick_target(targets: &[(String, String)], tried: &[String]) -> Option<(String, String)> {
+    let fresh: Vec<&(String, String)> = targets.iter().filter(|t| !tried.contains(&t.0)).collect();
+    let pool: Vec<&(String, String)> = if fresh.is_empty() {
+        targets.iter().collect()
+    } else {
+        fresh
+    };
+    if pool.is_empty() {
+        return None;
+    }
+    Some(pool[fastrand::usize(..pool.len())].clone())
+}
+
+fn snapshot(targets: &Targets) -> Vec<(String, String)> {
+    targets.read().unwrap_or_else(|p| p.into_inner()).clone()
 }
 
 async fn run(
@@ -80,7 +153,6 @@ async fn run(
     let period = Duration::from_secs_f64(1.0 / plan.rate_per_s.max(0.1));
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let limit = Duration::from_millis(plan.timeout_ms + 1000);
     let mut seq = 0u64;
     loop {
         tokio::select! {
@@ -88,54 +160,19 @@ async fn run(
             _ = tick.tick() => {}
         }
         while tasks.try_join_next().is_some() {}
-        let target = {
-            let t = targets.read().unwrap_or_else(|p| p.into_inner());
-            if t.is_empty() {
-                continue;
-            }
-            t[fastrand::usize(..t.len())].clone()
+        let Some(target) = pick_target(&snapshot(&targets), &[]) else {
+            continue;
         };
         seq += 1;
-        let terminal = format!("pos-{:05}", fastrand::u64(..plan.terminals));
-        let key = format!("{tag}-{seq}");
-        let url = format!(
-            "{}/v1/terminals/{terminal}/push?timeout_ms={}",
-            target.1, plan.timeout_ms
-        );
-        let (client, records) = (client.clone(), records.clone());
+        let push = Push {
+            terminal: format!("pos-{:05}", fastrand::u64(..plan.terminals)),
+            key: format!("{tag}-{seq}"),
+            body: Bytes::from(format!("{{\"seq\":{seq}}}")),
+            timeout_ms: plan.timeout_ms,
+        };
+        let (client, targets, records) = (client.clone(), targets.clone(), records.clone());
         tasks.spawn(async move {
-            let sent_unix_ms = unix_ms();
-            let started = Instant::now();
-            let auth = format!("Bearer {TOKEN}");
-            let headers = [
-                ("authorization", auth.as_str()),
-                ("idempotency-key", key.as_str()),
-                ("content-type", "application/json"),
-            ];
-            let body = Bytes::from(format!("{{\"seq\":{seq}}}"));
-            let result = exchange(&client, Method::POST, &url, &headers, body, limit).await;
-            let latency_ms = started.elapsed().as_millis() as u64;
-            let (status, outcome, unanswered) = match result {
-                Ok(a) if a.status == 200 => (200, "ok".to_owned(), false),
-                Ok(a) => {
-                    let code = serde_json::from_slice::<serde_json::Value>(&a.body)
-                        .ok()
-                        .and_then(|v| v.get("error")?.as_str().map(str::to_owned))
-                        .unwrap_or_else(|| "?".into());
-                    (a.status, code, false)
-                }
-                Err(ExchangeError::Timeout) => (0, "unanswered".to_owned(), true),
-                Err(ExchangeError::Transport(_)) => (0, "transport".to_owned(), true),
-            };
-            let record = PushRecord {
-                sent_unix_ms,
-                entry_pod: target.0,
-                terminal,
-                status,
-                outcome,
-                latency_ms,
-                unanswered,
-            };
+            let record = push.send(&client, &targets, target).await;
             records
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -144,6 +181,179 @@ async fn run(
     }
     while tasks.join_next().await.is_some() {}
     let mut out = std::mem::take(&mut *records.lock().unwrap_or_else(|p| p.into_inner()));
-    out.sort_by_key(|r| r.sent_unix_ms);
+    out.sort_by_key(|r| r.first.sent_unix_ms);
     out
+}
+
+/// What every attempt of one push sends.
+struct Push {
+    terminal: String,
+    key: String,
+    body: Bytes,
+    timeout_ms: u64,
+}
+
+impl Push {
+    /// The first attempt through `target`, then the retries [`retry_delay`] allows, each
+    /// through a pod not tried yet when there is one.
+    async fn send(
+        self,
+        client: &HttpClient,
+        targets: &Targets,
+        target: (String, String),
+    ) -> PushRecord {
+        let (first, mut retry_after) = self.attempt(client, target.clone()).await;
+        let mut tried = vec![target.0];
+        let mut record = PushRecord {
+            terminal: self.terminal.clone(),
+            idempotency_key: self.key.clone(),
+            first,
+            retries: Vec::new(),
+        };
+        while tried.len() < MAX_ATTEMPTS {
+            let Some(delay) = retry_delay(record.last(), retry_after) else {
+                break;
+            };
+            // Jitter, as senders do, so retries after one event do not arrive in lockstep.
+            tokio::time::sleep(delay.mul_f64(0.75 + fastrand::f64() / 2.0)).await;
+            let Some(next) = pick_target(&snapshot(targets), &tried) else {
+                break;
+            };
+            tried.push(next.0.clone());
+            let (attempt, after) = self.attempt(client, next).await;
+            record.retries.push(attempt);
+            retry_after = after;
+        }
+        record
+    }
+
+    /// One attempt through `target`, and the answer's `Retry-After`.
+    async fn attempt(
+        &self,
+        client: &HttpClient,
+        target: (String, String),
+    ) -> (Attempt, Option<u64>) {
+        let url = format!(
+            "{}/v1/terminals/{}/push?timeout_ms={}",
+            target.1, self.terminal, self.timeout_ms
+        );
+        let limit = Duration::from_millis(self.timeout_ms + 1000);
+        let sent_unix_ms = unix_ms();
+        let started = Instant::now();
+        let auth = format!("Bearer {TOKEN}");
+        let headers = [
+            ("authorization", auth.as_str()),
+            ("idempotency-key", self.key.as_str()),
+            ("content-type", "application/json"),
+        ];
+        let result = exchange(
+            client,
+            Method::POST,
+            &url,
+            &headers,
+            self.body.clone(),
+            limit,
+        )
+        .await;
+        let latency_ms = started.elapsed().as_millis() as u64;
+        let (status, outcome, unanswered, retry_after) = match result {
+            Ok(a) if a.status == 200 => (200, "ok".to_owned(), false, None),
+            Ok(a) => {
+                let code = serde_json::from_slice::<serde_json::Value>(&a.body)
+                    .ok()
+                    .and_then(|v| v.get("error")?.as_str().map(str::to_owned))
+                    .unwrap_or_else(|| "?".into());
+                (a.status, code, false, a.retry_after_s)
+            }
+            Err(ExchangeError::Timeout) => (0, "unanswered".to_owned(), true, None),
+            Err(ExchangeError::Transport(_)) => (0, "transport".to_owned(), true, None),
+        };
+        let attempt = Attempt {
+            sent_unix_ms,
+            entry_pod: target.0,
+            status,
+            outcome,
+            latency_ms,
+            unanswered,
+        };
+        (attempt, retry_after)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attempt(status: u16, outcome: &str) -> Attempt {
+        Attempt {
+            sent_unix_ms: 0,
+            entry_pod: "p".into(),
+            status,
+            outcome: outcome.into(),
+            latency_ms: 0,
+            unanswered: status == 0,
+        }
+    }
+
+    #[test]
+    fn retries_what_a_real_sender_retries() {
+        let ms = |d: Option<Duration>| d.map(|d| d.as_millis() as u64);
+        assert_eq!(ms(retry_delay(&attempt(200, "ok"), None)), None);
+        assert_eq!(
+            ms(retry_delay(&attempt(504, "pos_timeout"), None)),
+            Some(250)
+        );
+        assert_eq!(ms(retry_delay(&attempt(0, "unanswered"), None)), Some(250));
+        assert_eq!(ms(retry_delay(&attempt(0, "transport"), None)), Some(250));
+        let in_flight = attempt(409, "idempotency_conflict");
+        assert_eq!(ms(retry_delay(&in_flight, None)), Some(250));
+        // 503 waits for Retry-After, 1 s without one, at most 2 s.
+        let unavailable = attempt(503, "terminal_unavailable");
+        assert_eq!(ms(retry_delay(&unavailable, None)), Some(1_000));
+        assert_eq!(ms(retry_delay(&unavailable, Some(0))), Some(0));
+        assert_eq!(
+            ms(retry_delay(&attempt(503, "overloaded"), Some(30))),
+            Some(2_000)
+        );
+        for (status, code) in [
+            (400, "invalid_request"),
+            (401, "unauthorized"),
+            (404, "unknown_terminal"),
+            (409, "?"),
+            (413, "payload_too_large"),
+            (502, "pos_rejected"),
+        ] {
+            assert_eq!(retry_delay(&attempt(status, code), None), None, "{status}");
+        }
+    }
+
+    #[test]
+    fn retries_go_to_a_pod_not_tried_yet() {
+        let targets: Vec<(String, String)> = ["a", "b", "c"]
+            .iter()
+            .map(|p| (p.to_string(), format!("http://{p}")))
+            .collect();
+        for _ in 0..50 {
+            let tried = ["a".to_string(), "c".to_string()];
+            assert_eq!(pick_target(&targets, &tried).unwrap().0, "b");
+        }
+        // Every pod tried: any will do; none in service: none.
+        let all: Vec<String> = targets.iter().map(|t| t.0.clone()).collect();
+        assert!(pick_target(&targets, &all).is_some());
+        assert!(pick_target(&[], &[]).is_none());
+    }
+
+    #[test]
+    fn the_last_attempt_is_the_final_outcome() {
+        let mut r = PushRecord {
+            terminal: "t".into(),
+            idempotency_key: "k".into(),
+            first: attempt(504, "pos_timeout"),
+            retries: Vec::new(),
+        };
+        assert_eq!(r.last().status, 504);
+        r.retries.push(attempt(200, "ok"));
+        assert_eq!(r.last().status, 200);
+        assert_eq!(r.attempts().count(), 2);
+    }
 }

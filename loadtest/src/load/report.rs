@@ -7,28 +7,12 @@ use serde::Serialize;
 
 use super::{
     analysis::{Dist, LatencyBucket},
+    duplicates::DuplicateSummary,
     handover::{HandoverSummary, StaleCheck, Verdict},
     observe::Sample,
+    push_summary::PushSummary,
     redis::CommandStats,
 };
-
-/// Pushes sent during a scenario and their outcomes.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct PushSummary {
-    pub sent: usize,
-    /// `ok` (200) or the error code / `transport` / `unanswered`, with its status.
-    pub by_outcome: BTreeMap<String, usize>,
-    /// Latency of the answered pushes, ms.
-    pub latency_ms: Dist,
-    /// No answer within deadline + 1 s, entry pod healthy: a gateway defect.
-    pub unanswered: usize,
-    /// No answer, but the pod the push was sent to was killed or paused meanwhile.
-    pub unanswered_entry_faulted: usize,
-    /// Share of pushes answered 200.
-    pub ok_ratio: f64,
-    /// The first 50 unanswered pushes, for diagnosis.
-    pub unanswered_examples: Vec<super::pushgen::PushRecord>,
-}
 
 /// One pass/fail line: `gate` lines decide the exit code, the others are the issue's
 /// targets, reported but not enforced.
@@ -73,6 +57,8 @@ pub struct ScenarioReport {
     pub max_session_overlap_ms: u64,
     pub keys_delivered_twice: u64,
     pub duplicate_deliveries: u64,
+    /// The keys delivered twice by cause (pos-sim's duplicate log against the kills).
+    pub duplicates: DuplicateSummary,
     pub stale_hellos_refused: u64,
     pub stale_pushes_refused: u64,
     pub pushes_without_session: u64,
@@ -137,16 +123,17 @@ pub fn markdown(header: &str, reports: &[ScenarioReport]) -> String {
     let _ = writeln!(md, "{header}\n");
     md.push_str(
         "| scenario | converged | moved (ideal) | gap p50/p99/max ms | handover gap p50/p99/max ms | \
-         raw ovl | session ovl | keys twice | stale refused | pushes sent | 200 | unanswered | \
+         raw ovl | session ovl | keys twice (defect) | dup (owner killed, cache lost) | \
+         stale refused | pushes sent | retried | 200 first/final | unanswered | \
          latency p50/p99/max ms | max dials/s/pod | gate |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in reports {
         let ideal = r.ideal_moved.map_or("-".into(), |i| i.to_string());
         let dials = r.dial_rate_max_per_pod.values().max().copied().unwrap_or(0);
         let _ = writeln!(
             md,
-            "| {} | {} | {} ({}) | {}/{}/{} | {} | {} | {} | {} | {} | {} | {:.2}% | {} (+{} entry pod faulted) | {}/{}/{} | {} | {} |",
+            "| {} | {} | {} ({}) | {}/{}/{} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2}%/{:.2}% | {} (+{} entry pod faulted) | {}/{}/{} | {} | {} |",
             r.name,
             opt(r.converged_after_s),
             r.terminals_moved,
@@ -157,10 +144,13 @@ pub fn markdown(header: &str, reports: &[ScenarioReport]) -> String {
             handover_cell(&r.handover),
             r.raw_overlaps,
             r.session_overlaps,
-            r.keys_delivered_twice,
+            r.duplicates.keys_defect,
+            r.duplicates.keys_owner_killed,
             r.stale_hellos_refused + r.stale_pushes_refused,
             r.pushes.sent,
+            r.pushes.retried,
             r.pushes.ok_ratio * 100.0,
+            r.pushes.final_ok_ratio * 100.0,
             r.pushes.unanswered,
             r.pushes.unanswered_entry_faulted,
             r.pushes.latency_ms.p50,
@@ -200,7 +190,20 @@ pub fn markdown(header: &str, reports: &[ScenarioReport]) -> String {
             r.pushes_without_session,
             r.duplicate_deliveries
         );
-        let _ = writeln!(md, "- push outcomes: {:?}", r.pushes.by_outcome);
+        let p = &r.pushes;
+        let _ = writeln!(
+            md,
+            "- pushes: {} sent in {} attempts, {} retried (same key, another entry pod); \
+             outcomes per attempt {:?}; final outcomes {:?}; every attempt unanswered: {}",
+            p.sent, p.attempts, p.retried, p.by_outcome, p.by_final_outcome, p.gave_up_unanswered
+        );
+        let d = &r.duplicates;
+        let _ = writeln!(
+            md,
+            "- keys delivered twice: {} ({} owner killed, cache lost: not gated; {} defects, \
+             {} of them not in pos-sim's duplicate log); repeats by cause {:?}",
+            d.keys, d.keys_owner_killed, d.keys_defect, d.keys_unexplained, d.repeats_by_cause
+        );
         handover_lines(&mut md, r);
         let _ = writeln!(
             md,

@@ -67,6 +67,8 @@ pub struct Action {
     pub ideal_moved: Option<u64>,
     /// `(pod, from, to)`: a pod killed or stopped (pushes sent to it then are excused).
     pub hard_faults: Vec<(String, u64, u64)>,
+    /// `(pod, at)`: a pod killed with SIGKILL at `at` (its idempotency cache died with it).
+    pub kills: Vec<(String, u64)>,
     /// `(pod, from)`: a pod paused or cut off from Redis at `from`; it must not deliver
     /// anything once its lease deadline (at most one lease TTL later) has passed.
     pub deadline_faults: Vec<(String, u64)>,
@@ -160,10 +162,12 @@ pub async fn act(c: &mut Cluster, scenario: Scenario) -> Result<Action, LoadErro
             a.ideal_moved = Some(t / n);
             c.out_of_service(0);
             c.pods[0].signal(Signal::Kill).await?;
+            let killed_at = unix_ms();
             let mut pod = c.forget(0);
             pod.proc.wait_exit(Duration::from_secs(5)).await;
             a.hard_faults
                 .push((pod.id.clone(), a.event_unix_ms, unix_ms()));
+            a.kills.push((pod.id.clone(), killed_at));
             a.notes.push(format!("killed {} (SIGKILL)", pod.id));
         }
         Scenario::Pause => {

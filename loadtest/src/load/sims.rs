@@ -13,7 +13,7 @@ use std::{
 use serde::Deserialize;
 use tokio::{process::Command, sync::Semaphore, task::JoinSet};
 
-use crate::pos_sim::Refusals;
+use crate::pos_sim::{Duplicates, Refusals};
 
 use super::{
     http::{self, HttpClient},
@@ -194,7 +194,7 @@ impl SimFarm {
     }
 
     /// Stale-epoch refusals of every simulator (each keeps its newest
-    /// [`crate::pos_sim::REFUSALS_KEPT`]), merged oldest first; `dropped` is summed.
+    /// [`crate::pos_sim::LOG_KEPT`]), merged oldest first; `dropped` is summed.
     pub async fn refusals(&self) -> Result<Refusals, LoadError> {
         let mut all = Refusals::default();
         for sim in &self.sims {
@@ -205,6 +205,21 @@ impl SimFarm {
             all.dropped += one.dropped;
         }
         all.refusals.sort_by_key(|r| r.at_unix_ms);
+        Ok(all)
+    }
+
+    /// Duplicate deliveries of every simulator (each keeps its newest
+    /// [`crate::pos_sim::LOG_KEPT`]), merged oldest first; `dropped` is summed.
+    pub async fn duplicates(&self) -> Result<Duplicates, LoadError> {
+        let mut all = Duplicates::default();
+        for sim in &self.sims {
+            let url = format!("http://{}/duplicates", sim.admin);
+            let one: Duplicates =
+                http::get_json(&self.client, &url, None, Duration::from_secs(10)).await?;
+            all.duplicates.extend(one.duplicates);
+            all.dropped += one.dropped;
+        }
+        all.duplicates.sort_by_key(|d| d.this.at_unix_ms);
         Ok(all)
     }
 

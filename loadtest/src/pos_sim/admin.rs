@@ -1,7 +1,8 @@
 //! The farm's admin endpoint: plain HTTP/1 JSON for load tests and operators.
 //!
 //! `GET /counters`, `GET /terminals/{id}`, `GET /refusals` (stale-epoch refusals with pod
-//! and time), `GET /faults`, `POST /faults` (a whole
+//! and time), `GET /duplicates` (keys accepted again, with the pods of both copies),
+//! `GET /faults`, `POST /faults` (a whole
 //! [`FaultConfig`]), `POST /drop` (a [`DropRequest`]). It is for loopback use: no TLS, no
 //! authentication, and it never talks to terminals' clients.
 
@@ -108,7 +109,8 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>>
     let path = req.uri().path().to_owned();
     match (req.method(), path.as_str()) {
         (&Method::GET, "/counters") => json(StatusCode::OK, &shared.counters()),
-        (&Method::GET, "/refusals") => json(StatusCode::OK, &shared.refusals.snapshot()),
+        (&Method::GET, "/refusals") => json(StatusCode::OK, &shared.refusals.refusals()),
+        (&Method::GET, "/duplicates") => json(StatusCode::OK, &shared.duplicates.duplicates()),
         (&Method::GET, "/faults") => json(StatusCode::OK, &*shared.faults()),
         (&Method::POST, "/faults") => match read_json::<FaultConfig>(req).await {
             Ok(faults) => match shared.set_faults(faults) {

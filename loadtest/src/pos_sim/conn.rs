@@ -1,5 +1,6 @@
 //! The terminal side of one connection: TCP accept, faults, SNI routing, the TLS handshake,
-//! HTTP/2 serving of `POST /hello` and `POST <push path>`, and closing on request.
+//! HTTP/2 serving of `POST /hello` and `POST <push path>` (logging a repeated key with the
+//! pods of both copies), and closing on request.
 //!
 //! Which terminal a connection belongs to is decided by the SNI of the ClientHello, read
 //! before the handshake completes, so unknown and offline terminals are refused without
@@ -24,6 +25,7 @@ use tracing::{debug, warn};
 use super::{
     certs::ALPN_H2,
     counters::Counters,
+    duplicates::Duplicate,
     record::{unix_ms, CloseCmd, ConnId, HelloOutcome, PushOutcome},
     refusals::Refusal,
     Shared,
@@ -317,12 +319,28 @@ async fn push(ctx: &ConnCtx, req: Request<Incoming>) -> Response<Full<Bytes>> {
         let status = StatusCode::from_u16(refuse_with).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
         return respond(status, "push refused (fault)\n");
     }
+    // Checked present by `common_headers`.
+    let pod = header(&parts.headers, H_POD).unwrap_or_default();
     let outcome = s
         .terminal(ctx.index)
-        .push(ctx.conn, epoch, key, &s.counters);
+        .push(ctx.conn, epoch, pod, key, &s.counters);
     debug!(terminal = %ctx.id, conn = ctx.conn, epoch, key, size, ?outcome, "push");
     match outcome {
         PushOutcome::Accepted => respond(StatusCode::OK, "accepted\n"),
+        PushOutcome::Repeated {
+            copy,
+            previous,
+            this,
+        } => {
+            s.duplicates.record(Duplicate {
+                terminal: ctx.id.clone(),
+                key: key.to_owned(),
+                copy,
+                previous,
+                this,
+            });
+            respond(StatusCode::OK, "accepted\n")
+        }
         PushOutcome::Stale { highest } => refuse(ctx, &parts.headers, "push", epoch, highest),
         PushOutcome::NoSession => respond(
             StatusCode::PRECONDITION_REQUIRED,

@@ -8,9 +8,11 @@
 //! anything across restarts (a new CA each start), and does not implement the pod side.
 
 mod admin;
+mod bounded;
 mod certs;
 mod conn;
 mod counters;
+mod duplicates;
 mod error;
 mod faults;
 mod layout;
@@ -33,15 +35,18 @@ use tokio::{net::TcpListener, task::JoinHandle};
 use tracing::info;
 
 pub use admin::AdminServer;
+pub use bounded::CAPACITY as LOG_KEPT;
 pub use conn::{H_EPOCH, H_IDEMPOTENCY_KEY, H_POD, H_STALE_EPOCH, H_TERMINAL};
 pub use counters::FarmCounters;
+pub use duplicates::{Delivery, Duplicate, Duplicates};
 pub use error::SimError;
 pub use faults::{DropRequest, FaultConfig};
 pub use layout::{terminals_csv, Naming, TerminalInfo};
 pub use record::{ConnEvent, OpenConnReport, PushRecord, TerminalReport, TerminalStats};
-pub use refusals::{Refusal, Refusals, CAPACITY as REFUSALS_KEPT};
+pub use refusals::{Refusal, Refusals};
 
 use counters::Counters;
+use duplicates::DuplicateLog;
 use record::TerminalState;
 use refusals::RefusalLog;
 
@@ -125,6 +130,7 @@ pub(crate) struct Shared {
     addrs: Vec<SocketAddr>,
     counters: Counters,
     refusals: RefusalLog,
+    duplicates: DuplicateLog,
     faults: RwLock<Arc<FaultConfig>>,
     tls: Arc<ServerConfig>,
     next_conn: AtomicU64,
@@ -287,6 +293,7 @@ impl PosFarm {
             addrs: listeners.iter().map(|(addr, _)| *addr).collect(),
             counters: Counters::default(),
             refusals: RefusalLog::default(),
+            duplicates: DuplicateLog::default(),
             faults: RwLock::default(),
             tls: tls.server_config,
             next_conn: AtomicU64::new(1),
@@ -360,9 +367,14 @@ impl PosFarm {
         self.shared.report(id)
     }
 
-    /// The stale-epoch refusals kept (the newest [`REFUSALS_KEPT`]), oldest first.
+    /// The stale-epoch refusals kept (the newest [`LOG_KEPT`]), oldest first.
     pub fn refusals(&self) -> Refusals {
-        self.shared.refusals.snapshot()
+        self.shared.refusals.refusals()
+    }
+
+    /// The duplicate deliveries kept (the newest [`LOG_KEPT`]), oldest first.
+    pub fn duplicates(&self) -> Duplicates {
+        self.shared.duplicates.duplicates()
     }
 
     /// The fault settings in force.
@@ -381,7 +393,8 @@ impl PosFarm {
         self.shared.drop_connections(fraction)
     }
 
-    /// Serves `GET /counters`, `GET /terminals/{id}`, `GET /refusals`, `GET|POST /faults`
+    /// Serves `GET /counters`, `GET /terminals/{id}`, `GET /refusals`, `GET /duplicates`,
+    /// `GET|POST /faults`
     /// and `POST /drop`
     /// over plain HTTP/1 on `addr`.
     pub async fn serve_admin(&self, addr: SocketAddr) -> Result<AdminServer, SimError> {

@@ -1,5 +1,6 @@
 //! One terminal's state and bookkeeping: its open connections, the highest epoch it has
-//! seen, its current session, the idempotency keys it accepted, and a short history.
+//! seen, its current session, the idempotency keys it accepted (with the last delivery of
+//! each, so a repeat says who delivered the copy before it), and a short history.
 //!
 //! This is the protocol's decision core (hello and push rules of `docs/pos-protocol.md`):
 //! pure functions of the state, called with the terminal's lock held, with no I/O and no
@@ -15,7 +16,7 @@ use std::{
 use serde::Serialize;
 use tokio::sync::watch;
 
-use super::counters::Counters;
+use super::{counters::Counters, duplicates::Delivery};
 
 /// Identifies one accepted connection within the farm.
 pub(crate) type ConnId = u64;
@@ -64,6 +65,12 @@ pub(crate) enum HelloOutcome {
 pub(crate) enum PushOutcome {
     /// 200.
     Accepted,
+    /// 200, but the key was accepted before: this is copy number `copy`.
+    Repeated {
+        copy: u32,
+        previous: Delivery,
+        this: Delivery,
+    },
     /// 409 with the highest epoch seen.
     Stale { highest: u64 },
     /// 428: no current session with this epoch on this connection.
@@ -86,6 +93,8 @@ pub struct PushRecord {
     pub conn: ConnId,
     pub idempotency_key: String,
     pub epoch: u64,
+    /// The `posgate-pod` header of the push.
+    pub pod: String,
     pub at_unix_ms: u64,
 }
 
@@ -138,10 +147,17 @@ pub struct TerminalReport {
 pub(crate) struct TerminalState {
     highest_epoch: Option<u64>,
     open: BTreeMap<ConnId, OpenConn>,
-    keys: HashMap<String, u32>,
+    keys: HashMap<String, KeySeen>,
     history: VecDeque<ConnEvent>,
     pushes: VecDeque<PushRecord>,
     stats: TerminalStats,
+}
+
+/// An accepted key: how often, and the latest delivery.
+#[derive(Debug)]
+struct KeySeen {
+    copies: u32,
+    last: Delivery,
 }
 
 pub(crate) fn unix_ms() -> u64 {
@@ -259,12 +275,13 @@ impl TerminalState {
         HelloOutcome::Accepted { superseded }
     }
 
-    /// Applies a push: stale epochs first (the most useful answer for the pod), then the
-    /// connection must hold the current session of exactly this epoch.
+    /// Applies a push from `pod`: stale epochs first (the most useful answer for the pod),
+    /// then the connection must hold the current session of exactly this epoch.
     pub(crate) fn push(
         &mut self,
         conn: ConnId,
         epoch: u64,
+        pod: &str,
         key: &str,
         c: &Counters,
     ) -> PushOutcome {
@@ -284,24 +301,40 @@ impl TerminalState {
         }
         Counters::bump(&c.pushes_accepted);
         self.stats.pushes_accepted += 1;
-        let seen = self.keys.entry(key.to_owned()).or_insert(0);
-        *seen += 1;
-        if *seen >= 2 {
-            Counters::bump(&c.duplicate_deliveries);
-            self.stats.duplicate_deliveries += 1;
-            if *seen == 2 {
-                Counters::bump(&c.keys_delivered_twice);
-                self.stats.keys_delivered_twice += 1;
-            }
-        }
+        let this = Delivery {
+            pod: pod.to_owned(),
+            epoch,
+            at_unix_ms: unix_ms(),
+        };
         let record = PushRecord {
             conn,
             idempotency_key: key.to_owned(),
             epoch,
-            at_unix_ms: unix_ms(),
+            pod: pod.to_owned(),
+            at_unix_ms: this.at_unix_ms,
         };
         push_bounded(&mut self.pushes, record);
-        PushOutcome::Accepted
+        let Some(seen) = self.keys.get_mut(key) else {
+            let first = KeySeen {
+                copies: 1,
+                last: this,
+            };
+            self.keys.insert(key.to_owned(), first);
+            return PushOutcome::Accepted;
+        };
+        seen.copies += 1;
+        Counters::bump(&c.duplicate_deliveries);
+        self.stats.duplicate_deliveries += 1;
+        if seen.copies == 2 {
+            Counters::bump(&c.keys_delivered_twice);
+            self.stats.keys_delivered_twice += 1;
+        }
+        let previous = std::mem::replace(&mut seen.last, this.clone());
+        PushOutcome::Repeated {
+            copy: seen.copies,
+            previous,
+            this,
+        }
     }
 
     /// Asks the selected open connections to close now; returns how many were asked.

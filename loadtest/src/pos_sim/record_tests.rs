@@ -30,8 +30,8 @@ fn newer_hello_supersedes_only_sessions() {
     assert_eq!(*bare.borrow(), CloseCmd::Keep, "no hello, not a session");
     assert_eq!(t.hello(1, 6, &c), HelloOutcome::Closing);
     assert_eq!(t.hello(2, 4, &c), HelloOutcome::Stale { highest: 5 });
-    assert_eq!(t.push(1, 5, "k", &c), PushOutcome::NoSession);
-    assert_eq!(t.push(3, 5, "k", &c), PushOutcome::Accepted);
+    assert_eq!(t.push(1, 5, "p", "k", &c), PushOutcome::NoSession);
+    assert_eq!(t.push(3, 5, "p", "k", &c), PushOutcome::Accepted);
     assert_eq!(c.session_overlaps_open.load(Relaxed), 1);
     t.close(1, Duration::from_secs(1), &c);
     assert_eq!(c.session_overlaps_open.load(Relaxed), 0);
@@ -58,14 +58,30 @@ fn superseded_connection_open_past_threshold_is_an_overlap() {
 fn pushes_check_epoch_then_session_and_count_repeated_keys() {
     let (mut t, c) = (TerminalState::default(), Counters::default());
     let _a = open(&mut t, 1, &c);
-    assert_eq!(t.push(1, 1, "k", &c), PushOutcome::NoSession);
+    assert_eq!(t.push(1, 1, "p", "k", &c), PushOutcome::NoSession);
     t.hello(1, 7, &c);
-    assert_eq!(t.push(1, 6, "k", &c), PushOutcome::Stale { highest: 7 });
-    assert_eq!(t.push(1, 8, "k", &c), PushOutcome::NoSession);
-    for _ in 0..3 {
-        assert_eq!(t.push(1, 7, "k", &c), PushOutcome::Accepted);
+    assert_eq!(
+        t.push(1, 6, "p", "k", &c),
+        PushOutcome::Stale { highest: 7 }
+    );
+    assert_eq!(t.push(1, 8, "p", "k", &c), PushOutcome::NoSession);
+    assert_eq!(t.push(1, 7, "a", "k", &c), PushOutcome::Accepted);
+    for (copy, pod, previous) in [(2, "b", "a"), (3, "b", "b")] {
+        match t.push(1, 7, pod, "k", &c) {
+            PushOutcome::Repeated {
+                copy: n,
+                previous: p,
+                this,
+            } => {
+                assert_eq!(n, copy);
+                assert_eq!((p.pod.as_str(), this.pod.as_str()), (previous, pod));
+                assert_eq!((p.epoch, this.epoch), (7, 7));
+                assert!(p.at_unix_ms <= this.at_unix_ms);
+            }
+            other => panic!("copy {copy}: expected a repeat, got {other:?}"),
+        }
     }
-    assert_eq!(t.push(1, 7, "other", &c), PushOutcome::Accepted);
+    assert_eq!(t.push(1, 7, "a", "other", &c), PushOutcome::Accepted);
     assert_eq!(c.keys_delivered_twice.load(Relaxed), 1);
     assert_eq!(c.duplicate_deliveries.load(Relaxed), 2);
     assert_eq!(c.stale_pushes_refused.load(Relaxed), 1);

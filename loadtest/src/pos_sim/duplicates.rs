@@ -1,0 +1,55 @@
+//! The farm-wide log of duplicate deliveries: a push accepted with an idempotency key the
+//! terminal had accepted before, with who delivered this copy and the one before it
+//! (`posgate-pod`, epoch, time).
+//!
+//! The counters only say *how many* keys came twice. Whether a duplicate is a defect or
+//! the known gap of a crash (the owner killed after delivering, its idempotency cache gone
+//! with it, the caller's retry delivered by the next owner) depends on which pods
+//! delivered and when, so a load test needs these records. The terminal still accepts a
+//! repeat (it counts, it does not dedupe): that is the observation, not a fix.
+
+use serde::{Deserialize, Serialize};
+
+use super::bounded::BoundedLog;
+
+/// One accepted delivery of a key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Delivery {
+    /// The `posgate-pod` header of the push.
+    pub pod: String,
+    pub epoch: u64,
+    pub at_unix_ms: u64,
+}
+
+/// A key accepted again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Duplicate {
+    pub terminal: String,
+    /// `tenant:key` (keys are unique per tenant), or the key without a tenant header.
+    pub key: String,
+    /// Which copy this was: 2 for the first repeat.
+    pub copy: u32,
+    /// The delivery of the copy before this one.
+    pub previous: Delivery,
+    pub this: Delivery,
+}
+
+/// `GET /duplicates`: the kept duplicates, oldest first, and how many were dropped.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Duplicates {
+    pub duplicates: Vec<Duplicate>,
+    pub dropped: u64,
+}
+
+/// The bounded log of duplicates.
+pub(crate) type DuplicateLog = BoundedLog<Duplicate>;
+
+impl DuplicateLog {
+    pub(crate) fn duplicates(&self) -> Duplicates {
+        let (duplicates, dropped) = self.snapshot();
+        Duplicates {
+            duplicates,
+            dropped,
+        }
+    }
+}
