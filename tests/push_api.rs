@@ -971,6 +971,24 @@ async fn an_idempotency_key_belongs_to_its_terminal() {
             .count();
         assert_eq!(got, 1, "{terminal} received the push once");
     }
+    // A deadline too short to send and hear the answer is refused as not delivered,
+    // never sent as a push whose outcome would be unknown.
+    let short = Push {
+        key: Some("order-8"),
+        query: "?timeout_ms=15",
+        ..Push::default()
+    };
+    let (status, _, body) = push(&http, &c.urls[0], &first, short).await;
+    assert_eq!(
+        (status, error_of(&body)),
+        (StatusCode::SERVICE_UNAVAILABLE, "terminal_unavailable"),
+        "{body}"
+    );
+    let report = c.farm.terminal_report(&first).unwrap();
+    assert!(!report
+        .recent_pushes
+        .iter()
+        .any(|p| p.idempotency_key == "acme:order-8"));
     // And each terminal's own retry is still a replay.
     let (status, _, body) = push(&http, &c.urls[1], &first, keyed()).await;
     assert_eq!(

@@ -27,6 +27,10 @@ use crate::pos::push::{self as pos_push, PosPush, PushFailure};
 
 /// How often a push re-checks while the shard's terminal list loads.
 const LOADING_POLL: Duration = Duration::from_millis(10);
+/// Least time left before the deadline for a push to go out: a terminal's answer takes
+/// a round trip plus its own work, and one that misses the deadline turns a delivered
+/// push into `504` delivery unknown.
+const MIN_SEND_BUDGET: Duration = Duration::from_millis(20);
 
 /// The owner's outcome.
 #[derive(Debug)]
@@ -118,6 +122,15 @@ impl PushService {
                 continue;
             }
             let remaining = deadline.saturating_duration_since(now());
+            if remaining < MIN_SEND_BUDGET {
+                // Sent now, the terminal could take the push and its answer come back
+                // too late: an unknown outcome, after which the caller's retry is
+                // delivered again. Not sent, the answer is certain and the key free.
+                return Owned::Answer(unavailable(
+                    push,
+                    "too little of the deadline left to send the push and hear the answer",
+                ));
+            }
             let wire = PosPush {
                 terminal: &push.terminal,
                 server_name: &link.terminal.server_name,

@@ -2,14 +2,19 @@
 //! and the one before it, `GET /duplicates`) is judged against the pods the scenario
 //! killed.
 //!
-//! One cause is inherent today and reported apart, not gated: the pod that delivered a
-//! copy was killed (SIGKILL) before the next copy, and the next copy came from another
-//! pod. The killed owner's idempotency cache died with it, so the sender's retry (its
-//! answer was lost with the pod) is delivered again by the shard's next owner; only a
-//! terminal that dedupes by key closes that. Every other repeat is a defect: the same
-//! pod delivering a key twice (its cache did not replay; told apart when the sender had
-//! been answered `504` delivery unknown, after which the owner frees the key), or another
-//! pod while the first one lived or was stopped gracefully.
+//! Two causes are inherent today and reported apart, not gated, because the design
+//! accepts them and only a terminal that dedupes by key closes them:
+//! - the pod that delivered a copy was killed (SIGKILL) before the next copy, and the
+//!   next copy came from another pod: the killed owner's idempotency cache died with it,
+//!   so the sender's retry (its answer was lost with the pod) is delivered again by the
+//!   shard's next owner;
+//! - the same pod delivered it again after the sender had been answered `504` (delivery
+//!   unknown): the owner's attempt reached the terminal but its answer did not come back
+//!   in time, and the owner frees a key after a `504`, so the retry is delivered again.
+//!
+//! Every other repeat is a defect: the same pod delivering a key twice without a `504`
+//! before (its cache did not replay), or another pod while the first one lived or was
+//! stopped gracefully.
 //!
 //! Not for: counting duplicates (pos-sim's counters do) or deciding the gate (`measure`).
 
@@ -34,9 +39,9 @@ pub enum Cause {
     OwnerKilledCacheLost,
     /// Defect: one pod delivered the key twice; its idempotency cache did not replay.
     SamePod,
-    /// Defect: one pod delivered the key twice, and the sender had been answered `504`
-    /// (delivery unknown) before retrying: the owner's attempt had reached the terminal
-    /// but ended without its answer, and the owner frees the key after a `504`.
+    /// Inherent today: one pod delivered the key twice, and the sender had been answered
+    /// `504` (delivery unknown) before retrying: the owner's attempt had reached the
+    /// terminal but ended without its answer, and the owner frees the key after a `504`.
     SamePodAfterUnknown,
     /// Defect: another pod delivered it while the first lived (or after it stopped
     /// gracefully).
@@ -46,7 +51,10 @@ pub enum Cause {
 impl Cause {
     /// Whether the design promises this cannot happen (so the gate fails on it).
     pub fn is_defect(self) -> bool {
-        self != Cause::OwnerKilledCacheLost
+        !matches!(
+            self,
+            Cause::OwnerKilledCacheLost | Cause::SamePodAfterUnknown
+        )
     }
 
     pub fn label(self) -> &'static str {
@@ -100,8 +108,8 @@ pub struct Judged {
 pub struct DuplicateSummary {
     /// Keys accepted more than once (pos-sim's counter, each key once).
     pub keys: u64,
-    /// Keys whose every repeat is [`Cause::OwnerKilledCacheLost`]: reported, not gated.
-    pub keys_owner_killed: u64,
+    /// Keys whose every repeat has an inherent cause: reported, not gated.
+    pub keys_inherent: u64,
     /// Every other key, including any the log cannot explain: the gate is on these.
     pub keys_defect: u64,
     /// Keys the counters saw but pos-sim's log did not (dropped or outside the window):
@@ -138,12 +146,12 @@ pub fn summarize(log: &[Duplicate], keys: u64, evidence: &Evidence) -> Duplicate
         }
     }
     let explained = per_key.values().filter(|(second, _)| *second).count() as u64;
-    s.keys_owner_killed = per_key
+    s.keys_inherent = per_key
         .values()
         .filter(|(second, c)| *second && !c.is_defect())
         .count() as u64;
     s.keys_unexplained = keys.saturating_sub(explained);
-    s.keys_defect = keys.saturating_sub(s.keys_owner_killed);
+    s.keys_defect = keys.saturating_sub(s.keys_inherent);
     s
 }
 
@@ -192,12 +200,13 @@ mod tests {
     }
 
     #[test]
-    fn the_same_pod_after_a_504_is_told_apart_and_still_a_defect() {
+    fn the_same_pod_after_a_504_is_told_apart_and_inherent() {
         let mut e = kills();
         e.retried_after_unknown.insert("load:k".into());
         let d = dup("k", 2, ("pod-1", 1_000), ("pod-1", 1_250));
         assert_eq!(cause(&d, &e), Cause::SamePodAfterUnknown);
-        assert!(Cause::SamePodAfterUnknown.is_defect());
+        assert!(!Cause::SamePodAfterUnknown.is_defect());
+        assert!(Cause::SamePod.is_defect());
         // Another key of the same run, without a 504 before its retry.
         let d = dup("other", 2, ("pod-1", 1_000), ("pod-1", 1_250));
         assert_eq!(cause(&d, &e), Cause::SamePod);
@@ -232,14 +241,14 @@ mod tests {
             dup("c", 2, ("pod-2", 5_000), ("pod-2", 6_000)),
         ];
         let s = summarize(&log, 3, &kills());
-        assert_eq!((s.keys, s.keys_owner_killed, s.keys_defect), (3, 1, 2));
+        assert_eq!((s.keys, s.keys_inherent, s.keys_defect), (3, 1, 2));
         assert_eq!(s.keys_unexplained, 0);
         assert_eq!(s.repeats_by_cause["owner killed, cache lost"], 2);
         assert_eq!(s.repeats_by_cause["same pod delivered twice"], 2);
         // A key the counters saw but the log lost is a defect, not an excuse.
         let s = summarize(&log[..1], 2, &kills());
         assert_eq!(
-            (s.keys_owner_killed, s.keys_defect, s.keys_unexplained),
+            (s.keys_inherent, s.keys_defect, s.keys_unexplained),
             (1, 1, 1)
         );
     }

@@ -350,9 +350,9 @@ fn checks(c: &Cluster, sc: Scenario, r: &mut ScenarioReport) {
     }
     let dups = &r.duplicates;
     let d = format!(
-        "{} keys: {} defects ({} not in pos-sim's log), {} owner killed after delivering, \
-         its idempotency cache lost (inherent until terminals dedupe by key; not gated)",
-        dups.keys, dups.keys_defect, dups.keys_unexplained, dups.keys_owner_killed
+        "{} keys: {} defects ({} not in pos-sim's log), {} inherent (an owner killed after \
+         delivering, or a retry after a 504; closed once terminals dedupe by key; not gated)",
+        dups.keys, dups.keys_defect, dups.keys_unexplained, dups.keys_inherent
     );
     let pass = dups.keys_defect == 0;
     r.check(

@@ -123,7 +123,7 @@ pub fn markdown(header: &str, reports: &[ScenarioReport]) -> String {
     let _ = writeln!(md, "{header}\n");
     md.push_str(
         "| scenario | converged | moved (ideal) | gap p50/p99/max ms | handover gap p50/p99/max ms | \
-         raw ovl | session ovl | keys twice (defect) | dup (owner killed, cache lost) | \
+         raw ovl | session ovl | keys twice (defect) | dup inherent (by cause) | \
          stale refused | pushes sent | retried | 200 first/final | unanswered | \
          latency p50/p99/max ms | max dials/s/pod | gate |\n\
          |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
@@ -145,7 +145,7 @@ pub fn markdown(header: &str, reports: &[ScenarioReport]) -> String {
             r.raw_overlaps,
             r.session_overlaps,
             r.duplicates.keys_defect,
-            r.duplicates.keys_owner_killed,
+            r.duplicates.keys_inherent,
             r.stale_hellos_refused + r.stale_pushes_refused,
             r.pushes.sent,
             r.pushes.retried,
@@ -200,9 +200,9 @@ pub fn markdown(header: &str, reports: &[ScenarioReport]) -> String {
         let d = &r.duplicates;
         let _ = writeln!(
             md,
-            "- keys delivered twice: {} ({} owner killed, cache lost: not gated; {} defects, \
+            "- keys delivered twice: {} ({} inherent, by cause below: not gated; {} defects, \
              {} of them not in pos-sim's duplicate log); repeats by cause {:?}",
-            d.keys, d.keys_owner_killed, d.keys_defect, d.keys_unexplained, d.repeats_by_cause
+            d.keys, d.keys_inherent, d.keys_defect, d.keys_unexplained, d.repeats_by_cause
         );
         handover_lines(&mut md, r);
         let _ = writeln!(
