@@ -29,9 +29,9 @@ use posgate::core::shard::shard_of;
 use posgate::core::{CoreConfig, PodId};
 use posgate::pod::{Pod, PodHandle};
 use posgate::pos::dialer::{Dialer, DialerConfig};
-use posgate::pos::directory::{DirectoryAdmin, MemoryDirectory, Terminal};
 use posgate::pos::push::{send, PosPush};
 use posgate::pos::tls::{client_config, TlsFiles};
+use posgate::store::directory::{DirectoryAdmin, MemoryDirectory, Terminal};
 use posgate::store::memory::MemoryStore;
 use posgate_loadtest::pos_sim::{FarmConfig, PosFarm};
 

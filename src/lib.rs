@@ -14,16 +14,15 @@
 //! - [`tls`]: TLS material from PEM files, shared by every TLS use.
 //! - [`status`]: the status a pod publishes for HTTP and peers.
 //! - [`config`]: CLI flags and their validation.
-//! - [`ring_report`]: `posgate ring-report`, the ring algorithm comparison.
 //! - [`sim`]: deterministic simulation of a cluster (reconcilers + in-memory store).
 //!
 //! `docs/design.md` explains the rules; this crate documents where they live.
 #![forbid(unsafe_code)]
 
+pub mod api;
 pub mod config;
 pub mod core;
 pub mod credentials;
-pub mod demo;
 pub mod driver;
 pub mod http;
 pub mod metrics;
@@ -33,7 +32,7 @@ pub mod pos;
 pub mod push;
 pub mod rate_log;
 pub mod reload;
-pub mod ring_report;
+pub mod serving;
 pub mod sim;
 pub mod status;
 pub mod store;

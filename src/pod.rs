@@ -24,20 +24,22 @@ use tokio::task::{JoinError, JoinHandle};
 use tracing::{info, warn, Instrument};
 
 use crate::config::PodConfig;
-use crate::core::config::ConfigError;
+use crate::core::config::InvalidTimings;
 use crate::credentials::Credentials;
-use crate::driver::{Driver, ServingHook, ServingTable};
+use crate::driver::Driver;
 use crate::http::tls::ServerCert;
 use crate::http::{self, HttpState, ReadyLatch};
 use crate::metrics::{sampler, Metrics};
-use crate::peer::{PeerReceiver, PeerTls};
+use crate::peer::{PeerClient, PeerReceiver, PeerTls};
 use crate::pos::dialer::{Dialer, DialerConfig};
-use crate::pos::directory::Directory;
 use crate::pos::manager::{ConnectionManager, ManagerConfig};
 use crate::pos::tls;
 use crate::push::{NoTerminals, PushService, Sessions};
 pub use crate::reload::Reloader;
+use crate::serving::{NoSessions, SessionStats};
+use crate::serving::{ServingHook, ServingTable};
 use crate::status::PodStatus;
+use crate::store::directory::Directory;
 use crate::store::{ClusterMeta, CoordStore, StoreError};
 use crate::tls::TlsConfigError;
 
@@ -53,7 +55,7 @@ const HTTP_DRAIN: Duration = Duration::from_secs(5);
 #[derive(Debug, thiserror::Error)]
 pub enum PodError {
     #[error("invalid configuration: {0}")]
-    Config(#[from] ConfigError),
+    Config(#[from] InvalidTimings),
     /// TLS files cannot be used: POS (`--pos-ca`, `--pos-client-cert`/`--pos-client-key`),
     /// the listener's (`--tls-cert`/`--tls-key`) or `--peer-ca-file`; the message names
     /// the file.
@@ -115,10 +117,19 @@ impl Pod {
     ) -> Result<PodHandle, PodError> {
         let store = Arc::new(store);
         let metrics = Arc::new(Metrics::new());
-        let driver = Driver::new(&config, store.clone(), hook, metrics.clone())?;
+        let credentials = config.credentials();
+        let driver = Driver::new(
+            config.driver(),
+            credentials.clone(),
+            store.clone(),
+            hook,
+            metrics.clone(),
+        )?;
         let (server_cert, peer_tls) = tls_parts(&config)?;
         let parts = Parts {
+            credentials,
             sessions: Arc::new(NoTerminals),
+            stats: Arc::new(NoSessions),
             metrics,
             dialer: None,
             server_cert,
@@ -175,11 +186,21 @@ impl Pod {
         let (stale_tx, stale_rx) = mpsc::unbounded_channel();
         let manager = ConnectionManager::new(directory, dialer.clone(), manager_config, stale_tx);
         let sessions = Arc::new(manager.clone());
-        let driver = Driver::new(&config, store.clone(), manager, metrics.clone())?
-            .with_stale_epochs(stale_rx);
+        let stats = Arc::new(manager.clone());
+        let credentials = config.credentials();
+        let driver = Driver::new(
+            config.driver(),
+            credentials.clone(),
+            store.clone(),
+            manager,
+            metrics.clone(),
+        )?
+        .with_stale_epochs(stale_rx);
         let (server_cert, peer_tls) = tls_parts(&config)?;
         let parts = Parts {
+            credentials,
             sessions,
+            stats,
             metrics,
             dialer: Some(dialer),
             server_cert,
@@ -199,11 +220,13 @@ fn tls_parts(config: &PodConfig) -> Result<(Option<ServerCert>, PeerTls), PodErr
     Ok((server_cert, PeerTls::new(config.peer_ca_file.as_deref())?))
 }
 
-/// What a pod has besides its driver and store: the connection layer's view for pushes,
-/// the metrics, the dialer (to reload its TLS config), and the TLS of the listener and
+/// What a pod has besides its driver and store: its credentials (replaced on reload),
+/// the connection layer's view for pushes and its counts, the metrics, the dialer (to reload its TLS config), and the TLS of the listener and
 /// of the peer client (both reloadable).
 struct Parts {
+    credentials: Credentials,
     sessions: Arc<dyn Sessions>,
+    stats: Arc<dyn SessionStats>,
     metrics: Arc<Metrics>,
     dialer: Option<Dialer>,
     server_cert: Option<ServerCert>,
@@ -219,7 +242,9 @@ fn spawn_pod<S: CoordStore, H: ServingHook>(
     parts: Parts,
 ) -> Result<PodHandle, PodError> {
     let Parts {
+        credentials,
         sessions,
+        stats,
         metrics,
         dialer,
         server_cert,
@@ -229,10 +254,7 @@ fn spawn_pod<S: CoordStore, H: ServingHook>(
         .as_ref()
         .map(ServerCert::server_config)
         .transpose()?;
-    let credentials = Credentials::new(config.api_tokens.clone(), config.cluster_secret.clone());
-    let driver = driver
-        .with_credentials(credentials.clone())
-        .with_peer_tls(peer_tls.clone());
+    let driver = driver.with_peer_tls(peer_tls.clone());
     let status = driver.status();
     let serving = driver.serving_table();
     let push = PushService::new(
@@ -248,11 +270,20 @@ fn spawn_pod<S: CoordStore, H: ServingHook>(
     )
     .with_peer_tls(peer_tls.clone());
     let metrics_handle = metrics.clone();
-    let sampler = sampler::run(metrics, status.clone(), sessions);
+    let sampler = sampler::run(metrics.clone(), status.clone(), stats.clone());
+    let peers = PeerClient::new(
+        config.pod_id.clone(),
+        credentials.clone(),
+        PEER_CONNECT_TIMEOUT,
+    )
+    .using_tls(peer_tls.clone());
     let http_state = HttpState {
         status: status.clone(),
         credentials: credentials.clone(),
         push: Arc::new(push),
+        stats,
+        metrics,
+        peers,
         ready: ReadyLatch::default(),
         peer: PeerReceiver::default(),
     };

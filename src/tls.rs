@@ -19,6 +19,10 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::sign::CertifiedKey;
 use rustls::RootCertStore;
 
+/// The ALPN protocol of every HTTP/2 client connection posgate makes (to terminals and
+/// to peers): the peer must select it.
+pub const ALPN_H2: &[u8] = b"h2";
+
 /// Why TLS material cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsConfigError {

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 
 use posgate::core::shard::shard_of;
 use posgate::core::ShardId;
-use posgate::pos::directory::{Directory, DirectoryAdmin, MemoryDirectory, Terminal};
+use posgate::store::directory::{Directory, DirectoryAdmin, MemoryDirectory, Terminal};
 use posgate::store::redis::{RedisOptions, RedisStore};
 use posgate::store::StoreError;
 use rand::rngs::StdRng;

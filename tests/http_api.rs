@@ -16,16 +16,17 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use posgate::core::membership::Member;
 use posgate::core::PodId;
-use posgate::credentials::Credentials;
-use posgate::driver::ServingTable;
+use posgate::credentials::{ClusterSecret, Credentials};
 use posgate::http::{router, serve, HttpState, ReadyLatch};
 use posgate::metrics::Metrics;
 use posgate::peer::signing::{self, legacy};
+use posgate::peer::wire::STORE_REACHABLE_ROUTE;
 use posgate::peer::{
-    ClusterSecret, PeerAnswer, PeerClient, PeerError, PeerReceiver, PeerTarget, MAX_INTERNAL_BODY,
-    PEER_PROTOCOL, STORE_REACHABLE_PATH,
+    PeerAnswer, PeerClient, PeerError, PeerReceiver, PeerTarget, MAX_INTERNAL_BODY, PEER_PROTOCOL,
 };
 use posgate::push::{NoTerminals, PushService, PushSettings};
+use posgate::serving::NoSessions;
+use posgate::serving::ServingTable;
 use posgate::status::{PodStatus, ShardStatus};
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
@@ -47,6 +48,7 @@ impl Server {
             Some(list) => Credentials::rotating(None, list.first().cloned(), list.get(1).cloned()),
             None => Credentials::new(None, None),
         };
+        let metrics = Arc::new(Metrics::new());
         let push = PushService::new(
             pod("test-pod"),
             64,
@@ -56,12 +58,16 @@ impl Server {
             credentials.clone(),
             Duration::from_secs(1),
             PushSettings::default(),
-            Arc::new(Metrics::new()),
+            metrics.clone(),
         );
+        let peers = PeerClient::new(pod("test-pod"), credentials.clone(), Duration::from_secs(1));
         let app = router(HttpState {
             status: receiver,
             credentials,
             push: Arc::new(push),
+            stats: Arc::new(NoSessions),
+            metrics,
+            peers,
             ready: ReadyLatch::default(),
             peer: PeerReceiver::default(),
         });
@@ -149,7 +155,7 @@ fn signed_for(secret: &ClusterSecret, at: SystemTime, to: &str, body: &[u8]) -> 
     signing::sign(
         secret,
         &Method::POST,
-        STORE_REACHABLE_PATH,
+        STORE_REACHABLE_ROUTE,
         &mut headers,
         body,
         at,
@@ -440,7 +446,7 @@ async fn internal_endpoint_requires_a_fresh_signature() {
     let good = secret(1);
     let server = Server::start(Some(vec![secret(9), good.clone()])).await;
     server.status.send_replace(status_of("pod-a", true));
-    let url = format!("{}{STORE_REACHABLE_PATH}", server.base);
+    let url = format!("{}{STORE_REACHABLE_ROUTE}", server.base);
     let now = SystemTime::now();
 
     let refused = [
@@ -511,7 +517,7 @@ async fn signed_requests_cannot_be_replayed_redirected_or_altered() {
     let good = secret(1);
     let server = Server::start(Some(vec![good.clone()])).await;
     server.status.send_replace(status_of("pod-a", true));
-    let url = format!("{}{STORE_REACHABLE_PATH}", server.base);
+    let url = format!("{}{STORE_REACHABLE_ROUTE}", server.base);
     let now = SystemTime::now();
 
     let once = signed(&good, now);
@@ -564,10 +570,10 @@ async fn signed_requests_cannot_be_replayed_redirected_or_altered() {
 async fn protocol_1_is_accepted_only_during_a_rolling_upgrade() {
     let good = secret(1);
     let server = Server::start(Some(vec![good.clone()])).await;
-    let url = format!("{}{STORE_REACHABLE_PATH}", server.base);
+    let url = format!("{}{STORE_REACHABLE_ROUTE}", server.base);
     let old_signed = |at: SystemTime| {
         let mut headers = HeaderMap::new();
-        legacy::sign(&good, &Method::POST, STORE_REACHABLE_PATH, at, b"").apply(&mut headers);
+        legacy::sign(&good, &Method::POST, STORE_REACHABLE_ROUTE, at, b"").apply(&mut headers);
         headers
     };
     let member = |id: &str, protocol: u32| Member {
@@ -605,7 +611,7 @@ async fn oversize_bodies_are_refused_before_authentication() {
     let good = secret(1);
     let server = Server::start(Some(vec![good.clone()])).await;
     server.status.send_replace(status_of("pod-a", true));
-    let url = format!("{}{STORE_REACHABLE_PATH}", server.base);
+    let url = format!("{}{STORE_REACHABLE_ROUTE}", server.base);
 
     let announced = full(vec![b'x'; MAX_INTERNAL_BODY + 1]);
     let (code, body) = post(&url, signed(&good, SystemTime::now()), announced).await;

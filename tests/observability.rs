@@ -31,7 +31,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use posgate::config::PodConfig;
 use posgate::core::{CoreConfig, PodId};
-use posgate::peer::ClusterSecret;
+use posgate::credentials::ClusterSecret;
 use posgate::pod::Pod;
 use posgate::store::redis::{RedisOptions, RedisStore};
 use serde_json::Value;

@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 
 use posgate::config::PodConfig;
 use posgate::core::{CoreConfig, PodId};
-use posgate::peer::ClusterSecret;
+use posgate::credentials::ApiTokens;
+use posgate::credentials::ClusterSecret;
 use posgate::pod::Pod;
-use posgate::push::auth::ApiTokens;
 use posgate::store::memory::MemoryStore;
 use tokio::net::TcpListener;
 

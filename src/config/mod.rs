@@ -33,9 +33,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::core::{CoreConfig, PodId};
+use crate::credentials::{ApiTokens, ClusterSecret, Credentials};
+use crate::driver::DriverConfig;
 use crate::http::tls::ServerTlsFiles;
-use crate::peer::ClusterSecret;
-use crate::push::auth::ApiTokens;
 use crate::push::PushSettings;
 use crate::store::redis::ClientCert;
 
@@ -88,6 +88,21 @@ pub struct PodConfig {
 }
 
 impl PodConfig {
+    /// The pod's secrets as a reloadable value.
+    pub fn credentials(&self) -> Credentials {
+        Credentials::new(self.api_tokens.clone(), self.cluster_secret.clone())
+    }
+
+    /// The driver's part of the configuration.
+    pub fn driver(&self) -> DriverConfig {
+        DriverConfig {
+            pod: self.pod_id.clone(),
+            advertise_url: self.advertise_url.clone(),
+            core: self.core.clone(),
+            store_timeout: self.store_timeout,
+        }
+    }
+
     /// A pod of cluster [`DEFAULT_CLUSTER`] with the default store timeout, POS and push
     /// settings, no API tokens and plain HTTP, for pods built in-process (tests, demo).
     /// Nothing is validated; call `core.validate()` if needed.

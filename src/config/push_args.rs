@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use super::secrets::{secret_from, Origin};
 use super::{invalid, parse_duration, ConfigError};
-use crate::push::auth::ApiTokens;
+use crate::credentials::ApiTokens;
 use crate::push::PushSettings;
 
 /// Environment variable with the API tokens (`tenant:token`, comma-separated).

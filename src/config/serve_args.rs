@@ -17,9 +17,9 @@ use super::{
     invalid, parse_duration, ConfigError, LogFormat, PodConfig, PosArgs, StoreSettings,
     CLUSTER_SECRET_ENV, DEFAULT_CLUSTER,
 };
-use crate::core::config::ConfigError as CoreConfigError;
+use crate::core::config::InvalidTimings;
 use crate::core::{CoreConfig, PodId};
-use crate::peer::ClusterSecret;
+use crate::credentials::ClusterSecret;
 use rand::Rng;
 
 /// Flags of `posgate serve`.
@@ -267,13 +267,13 @@ impl ServeArgs {
 }
 
 /// The flag a core validation error is about.
-fn core_error_flag(err: &CoreConfigError) -> &'static str {
+fn core_error_flag(err: &InvalidTimings) -> &'static str {
     match err {
-        CoreConfigError::Shards(_) => "shards",
-        CoreConfigError::Zero { flag } => flag,
-        CoreConfigError::TtlTooShort { .. } => "lease-ttl",
-        CoreConfigError::Heartbeat { .. } => "heartbeat-interval",
-        CoreConfigError::MemberTtlTooShort { .. } => "member-ttl",
+        InvalidTimings::Shards(_) => "shards",
+        InvalidTimings::Zero { flag } => flag,
+        InvalidTimings::TtlTooShort { .. } => "lease-ttl",
+        InvalidTimings::Heartbeat { .. } => "heartbeat-interval",
+        InvalidTimings::MemberTtlTooShort { .. } => "member-ttl",
     }
 }
 

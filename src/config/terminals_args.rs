@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use super::redis_flags::RedisFlags;
 use super::{invalid, ConfigError, StoreSettings, DEFAULT_CLUSTER};
-use crate::pos::directory::valid_id;
+use crate::api::valid_terminal_id;
 
 /// Flags of `posgate terminals`.
 #[derive(Clone, clap::Args)]
@@ -148,7 +148,7 @@ fn parse_timeout(s: &str) -> Result<Duration, String> {
 }
 
 fn parse_id(s: &str) -> Result<String, String> {
-    if valid_id(s) {
+    if valid_terminal_id(s) {
         Ok(s.to_string())
     } else {
         Err("a terminal id is 1-64 characters of [A-Za-z0-9._:-]".to_string())

@@ -38,7 +38,7 @@ pub struct CoreConfig {
 
 /// A configuration the safety argument cannot work with.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum ConfigError {
+pub enum InvalidTimings {
     #[error("--shards must be between 1 and 4096, got {0}")]
     Shards(u32),
     #[error("--{flag} must be greater than zero")]
@@ -92,9 +92,9 @@ impl CoreConfig {
         }
     }
 
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub fn validate(&self) -> Result<(), InvalidTimings> {
         if self.shards == 0 || self.shards > 4096 {
-            return Err(ConfigError::Shards(self.shards));
+            return Err(InvalidTimings::Shards(self.shards));
         }
         for (flag, d) in [
             ("lease-ttl", self.lease_ttl),
@@ -105,25 +105,25 @@ impl CoreConfig {
             ("shutdown-budget", self.shutdown_budget),
         ] {
             if d.is_zero() {
-                return Err(ConfigError::Zero { flag });
+                return Err(InvalidTimings::Zero { flag });
             }
         }
         let need = self.lease_margin + self.close_budget + self.renew_interval;
         if self.lease_ttl <= need {
-            return Err(ConfigError::TtlTooShort {
+            return Err(InvalidTimings::TtlTooShort {
                 ttl: self.lease_ttl,
                 need,
             });
         }
         let need = self.lease_ttl - self.lease_margin - self.close_budget;
         if self.member_ttl < need {
-            return Err(ConfigError::MemberTtlTooShort {
+            return Err(InvalidTimings::MemberTtlTooShort {
                 member: self.member_ttl,
                 need,
             });
         }
         if self.heartbeat_interval * 2 > self.member_ttl {
-            return Err(ConfigError::Heartbeat {
+            return Err(InvalidTimings::Heartbeat {
                 hb: self.heartbeat_interval,
                 ttl: self.member_ttl,
             });
@@ -156,24 +156,30 @@ mod tests {
             lease_ttl: Duration::from_secs(8),
             ..CoreConfig::default()
         };
-        assert!(matches!(c.validate(), Err(ConfigError::TtlTooShort { .. })));
+        assert!(matches!(
+            c.validate(),
+            Err(InvalidTimings::TtlTooShort { .. })
+        ));
         let c = CoreConfig {
             heartbeat_interval: Duration::from_secs(8),
             ..CoreConfig::default()
         };
-        assert!(matches!(c.validate(), Err(ConfigError::Heartbeat { .. })));
+        assert!(matches!(
+            c.validate(),
+            Err(InvalidTimings::Heartbeat { .. })
+        ));
         let c = CoreConfig {
             member_ttl: Duration::from_secs(10),
             ..CoreConfig::default()
         };
         assert!(matches!(
             c.validate(),
-            Err(ConfigError::MemberTtlTooShort { .. })
+            Err(InvalidTimings::MemberTtlTooShort { .. })
         ));
         let c = CoreConfig {
             shards: 0,
             ..CoreConfig::default()
         };
-        assert_eq!(c.validate(), Err(ConfigError::Shards(0)));
+        assert_eq!(c.validate(), Err(InvalidTimings::Shards(0)));
     }
 }

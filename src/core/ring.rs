@@ -212,14 +212,14 @@ fn shard_position(shard: ShardId, shards: u32) -> u64 {
 }
 
 /// The members' virtual nodes in clockwise order, with their positions.
-pub(crate) struct Ring {
+pub struct Ring {
     points: Vec<(u64, u32)>,
     pods: usize,
 }
 
 impl Ring {
     /// The ring of `pods` (sorted and deduplicated, so pod indices are canonical).
-    pub(crate) fn new(pods: &[PodId]) -> Ring {
+    pub fn new(pods: &[PodId]) -> Ring {
         let mut ring = HashRing::with_hasher(HASHER);
         ring.batch_add(
             pods.iter()
@@ -257,7 +257,7 @@ impl Ring {
     /// The pods in clockwise order from the point of `shard` (of `shards`), each once, with
     /// the clockwise distance to its first virtual node. The first is the plain
     /// consistent-hash owner.
-    pub(crate) fn walk(&self, shard: ShardId, shards: u32) -> Walk<'_> {
+    pub fn walk(&self, shard: ShardId, shards: u32) -> Walk<'_> {
         let origin = shard_position(shard, shards);
         let first = self.points.partition_point(|&(pos, _)| pos < origin);
         Walk {
@@ -313,7 +313,7 @@ impl Ring {
 }
 
 /// Iterator of [`Ring::walk`]: `(clockwise distance, pod index)`.
-pub(crate) struct Walk<'a> {
+pub struct Walk<'a> {
     ring: &'a Ring,
     origin: u64,
     next: usize,

@@ -12,7 +12,6 @@
 
 mod ops;
 mod report;
-mod serving;
 #[cfg(test)]
 mod tests;
 
@@ -26,20 +25,17 @@ use futures::{FutureExt, StreamExt};
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
-pub use self::serving::{ServingHook, ServingTable};
-
 use self::ops::{Done, Op, OpContext, StoreHealth};
 use self::report::{name, Situation};
-use self::serving::Slot;
-use crate::config::PodConfig;
-use crate::core::config::ConfigError;
+use crate::core::config::{CoreConfig, InvalidTimings};
 use crate::core::membership::Member;
 use crate::core::reconciler::{Action, Reconciler};
 use crate::core::ring::RING_VERSION;
-use crate::core::{Epoch, ShardId};
+use crate::core::{Epoch, PodId, ShardId};
 use crate::credentials::Credentials;
 use crate::metrics::Metrics;
 use crate::peer::{PeerClient, PEER_PROTOCOL};
+use crate::serving::{ServingHook, ServingTable, Slot};
 use crate::status::PodStatus;
 use crate::store::{ClusterMeta, CoordStore};
 
@@ -50,6 +46,17 @@ const MAX_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Monotonic time for the reconciler, from tokio's clock so a paused test clock applies.
 fn now() -> Instant {
     tokio::time::Instant::now().into_std()
+}
+
+/// What the driver needs to know about its pod.
+#[derive(Clone, Debug)]
+pub struct DriverConfig {
+    pub pod: PodId,
+    /// How peers reach this pod (written into its member record).
+    pub advertise_url: String,
+    pub core: CoreConfig,
+    /// Bound of every store call.
+    pub store_timeout: Duration,
 }
 
 /// One pod's reconciler and everything needed to carry out its actions.
@@ -70,21 +77,23 @@ pub struct Driver<S, H = ()> {
 }
 
 impl<S: CoordStore, H: ServingHook> Driver<S, H> {
-    /// A driver for the pod `config` describes, not yet running, counting its store
-    /// calls, lease outcomes and shard stops in `metrics`. Fails when `config.core` is
-    /// not a valid configuration.
+    /// A driver for the pod `config` describes, not yet running, signing its peer
+    /// probes with the current secret of `credentials` and counting its store calls,
+    /// lease outcomes and shard stops in `metrics`. Fails when `config.core` is not a
+    /// valid configuration.
     pub fn new(
-        config: &PodConfig,
+        config: DriverConfig,
+        credentials: Credentials,
         store: Arc<S>,
         hook: H,
         metrics: Arc<Metrics>,
-    ) -> Result<Self, ConfigError> {
+    ) -> Result<Self, InvalidTimings> {
         config.core.validate()?;
-        let core = config.core.clone();
-        let rec = Reconciler::new(core.clone(), config.pod_id.clone(), now());
+        let core = config.core;
+        let rec = Reconciler::new(core.clone(), config.pod.clone(), now());
         let member = Member {
-            pod: config.pod_id.clone(),
-            url: config.advertise_url.clone(),
+            pod: config.pod.clone(),
+            url: config.advertise_url,
             version: env!("CARGO_PKG_VERSION").to_string(),
             ring_version: RING_VERSION.to_string(),
             // Informational only; a clock before 1970 is reported as 0.
@@ -96,11 +105,7 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
         let probe_timeout = core.renew_interval.min(MAX_PROBE_TIMEOUT);
         let (status, _) = watch::channel(report::pod_status(&rec, now()));
         Ok(Driver {
-            peers: PeerClient::new(
-                config.pod_id.clone(),
-                Credentials::new(None, config.cluster_secret.clone()),
-                probe_timeout,
-            ),
+            peers: PeerClient::new(config.pod, credentials, probe_timeout),
             cx: Arc::new(OpContext {
                 store,
                 member,
@@ -119,14 +124,6 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
             stale_epochs: None,
             rec,
         })
-    }
-
-    /// Signs peer probes with the current secret of `credentials` (replaced on reload)
-    /// instead of the config's fixed one.
-    pub fn with_credentials(mut self, credentials: Credentials) -> Self {
-        let probe_timeout = self.cx.core.renew_interval.min(MAX_PROBE_TIMEOUT);
-        self.peers = PeerClient::new(self.cx.member.pod.clone(), credentials, probe_timeout);
-        self
     }
 
     /// Reaches `https://` peers with `tls` (the pod's reloadable peer CA).

@@ -9,6 +9,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::*;
 use crate::core::reconciler::StopReason;
 use crate::core::{CoreConfig, PodId};
+use crate::credentials::Credentials;
 use crate::store::memory::MemoryStore;
 
 /// Generous: reached only when something is broken (a fresh store holds claims for one
@@ -54,17 +55,18 @@ async fn a_reported_stale_epoch_stops_the_shard() {
         shards: 4,
         ..CoreConfig::fast()
     };
-    let config = PodConfig::new(
-        PodId::new("pod-1").unwrap(),
-        "http://127.0.0.1:9",
+    let config = DriverConfig {
+        pod: PodId::new("pod-1").unwrap(),
+        advertise_url: "http://127.0.0.1:9".into(),
         core,
-        None,
-    );
+        store_timeout: Duration::from_millis(500),
+    };
     let (hook, mut events) = mpsc::unbounded_channel();
     let (stale, stale_rx) = mpsc::unbounded_channel();
     let metrics = Arc::new(crate::metrics::Metrics::new());
     let driver = Driver::new(
-        &config,
+        config,
+        Credentials::new(None, None),
         Arc::new(MemoryStore::new()),
         Recorder(hook),
         metrics,

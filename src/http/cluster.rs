@@ -19,11 +19,9 @@ use serde::{Deserialize, Serialize};
 
 use super::HttpState;
 use crate::core::{PodId, ShardId};
-use crate::peer::PeerTarget;
+use crate::peer::{PeerTarget, ShardTerminals};
 use crate::status::ShardStatus;
 
-/// Path of the internal "connected terminals per shard" endpoint.
-pub const SHARD_TERMINALS_PATH: &str = "/internal/v1/shard-terminals";
 /// How long a peer gets to report its counts.
 const PEER_COUNTS_TIMEOUT: Duration = Duration::from_millis(500);
 
@@ -48,13 +46,6 @@ struct ShardView<'a> {
     terminals_connected: Option<usize>,
 }
 
-/// One pod's answer on [`SHARD_TERMINALS_PATH`].
-#[derive(Debug, Serialize, Deserialize)]
-pub(super) struct ShardTerminals {
-    pod: Option<PodId>,
-    shards: Vec<(ShardId, usize)>,
-}
-
 /// The query of `GET /v1/cluster`: only `include=terminals`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -75,7 +66,7 @@ pub(super) async fn cluster(
 ) -> Response {
     let include_peers = query.include == Some(Include::Terminals);
     let mut counts: BTreeMap<ShardId, usize> =
-        state.push.connected_by_shard().into_iter().collect();
+        state.stats.connected_by_shard().into_iter().collect();
     if include_peers {
         let peers: Vec<PeerTarget> = {
             let status = state.status.borrow();
@@ -86,19 +77,11 @@ pub(super) async fn cluster(
                 .map(PeerTarget::from)
                 .collect()
         };
-        let asks = peers.iter().map(|peer| {
-            state
-                .push
-                .peer_get(peer, SHARD_TERMINALS_PATH, PEER_COUNTS_TIMEOUT)
-        });
-        for answer in join_all(asks).await {
-            let Ok((code, body)) = answer else { continue };
-            if !code.is_success() {
-                continue;
-            }
-            if let Ok(theirs) = serde_json::from_slice::<ShardTerminals>(&body) {
-                counts.extend(theirs.shards);
-            }
+        let asks = peers
+            .iter()
+            .map(|peer| state.peers.shard_terminals(peer, PEER_COUNTS_TIMEOUT));
+        for theirs in join_all(asks).await.into_iter().flatten() {
+            counts.extend(theirs.shards);
         }
     }
     let status = state.status.borrow();
@@ -130,7 +113,7 @@ pub(super) async fn shard_terminals(State(state): State<Arc<HttpState>>) -> Resp
     let pod = state.status.borrow().pod.clone();
     Json(ShardTerminals {
         pod,
-        shards: state.push.connected_by_shard(),
+        shards: state.stats.connected_by_shard(),
     })
     .into_response()
 }

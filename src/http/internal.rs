@@ -16,24 +16,26 @@
 //! secrets) only the body is bounded.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Instant, SystemTime};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Request, State};
-use axum::http::{header, request::Parts, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{request::Parts, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use super::errors::respond;
-use super::{check_announced, read_body, valid_key, HttpState};
+use super::{check_announced, read_body, HttpState};
+use crate::api::valid_terminal_id;
+use crate::credentials::ClusterSecret;
+use crate::credentials::Tenant;
 use crate::peer::replay::RequestKey;
 use crate::peer::signing::{self, claimed, legacy, unix_seconds, AuthError, BodyDigest, Claimed};
-use crate::peer::{ClusterSecret, PeerAnswer, PEER_PROTOCOL, SIGNATURE_HEADER, VERSION_HEADER};
-use crate::pos::directory::valid_id;
+use crate::peer::wire::ForwardedPush;
+use crate::peer::{PeerAnswer, PEER_PROTOCOL, SIGNATURE_HEADER, VERSION_HEADER};
 use crate::push::answer::{Answer, ErrorCode};
-use crate::push::auth::Tenant;
-use crate::push::{Owned, PushRequest, HEADER_DEADLINE_MS, HEADER_HOP, HEADER_TENANT, MAX_TIMEOUT};
+use crate::push::{Owned, PushRequest, MAX_TIMEOUT};
 
 /// Why a peer request goes no further.
 enum Refused {
@@ -136,7 +138,7 @@ async fn checked_body(
             replay
                 .reserve(RequestKey::Legacy(signature), timestamp, unix_seconds(now))?
                 .keep();
-            state.push.metrics().peer_legacy_accepted.inc();
+            state.metrics.peer_legacy_accepted.inc();
             Ok(body)
         }
     }
@@ -156,8 +158,7 @@ fn legacy_members(state: &HttpState) -> bool {
 fn refuse(state: &HttpState, parts: &Parts, err: AuthError) -> Response {
     let reason = err.reason();
     state
-        .push
-        .metrics()
+        .metrics
         .peer_refusals
         .get_or_create(&[("reason", reason)])
         .inc();
@@ -241,37 +242,25 @@ pub(super) async fn push(
     body: Bytes,
 ) -> Response {
     let received = std::time::Instant::now();
-    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    if text(HEADER_HOP) != Some("1") {
-        return bad_forward("a forwarded push must carry posgate-hop: 1");
-    }
-    let Some(tenant) = text(HEADER_TENANT).filter(|t| !t.is_empty()) else {
-        return bad_forward("missing posgate-tenant");
+    let forwarded = match ForwardedPush::decode(terminal, &headers, body) {
+        Ok(forwarded) => forwarded,
+        Err(why) => return bad_forward(why),
     };
-    let Some(key) = text("idempotency-key").filter(|k| valid_key(k)) else {
-        return bad_forward("missing or invalid idempotency-key");
-    };
-    let Some(deadline_ms) = text(HEADER_DEADLINE_MS).and_then(|v| v.parse::<u64>().ok()) else {
-        return bad_forward("missing or invalid posgate-deadline-ms");
-    };
-    if !valid_id(&terminal) {
-        return bad_forward("invalid terminal id");
-    }
     let Some(_slot) = state.push.admit() else {
         return respond(Answer::error(
             ErrorCode::Overloaded,
             "the owner pod is at its in-flight push limit",
         ));
     };
+    let budget = forwarded.deadline.min(MAX_TIMEOUT);
     let request = PushRequest {
-        tenant: Tenant(tenant.to_string()),
-        terminal,
-        key: key.to_string(),
-        content_type: headers.get(header::CONTENT_TYPE).cloned(),
-        body,
+        tenant: Tenant(forwarded.tenant),
+        terminal: forwarded.terminal,
+        key: forwarded.key,
+        content_type: forwarded.content_type,
+        body: forwarded.body,
         received,
     };
-    let budget = Duration::from_millis(deadline_ms).min(MAX_TIMEOUT);
     let deadline = tokio::time::Instant::now().into_std() + budget;
     match state.push.deliver_here(&request, deadline).await {
         Owned::Answer(answer) => respond(answer),
@@ -284,7 +273,7 @@ pub(super) async fn terminal(
     State(state): State<Arc<HttpState>>,
     Path(terminal): Path<String>,
 ) -> Response {
-    if !valid_id(&terminal) {
+    if !valid_terminal_id(&terminal) {
         return bad_forward("invalid terminal id");
     }
     match state.push.terminal_here(&terminal) {

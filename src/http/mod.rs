@@ -37,17 +37,19 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use self::head_errors::JsonHeadErrorsListener;
+use crate::api;
 use crate::credentials::Credentials;
-use crate::peer::{PeerReceiver, MAX_INTERNAL_BODY, STORE_REACHABLE_PATH};
+use crate::metrics::Metrics;
+use crate::peer::{wire, PeerClient, PeerReceiver, MAX_INTERNAL_BODY};
 use crate::push::answer::{Answer, ErrorCode};
 use crate::push::PushService;
+use crate::serving::SessionStats;
 use crate::status::PodStatus;
 
 pub use self::errors::MAX_URI_BYTES;
-pub use self::push::{valid_key, INSECURE_TENANT};
+pub use self::push::INSECURE_TENANT;
 
 /// What the HTTP handlers read.
-#[derive(Debug)]
 pub struct HttpState {
     /// The driver's latest status.
     pub status: watch::Receiver<PodStatus>,
@@ -55,6 +57,11 @@ pub struct HttpState {
     /// them (insecure mode) requests are accepted unauthenticated.
     pub credentials: Credentials,
     pub push: Arc<PushService>,
+    /// The connection layer's counts (readiness, the cluster view).
+    pub stats: Arc<dyn SessionStats>,
+    pub metrics: Arc<Metrics>,
+    /// Asks the other pods for their counts (`/v1/cluster?include=terminals`).
+    pub peers: PeerClient,
     /// `/readyz`'s memory; start with `ReadyLatch::default()`.
     pub ready: ReadyLatch,
     /// The peer endpoints' memory of accepted request ids; start with the default.
@@ -74,18 +81,18 @@ pub fn router(state: HttpState) -> Router {
     // `route_layer` authenticates only requests that matched an internal route, so an
     // unknown `/internal/...` path is a plain 404.
     let internal = Router::new()
-        .route(STORE_REACHABLE_PATH, post(internal::store_reachable))
-        .route("/internal/v1/push/{id}", post(internal::push))
-        .route("/internal/v1/terminals/{id}", get(internal::terminal))
-        .route(cluster::SHARD_TERMINALS_PATH, get(cluster::shard_terminals))
+        .route(wire::STORE_REACHABLE_ROUTE, post(internal::store_reachable))
+        .route(wire::PUSH_ROUTE, post(internal::push))
+        .route(wire::TERMINAL_ROUTE, get(internal::terminal))
+        .route(wire::SHARD_TERMINALS_ROUTE, get(cluster::shard_terminals))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             internal::authenticate,
         ));
     let api = Router::new()
-        .route("/v1/cluster", get(cluster::cluster))
-        .route("/v1/terminals/{id}", get(push::terminal))
-        .route("/v1/terminals/{id}/push", post(push::push))
+        .route(api::CLUSTER_ROUTE, get(cluster::cluster))
+        .route(api::TERMINAL_ROUTE, get(push::terminal))
+        .route(api::PUSH_ROUTE, post(push::push))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             push::require_token,
@@ -177,7 +184,7 @@ async fn read_body(body: Body, limit: usize, mut seen: impl FnMut(&[u8])) -> Res
 
 /// Prometheus scrape: OpenMetrics text. No token: metrics carry no tenant data.
 async fn metrics(State(state): State<Arc<HttpState>>) -> Response {
-    let text = state.push.metrics().encode();
+    let text = state.metrics.encode();
     (
         [(
             header::CONTENT_TYPE,
@@ -243,7 +250,7 @@ fn not_ready_reason(state: &HttpState) -> Option<String> {
         }
     }
     let served_at = *latch.served_at.get_or_init(Instant::now);
-    let pending = state.push.pending_first_dials();
+    let pending = state.stats.pending_first_dials();
     if pending == Some(0) || served_at.elapsed() >= READY_SETTLE_TIMEOUT {
         latch.latched.store(true, Ordering::Release);
         return None;

@@ -19,10 +19,10 @@ use serde::Deserialize;
 
 use super::errors::respond;
 use super::{read_bounded, HttpState};
-use crate::metrics::GaugeUnit;
-use crate::pos::directory::valid_id;
+use crate::api::{valid_key, valid_terminal_id, IDEMPOTENCY_KEY, TIMEOUT_PARAM};
+use crate::credentials::{ApiTokens, Tenant};
+use crate::metrics::{GaugeUnit, Metrics};
 use crate::push::answer::{Answer, ErrorBody, ErrorCode};
-use crate::push::auth::{ApiTokens, Tenant};
 use crate::push::{PushRequest, PushService, DEFAULT_TIMEOUT, MAX_TIMEOUT};
 
 /// The tenant of requests when the API runs without tokens (`--insecure`).
@@ -62,11 +62,6 @@ pub(super) async fn require_token(
     next.run(request).await
 }
 
-/// An `Idempotency-Key`: 1-128 visible ASCII characters.
-pub fn valid_key(key: &str) -> bool {
-    (1..=128).contains(&key.len()) && key.bytes().all(|b| b.is_ascii_graphic())
-}
-
 /// A fresh UUID v4 for a push sent without a key.
 fn new_key() -> String {
     let bytes: [u8; 16] = rand::rng().random();
@@ -92,7 +87,9 @@ fn deadline_of(uri: &Uri) -> Result<Duration, String> {
     let max = MAX_TIMEOUT.as_millis() as u64;
     match raw.parse::<u64>() {
         Ok(ms) if (1..=max).contains(&ms) => Ok(Duration::from_millis(ms)),
-        _ => Err(format!("timeout_ms must be an integer from 1 to {max}")),
+        _ => Err(format!(
+            "{TIMEOUT_PARAM} must be an integer from 1 to {max}"
+        )),
     }
 }
 
@@ -113,7 +110,7 @@ pub(super) async fn push(
     let received = Instant::now();
     let service = &state.push;
     // Held until the answer is ready; dropped with the future if the caller goes away.
-    let in_flight = GaugeUnit::hold(&service.metrics().pushes_in_flight);
+    let in_flight = GaugeUnit::hold(&state.metrics.pushes_in_flight);
     let (answer, path) = match checked(service, tenant, terminal, &uri, &headers, body).await {
         Ok((request, timeout)) => match service.admit() {
             Some(_slot) => {
@@ -125,7 +122,7 @@ pub(super) async fn push(
         Err(answer) => (answer, "none"),
     };
     drop(in_flight);
-    count(service, path, &answer, received);
+    count(&state.metrics, path, &answer, received);
     respond(answer)
 }
 
@@ -139,10 +136,10 @@ async fn checked(
     body: Body,
 ) -> Result<(PushRequest, Duration), Answer> {
     let received = Instant::now();
-    if !valid_id(&terminal) {
+    if !valid_terminal_id(&terminal) {
         return Err(Answer::error(ErrorCode::InvalidRequest, BAD_ID));
     }
-    let key = match headers.get("idempotency-key") {
+    let key = match headers.get(IDEMPOTENCY_KEY) {
         None => new_key(),
         Some(value) => match value.to_str() {
             Ok(key) if valid_key(key) => key.to_string(),
@@ -181,8 +178,7 @@ fn overloaded(request: &PushRequest) -> Answer {
 const BAD_ID: &str = "terminal id must match [A-Za-z0-9._:-]{1,64}";
 
 /// Counts a push API answer by path and result, with its latency.
-fn count(service: &PushService, path: &'static str, answer: &Answer, received: Instant) {
-    let metrics = service.metrics();
+fn count(metrics: &Metrics, path: &'static str, answer: &Answer, received: Instant) {
     let result = if answer.status == StatusCode::OK {
         "ok"
     } else {
@@ -208,7 +204,7 @@ pub(super) async fn terminal(
     Path(terminal): Path<String>,
     Query(NoQuery {}): Query<NoQuery>,
 ) -> Response {
-    if !valid_id(&terminal) {
+    if !valid_terminal_id(&terminal) {
         return error(ErrorCode::InvalidRequest, BAD_ID);
     }
     respond(state.push.terminal_view(&terminal, DEFAULT_TIMEOUT).await)
@@ -227,13 +223,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn keys_and_deadlines_are_checked() {
-        assert!(valid_key("a"));
-        assert!(valid_key(&"k".repeat(128)));
-        assert!(!valid_key(""));
-        assert!(!valid_key(&"k".repeat(129)));
-        assert!(!valid_key("has space"));
-        assert!(!valid_key("tab\t"));
+    fn generated_keys_and_deadlines() {
         let key = new_key();
         assert_eq!(key.len(), 36);
         assert_eq!(&key[14..15], "4", "a v4 UUID");

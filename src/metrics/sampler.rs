@@ -13,20 +13,11 @@ use tokio::sync::watch;
 
 use super::Metrics;
 use crate::core::ShardId;
-use crate::push::Sessions;
+use crate::serving::SessionStats;
 use crate::status::PodStatus;
 
 /// How often the gauges are refreshed.
 pub const SAMPLE_EVERY: Duration = Duration::from_millis(500);
-
-/// Terminals of served shards by connection state.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TerminalCounts {
-    pub disconnected: usize,
-    pub dialing: usize,
-    pub connected: usize,
-    pub backoff: usize,
-}
 
 /// The sampler's memory between samples.
 #[derive(Debug, Default)]
@@ -40,7 +31,7 @@ struct Sampler {
 pub async fn run(
     metrics: Arc<Metrics>,
     mut status: watch::Receiver<PodStatus>,
-    sessions: Arc<dyn Sessions>,
+    sessions: Arc<dyn SessionStats>,
 ) {
     let mut sampler = Sampler::default();
     let mut tick = tokio::time::interval(SAMPLE_EVERY);
@@ -56,7 +47,13 @@ pub async fn run(
 }
 
 impl Sampler {
-    fn sample(&mut self, m: &Metrics, status: &PodStatus, sessions: &dyn Sessions, now: Instant) {
+    fn sample(
+        &mut self,
+        m: &Metrics,
+        status: &PodStatus,
+        sessions: &dyn SessionStats,
+        now: Instant,
+    ) {
         let Some(me) = &status.pod else {
             return;
         };
@@ -123,19 +120,15 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
-    use crate::core::{Epoch, PodId};
-    use crate::pos::manager::Lookup;
+    use crate::core::PodId;
+    use crate::serving::TerminalCounts;
     use crate::status::ShardStatus;
 
     /// Sessions whose undialed count the test sets.
     #[derive(Default)]
     struct Fake(AtomicUsize);
 
-    impl Sessions for Fake {
-        fn lookup(&self, _: ShardId, _: &str) -> Lookup {
-            Lookup::Unknown
-        }
-        fn report_stale(&self, _: ShardId, _: Epoch) {}
+    impl SessionStats for Fake {
         fn pending_first_dials(&self) -> Option<usize> {
             Some(self.0.load(Ordering::Relaxed))
         }

@@ -15,7 +15,11 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use super::signing::{self, legacy, PEER_PROTOCOL};
 use super::tls::PeerConnector;
-use super::{PeerAnswer, PeerTarget, PeerTls, MAX_INTERNAL_BODY, STORE_REACHABLE_PATH};
+use super::wire::{
+    self, ForwardedPush, PeerAnswer, ShardTerminals, SHARD_TERMINALS_ROUTE, STORE_REACHABLE_ROUTE,
+    TERMINAL_ROUTE,
+};
+use super::{PeerTarget, PeerTls, MAX_INTERNAL_BODY};
 use crate::core::PodId;
 use crate::credentials::Credentials;
 
@@ -87,21 +91,72 @@ impl PeerClient {
 
     /// Asks `peer` whether it reaches the coordination store.
     pub async fn store_reachable(&self, peer: &PeerTarget) -> Result<PeerAnswer, PeerError> {
-        let body = self.post(peer, STORE_REACHABLE_PATH).await?;
+        let body = self
+            .call(Method::POST, peer, STORE_REACHABLE_ROUTE, self.timeout)
+            .await?;
         serde_json::from_slice(&body).map_err(|e| PeerError::Decode(e.to_string()))
     }
 
-    /// Sends a signed, empty `POST` and returns the body of a `200` answer.
-    async fn post(&self, peer: &PeerTarget, path: &str) -> Result<Bytes, PeerError> {
+    /// Asks `peer` how many terminals it has connected per shard it serves.
+    pub async fn shard_terminals(
+        &self,
+        peer: &PeerTarget,
+        timeout: Duration,
+    ) -> Result<ShardTerminals, PeerError> {
+        let body = self
+            .call(Method::GET, peer, SHARD_TERMINALS_ROUTE, timeout)
+            .await?;
+        serde_json::from_slice(&body).map_err(|e| PeerError::Decode(e.to_string()))
+    }
+
+    /// Asks `owner` for its view of `terminal`: the status and JSON body it answers.
+    pub async fn terminal(
+        &self,
+        owner: &PeerTarget,
+        terminal: &str,
+        timeout: Duration,
+    ) -> Result<(StatusCode, Bytes), SendError> {
+        let path = wire::path_of(TERMINAL_ROUTE, terminal);
+        self.send(
+            Method::GET,
+            owner,
+            &path,
+            Bytes::new(),
+            HeaderMap::new(),
+            timeout,
+        )
+        .await
+    }
+
+    /// Forwards `push` to `owner`: the status and body it answers within `timeout`.
+    pub async fn push(
+        &self,
+        owner: &PeerTarget,
+        push: &ForwardedPush,
+        timeout: Duration,
+    ) -> Result<(StatusCode, Bytes), SendError> {
+        let (path, headers) = push.encode();
+        self.send(
+            Method::POST,
+            owner,
+            &path,
+            push.body.clone(),
+            headers,
+            timeout,
+        )
+        .await
+    }
+
+    /// Sends a signed, empty request and returns the body of a `200` answer.
+    async fn call(
+        &self,
+        method: Method,
+        peer: &PeerTarget,
+        path: &str,
+        timeout: Duration,
+    ) -> Result<Bytes, PeerError> {
         let sent = self
-            .send(
-                Method::POST,
-                peer,
-                path,
-                Bytes::new(),
-                HeaderMap::new(),
-                self.timeout,
-            )
+            .send(method, peer, path, Bytes::new(), HeaderMap::new(), timeout)
             .await;
         let (status, body) = sent.map_err(|e| match e {
             SendError::Url(reason) => PeerError::Url {
@@ -125,7 +180,7 @@ impl PeerClient {
     /// cluster secret for the protocol `peer` speaks, and returns the status and (at
     /// most [`MAX_INTERNAL_BODY`] of) the body of whatever it answers, within `timeout`.
     /// The one transport of every pod-to-pod call (probes, forwarded pushes, lookups).
-    pub(crate) async fn send(
+    async fn send(
         &self,
         method: Method,
         peer: &PeerTarget,
@@ -198,7 +253,7 @@ impl PeerClient {
 
 /// Why [`PeerClient::send`] got no answer, by what it proves about the request.
 #[derive(Debug)]
-pub(crate) enum SendError {
+pub enum SendError {
     /// Not sent: the URL cannot be used.
     Url(String),
     /// Not sent: no connection to the peer.
@@ -211,7 +266,7 @@ pub(crate) enum SendError {
 
 /// `err` and its sources joined by `": "`: hyper's top-level errors alone ("client
 /// error (Connect)") do not say what went wrong.
-pub(crate) fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
     let mut text = err.to_string();
     let mut source = err.source();
     while let Some(cause) = source {

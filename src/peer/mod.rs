@@ -5,6 +5,7 @@
 //!   receiver acts on (protocol 2; protocol 1 of the previous release during a rolling
 //!   upgrade). The exact rules are in its docs and `docs/design.md` "Peer requests".
 //! - `replay`: the receiver's memory of request ids, so a copy is refused.
+//! - `wire`: every internal endpoint's path, request and answer, encoded and decoded.
 //! - `client`: [`PeerClient`], the one transport of every pod-to-pod call (HTTP/2: h2c
 //!   to `http://` peers, TLS to `https://` ones, `tls.rs`), which signs each request for
 //!   the protocol its target advertises in its member record.
@@ -21,24 +22,21 @@ mod client;
 pub mod replay;
 pub mod signing;
 pub mod tls;
-
-use serde::{Deserialize, Serialize};
+pub mod wire;
 
 use crate::core::membership::Member;
 use crate::core::PodId;
 
-pub(crate) use self::client::SendError;
-pub use self::client::{PeerClient, PeerError};
+pub use self::client::{PeerClient, PeerError, SendError};
 pub use self::signing::{
-    legacy, AuthError, ClusterSecret, SecretTooShort, MAX_CLOCK_SKEW, MIN_SECRET_LEN,
-    PEER_PROTOCOL, SIGNATURE_HEADER, TIMESTAMP_HEADER, VERSION_HEADER,
+    legacy, AuthError, MAX_CLOCK_SKEW, PEER_PROTOCOL, SIGNATURE_HEADER, TIMESTAMP_HEADER,
+    VERSION_HEADER,
 };
 pub use self::tls::PeerTls;
+pub use self::wire::{PeerAnswer, ShardTerminals};
 
 /// Largest body the internal endpoints buffer, and the largest answer the client reads.
 pub const MAX_INTERNAL_BODY: usize = 64 * 1024;
-/// Path of the "do you reach the store?" peer endpoint.
-pub const STORE_REACHABLE_PATH: &str = "/internal/v1/store-reachable";
 
 /// What the receiving side of the peer endpoints remembers: the ids of requests it
 /// accepted (so copies are refused), and when it last logged a refusal of each kind.
@@ -65,11 +63,4 @@ impl From<&Member> for PeerTarget {
             protocol: member.peer_protocol,
         }
     }
-}
-
-/// A peer's answer to "do you reach the store?".
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PeerAnswer {
-    pub pod: PodId,
-    pub store_reachable: bool,
 }

@@ -35,8 +35,6 @@
 //!
 //! Not for: transport (`super::PeerClient`) or what the endpoints do (`crate::http`).
 
-use std::fmt;
-use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
@@ -46,6 +44,7 @@ use rand::Rng;
 use sha2::{Digest, Sha256};
 
 use crate::core::PodId;
+use crate::credentials::ClusterSecret;
 
 /// The peer protocol this build speaks (and the newest one it accepts).
 pub const PEER_PROTOCOL: u32 = 2;
@@ -65,8 +64,6 @@ pub const TO_HEADER: &str = "posgate-to";
 pub const DIGEST_HEADER: &str = "content-digest";
 /// How far a signature's timestamp may be from the verifier's clock, either way.
 pub const MAX_CLOCK_SKEW: Duration = Duration::from_secs(30);
-/// Minimum length of a cluster secret, in bytes.
-pub const MIN_SECRET_LEN: usize = 16;
 
 /// Headers outside `posgate-*` that receivers act on: signed like the `posgate-*` ones.
 const SIGNED_OTHERS: [&str; 4] = [
@@ -79,40 +76,9 @@ const CANONICAL_PREFIX: &str = "posgate-peer-v2\n";
 
 type HmacSha256 = Hmac<Sha256>;
 
-/// The shared secret pods sign their requests to each other with. `Debug` never shows it.
-#[derive(Clone)]
-pub struct ClusterSecret(Arc<[u8]>);
-
-/// Why bytes cannot be a [`ClusterSecret`].
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("cluster secret must be at least {MIN_SECRET_LEN} bytes, got {0}")]
-pub struct SecretTooShort(pub usize);
-
-impl ClusterSecret {
-    pub fn new(bytes: impl Into<Vec<u8>>) -> Result<Self, SecretTooShort> {
-        let bytes = bytes.into();
-        if bytes.len() < MIN_SECRET_LEN {
-            return Err(SecretTooShort(bytes.len()));
-        }
-        Ok(ClusterSecret(bytes.into()))
-    }
-
-    /// Whether both hold the same bytes (constant time).
-    pub fn same_as(&self, other: &ClusterSecret) -> bool {
-        use subtle::ConstantTimeEq;
-        self.0.len() == other.0.len() && bool::from(self.0.ct_eq(&other.0))
-    }
-
-    fn mac(&self) -> HmacSha256 {
-        // HMAC is defined for keys of any length (long keys are hashed), so this cannot fail.
-        <HmacSha256 as Mac>::new_from_slice(&self.0).expect("HMAC accepts keys of any length")
-    }
-}
-
-impl fmt::Debug for ClusterSecret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("ClusterSecret(<redacted>)")
-    }
+fn mac_of(secret: &ClusterSecret) -> HmacSha256 {
+    // HMAC is defined for keys of any length (long keys are hashed), so this cannot fail.
+    <HmacSha256 as Mac>::new_from_slice(secret.as_bytes()).expect("HMAC accepts keys of any length")
 }
 
 /// Why a request's signature was refused. [`AuthError::reason`] is the metric label.
@@ -215,7 +181,7 @@ fn canonical_mac(
     path_and_query: &str,
     headers: &HeaderMap,
 ) -> HmacSha256 {
-    let mut mac = secret.mac();
+    let mut mac = mac_of(secret);
     mac.update(CANONICAL_PREFIX.as_bytes());
     mac.update(method.as_str().as_bytes());
     mac.update(b"\n");
@@ -397,7 +363,7 @@ pub mod legacy {
         timestamp: u64,
         body: &[u8],
     ) -> HmacSha256 {
-        let mut mac = secret.mac();
+        let mut mac = mac_of(secret);
         let body_hash = hex::encode(Sha256::digest(body));
         mac.update(format!("{method}\n{path_and_query}\n{timestamp}\n{body_hash}").as_bytes());
         mac

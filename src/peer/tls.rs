@@ -30,7 +30,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
-use crate::pos::tls::ALPN_H2;
+use crate::tls::ALPN_H2;
 use crate::tls::{provider, roots_from_file, system_roots, TlsConfigError};
 
 /// The TLS client config for `https://` peers; cheap to clone, clones share it.

@@ -21,10 +21,10 @@ use tokio::sync::watch;
 use tokio_rustls::TlsConnector;
 use tracing::debug;
 
-use super::directory::Terminal;
 use super::session::{ConnEnd, Peer, Session};
-use super::tls::ALPN_H2;
 use crate::core::{Epoch, PodId};
+use crate::store::directory::Terminal;
+use crate::tls::ALPN_H2;
 
 /// HTTP/2 PING keep-alive: a connection whose PING is unanswered for `timeout` is dead.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -26,11 +26,11 @@ use tracing::{debug, warn};
 
 use super::backoff::{Backoff, BackoffPolicy};
 use super::dialer::{DialError, Dialer};
-use super::directory::Terminal;
 use super::pacer::Pacer;
 use super::session::{ConnEnd, RequestSender, Session};
 use crate::core::{Epoch, ShardId};
 use crate::metrics::Metrics;
+use crate::store::directory::Terminal;
 
 /// Where one terminal's connection stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

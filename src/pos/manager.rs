@@ -36,15 +36,15 @@ mod directory_sync;
 use self::directory_sync::poll_directory;
 use super::backoff::BackoffPolicy;
 use super::dialer::Dialer;
-use super::directory::{Directory, Terminal};
 use super::link::{LinkContext, LinkShared, LinkState, LinkStatus, LinkTask, Mode, WaitingPush};
 use super::pacer::{Jitter, Pacer};
 use super::session::RequestSender;
 use crate::core::reconciler::StopReason;
 use crate::core::{Epoch, ShardId};
-use crate::driver::ServingHook;
-use crate::metrics::sampler::TerminalCounts;
 use crate::metrics::Metrics;
+use crate::serving::ServingHook;
+use crate::serving::{SessionStats, TerminalCounts};
+use crate::store::directory::{Directory, Terminal};
 use crate::store::StoreError;
 
 /// How much longer than the close budget a stopping shard waits for its links: enough
@@ -102,7 +102,7 @@ impl Default for ManagerConfig {
 
 /// One served shard as the manager sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ShardView {
+pub struct ShardConnections {
     pub epoch: Epoch,
     /// False while suspended.
     pub delivering: bool,
@@ -238,11 +238,11 @@ impl<D: Directory> ConnectionManager<D> {
     }
 
     /// The state of `shard`'s connections, if the manager serves it.
-    pub fn shard(&self, shard: ShardId) -> Option<ShardView> {
+    pub fn shard(&self, shard: ShardId) -> Option<ShardConnections> {
         let shards = lock(&self.inner.shards);
         let entry = shards.get(&shard)?;
         let mode = *entry.mode.borrow();
-        Some(ShardView {
+        Some(ShardConnections {
             epoch: mode.epoch,
             delivering: mode.delivering,
             links: entry
@@ -271,9 +271,18 @@ impl<D: Directory> ConnectionManager<D> {
         }
     }
 
+    /// Tells the driver that a terminal refused `epoch` of `shard` as stale (a push got
+    /// the `409`), so the shard is dropped like after a refused hello.
+    pub fn report_stale(&self, shard: ShardId, epoch: Epoch) {
+        // The driver may be gone (pod shutting down); then nobody needs to know.
+        let _ = self.inner.links.stale.send((shard, epoch));
+    }
+}
+
+impl<D: Directory> SessionStats for ConnectionManager<D> {
     /// Terminals of served shards not dialed even once yet; `None` while a shard's
     /// terminal list is still loading (so the count is not known).
-    pub fn pending_first_dials(&self) -> Option<usize> {
+    fn pending_first_dials(&self) -> Option<usize> {
         let shards = lock(&self.inner.shards);
         let mut pending = 0;
         for entry in shards.values() {
@@ -285,7 +294,7 @@ impl<D: Directory> ConnectionManager<D> {
     }
 
     /// Terminals of served shards by connection state.
-    pub fn terminal_counts(&self) -> TerminalCounts {
+    fn terminal_counts(&self) -> TerminalCounts {
         let shards = lock(&self.inner.shards);
         let mut counts = TerminalCounts::default();
         for link in shards.values().flat_map(|e| e.links.values()) {
@@ -300,7 +309,7 @@ impl<D: Directory> ConnectionManager<D> {
     }
 
     /// Connected terminals per served shard.
-    pub fn connected_by_shard(&self) -> Vec<(ShardId, usize)> {
+    fn connected_by_shard(&self) -> Vec<(ShardId, usize)> {
         let shards = lock(&self.inner.shards);
         let mut counts: Vec<(ShardId, usize)> = shards
             .iter()
@@ -318,15 +327,8 @@ impl<D: Directory> ConnectionManager<D> {
     }
 
     /// Dials waiting for the pacer now.
-    pub fn dial_queue_depth(&self) -> usize {
+    fn dial_queue_depth(&self) -> usize {
         self.inner.links.pacer.queue_depth()
-    }
-
-    /// Tells the driver that a terminal refused `epoch` of `shard` as stale (a push got
-    /// the `409`), so the shard is dropped like after a refused hello.
-    pub fn report_stale(&self, shard: ShardId, epoch: Epoch) {
-        // The driver may be gone (pod shutting down); then nobody needs to know.
-        let _ = self.inner.links.stale.send((shard, epoch));
     }
 }
 

@@ -1,11 +1,11 @@
-//! Connections to POS terminals: the terminal directory, the paced TLS + HTTP/2 dialer,
+//! Connections to POS terminals: the paced TLS + HTTP/2 dialer,
 //! fenced sessions, and the per-shard connection manager the driver starts and stops.
 //!
-//! The wire contract with terminals is documented in `docs/pos-protocol.md`.
+//! The wire contract with terminals is documented in `docs/pos-protocol.md`; the
+//! terminal directory (who to dial) is `crate::store::directory`.
 
 pub mod backoff;
 pub mod dialer;
-pub mod directory;
 mod link;
 pub mod manager;
 mod pacer;

@@ -9,6 +9,7 @@
 //! Not for: dialing or certificate checks per connection (that is `dialer`), and not
 //! for Redis TLS (`crate::store::redis`).
 
+use crate::tls::ALPN_H2;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -16,9 +17,6 @@ use rustls::{ClientConfig, RootCertStore};
 
 pub use crate::tls::TlsConfigError;
 use crate::tls::{chain_and_key, provider, roots_from_file, system_roots};
-
-/// The ALPN protocol terminals must select.
-pub const ALPN_H2: &[u8] = b"h2";
 
 /// Where the TLS material for terminal connections comes from.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

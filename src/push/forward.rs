@@ -1,38 +1,27 @@
-//! Forwarding a push (or a terminal lookup) to the pod that owns the shard: the
-//! internal wire format and the client side of it.
-//!
-//! `POST /internal/v1/push/{terminal}` carries the body and content type as received,
-//! plus `posgate-tenant`, `idempotency-key`, `posgate-deadline-ms` (what is left of the
-//! caller's deadline) and `posgate-hop: 1`, signed with the cluster secret like every
-//! peer request. The owner answers with the public answer (relayed as is) or `421
-//! shard_moved`. The owner never forwards further, so one attempt is one hop.
+//! Forwarding a push (or a terminal lookup) to the pod that owns the shard, and what
+//! each outcome proves. The wire format is `crate::peer::wire`; the transport
+//! `crate::peer::PeerClient`.
 //!
 //! What an outcome proves decides what the router may do: a refused connection
 //! ([`Forwarded::NotSent`]) or `421` ([`Forwarded::Moved`]) means nothing reached a
-//! terminal, so the router tries again; a request that left without an answer is
-//! [`Forwarded::Unknown`] — the owner may have delivered it.
+//! terminal, so the router tries again; a request that left without an answer, or whose
+//! answer is not an owner's, is [`Forwarded::Unknown`] — the owner may have delivered it.
 //!
-//! Not for: the transport (`crate::peer::PeerClient`), deciding whom to forward to
-//! (`route`) or serving the endpoint (`crate::http`).
+//! Not for: deciding whom to forward to (`route`) or serving the endpoint
+//! (`crate::http`).
 
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use http::StatusCode;
 
 use super::answer::{Answer, Delivered, ErrorBody, ErrorCode};
 use super::PushRequest;
 use crate::core::PodId;
 use crate::credentials::Credentials;
+use crate::peer::wire::ForwardedPush;
 use crate::peer::{PeerClient, PeerTarget, SendError};
 
-/// Path prefix of the internal push endpoint; the terminal id follows.
-pub const PUSH_PREFIX: &str = "/internal/v1/push/";
-/// Path prefix of the internal terminal lookup; the terminal id follows.
-pub const TERMINAL_PREFIX: &str = "/internal/v1/terminals/";
-pub const HEADER_TENANT: &str = "posgate-tenant";
-pub const HEADER_DEADLINE_MS: &str = "posgate-deadline-ms";
-pub const HEADER_HOP: &str = "posgate-hop";
 /// Extra wait beyond the caller's deadline for the owner's answer to arrive: the owner
 /// answers by the deadline it was given, and the answer needs time to travel back.
 const ANSWER_GRACE: Duration = Duration::from_millis(250);
@@ -80,32 +69,17 @@ impl ForwardClient {
         deadline: Instant,
     ) -> Forwarded {
         let remaining = deadline.saturating_duration_since(Instant::now());
-        let path = format!("{PUSH_PREFIX}{}", push.terminal);
-        let mut headers = HeaderMap::new();
-        let text = |v: &str| HeaderValue::from_str(v).ok();
-        // Tenant and key were validated as visible ASCII, so these always convert.
-        if let (Some(tenant), Some(key)) = (text(&push.tenant.0), text(&push.key)) {
-            headers.insert(HEADER_TENANT, tenant);
-            headers.insert("idempotency-key", key);
-        }
-        headers.insert(
-            HEADER_DEADLINE_MS,
-            HeaderValue::from(remaining.as_millis() as u64),
-        );
-        headers.insert(HEADER_HOP, HeaderValue::from_static("1"));
-        if let Some(ct) = &push.content_type {
-            headers.insert(header::CONTENT_TYPE, ct.clone());
-        }
+        let wire = ForwardedPush {
+            tenant: push.tenant.0.clone(),
+            terminal: push.terminal.clone(),
+            key: push.key.clone(),
+            deadline: remaining,
+            content_type: push.content_type.clone(),
+            body: push.body.clone(),
+        };
         let sent = self
             .peers
-            .send(
-                Method::POST,
-                owner,
-                &path,
-                push.body.clone(),
-                headers,
-                remaining + ANSWER_GRACE,
-            )
+            .push(owner, &wire, remaining + ANSWER_GRACE)
             .await;
         match sent {
             Ok((StatusCode::MISDIRECTED_REQUEST, _)) => Forwarded::Moved,
@@ -148,26 +122,8 @@ impl ForwardClient {
         terminal: &str,
         timeout: Duration,
     ) -> Result<(StatusCode, Bytes), String> {
-        self.get(owner, &format!("{TERMINAL_PREFIX}{terminal}"), timeout)
-            .await
-    }
-
-    /// A signed `GET path` to `peer`; its status and body.
-    pub async fn get(
-        &self,
-        peer: &PeerTarget,
-        path: &str,
-        timeout: Duration,
-    ) -> Result<(StatusCode, Bytes), String> {
         self.peers
-            .send(
-                Method::GET,
-                peer,
-                path,
-                Bytes::new(),
-                HeaderMap::new(),
-                timeout,
-            )
+            .terminal(owner, terminal, timeout)
             .await
             .map_err(|e| format!("{e:?}"))
     }

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::answer::Answer;
-use super::auth::Tenant;
+use crate::credentials::Tenant;
 
 /// What a key is unique within: the tenant that sent it and the terminal it is for.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -35,7 +35,7 @@ struct Key {
 }
 
 #[derive(Debug)]
-enum Slot {
+enum Outcome {
     InFlight,
     Done(Answer),
 }
@@ -43,7 +43,7 @@ enum Slot {
 #[derive(Debug)]
 struct Entry {
     digest: [u8; 32],
-    slot: Slot,
+    slot: Outcome,
     expires: Instant,
     /// Matches the entry's place in the eviction order.
     serial: u64,
@@ -111,10 +111,10 @@ impl IdempotencyCache {
                 return Reserve::Conflict("idempotency key reused with a different body");
             }
             return match &entry.slot {
-                Slot::InFlight => {
+                Outcome::InFlight => {
                     Reserve::Conflict("a push with this idempotency key is in flight")
                 }
-                Slot::Done(answer) => Reserve::Replay(answer.clone()),
+                Outcome::Done(answer) => Reserve::Replay(answer.clone()),
             };
         }
         while cache.entries.len() >= self.capacity {
@@ -129,7 +129,7 @@ impl IdempotencyCache {
             k.clone(),
             Entry {
                 digest,
-                slot: Slot::InFlight,
+                slot: Outcome::InFlight,
                 expires: now + self.ttl,
                 serial,
             },
@@ -193,7 +193,7 @@ impl Reservation {
         };
         let mut cache = self.cache.lock();
         if let Some(entry) = cache.entries.get_mut(&key).filter(|e| e.serial == serial) {
-            entry.slot = Slot::Done(answer.clone());
+            entry.slot = Outcome::Done(answer.clone());
         }
     }
 }

@@ -11,7 +11,6 @@
 //! (`crate::pos`).
 
 pub mod answer;
-pub mod auth;
 mod forward;
 pub mod idempotency;
 mod owner;
@@ -24,20 +23,17 @@ use bytes::Bytes;
 use http::HeaderValue;
 use tokio::sync::{watch, Semaphore};
 
-use self::auth::Tenant;
 use self::idempotency::IdempotencyCache;
 use crate::core::{Epoch, PodId, ShardId};
 use crate::credentials::Credentials;
-use crate::driver::ServingTable;
-use crate::metrics::sampler::TerminalCounts;
+use crate::credentials::Tenant;
 use crate::metrics::Metrics;
-use crate::pos::directory::Directory;
 use crate::pos::manager::{ConnectionManager, Lookup};
+use crate::serving::ServingTable;
 use crate::status::PodStatus;
+use crate::store::directory::Directory;
 
-pub use self::forward::{
-    Forwarded, HEADER_DEADLINE_MS, HEADER_HOP, HEADER_TENANT, PUSH_PREFIX, TERMINAL_PREFIX,
-};
+pub use self::forward::Forwarded;
 pub use self::owner::Owned;
 pub use self::route::TerminalView;
 
@@ -91,14 +87,6 @@ pub trait Sessions: Send + Sync + 'static {
     fn lookup(&self, shard: ShardId, terminal: &str) -> Lookup;
     /// A terminal refused `epoch` on a push: the shard must be dropped.
     fn report_stale(&self, shard: ShardId, epoch: Epoch);
-    /// Terminals of served shards not dialed once yet (`None`: not known yet).
-    fn pending_first_dials(&self) -> Option<usize>;
-    /// Terminals of served shards by connection state (for metrics).
-    fn terminal_counts(&self) -> TerminalCounts;
-    /// Dials waiting for the pacer (for metrics).
-    fn dial_queue_depth(&self) -> usize;
-    /// Connected terminals per served shard (for the status page).
-    fn connected_by_shard(&self) -> Vec<(ShardId, usize)>;
 }
 
 impl<D: Directory> Sessions for ConnectionManager<D> {
@@ -108,22 +96,6 @@ impl<D: Directory> Sessions for ConnectionManager<D> {
 
     fn report_stale(&self, shard: ShardId, epoch: Epoch) {
         ConnectionManager::report_stale(self, shard, epoch)
-    }
-
-    fn pending_first_dials(&self) -> Option<usize> {
-        ConnectionManager::pending_first_dials(self)
-    }
-
-    fn terminal_counts(&self) -> TerminalCounts {
-        ConnectionManager::terminal_counts(self)
-    }
-
-    fn dial_queue_depth(&self) -> usize {
-        ConnectionManager::dial_queue_depth(self)
-    }
-
-    fn connected_by_shard(&self) -> Vec<(ShardId, usize)> {
-        ConnectionManager::connected_by_shard(self)
     }
 }
 
@@ -137,22 +109,6 @@ impl Sessions for NoTerminals {
     }
 
     fn report_stale(&self, _shard: ShardId, _epoch: Epoch) {}
-
-    fn pending_first_dials(&self) -> Option<usize> {
-        Some(0)
-    }
-
-    fn terminal_counts(&self) -> TerminalCounts {
-        TerminalCounts::default()
-    }
-
-    fn dial_queue_depth(&self) -> usize {
-        0
-    }
-
-    fn connected_by_shard(&self) -> Vec<(ShardId, usize)> {
-        Vec::new()
-    }
 }
 
 /// See the module docs. Cheap to share behind an `Arc`.
@@ -214,39 +170,6 @@ impl PushService {
 
     pub fn settings(&self) -> &PushSettings {
         &self.settings
-    }
-
-    pub fn metrics(&self) -> &Metrics {
-        &self.metrics
-    }
-
-    pub fn shards(&self) -> u32 {
-        self.shards
-    }
-
-    /// Terminals of served shards not dialed once yet (`None`: not known yet).
-    pub fn pending_first_dials(&self) -> Option<usize> {
-        self.sessions.pending_first_dials()
-    }
-
-    /// Connected terminals per shard this pod serves.
-    pub fn connected_by_shard(&self) -> Vec<(ShardId, usize)> {
-        self.sessions.connected_by_shard()
-    }
-
-    /// Asks `peer` for an internal `GET path` (signed); its status and body.
-    pub async fn peer_get(
-        &self,
-        peer: &crate::peer::PeerTarget,
-        path: &str,
-        timeout: Duration,
-    ) -> Result<(http::StatusCode, Bytes), String> {
-        self.forward.get(peer, path, timeout).await
-    }
-
-    /// This pod's id.
-    pub fn pod(&self) -> &PodId {
-        &self.pod
     }
 
     /// A slot of `--max-inflight`, or `None` when the pod is at its limit.

@@ -19,7 +19,7 @@ mod watch;
 
 use std::sync::Arc;
 
-pub use self::watch::{run, FileWatch, Snapshot};
+pub use self::watch::{run, FileWatch, Fingerprints};
 use crate::config::{ConfigError, PodConfig, ServeArgs};
 use crate::credentials::{self, Credentials};
 use crate::http::tls::ServerCert;
@@ -38,7 +38,7 @@ pub enum ReloadError {
     #[error(transparent)]
     Tls(#[from] TlsConfigError),
     #[error(transparent)]
-    Credentials(#[from] credentials::ReloadError),
+    Credentials(#[from] credentials::ModeChanged),
     /// The listener's scheme is fixed when it starts.
     #[error("the pod started {0}; restart it to turn TLS on the listener on or off")]
     TlsMode(&'static str),

@@ -23,11 +23,11 @@ use crate::config::ServeArgs;
 /// One reading of the watched files: each path with the hash of its content, or `None`
 /// when it could not be read (missing for a moment during a non-atomic update, say).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Snapshot {
+pub struct Fingerprints {
     files: Vec<(PathBuf, Option<[u8; 32]>)>,
 }
 
-impl Snapshot {
+impl Fingerprints {
     /// A reading from given contents, in the order given.
     pub fn from_contents<'a>(
         contents: impl IntoIterator<Item = (&'a Path, Option<&'a [u8]>)>,
@@ -36,31 +36,31 @@ impl Snapshot {
             .into_iter()
             .map(|(path, bytes)| (path.to_owned(), bytes.map(|b| Sha256::digest(b).into())))
             .collect();
-        Snapshot { files }
+        Fingerprints { files }
     }
 
     /// Reads `paths` now. Symlinks are followed, so a swapped `..data` link shows as
     /// new content.
     pub fn read(paths: &[PathBuf]) -> Self {
         let contents: Vec<_> = paths.iter().map(|p| (p, std::fs::read(p).ok())).collect();
-        Snapshot::from_contents(contents.iter().map(|(p, c)| (p.as_path(), c.as_deref())))
+        Fingerprints::from_contents(contents.iter().map(|(p, c)| (p.as_path(), c.as_deref())))
     }
 }
 
 /// The last reading of the watched files, to compare the next one with.
 #[derive(Debug)]
 pub struct FileWatch {
-    last: Snapshot,
+    last: Fingerprints,
 }
 
 impl FileWatch {
-    pub fn new(baseline: Snapshot) -> Self {
+    pub fn new(baseline: Fingerprints) -> Self {
         FileWatch { last: baseline }
     }
 
     /// The paths whose content differs from the last reading (changed, appeared or
     /// vanished); `now` becomes the reading the next one is compared with.
-    pub fn observe(&mut self, now: Snapshot) -> Vec<PathBuf> {
+    pub fn observe(&mut self, now: Fingerprints) -> Vec<PathBuf> {
         let changed = now
             .files
             .iter()
@@ -85,7 +85,7 @@ impl FileWatch {
 pub async fn run(
     args: ServeArgs,
     reloader: Reloader,
-    baseline: Snapshot,
+    baseline: Fingerprints,
     hangups: impl Stream<Item = ()> + Unpin,
 ) {
     let paths = args.reloadable_files();
@@ -110,11 +110,11 @@ pub async fn run(
             Some(()) = hangups.next() => {
                 // What the signal applies is the new baseline: the poller must not
                 // apply the same change a second time.
-                watch.observe(Snapshot::read(&paths));
+                watch.observe(Fingerprints::read(&paths));
                 let _ = reloader.reload_from_args(&args, "SIGHUP");
             }
             _ = tick => {
-                let changed = watch.observe(Snapshot::read(&paths));
+                let changed = watch.observe(Fingerprints::read(&paths));
                 if !changed.is_empty() {
                     let names: Vec<_> = changed.iter().map(|p| p.display().to_string()).collect();
                     let trigger = format!("changed: {}", names.join(", "));
@@ -129,8 +129,8 @@ pub async fn run(
 mod tests {
     use super::*;
 
-    fn reading(files: &[(&str, Option<&str>)]) -> Snapshot {
-        Snapshot::from_contents(
+    fn reading(files: &[(&str, Option<&str>)]) -> Fingerprints {
+        Fingerprints::from_contents(
             files
                 .iter()
                 .map(|(p, c)| (Path::new(*p), c.map(str::as_bytes))),
@@ -179,9 +179,9 @@ mod tests {
         std::os::unix::fs::symlink("v1", root.join("..data")).unwrap();
         std::os::unix::fs::symlink("..data/token", root.join("token")).unwrap();
         let paths = vec![root.join("token")];
-        let mut watch = FileWatch::new(Snapshot::read(&paths));
+        let mut watch = FileWatch::new(Fingerprints::read(&paths));
         std::os::unix::fs::symlink("v2", root.join("..data_tmp")).unwrap();
         std::fs::rename(root.join("..data_tmp"), root.join("..data")).unwrap();
-        assert_eq!(watch.observe(Snapshot::read(&paths)), paths);
+        assert_eq!(watch.observe(Fingerprints::read(&paths)), paths);
     }
 }

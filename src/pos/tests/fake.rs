@@ -22,9 +22,9 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::core::PodId;
 use crate::pos::dialer::{Dialer, DialerConfig, Keepalive};
-use crate::pos::directory::Terminal;
 use crate::pos::session::{HEADER_EPOCH, HEADER_POD, HEADER_STALE_EPOCH, HEADER_TERMINAL};
 use crate::pos::tls::{client_config, TlsFiles};
+use crate::store::directory::Terminal;
 
 /// Generous: only reached when something is broken, never a speed requirement.
 pub(super) const LIMIT: Duration = Duration::from_secs(10);

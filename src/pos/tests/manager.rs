@@ -9,11 +9,11 @@ use tokio::sync::mpsc;
 
 use super::fake::{freezable_proxy, wait_until, FakeTerminal, Pki, LIMIT};
 use crate::core::reconciler::StopReason;
-use crate::driver::ServingHook;
 use crate::pos::dialer::Keepalive;
-use crate::pos::directory::{DirectoryAdmin, MemoryDirectory, Terminal};
 use crate::pos::manager::{ConnectionManager, Lookup, ManagerConfig};
 use crate::pos::LinkState;
+use crate::serving::ServingHook;
+use crate::store::directory::{DirectoryAdmin, MemoryDirectory, Terminal};
 
 fn manager_config() -> ManagerConfig {
     ManagerConfig {

@@ -12,8 +12,8 @@ use tokio::net::TcpListener;
 
 use self::fake::{freezable_proxy, wait_until, FakeTerminal, Hello, Pki, LIMIT};
 use crate::pos::dialer::{DialError, Keepalive};
-use crate::pos::directory::Terminal;
 use crate::pos::session::ConnEnd;
+use crate::store::directory::Terminal;
 
 #[tokio::test]
 async fn hello_names_epoch_pod_and_terminal_then_close_ends_connection() {

@@ -31,7 +31,7 @@ use redis::{Script, Value};
 use super::reply::{bad, items, uint};
 use super::RedisStore;
 use crate::core::ShardId;
-use crate::pos::directory::{
+use crate::store::directory::{
     by_shard, diff_shard, ids_by_shard, Directory, DirectoryAdmin, Entry, Terminal, WriteSummary,
     WRITE_CHUNK,
 };

@@ -6,7 +6,7 @@
 //! SHA-256 digests are kept, and a presented token is compared against every entry in
 //! constant time, so neither timing nor a memory dump gives a token away.
 //!
-//! Not for: pod-to-pod authentication (`crate::peer`, HMAC with the cluster secret).
+//! Not for: pod-to-pod authentication (`crate::peer`, signed with the cluster secret).
 
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;

@@ -22,15 +22,15 @@ use rand::distr::{Alphanumeric, SampleString};
 
 use self::redis_child::RedisChild;
 use self::traffic::{Traffic, TrafficCounts};
-use crate::config::{PodConfig, PosSettings};
-use crate::core::{CoreConfig, PodId};
-use crate::peer::ClusterSecret;
-use crate::pod::{Pod, PodHandle};
-use crate::pos::directory::{DirectoryAdmin, MemoryDirectory, Terminal};
-use crate::pos::tls::TlsFiles;
-use crate::push::auth::ApiTokens;
-use crate::store::memory::MemoryStore;
-use crate::store::redis::{RedisOptions, RedisStore};
+use posgate::config::{PodConfig, PosSettings};
+use posgate::core::{CoreConfig, PodId};
+use posgate::credentials::ApiTokens;
+use posgate::credentials::ClusterSecret;
+use posgate::pod::{Pod, PodHandle};
+use posgate::pos::tls::TlsFiles;
+use posgate::store::directory::{DirectoryAdmin, MemoryDirectory, Terminal};
+use posgate::store::memory::MemoryStore;
+use posgate::store::redis::{RedisOptions, RedisStore};
 use posgate_loadtest::pos_sim::{FarmConfig, FarmCounters, PosFarm};
 
 const CLUSTER: &str = "demo";

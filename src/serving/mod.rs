@@ -1,5 +1,7 @@
-//! How the rest of the pod learns which shards it may deliver on: the [`ServingTable`]
-//! (state, read at any time) and the [`ServingHook`] (transitions, told as they happen).
+//! The one seam between ownership and delivery: how the rest of the pod learns which
+//! shards it may deliver on — the [`ServingTable`] (state, read at any time) and the
+//! [`ServingHook`] (transitions, told as they happen) — and what the connection layer
+//! reports back for metrics and pages ([`SessionStats`]).
 //!
 //! The driver is the only writer of both. The table is the authority for "may I deliver
 //! on this shard now?": readers pass their own `now` and the lease's local deadline is
@@ -8,7 +10,12 @@
 //! on start, close them on stop): `posgate serve` runs with the POS connection manager;
 //! tests may use `()`, which acknowledges every stop at once.
 //!
-//! Not for: deciding anything. Both mirror the reconciler's shard states.
+//! Not for: deciding anything. The table and hook mirror the reconciler's shard states;
+//! the stats are counts, never read for a decision.
+
+mod stats;
+
+pub use self::stats::{NoSessions, SessionStats, TerminalCounts};
 
 use std::future::Future;
 use std::sync::{Arc, PoisonError, RwLock};
@@ -19,7 +26,7 @@ use crate::core::{Epoch, ShardId};
 
 /// One shard as the table records it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Slot {
+pub(crate) enum Slot {
     Idle,
     /// Served with `epoch` while `now < deadline` (local monotonic time).
     Serving {
@@ -33,7 +40,7 @@ pub(super) enum Slot {
 }
 
 impl Slot {
-    pub(super) fn of(state: ShardState) -> Slot {
+    pub(crate) fn of(state: ShardState) -> Slot {
         match state {
             ShardState::Serving { epoch, deadline } => Slot::Serving { epoch, deadline },
             ShardState::Suspended { epoch } => Slot::Suspended { epoch },
@@ -85,7 +92,7 @@ impl ServingTable {
         slots.get(shard as usize).copied()
     }
 
-    pub(super) fn set(&self, slots: &[Slot]) {
+    pub(crate) fn set(&self, slots: &[Slot]) {
         let mut table = self.slots.write().unwrap_or_else(PoisonError::into_inner);
         table.copy_from_slice(slots);
     }

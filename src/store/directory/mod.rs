@@ -26,6 +26,7 @@
 pub mod csv;
 mod memory;
 
+use crate::api::valid_terminal_id;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::future::Future;
@@ -147,14 +148,6 @@ impl From<InvalidTerminal> for StoreError {
     }
 }
 
-/// Whether `id` is a valid terminal id: `[A-Za-z0-9._:-]{1,64}`.
-pub fn valid_id(id: &str) -> bool {
-    (1..=64).contains(&id.len())
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
-}
-
 fn valid_server_name(name: &str) -> bool {
     rustls::pki_types::ServerName::try_from(name).is_ok()
 }
@@ -198,7 +191,7 @@ impl Terminal {
     /// A validated terminal; `server_name` `None` (or empty) defaults to the host of
     /// `addr`, without brackets.
     pub fn new(id: &str, addr: &str, server_name: Option<&str>) -> Result<Self, InvalidTerminal> {
-        if !valid_id(id) {
+        if !valid_terminal_id(id) {
             return Err(InvalidTerminal::Id(id.to_string()));
         }
         let host = addr_host(addr).map_err(|reason| InvalidTerminal::Addr {
@@ -282,7 +275,7 @@ pub fn ids_by_shard(
 ) -> Result<BTreeMap<ShardId, BTreeSet<String>>, InvalidTerminal> {
     let mut out: BTreeMap<ShardId, BTreeSet<String>> = BTreeMap::new();
     for id in ids {
-        if !valid_id(id) {
+        if !valid_terminal_id(id) {
             return Err(InvalidTerminal::Id(id.clone()));
         }
         if !out
@@ -348,14 +341,14 @@ mod tests {
 
     #[test]
     fn ids() {
-        assert!(valid_id("store-17:till-3"));
-        assert!(valid_id("A.b_c:d-9"));
-        assert!(valid_id(&"x".repeat(64)));
-        assert!(!valid_id(""));
-        assert!(!valid_id(&"x".repeat(65)));
-        assert!(!valid_id("a b"));
-        assert!(!valid_id("a/b"));
-        assert!(!valid_id("a,b"));
+        assert!(valid_terminal_id("store-17:till-3"));
+        assert!(valid_terminal_id("A.b_c:d-9"));
+        assert!(valid_terminal_id(&"x".repeat(64)));
+        assert!(!valid_terminal_id(""));
+        assert!(!valid_terminal_id(&"x".repeat(65)));
+        assert!(!valid_terminal_id("a b"));
+        assert!(!valid_terminal_id("a/b"));
+        assert!(!valid_terminal_id("a,b"));
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The secrets a running pod uses, replaceable without a restart (`crate::reload`): the
-//! API bearer tokens and the cluster secret peers sign with.
+//! API bearer tokens (`tokens`) and the cluster secret peers sign with (`secret`).
 //!
 //! A restart would cost a rebalance, so rotations happen in place. A new cluster secret
 //! is used for signing at once, and the previous one stays accepted until the next
@@ -12,8 +12,11 @@
 
 use std::sync::{Arc, PoisonError, RwLock};
 
-use crate::peer::ClusterSecret;
-use crate::push::auth::{ApiTokens, Tenant};
+mod secret;
+mod tokens;
+
+pub use self::secret::{ClusterSecret, SecretTooShort, MIN_SECRET_LEN};
+pub use self::tokens::{ApiTokens, Tenant, TokensError, MIN_TOKEN_LEN};
 
 #[derive(Debug)]
 struct State {
@@ -28,14 +31,10 @@ pub struct Credentials {
     state: Arc<RwLock<State>>,
 }
 
-/// What a reload could not apply.
+/// A reload that would turn authentication on or off (it names what): refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum ReloadError {
-    #[error(
-        "the pod started without {0} (--insecure); restart it to turn authentication on or off"
-    )]
-    ModeChange(&'static str),
-}
+#[error("the pod started without {0} (--insecure); restart it to turn authentication on or off")]
+pub struct ModeChanged(pub &'static str);
 
 impl Credentials {
     /// `None` values are insecure mode for that kind.
@@ -96,13 +95,13 @@ impl Credentials {
         &self,
         tokens: Option<ApiTokens>,
         secret: Option<ClusterSecret>,
-    ) -> Result<(), ReloadError> {
+    ) -> Result<(), ModeChanged> {
         let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
         if state.tokens.is_some() != tokens.is_some() {
-            return Err(ReloadError::ModeChange("API tokens"));
+            return Err(ModeChanged("API tokens"));
         }
         if state.secret.is_some() != secret.is_some() {
-            return Err(ReloadError::ModeChange("a cluster secret"));
+            return Err(ModeChanged("a cluster secret"));
         }
         state.tokens = tokens;
         if let Some(new) = secret {
@@ -142,7 +141,7 @@ mod tests {
         // The mode is fixed at start.
         assert_eq!(
             c.reload(None, Some(secret(3))),
-            Err(ReloadError::ModeChange("API tokens"))
+            Err(ModeChanged("API tokens"))
         );
         let open = Credentials::new(None, None);
         assert_eq!(open.tenant_of(Some("x")), None);

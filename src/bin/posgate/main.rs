@@ -6,7 +6,12 @@
 //! This is the only place that uses `anyhow` and decides exit codes: `0` success, `1` a
 //! runtime failure (or an invariant violation in `simulate`), `2` an invalid command line
 //! or configuration (one line on stderr,
-//! `error: invalid --flag: reason`). Everything else lives in the library.
+//! `error: invalid --flag: reason`). Everything else lives in the library, except the
+//! two tools only the binary runs: `demo` (a whole cluster in one process) and
+//! `ring_report` (the assignment algorithm comparison).
+
+mod demo;
+mod ring_report;
 
 use std::future::Future;
 use std::io::IsTerminal;
@@ -14,14 +19,14 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use crate::demo::DemoArgs;
+use crate::ring_report::RingReportArgs;
 use anyhow::Context;
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{Parser, Subcommand};
 use posgate::config::terminals_args::{TerminalsArgs, TerminalsCommand};
 use posgate::config::{ConfigError, LogFormat, PodConfig, ServeArgs, StoreSettings};
-use posgate::demo::DemoArgs;
 use posgate::pod::{Pod, PodError};
-use posgate::ring_report::RingReportArgs;
 use posgate::sim::{run_seed, SimConfig, SimStats};
 use posgate::store::redis::{RedisOptions, RedisStore};
 use posgate::store::StoreError;
@@ -89,7 +94,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Serve(args) => serve(*args),
         Command::RingReport(args) => {
-            let report = posgate::ring_report::run(&args);
+            let report = ring_report::run(&args);
             println!("{}", report.trim_end());
             ExitCode::SUCCESS
         }
@@ -113,7 +118,7 @@ fn demo(args: DemoArgs) -> ExitCode {
     let interrupt = async {
         let _ = tokio::signal::ctrl_c().await;
     };
-    match runtime.block_on(posgate::demo::run(args, interrupt)) {
+    match runtime.block_on(demo::run(args, interrupt)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("error: {err:#}");
@@ -127,7 +132,7 @@ fn serve(args: ServeArgs) -> ExitCode {
     // Kept to read the secret files again on SIGHUP or when they change; the poller
     // compares with their content from before anything read them.
     let reload_args = args.clone();
-    let watched = posgate::reload::Snapshot::read(&args.reloadable_files());
+    let watched = posgate::reload::Fingerprints::read(&args.reloadable_files());
     let resolved = log_settings(&args).and_then(|log| Ok((log, args.resolve()?)));
     let ((format, filter), (config, settings, listen)) = match resolved {
         Ok(resolved) => resolved,
@@ -167,7 +172,7 @@ async fn run_pod(
     config: PodConfig,
     settings: StoreSettings,
     listen: SocketAddr,
-    reload: (ServeArgs, posgate::reload::Snapshot),
+    reload: (ServeArgs, posgate::reload::Fingerprints),
 ) -> anyhow::Result<()> {
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
@@ -220,7 +225,7 @@ async fn run_pod(
 /// and peer TLS) on every SIGHUP and when their content changes, without a restart, so
 /// a rotation costs no rebalance. A bad file is logged and the old values stay.
 fn reload_loop(
-    (args, watched): (ServeArgs, posgate::reload::Snapshot),
+    (args, watched): (ServeArgs, posgate::reload::Fingerprints),
     reloader: posgate::pod::Reloader,
 ) -> anyhow::Result<impl Future<Output = ()>> {
     #[cfg(unix)]
@@ -440,13 +445,15 @@ fn terminals(args: TerminalsArgs) -> ExitCode {
 }
 
 /// Every terminal of the import file, or exit 1 after printing each bad line.
-fn read_import(file: &std::path::Path) -> Result<Vec<posgate::pos::directory::Terminal>, ExitCode> {
+fn read_import(
+    file: &std::path::Path,
+) -> Result<Vec<posgate::store::directory::Terminal>, ExitCode> {
     let name = file.display();
     let text = std::fs::read_to_string(file).map_err(|err| {
         eprintln!("error: cannot read {name}: {err}");
         ExitCode::FAILURE
     })?;
-    posgate::pos::directory::csv::parse(&text).map_err(|errors| {
+    posgate::store::directory::csv::parse(&text).map_err(|errors| {
         for e in &errors {
             eprintln!("{name}:{}: {}", e.line, e.reason);
         }
@@ -463,9 +470,9 @@ fn read_import(file: &std::path::Path) -> Result<Vec<posgate::pos::directory::Te
 async fn run_terminals(
     args: &TerminalsArgs,
     settings: StoreSettings,
-    import: Vec<posgate::pos::directory::Terminal>,
+    import: Vec<posgate::store::directory::Terminal>,
 ) -> anyhow::Result<String> {
-    use posgate::pos::directory::DirectoryAdmin;
+    use posgate::store::directory::DirectoryAdmin;
     use posgate::store::{ClusterMeta, CoordStore};
 
     let options = RedisOptions {

@@ -16,9 +16,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
-use crate::core::placement::Placement;
-use crate::core::ring::{Assignment, Ring, RING_VERSION, VNODES};
-use crate::core::PodId;
+use posgate::core::placement::Placement;
+use posgate::core::ring::{Assignment, Ring, RING_VERSION, VNODES};
+use posgate::core::PodId;
 
 /// Flags of `posgate ring-report`.
 #[derive(clap::Args, Debug, Clone)]

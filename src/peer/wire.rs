@@ -1,0 +1,168 @@
+//! The peer protocol's requests and answers on the wire, all in one place: every
+//! internal endpoint's path, how a forwarded push is encoded by the pod that received it
+//! and decoded by the owner, and the answers' JSON shapes. Signing is `signing`; the
+//! transport `client`; what the endpoints do, `crate::http` and `crate::push`.
+//!
+//! A forwarded push (`POST /internal/v1/push/{terminal}`) carries the body and content
+//! type as received, [`TENANT_HEADER`] (the tenant the token named),
+//! [`IDEMPOTENCY_KEY`], [`DEADLINE_HEADER`] (milliseconds left of the caller's deadline)
+//! and [`HOP_HEADER`] `1`: the owner delivers or answers `421`, never forwards again, so
+//! one attempt is one hop.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderValue};
+use serde::{Deserialize, Serialize};
+
+use crate::api::{valid_key, valid_terminal_id, IDEMPOTENCY_KEY, TENANT_HEADER};
+use crate::core::{PodId, ShardId};
+
+/// `POST`: "do you reach the store?" -> [`PeerAnswer`].
+pub const STORE_REACHABLE_ROUTE: &str = "/internal/v1/store-reachable";
+/// `POST`: a forwarded push -> the owner's public answer, or `421`.
+pub const PUSH_ROUTE: &str = "/internal/v1/push/{id}";
+/// `GET`: the owner's view of one terminal -> `TerminalView` JSON, or `421`.
+pub const TERMINAL_ROUTE: &str = "/internal/v1/terminals/{id}";
+/// `GET`: connected terminals per shard served -> [`ShardTerminals`].
+pub const SHARD_TERMINALS_ROUTE: &str = "/internal/v1/shard-terminals";
+
+/// Milliseconds left of the caller's deadline when the push was forwarded.
+pub const DEADLINE_HEADER: &str = "posgate-deadline-ms";
+/// `1` on a forwarded push: it must not be forwarded again.
+pub const HOP_HEADER: &str = "posgate-hop";
+
+/// The path of a route with its `{id}` filled in.
+pub fn path_of(route: &str, id: &str) -> String {
+    route.replace("{id}", id)
+}
+
+/// A push on its way from the pod that received it to the shard's owner.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ForwardedPush {
+    pub tenant: String,
+    pub terminal: String,
+    pub key: String,
+    /// What is left of the caller's deadline.
+    pub deadline: Duration,
+    pub content_type: Option<HeaderValue>,
+    pub body: Bytes,
+}
+
+impl ForwardedPush {
+    /// The request's path and headers (the body is [`ForwardedPush::body`]).
+    pub fn encode(&self) -> (String, HeaderMap) {
+        let mut headers = HeaderMap::new();
+        // Tenant and key were validated as visible ASCII, so these always convert.
+        let text = |v: &str| HeaderValue::from_str(v).expect("validated header text");
+        headers.insert(TENANT_HEADER, text(&self.tenant));
+        headers.insert(IDEMPOTENCY_KEY, text(&self.key));
+        headers.insert(
+            DEADLINE_HEADER,
+            HeaderValue::from(self.deadline.as_millis() as u64),
+        );
+        headers.insert(HOP_HEADER, HeaderValue::from_static("1"));
+        if let Some(ct) = &self.content_type {
+            headers.insert(header::CONTENT_TYPE, ct.clone());
+        }
+        (path_of(PUSH_ROUTE, &self.terminal), headers)
+    }
+
+    /// The push a request to [`PUSH_ROUTE`] for `terminal` carries, or what is wrong
+    /// with it.
+    pub fn decode(
+        terminal: String,
+        headers: &HeaderMap,
+        body: Bytes,
+    ) -> Result<Self, &'static str> {
+        let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        if text(HOP_HEADER) != Some("1") {
+            return Err("a forwarded push must carry posgate-hop: 1");
+        }
+        let tenant = text(TENANT_HEADER)
+            .filter(|t| !t.is_empty())
+            .ok_or("missing posgate-tenant")?;
+        let key = text(IDEMPOTENCY_KEY)
+            .filter(|k| valid_key(k))
+            .ok_or("missing or invalid idempotency-key")?;
+        let deadline_ms = text(DEADLINE_HEADER)
+            .and_then(|v| v.parse::<u64>().ok())
+            .ok_or("missing or invalid posgate-deadline-ms")?;
+        if !valid_terminal_id(&terminal) {
+            return Err("invalid terminal id");
+        }
+        Ok(ForwardedPush {
+            tenant: tenant.to_string(),
+            key: key.to_string(),
+            deadline: Duration::from_millis(deadline_ms),
+            content_type: headers.get(header::CONTENT_TYPE).cloned(),
+            terminal,
+            body,
+        })
+    }
+}
+
+/// A peer's answer on [`STORE_REACHABLE_ROUTE`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerAnswer {
+    pub pod: PodId,
+    pub store_reachable: bool,
+}
+
+/// A peer's answer on [`SHARD_TERMINALS_ROUTE`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardTerminals {
+    pub pod: Option<PodId>,
+    pub shards: Vec<(ShardId, usize)>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn push() -> ForwardedPush {
+        ForwardedPush {
+            tenant: "acme".into(),
+            terminal: "pos-1".into(),
+            key: "order-1".into(),
+            deadline: Duration::from_millis(900),
+            content_type: Some(HeaderValue::from_static("application/json")),
+            body: Bytes::from_static(b"{}"),
+        }
+    }
+
+    #[test]
+    fn a_forwarded_push_decodes_to_what_was_encoded() {
+        let sent = push();
+        let (path, headers) = sent.encode();
+        assert_eq!(path, "/internal/v1/push/pos-1");
+        let got = ForwardedPush::decode("pos-1".into(), &headers, sent.body.clone()).unwrap();
+        assert_eq!(got, sent);
+    }
+
+    #[test]
+    fn a_forwarded_push_without_its_fields_is_refused() {
+        let (_, headers) = push().encode();
+        for (name, bad) in [
+            (HOP_HEADER, Some("0")),
+            (TENANT_HEADER, None),
+            (IDEMPOTENCY_KEY, Some("has space")),
+            (DEADLINE_HEADER, Some("soon")),
+        ] {
+            let mut h = headers.clone();
+            match bad {
+                Some(v) => {
+                    h.insert(name, HeaderValue::from_static(v));
+                }
+                None => {
+                    h.remove(name);
+                }
+            }
+            assert!(
+                ForwardedPush::decode("pos-1".into(), &h, Bytes::new()).is_err(),
+                "{name}"
+            );
+        }
+        assert!(ForwardedPush::decode("bad id!".into(), &headers, Bytes::new()).is_err());
+    }
+}
