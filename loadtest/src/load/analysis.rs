@@ -268,6 +268,7 @@ mod tests {
             outcome: String::new(),
             latency_ms,
             unanswered: status == 0,
+            delivered_by: None,
         };
         let rec = |sent: u64, status: u16, latency_ms: u64| PushRecord {
             terminal: "t".into(),
