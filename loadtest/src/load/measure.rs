@@ -24,7 +24,7 @@ use super::{
     report::ScenarioReport,
     scenarios::{act, prepare, Scenario},
     sims::Counters,
-    unix_ms, LoadError,
+    unix_ms, upgrade, LoadError,
 };
 use crate::pos_sim::{Duplicate, Refusal, Refusals};
 
@@ -234,6 +234,9 @@ pub async fn run_scenario(c: &mut Cluster, sc: Scenario) -> Result<ScenarioRepor
         })
         .collect();
     r.steady_round_trips_per_pod_s = steady;
+    if let Some(trace) = &action.upgrade {
+        r.upgrade = Some(upgrade::report(c, trace, &pushes).await);
+    }
     if sc == Scenario::ColdStart {
         let rss: u64 = r.rss_kib.values().sum();
         r.rss_per_connection_kib = Some(rss as f64 / c.profile.terminals.max(1) as f64);
@@ -374,8 +377,12 @@ fn checks(c: &Cluster, sc: Scenario, r: &mut ScenarioReport) {
     );
     let conv = r.converged_after_s.is_some();
     r.check("converged", false, conv, super::report::converged_text(r));
+    upgrade::checks(r);
     match sc {
-        Scenario::ScaleOut | Scenario::ScaleIn | Scenario::RollingRestart => {
+        Scenario::ScaleOut
+        | Scenario::ScaleIn
+        | Scenario::RollingRestart
+        | Scenario::RollingUpgrade => {
             // The first attempt: the gateway's answer, before a retry can paper over it.
             let ok = r.pushes.ok_ratio >= 0.999;
             let d = format!(
@@ -442,7 +449,7 @@ fn checks(c: &Cluster, sc: Scenario, r: &mut ScenarioReport) {
             let d = format!("{kib:.1} KiB per connection (incl. each pod's base)");
             r.check("RSS per held connection <= 64 KiB", false, kib <= 64.0, d);
         }
-        Scenario::RollingRestart => {
+        Scenario::RollingRestart | Scenario::RollingUpgrade => {
             let d = format!(
                 "{:.2} connections per terminal (naive ~2)",
                 r.reconnects_per_terminal

@@ -12,6 +12,7 @@ use super::{
     observe::Sample,
     push_summary::PushSummary,
     redis::CommandStats,
+    upgrade::{self, UpgradeReport},
 };
 
 /// One pass/fail line: `gate` lines decide the exit code, the others are the issue's
@@ -88,6 +89,8 @@ pub struct ScenarioReport {
     pub rss_per_connection_kib: Option<f64>,
     pub rss_kib: BTreeMap<String, u64>,
     pub cpu_s: BTreeMap<String, f64>,
+    /// rolling-upgrade: the mixed phase and the new pods' peer counters.
+    pub upgrade: Option<UpgradeReport>,
     pub checks: Vec<Check>,
     pub notes: Vec<String>,
     /// PNG charts, relative to the directory of `summary.md`.
@@ -231,6 +234,9 @@ pub fn markdown(header: &str, reports: &[ScenarioReport]) -> String {
         }
         let _ = writeln!(md, "- RSS KiB per pod at the end: {:?}", r.rss_kib);
         let _ = writeln!(md, "- CPU s per pod during the scenario: {:?}", r.cpu_s);
+        if let Some(u) = &r.upgrade {
+            upgrade::lines(&mut md, u);
+        }
         for c in &r.checks {
             let _ = writeln!(
                 md,
