@@ -103,6 +103,7 @@ pub async fn run_scenario(c: &mut Cluster, sc: Scenario) -> Result<ScenarioRepor
         graceful: sc.graceful(),
         event_unix_ms: action.event_unix_ms,
         duration_s,
+        duration_wall_ms: t1.saturating_sub(t0),
         converged_after_s,
         pods_before,
         pods_after: c.pods.len(),
@@ -377,6 +378,16 @@ fn checks(c: &Cluster, sc: Scenario, r: &mut ScenarioReport) {
     );
     let conv = r.converged_after_s.is_some();
     r.check("converged", false, conv, super::report::converged_text(r));
+    let jump = analysis::clock_jump_s(r.duration_wall_ms, Duration::from_secs_f64(r.duration_s));
+    let d = jump.map_or("wall and monotonic clocks agree".into(), |s| {
+        format!("the wall clock ran {s:.1} s ahead of the monotonic clock: suspended or stepped")
+    });
+    r.check(
+        "machine not suspended, clock not stepped",
+        false,
+        jump.is_none(),
+        d,
+    );
     upgrade::checks(r);
     match sc {
         Scenario::ScaleOut

@@ -32,7 +32,10 @@ pub struct ScenarioReport {
     pub graceful: bool,
     /// When the event (scale, signal, cut) began, unix ms.
     pub event_unix_ms: u64,
+    /// Monotonic clock.
     pub duration_s: f64,
+    /// The same span by the wall clock (what pos-sim stamps events with).
+    pub duration_wall_ms: u64,
     /// From the event to every shard served by its assigned pod and every terminal
     /// connected; `None` if that did not happen within the limit.
     pub converged_after_s: Option<f64>,
