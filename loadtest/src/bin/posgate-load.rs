@@ -4,7 +4,8 @@
 //! the default `charts` feature) and `summary.md` into the results directory. Exit code 1
 //! if a gate failed (a raw overlap in a graceful scenario, any session overlap, any key
 //! delivered twice except by a killed owner's successor, a push attempt unanswered by its
-//! deadline + 1 s), 2 if the harness itself failed. Pushes not answered 200 are retried
+//! deadline + 1 s; for rolling-upgrade also no protocol-1 request accepted by a new pod),
+//! 2 if the harness itself failed. Pushes not answered 200 are retried
 //! with the same key through another pod, as a real sender would. Every child process is
 //! killed on exit and on Ctrl-C.
 #![forbid(unsafe_code)]
@@ -21,8 +22,10 @@ use posgate_loadtest::load::{
     charts,
     cluster::{Cluster, Profile},
     measure::run_scenario,
+    pods::Release,
     report::{markdown, ScenarioReport},
     scenarios::Scenario,
+    upgrade::check_serve_flags,
 };
 
 /// Load and fault harness for posgate (real processes on loopback).
@@ -30,7 +33,8 @@ use posgate_loadtest::load::{
 #[command(version)]
 struct Args {
     /// Scenarios to run in order: cold-start, scale-out, scale-in, rolling-restart, kill,
-    /// pause, redis-restart, redis-outage, pod-partition, or all.
+    /// pause, redis-restart, redis-outage, pod-partition, or all (those nine); and, only
+    /// when named, rolling-upgrade (needs --old-posgate).
     #[arg(required = true)]
     scenarios: Vec<String>,
     /// 5 pods, 5,000 terminals, TTL 3 s (CI).
@@ -42,6 +46,10 @@ struct Args {
     /// The posgate binary.
     #[arg(long)]
     posgate: PathBuf,
+    /// rolling-upgrade: the previous release's posgate binary, which every pod runs
+    /// before the upgrade.
+    #[arg(long)]
+    old_posgate: Option<PathBuf>,
     /// The pos-sim binary (default: next to this binary).
     #[arg(long)]
     pos_sim: Option<PathBuf>,
@@ -63,7 +71,9 @@ struct Args {
     no_reimport: bool,
 }
 
-fn scenarios(names: &[String]) -> Result<Vec<Scenario>> {
+/// The scenarios named on the command line, checked: cold-start only first, and
+/// rolling-upgrade only with the previous release's binary.
+fn scenarios(names: &[String], old_posgate: Option<&Path>) -> Result<Vec<Scenario>> {
     let mut out = Vec::new();
     for n in names {
         if n == "all" {
@@ -71,6 +81,15 @@ fn scenarios(names: &[String]) -> Result<Vec<Scenario>> {
         } else {
             out.push(Scenario::parse(n).with_context(|| format!("unknown scenario {n:?}"))?);
         }
+    }
+    if out.iter().skip(1).any(|s| *s == Scenario::ColdStart) {
+        bail!("cold-start can only be the first scenario");
+    }
+    if out.contains(&Scenario::RollingUpgrade) && old_posgate.is_none() {
+        bail!(
+            "rolling-upgrade needs --old-posgate PATH: the previous release's posgate binary \
+             (e.g. built from the previous main)"
+        );
     }
     Ok(out)
 }
@@ -121,10 +140,8 @@ async fn run(args: &Args, dir: &Path, reports: &mut Vec<ScenarioReport>) -> Resu
             profile.pods
         );
     }
-    let list = scenarios(&args.scenarios)?;
-    if list.iter().skip(1).any(|s| *s == Scenario::ColdStart) {
-        bail!("cold-start can only be the first scenario");
-    }
+    let list = scenarios(&args.scenarios, args.old_posgate.as_deref())?;
+    let upgrading = list.contains(&Scenario::RollingUpgrade);
     let pos_sim = match &args.pos_sim {
         Some(p) => p.clone(),
         None => std::env::current_exe()?
@@ -136,7 +153,11 @@ async fn run(args: &Args, dir: &Path, reports: &mut Vec<ScenarioReport>) -> Resu
         eprintln!("charts: off ({})", charts::ChartError::Disabled);
     }
     let started = Instant::now();
-    let mut cluster = Cluster::setup(profile.clone(), &args.posgate, &pos_sim, dir).await?;
+    let old = args.old_posgate.as_deref().filter(|_| upgrading);
+    let mut cluster = Cluster::setup(profile.clone(), &args.posgate, old, &pos_sim, dir).await?;
+    if old.is_some() {
+        check_serve_flags(&cluster.plan, Release::Previous).await?;
+    }
     eprintln!(
         "setup: redis, {} terminals, directory imported in {:.1} s",
         profile.terminals,
@@ -224,5 +245,28 @@ async fn main() -> ExitCode {
         }
         Ok(()) if reports.iter().all(ScenarioReport::passed) => ExitCode::SUCCESS,
         Ok(()) => ExitCode::from(1),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn rolling_upgrade_runs_only_when_named_and_given_the_old_binary() {
+        let all = scenarios(&names(&["all"]), None).unwrap();
+        assert_eq!(all.len(), 9);
+        assert!(!all.contains(&Scenario::RollingUpgrade));
+        let err = scenarios(&names(&["rolling-upgrade"]), None).unwrap_err();
+        assert!(err.to_string().contains("--old-posgate PATH"), "{err}");
+        let old = Path::new("/old/posgate");
+        let list = scenarios(&names(&["rolling-upgrade", "kill"]), Some(old)).unwrap();
+        assert_eq!(list, [Scenario::RollingUpgrade, Scenario::Kill]);
+        assert!(scenarios(&names(&["kill", "cold-start"]), None).is_err());
+        assert!(scenarios(&names(&["rolling-update"]), Some(old)).is_err());
     }
 }

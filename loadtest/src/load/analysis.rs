@@ -237,6 +237,20 @@ pub fn open_rise_max_per_s(series: &[(u64, u64)]) -> u64 {
     best
 }
 
+/// Above this, the wall clock running ahead of the monotonic clock is reported.
+const CLOCK_JUMP_MS: u64 = 2_000;
+
+/// How many seconds further the wall clock moved than the monotonic clock over one span,
+/// when that is more than 2 s: the machine was suspended (a VM snapshot or host pause;
+/// Linux's monotonic clock stops meanwhile) or its clock was stepped. Every process then
+/// froze or saw time jump at once, and Redis, which expires keys by the wall clock, let
+/// member records and leases run out together: figures of such a run are not the
+/// scenario's alone.
+pub fn clock_jump_s(wall_ms: u64, monotonic: std::time::Duration) -> Option<f64> {
+    let ahead = wall_ms.saturating_sub(monotonic.as_millis() as u64);
+    (ahead > CLOCK_JUMP_MS).then(|| ahead as f64 / 1000.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -254,6 +268,18 @@ mod tests {
     }
 
     #[test]
+    fn a_wall_clock_ahead_of_the_monotonic_one_is_a_jump() {
+        let secs = std::time::Duration::from_secs;
+        assert_eq!(clock_jump_s(155_200, secs(37)), Some(118.2));
+        assert_eq!(clock_jump_s(39_000, secs(37)), None);
+        assert_eq!(
+            clock_jump_s(36_000, secs(37)),
+            None,
+            "wall clock behind: no jump"
+        );
+    }
+
+    #[test]
     fn percentiles() {
         let d = dist((1..=100).collect());
         assert_eq!((d.p50, d.p99, d.max), (50, 99, 100));
@@ -268,6 +294,7 @@ mod tests {
             outcome: String::new(),
             latency_ms,
             unanswered: status == 0,
+            delivered_by: None,
         };
         let rec = |sent: u64, status: u16, latency_ms: u64| PushRecord {
             terminal: "t".into(),

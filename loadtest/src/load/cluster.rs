@@ -11,7 +11,7 @@ use std::{
 use super::{
     http::{self, HttpClient},
     observe::{owners_of, Owners},
-    pods::{import_directory, PodPlan, PodProc},
+    pods::{import_directory, PodPlan, PodProc, Release},
     pushgen::Targets,
     redis::RedisServer,
     shard_of,
@@ -114,10 +114,12 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// Starts Redis and the simulators and imports the directory; no pods yet.
+    /// Starts Redis and the simulators and imports the directory (with `posgate`); no
+    /// pods yet. `previous`: the previous release's binary, for `rolling-upgrade`.
     pub async fn setup(
         profile: Profile,
         posgate: &Path,
+        previous: Option<&Path>,
         pos_sim: &Path,
         dir: &Path,
     ) -> Result<Self, LoadError> {
@@ -133,6 +135,7 @@ impl Cluster {
         }
         let plan = PodPlan {
             posgate: posgate.to_path_buf(),
+            previous: previous.map(Path::to_path_buf),
             pos_ca: sims.ca.clone(),
             flags: profile.flags.clone(),
             log_dir: logs,
@@ -151,9 +154,9 @@ impl Cluster {
         })
     }
 
-    /// Starts a new pod (not yet in service); returns its position in `pods`.
-    pub async fn start_pod(&mut self) -> Result<usize, LoadError> {
-        let pod = PodProc::start(&self.plan, self.next_index, self.redis.addr()).await?;
+    /// Starts a new pod of `release` (not yet in service); returns its position in `pods`.
+    pub async fn start_pod(&mut self, release: Release) -> Result<usize, LoadError> {
+        let pod = PodProc::start(&self.plan, release, self.next_index, self.redis.addr()).await?;
         self.next_index += 1;
         self.pods.push(pod);
         // Observed from the start (not only once ready): the sampler must see a new pod

@@ -103,13 +103,41 @@ pub async fn get_json<T: DeserializeOwned>(
         url: url.to_owned(),
         message,
     };
-    let answer = exchange(client, Method::GET, url, &headers, Bytes::new(), limit)
+    let body = get_ok(client, url, &headers, limit).await?;
+    serde_json::from_slice(&body).map_err(|e| err(e.to_string()))
+}
+
+/// GET a text document (status 200 only), such as `/metrics`.
+pub async fn get_text(
+    client: &HttpClient,
+    url: &str,
+    limit: Duration,
+) -> Result<String, LoadError> {
+    let body = get_ok(client, url, &[], limit).await?;
+    String::from_utf8(body.to_vec()).map_err(|e| LoadError::Http {
+        url: url.to_owned(),
+        message: e.to_string(),
+    })
+}
+
+/// The body of a GET answered 200.
+async fn get_ok(
+    client: &HttpClient,
+    url: &str,
+    headers: &[(&str, &str)],
+    limit: Duration,
+) -> Result<Bytes, LoadError> {
+    let err = |message: String| LoadError::Http {
+        url: url.to_owned(),
+        message,
+    };
+    let answer = exchange(client, Method::GET, url, headers, Bytes::new(), limit)
         .await
         .map_err(|e| err(e.to_string()))?;
     if answer.status != 200 {
         return Err(err(format!("status {}", answer.status)));
     }
-    serde_json::from_slice(&answer.body).map_err(|e| err(e.to_string()))
+    Ok(answer.body)
 }
 
 /// Status of a GET, or `None` without an answer.

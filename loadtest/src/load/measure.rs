@@ -24,7 +24,7 @@ use super::{
     report::ScenarioReport,
     scenarios::{act, prepare, Scenario},
     sims::Counters,
-    unix_ms, LoadError,
+    unix_ms, upgrade, LoadError,
 };
 use crate::pos_sim::{Duplicate, Refusal, Refusals};
 
@@ -103,6 +103,7 @@ pub async fn run_scenario(c: &mut Cluster, sc: Scenario) -> Result<ScenarioRepor
         graceful: sc.graceful(),
         event_unix_ms: action.event_unix_ms,
         duration_s,
+        duration_wall_ms: t1.saturating_sub(t0),
         converged_after_s,
         pods_before,
         pods_after: c.pods.len(),
@@ -234,6 +235,9 @@ pub async fn run_scenario(c: &mut Cluster, sc: Scenario) -> Result<ScenarioRepor
         })
         .collect();
     r.steady_round_trips_per_pod_s = steady;
+    if let Some(trace) = &action.upgrade {
+        r.upgrade = Some(upgrade::report(c, trace, &pushes).await);
+    }
     if sc == Scenario::ColdStart {
         let rss: u64 = r.rss_kib.values().sum();
         r.rss_per_connection_kib = Some(rss as f64 / c.profile.terminals.max(1) as f64);
@@ -374,8 +378,22 @@ fn checks(c: &Cluster, sc: Scenario, r: &mut ScenarioReport) {
     );
     let conv = r.converged_after_s.is_some();
     r.check("converged", false, conv, super::report::converged_text(r));
+    let jump = analysis::clock_jump_s(r.duration_wall_ms, Duration::from_secs_f64(r.duration_s));
+    let d = jump.map_or("wall and monotonic clocks agree".into(), |s| {
+        format!("the wall clock ran {s:.1} s ahead of the monotonic clock: suspended or stepped")
+    });
+    r.check(
+        "machine not suspended, clock not stepped",
+        false,
+        jump.is_none(),
+        d,
+    );
+    upgrade::checks(r);
     match sc {
-        Scenario::ScaleOut | Scenario::ScaleIn | Scenario::RollingRestart => {
+        Scenario::ScaleOut
+        | Scenario::ScaleIn
+        | Scenario::RollingRestart
+        | Scenario::RollingUpgrade => {
             // The first attempt: the gateway's answer, before a retry can paper over it.
             let ok = r.pushes.ok_ratio >= 0.999;
             let d = format!(
@@ -442,7 +460,7 @@ fn checks(c: &Cluster, sc: Scenario, r: &mut ScenarioReport) {
             let d = format!("{kib:.1} KiB per connection (incl. each pod's base)");
             r.check("RSS per held connection <= 64 KiB", false, kib <= 64.0, d);
         }
-        Scenario::RollingRestart => {
+        Scenario::RollingRestart | Scenario::RollingUpgrade => {
             let d = format!(
                 "{:.2} connections per terminal (naive ~2)",
                 r.reconnects_per_terminal

@@ -1,7 +1,9 @@
 //! `posgate serve` processes: one per pod, each reaching Redis through its own
-//! [`RedisProxy`], with the pod's HTTP endpoints (`/readyz`, `/v1/cluster`).
+//! [`RedisProxy`], with the pod's HTTP endpoints (`/readyz`, `/v1/cluster`, `/metrics`).
+//! A pod runs the binary under test or, for `rolling-upgrade`, the previous release's.
 
 use std::{
+    ffi::OsString,
     net::SocketAddr,
     path::{Path, PathBuf},
     time::Duration,
@@ -24,14 +26,75 @@ pub const TENANT: &str = "load";
 pub const TOKEN: &str = "load-harness-token-0123456789";
 const SECRET: &str = "load-harness-cluster-secret-0123456789";
 
+/// Which build a pod runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Release {
+    /// The binary under test (`--posgate`).
+    Current,
+    /// The previous release (`--old-posgate`), for `rolling-upgrade`.
+    Previous,
+}
+
+impl Release {
+    pub fn name(self) -> &'static str {
+        match self {
+            Release::Current => "new",
+            Release::Previous => "old",
+        }
+    }
+}
+
 /// How every pod of a run is started.
 #[derive(Debug, Clone)]
 pub struct PodPlan {
     pub posgate: PathBuf,
+    /// The previous release's binary, if the run was given one.
+    pub previous: Option<PathBuf>,
     pub pos_ca: PathBuf,
     /// Extra `serve` flags (timings, dial rate).
     pub flags: Vec<String>,
     pub log_dir: PathBuf,
+}
+
+impl PodPlan {
+    /// The binary pods of `release` run.
+    pub fn binary(&self, release: Release) -> Result<&Path, LoadError> {
+        match release {
+            Release::Current => Ok(&self.posgate),
+            Release::Previous => self.previous.as_deref().ok_or_else(|| {
+                LoadError::Plan("a pod of the previous release needs --old-posgate PATH".into())
+            }),
+        }
+    }
+
+    /// The arguments of `posgate serve` for pod `id` (every flag the harness passes).
+    pub fn serve_args(&self, id: &str, port: u16, redis_url: &str) -> Vec<OsString> {
+        let url = format!("http://127.0.0.1:{port}");
+        let mut args: Vec<OsString> = [
+            "serve",
+            "--pod-id",
+            id,
+            "--cluster",
+            CLUSTER,
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--advertise-url",
+            &url,
+            "--redis-url",
+            redis_url,
+        ]
+        .iter()
+        .map(OsString::from)
+        .collect();
+        args.push("--pos-ca".into());
+        args.push(self.pos_ca.clone().into());
+        for a in ["--log-format", "json", "--log-level", "info"] {
+            args.push(a.into());
+        }
+        args.extend(self.flags.iter().map(OsString::from));
+        args
+    }
 }
 
 /// One member of `/v1/cluster`.
@@ -72,6 +135,7 @@ pub struct ClusterView {
 pub struct PodProc {
     pub id: String,
     pub url: String,
+    pub release: Release,
     pub proxy: RedisProxy,
     pub proc: ChildProc,
     /// Whether `/readyz` answered 200 once (then pushes may go to it).
@@ -81,30 +145,30 @@ pub struct PodProc {
 }
 
 impl PodProc {
-    /// Starts pod `pod-<index>` against Redis at `redis` (through a new proxy).
-    pub async fn start(plan: &PodPlan, index: usize, redis: SocketAddr) -> Result<Self, LoadError> {
+    /// Starts pod `pod-<index>` of `release` against Redis at `redis` (through a new
+    /// proxy).
+    pub async fn start(
+        plan: &PodPlan,
+        release: Release,
+        index: usize,
+        redis: SocketAddr,
+    ) -> Result<Self, LoadError> {
+        let binary = plan.binary(release)?;
         let proxy = RedisProxy::start(redis).await?;
         let port = free_port()?;
         let id = format!("pod-{index}");
         let url = format!("http://127.0.0.1:{port}");
-        let mut cmd = Command::new(&plan.posgate);
+        let mut cmd = Command::new(binary);
         cmd.env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("POSGATE_CLUSTER_SECRET", SECRET)
             .env("POSGATE_API_TOKENS", format!("{TENANT}:{TOKEN}"))
-            .arg("serve")
-            .args(["--pod-id", &id, "--cluster", CLUSTER])
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(["--advertise-url", &url])
-            .args(["--redis-url", &proxy.url()])
-            .arg("--pos-ca")
-            .arg(&plan.pos_ca)
-            .args(["--log-format", "json", "--log-level", "info"])
-            .args(&plan.flags);
+            .args(plan.serve_args(&id, port, &proxy.url()));
         let proc = ChildProc::spawn(&id, cmd, &plan.log_dir.join(format!("{id}.log")))?;
         Ok(PodProc {
             id,
             url,
+            release,
             proxy,
             proc,
             ready: false,
@@ -126,6 +190,12 @@ impl PodProc {
 
     pub async fn signal(&self, sig: Signal) -> Result<(), LoadError> {
         self.proc.signal(sig).await
+    }
+
+    /// This pod's `/metrics` (OpenMetrics text).
+    pub async fn metrics(&self, client: &HttpClient) -> Result<String, LoadError> {
+        let url = format!("{}/metrics", self.url);
+        http::get_text(client, &url, Duration::from_secs(1)).await
     }
 }
 

@@ -126,6 +126,7 @@ mod tests {
             outcome: outcome.into(),
             latency_ms: 3,
             unanswered: status == 0,
+            delivered_by: None,
         }
     }
 

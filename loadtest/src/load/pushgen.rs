@@ -52,6 +52,9 @@ pub struct Attempt {
     pub latency_ms: u64,
     /// No answer within the push deadline + 1 s, or the connection failed before one.
     pub unanswered: bool,
+    /// A `200`'s `pod`: the owner that delivered (the entry pod, or the one it forwarded
+    /// to).
+    pub delivered_by: Option<String>,
 }
 
 /// One push: its key and every attempt, in order.
@@ -256,13 +259,19 @@ impl Push {
         )
         .await;
         let latency_ms = started.elapsed().as_millis() as u64;
+        let field = |body: &[u8], name: &str| {
+            serde_json::from_slice::<serde_json::Value>(body)
+                .ok()
+                .and_then(|v| v.get(name)?.as_str().map(str::to_owned))
+        };
+        let mut delivered_by = None;
         let (status, outcome, unanswered, retry_after) = match result {
-            Ok(a) if a.status == 200 => (200, "ok".to_owned(), false, None),
+            Ok(a) if a.status == 200 => {
+                delivered_by = field(&a.body, "pod");
+                (200, "ok".to_owned(), false, None)
+            }
             Ok(a) => {
-                let code = serde_json::from_slice::<serde_json::Value>(&a.body)
-                    .ok()
-                    .and_then(|v| v.get("error")?.as_str().map(str::to_owned))
-                    .unwrap_or_else(|| "?".into());
+                let code = field(&a.body, "error").unwrap_or_else(|| "?".into());
                 (a.status, code, false, a.retry_after_s)
             }
             Err(ExchangeError::Timeout) => (0, "unanswered".to_owned(), true, None),
@@ -275,6 +284,7 @@ impl Push {
             outcome,
             latency_ms,
             unanswered,
+            delivered_by,
         };
         (attempt, retry_after)
     }
@@ -292,6 +302,7 @@ mod tests {
             outcome: outcome.into(),
             latency_ms: 0,
             unanswered: status == 0,
+            delivered_by: None,
         }
     }
 

@@ -12,6 +12,7 @@ use super::{
     observe::Sample,
     push_summary::PushSummary,
     redis::CommandStats,
+    upgrade::{self, UpgradeReport},
 };
 
 /// One pass/fail line: `gate` lines decide the exit code, the others are the issue's
@@ -31,7 +32,10 @@ pub struct ScenarioReport {
     pub graceful: bool,
     /// When the event (scale, signal, cut) began, unix ms.
     pub event_unix_ms: u64,
+    /// Monotonic clock.
     pub duration_s: f64,
+    /// The same span by the wall clock (what pos-sim stamps events with).
+    pub duration_wall_ms: u64,
     /// From the event to every shard served by its assigned pod and every terminal
     /// connected; `None` if that did not happen within the limit.
     pub converged_after_s: Option<f64>,
@@ -88,6 +92,8 @@ pub struct ScenarioReport {
     pub rss_per_connection_kib: Option<f64>,
     pub rss_kib: BTreeMap<String, u64>,
     pub cpu_s: BTreeMap<String, f64>,
+    /// rolling-upgrade: the mixed phase and the new pods' peer counters.
+    pub upgrade: Option<UpgradeReport>,
     pub checks: Vec<Check>,
     pub notes: Vec<String>,
     /// PNG charts, relative to the directory of `summary.md`.
@@ -231,6 +237,9 @@ pub fn markdown(header: &str, reports: &[ScenarioReport]) -> String {
         }
         let _ = writeln!(md, "- RSS KiB per pod at the end: {:?}", r.rss_kib);
         let _ = writeln!(md, "- CPU s per pod during the scenario: {:?}", r.cpu_s);
+        if let Some(u) = &r.upgrade {
+            upgrade::lines(&mut md, u);
+        }
         for c in &r.checks {
             let _ = writeln!(
                 md,

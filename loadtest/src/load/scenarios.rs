@@ -3,7 +3,14 @@
 
 use std::time::Duration;
 
-use super::{cluster::Cluster, pods::import_directory, procs::Signal, unix_ms, LoadError};
+use super::{
+    cluster::Cluster,
+    pods::{import_directory, Release},
+    procs::Signal,
+    unix_ms,
+    upgrade::{self, Step, UpgradeTrace},
+    LoadError,
+};
 
 /// One scenario of the harness.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,6 +24,9 @@ pub enum Scenario {
     RedisRestart,
     RedisOutage,
     PodPartition,
+    /// Every pod on the previous release, replaced one by one by this one (needs the
+    /// previous release's binary, so not part of `all`).
+    RollingUpgrade,
 }
 
 impl Scenario {
@@ -33,6 +43,9 @@ impl Scenario {
         Scenario::PodPartition,
     ];
 
+    /// Scenarios run only when named (they need something CI does not have).
+    pub const EXPLICIT: [Scenario; 1] = [Scenario::RollingUpgrade];
+
     pub fn name(self) -> &'static str {
         match self {
             Scenario::ColdStart => "cold-start",
@@ -44,19 +57,35 @@ impl Scenario {
             Scenario::RedisRestart => "redis-restart",
             Scenario::RedisOutage => "redis-outage",
             Scenario::PodPartition => "pod-partition",
+            Scenario::RollingUpgrade => "rolling-upgrade",
         }
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|x| x.name() == s)
+        Self::ALL
+            .into_iter()
+            .chain(Self::EXPLICIT)
+            .find(|x| x.name() == s)
     }
 
     /// Graceful scenarios must not produce a single raw overlap.
     pub fn graceful(self) -> bool {
         matches!(
             self,
-            Scenario::ColdStart | Scenario::ScaleOut | Scenario::ScaleIn | Scenario::RollingRestart
+            Scenario::ColdStart
+                | Scenario::ScaleOut
+                | Scenario::ScaleIn
+                | Scenario::RollingRestart
+                | Scenario::RollingUpgrade
         )
+    }
+
+    /// The release every pod runs when the scenario's event begins.
+    pub fn starting_release(self) -> Release {
+        match self {
+            Scenario::RollingUpgrade => Release::Previous,
+            _ => Release::Current,
+        }
     }
 }
 
@@ -76,12 +105,14 @@ pub struct Action {
     /// converged before the pods noticed a silent change such as a Redis restart).
     pub settle: Duration,
     pub notes: Vec<String>,
+    /// rolling-upgrade: each replacement step and every pod's release.
+    pub upgrade: Option<UpgradeTrace>,
 }
 
-async fn start_ready(c: &mut Cluster, n: usize) -> Result<(), LoadError> {
+async fn start_ready(c: &mut Cluster, n: usize, release: Release) -> Result<(), LoadError> {
     let mut started = Vec::new();
     for _ in 0..n {
-        started.push(c.start_pod().await?);
+        started.push(c.start_pod(release).await?);
     }
     let limit = c.profile.converge_limit;
     for i in started {
@@ -91,19 +122,23 @@ async fn start_ready(c: &mut Cluster, n: usize) -> Result<(), LoadError> {
 }
 
 /// Brings the cluster into the state `scenario` starts from (N pods, N + 1 for
-/// scale-in, converged).
+/// scale-in, all on the scenario's starting release, converged).
 pub async fn prepare(c: &mut Cluster, scenario: Scenario) -> Result<(), LoadError> {
     let want = match scenario {
         Scenario::ColdStart => return Ok(()),
         Scenario::ScaleIn => c.profile.pods + 1,
         _ => c.profile.pods,
     };
+    let release = scenario.starting_release();
+    while let Some(i) = c.pods.iter().position(|p| p.release != release) {
+        stop_gracefully(c, i).await?;
+    }
     while c.pods.len() > want {
         let i = c.pods.len() - 1;
         stop_gracefully(c, i).await?;
     }
     let missing = want - c.pods.len();
-    start_ready(c, missing).await?;
+    start_ready(c, missing, release).await?;
     if c.wait_converged(c.profile.converge_limit).await.is_none() {
         return Err(LoadError::Timeout {
             what: format!("convergence before {}", scenario.name()),
@@ -128,6 +163,42 @@ async fn stop_gracefully(c: &mut Cluster, i: usize) -> Result<(), LoadError> {
     Ok(())
 }
 
+/// Replaces every pod, one by one: a new pod of `release` first, ready, then SIGTERM one
+/// of the pods there were before. With `trace`, each step is recorded with the new pods'
+/// peer counters right after the old pod exited.
+async fn replace_each(
+    c: &mut Cluster,
+    release: Release,
+    mut trace: Option<&mut UpgradeTrace>,
+) -> Result<(), LoadError> {
+    let old: Vec<String> = c.pods.iter().map(|p| p.id.clone()).collect();
+    for (k, id) in old.iter().enumerate() {
+        let new_started_unix_ms = unix_ms();
+        let n = c.start_pod(release).await?;
+        let new_pod = c.pods[n].id.clone();
+        c.wait_ready(n, c.profile.converge_limit).await?;
+        let new_ready_unix_ms = unix_ms();
+        let i = c.pods.iter().position(|p| &p.id == id).unwrap_or(0);
+        stop_gracefully(c, i).await?;
+        let old_gone_unix_ms = unix_ms();
+        if let Some(t) = trace.as_deref_mut() {
+            t.releases.insert(new_pod.clone(), release);
+            let (peer, unscraped) = upgrade::scrape_new_pods(c).await;
+            t.steps.push(Step {
+                new_pod,
+                old_pod: id.clone(),
+                new_started_unix_ms,
+                new_ready_unix_ms,
+                old_gone_unix_ms,
+                old_left: old.len() - k - 1,
+                peer,
+                unscraped,
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Injects the scenario's event and returns once it is over (not once converged).
 pub async fn act(c: &mut Cluster, scenario: Scenario) -> Result<Action, LoadError> {
     let t = c.profile.terminals;
@@ -138,10 +209,10 @@ pub async fn act(c: &mut Cluster, scenario: Scenario) -> Result<Action, LoadErro
         ..Action::default()
     };
     match scenario {
-        Scenario::ColdStart => start_ready(c, c.profile.pods).await?,
+        Scenario::ColdStart => start_ready(c, c.profile.pods, Release::Current).await?,
         Scenario::ScaleOut => {
             a.ideal_moved = Some(t / (n + 1));
-            start_ready(c, 1).await?;
+            start_ready(c, 1, Release::Current).await?;
         }
         Scenario::ScaleIn => {
             a.ideal_moved = Some(t / n);
@@ -151,12 +222,21 @@ pub async fn act(c: &mut Cluster, scenario: Scenario) -> Result<Action, LoadErro
             a.ideal_moved = Some(t);
             a.notes
                 .push("new pod first, then SIGTERM one old pod, one by one".into());
-            let old: Vec<String> = c.pods.iter().map(|p| p.id.clone()).collect();
-            for id in old {
-                start_ready(c, 1).await?;
-                let i = c.pods.iter().position(|p| p.id == id).unwrap_or(0);
-                stop_gracefully(c, i).await?;
-            }
+            replace_each(c, Release::Current, None).await?;
+        }
+        Scenario::RollingUpgrade => {
+            a.ideal_moved = Some(t);
+            a.notes.push(
+                "every pod on the previous release; a new-release pod first, then SIGTERM \
+                 one old pod, one by one"
+                    .into(),
+            );
+            let mut trace = UpgradeTrace {
+                releases: upgrade::releases_of(c),
+                steps: Vec::new(),
+            };
+            replace_each(c, Release::Current, Some(&mut trace)).await?;
+            a.upgrade = Some(trace);
         }
         Scenario::Kill => {
             a.ideal_moved = Some(t / n);
