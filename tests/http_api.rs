@@ -603,6 +603,30 @@ async fn protocol_1_is_accepted_only_during_a_rolling_upgrade() {
     assert_eq!(code, StatusCode::OK, "an old member is there: {body}");
     let (code, body) = post(&url, old_signed(at), full("")).await;
     assert_eq!(code, StatusCode::UNAUTHORIZED, "its exact copy: {body}");
+
+    // The previous release re-sends a forward answered 421 at once; within the same
+    // second its copy is byte-identical, and since the first acted on nothing it is
+    // accepted again (here: 421 again, no pod serves anything).
+    let path = "/internal/v1/push/pos-1";
+    let forward = |at: SystemTime| {
+        let mut headers = HeaderMap::new();
+        for (name, value) in [
+            ("posgate-hop", "1"),
+            ("posgate-tenant", "acme"),
+            ("idempotency-key", "order-1"),
+            ("posgate-deadline-ms", "500"),
+        ] {
+            headers.insert(name, value.parse().unwrap());
+        }
+        legacy::sign(&good, &Method::POST, path, at, b"{}").apply(&mut headers);
+        headers
+    };
+    let url = format!("{}{path}", server.base);
+    let at = SystemTime::now();
+    for attempt in ["first", "re-sent"] {
+        let (code, body) = post(&url, forward(at), full("{}")).await;
+        assert_eq!(code, StatusCode::MISDIRECTED_REQUEST, "{attempt}: {body}");
+    }
     server.stop().await;
 }
 

@@ -30,7 +30,7 @@ use super::{check_announced, read_body, HttpState};
 use crate::api::valid_terminal_id;
 use crate::credentials::ClusterSecret;
 use crate::credentials::Tenant;
-use crate::peer::replay::RequestKey;
+use crate::peer::replay::{RequestKey, Reserved};
 use crate::peer::signing::{self, claimed, legacy, unix_seconds, AuthError, BodyDigest, Claimed};
 use crate::peer::wire::ForwardedPush;
 use crate::peer::{PeerAnswer, PEER_PROTOCOL, SIGNATURE_HEADER, VERSION_HEADER};
@@ -64,14 +64,23 @@ pub(super) async fn authenticate(
         None => match check_announced(&parts.headers, limit) {
             Ok(()) => read_body(body, limit, |_| {})
                 .await
+                .map(|body| (body, None))
                 .map_err(Refused::Answer),
             Err(answer) => Err(Refused::Answer(answer)),
         },
         Some(secrets) => checked_body(&state, &secrets, &parts, body, limit).await,
     };
     match checked {
-        Ok(body) => {
+        Ok((body, legacy)) => {
             let mut response = next.run(Request::from_parts(parts, Body::from(body))).await;
+            // The previous release re-sends a forward after `421` at once, and its
+            // signature has whole-second time only: the copy is byte-identical. A
+            // request answered `421` acted on nothing, so its signature may be used again.
+            if let Some(reserved) = legacy {
+                if response.status() != StatusCode::MISDIRECTED_REQUEST {
+                    reserved.keep();
+                }
+            }
             response
                 .headers_mut()
                 .insert(VERSION_HEADER, HeaderValue::from(PEER_PROTOCOL));
@@ -82,14 +91,15 @@ pub(super) async fn authenticate(
     }
 }
 
-/// The body of a request whose every check passed.
-async fn checked_body(
-    state: &HttpState,
+/// The body of a request whose every check passed; for a protocol-1 request also the
+/// reservation of its signature, kept once the handler acted on it.
+async fn checked_body<'a>(
+    state: &'a HttpState,
     secrets: &[ClusterSecret],
     parts: &Parts,
     body: Body,
     limit: usize,
-) -> Result<Bytes, Refused> {
+) -> Result<(Bytes, Option<Reserved<'a>>), Refused> {
     check_announced(&parts.headers, limit).map_err(Refused::Answer)?;
     let now = SystemTime::now();
     let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
@@ -115,7 +125,7 @@ async fn checked_body(
                 .map_err(Refused::Answer)?;
             digest.check(&head)?;
             reserved.keep();
-            Ok(body)
+            Ok((body, None))
         }
         Claimed::Legacy => {
             if !parts.headers.contains_key(SIGNATURE_HEADER) {
@@ -135,11 +145,10 @@ async fn checked_body(
                 &body,
                 now,
             )?;
-            replay
-                .reserve(RequestKey::Legacy(signature), timestamp, unix_seconds(now))?
-                .keep();
+            let reserved =
+                replay.reserve(RequestKey::Legacy(signature), timestamp, unix_seconds(now))?;
             state.metrics.peer_legacy_accepted.inc();
-            Ok(body)
+            Ok((body, Some(reserved)))
         }
     }
 }
