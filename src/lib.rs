@@ -20,6 +20,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod clock;
 pub mod config;
 pub mod core;
 pub mod credentials;

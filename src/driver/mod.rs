@@ -27,6 +27,7 @@ use tracing::{debug, info, warn};
 
 use self::ops::{Done, Op, OpContext, StoreHealth};
 use self::report::{name, Situation};
+use crate::clock::now;
 use crate::core::config::{CoreConfig, InvalidTimings};
 use crate::core::membership::Member;
 use crate::core::reconciler::{Action, Reconciler};
@@ -42,11 +43,6 @@ use crate::store::{ClusterMeta, CoordStore};
 /// Peers get this long at most to say whether they reach the store: the answer is only
 /// useful before the next renewal.
 const MAX_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Monotonic time for the reconciler, from tokio's clock so a paused test clock applies.
-fn now() -> Instant {
-    tokio::time::Instant::now().into_std()
-}
 
 /// What the driver needs to know about its pod.
 #[derive(Clone, Debug)]

@@ -28,6 +28,7 @@ use axum::Json;
 use super::errors::respond;
 use super::{check_announced, read_body, HttpState};
 use crate::api::valid_terminal_id;
+use crate::clock;
 use crate::credentials::ClusterSecret;
 use crate::credentials::Tenant;
 use crate::peer::replay::{RequestKey, Reserved};
@@ -270,7 +271,7 @@ pub(super) async fn push(
         body: forwarded.body,
         received,
     };
-    let deadline = tokio::time::Instant::now().into_std() + budget;
+    let deadline = clock::now() + budget;
     match state.push.deliver_here(&request, deadline).await {
         Owned::Answer(answer) => respond(answer),
         Owned::NotHere => moved(),

@@ -20,6 +20,7 @@ use serde::Deserialize;
 use super::errors::respond;
 use super::{read_bounded, HttpState};
 use crate::api::{valid_key, valid_terminal_id, IDEMPOTENCY_KEY, TIMEOUT_PARAM};
+use crate::clock;
 use crate::credentials::{ApiTokens, Tenant};
 use crate::metrics::{GaugeUnit, Metrics};
 use crate::push::answer::{Answer, ErrorBody, ErrorCode};
@@ -114,7 +115,7 @@ pub(super) async fn push(
     let (answer, path) = match checked(service, tenant, terminal, &uri, &headers, body).await {
         Ok((request, timeout)) => match service.admit() {
             Some(_slot) => {
-                let deadline = tokio::time::Instant::now().into_std() + timeout;
+                let deadline = clock::now() + timeout;
                 service.push(request, deadline).await
             }
             None => (overloaded(&request), "none"),

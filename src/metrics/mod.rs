@@ -41,13 +41,14 @@ fn rebalance_buckets() -> Histogram {
 }
 
 /// The `op` values of the store metrics.
-const STORE_OPS: [&str; 6] = [
+const STORE_OPS: [&str; 7] = [
     "snapshot",
     "heartbeat",
     "acquire",
     "renew",
     "release",
     "deregister",
+    "place",
 ];
 
 /// The `outcome` values of `posgate_lease_ops_total` per `op`.

@@ -21,6 +21,7 @@ use tracing::{debug, warn};
 use super::answer::{Answer, Delivered, ErrorBody, ErrorCode};
 use super::idempotency::Reserve;
 use super::{PushRequest, PushService};
+use crate::clock::now;
 use crate::core::shard::shard_of;
 use crate::pos::manager::Lookup;
 use crate::pos::push::{self as pos_push, PosPush, PushFailure};
@@ -39,10 +40,6 @@ pub enum Owned {
     Answer(Answer),
     /// This pod does not serve the shard (any more): nothing was sent to the terminal.
     NotHere,
-}
-
-fn now() -> Instant {
-    tokio::time::Instant::now().into_std()
 }
 
 impl PushService {

@@ -18,6 +18,7 @@ use super::answer::{Answer, Delivered, ErrorCode};
 use super::forward::Forwarded;
 use super::owner::{unavailable, with_key, Owned};
 use super::{PushRequest, PushService};
+use crate::clock::now;
 use crate::core::shard::shard_of;
 use crate::core::{Epoch, PodId, ShardId};
 use crate::metrics::{GaugeUnit, Metrics};
@@ -42,10 +43,6 @@ enum Target {
     Here,
     Peer(PeerTarget),
     Nobody,
-}
-
-fn now() -> Instant {
-    tokio::time::Instant::now().into_std()
 }
 
 impl PushService {

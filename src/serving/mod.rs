@@ -68,7 +68,7 @@ impl ServingTable {
 
     /// The epoch to deliver on `shard` with at `now`, or `None` when this pod must not
     /// deliver on it. `now` is monotonic time as the driver sees it:
-    /// `tokio::time::Instant::now().into_std()`.
+    /// `crate::clock::now()`.
     pub fn serving(&self, shard: ShardId, now: Instant) -> Option<Epoch> {
         match self.read(shard)? {
             Slot::Serving { epoch, deadline } if now < deadline => Some(epoch),
