@@ -36,7 +36,7 @@ pub struct PushArgs {
     #[arg(long, env = "POSGATE_MAX_WAITING_PER_TERMINAL", default_value_t = 64)]
     pub max_waiting_per_terminal: usize,
     /// Path terminals take pushes on
-    #[arg(long, env = "POSGATE_POS_PUSH_PATH", default_value = crate::pos::push::DEFAULT_PUSH_PATH)]
+    #[arg(long, env = "POSGATE_POS_PUSH_PATH", default_value = crate::pos::wire::DEFAULT_PUSH_PATH)]
     pub pos_push_path: String,
     /// How long the owner remembers an idempotency key's answer
     #[arg(long, env = "POSGATE_IDEMPOTENCY_TTL", default_value = "10m", value_parser = parse_duration)]

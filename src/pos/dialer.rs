@@ -12,7 +12,6 @@ use std::pin::pin;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
-use http::StatusCode;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rustls::pki_types::ServerName;
 use rustls::{CertificateError, ClientConfig};
@@ -21,7 +20,8 @@ use tokio::sync::watch;
 use tokio_rustls::TlsConnector;
 use tracing::debug;
 
-use super::session::{ConnEnd, Peer, Session};
+use super::session::{ConnEnd, Session, TerminalPeer};
+use super::wire::{DialError, Stage};
 use crate::core::{Epoch, PodId};
 use crate::store::directory::Terminal;
 use crate::tls::ALPN_H2;
@@ -63,58 +63,6 @@ impl DialerConfig {
             connect_timeout: Duration::from_secs(5),
             handshake_timeout: Duration::from_secs(5),
             keepalive: Keepalive::default(),
-        }
-    }
-}
-
-/// Which step of a dial timed out.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Stage {
-    Connect,
-    Tls,
-    Http2,
-    Hello,
-}
-
-/// Why a dial (or a later hello on a live session) failed.
-#[derive(Debug, thiserror::Error)]
-pub enum DialError {
-    /// The directory entry cannot be dialed as written.
-    #[error("bad terminal entry: {0}")]
-    BadTerminal(String),
-    #[error("connection refused")]
-    Refused,
-    #[error("timed out ({0:?} step)")]
-    Timeout(Stage),
-    #[error("cannot connect: {0}")]
-    Connect(#[source] io::Error),
-    /// The terminal presented a certificate for another name: misrouted address, or
-    /// something impersonating the terminal.
-    #[error("certificate is not valid for server name {server_name:?}: {detail}")]
-    WrongName { server_name: String, detail: String },
-    #[error("TLS handshake failed: {0}")]
-    Tls(#[source] io::Error),
-    #[error("terminal did not negotiate h2 (ALPN: {alpn:?})")]
-    NoH2 { alpn: Option<String> },
-    #[error("HTTP/2: {0}")]
-    Http(#[source] hyper::Error),
-    /// `409`: a newer owner said hello to this terminal; the shard must be dropped.
-    #[error("hello refused: epoch is stale (terminal has seen {highest:?})")]
-    StaleEpoch { highest: Option<Epoch> },
-    #[error("hello rejected with status {status}")]
-    HelloRejected { status: StatusCode },
-}
-
-impl DialError {
-    /// The `result` label of the dial metric (`ok` is the success label).
-    pub fn label(&self) -> &'static str {
-        match self {
-            DialError::Refused => "refused",
-            DialError::Timeout(_) => "timeout",
-            DialError::WrongName { .. } | DialError::Tls(_) | DialError::NoH2 { .. } => "tls_error",
-            DialError::StaleEpoch { .. } => "stale_epoch",
-            DialError::HelloRejected { .. } => "rejected",
-            DialError::BadTerminal(_) | DialError::Connect(_) | DialError::Http(_) => "error",
         }
     }
 }
@@ -265,7 +213,7 @@ impl Dialer {
             // Nobody listening means the session is gone already.
             let _ = ended_tx.send(ConnEnd::Ended { error });
         });
-        let peer = Peer {
+        let peer = TerminalPeer {
             terminal: terminal.id.clone(),
             origin: format!("https://{}", terminal.server_name),
             pod: self.cfg.pod.clone(),

@@ -25,9 +25,10 @@ use tokio::sync::{mpsc, watch, Notify};
 use tracing::{debug, warn};
 
 use super::backoff::{Backoff, BackoffPolicy};
-use super::dialer::{DialError, Dialer};
+use super::dialer::Dialer;
 use super::pacer::Pacer;
 use super::session::{ConnEnd, RequestSender, Session};
+use super::wire::DialError;
 use crate::core::{Epoch, ShardId};
 use crate::metrics::Metrics;
 use crate::store::directory::Terminal;

@@ -12,6 +12,7 @@ mod pacer;
 pub mod push;
 pub mod session;
 pub mod tls;
+pub mod wire;
 
 #[cfg(test)]
 mod tests;

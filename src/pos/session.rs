@@ -11,22 +11,15 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderValue, Method, Request, Response, StatusCode};
+use http::{Request, Response};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::client::conn::http2::SendRequest;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::dialer::{DialError, Stage};
+use super::wire::{self, DialError, Stage};
 use crate::core::{Epoch, PodId};
-
-/// Request headers of the hello (`docs/pos-protocol.md`).
-pub const HEADER_EPOCH: &str = "posgate-epoch";
-pub const HEADER_POD: &str = "posgate-pod";
-pub const HEADER_TERMINAL: &str = "posgate-terminal";
-/// Response header of a `409`: the highest epoch the terminal has seen.
-pub const HEADER_STALE_EPOCH: &str = "posgate-stale-epoch";
 
 /// The handle requests are sent on; clones share the connection.
 pub type RequestSender = SendRequest<Full<Bytes>>;
@@ -42,7 +35,7 @@ pub enum ConnEnd {
 
 /// Who a session speaks for and to: fixed for the session's life.
 #[derive(Clone, Debug)]
-pub(super) struct Peer {
+pub(super) struct TerminalPeer {
     pub terminal: String,
     /// `https://<server_name>`: the `:authority` and scheme of every request.
     pub origin: String,
@@ -55,7 +48,7 @@ pub struct Session {
     send: SendRequest<Full<Bytes>>,
     ended: watch::Receiver<ConnEnd>,
     conn: ConnTask,
-    peer: Peer,
+    peer: TerminalPeer,
     /// The epoch of the last accepted hello, if any.
     epoch: Option<Epoch>,
 }
@@ -65,7 +58,7 @@ impl Session {
         send: SendRequest<Full<Bytes>>,
         ended: watch::Receiver<ConnEnd>,
         conn: JoinHandle<()>,
-        peer: Peer,
+        peer: TerminalPeer,
     ) -> Self {
         Session {
             send,
@@ -93,22 +86,22 @@ impl Session {
     /// any epoch (an earlier accepted one no longer counts).
     pub async fn hello(&mut self, epoch: Epoch, timeout: Duration) -> Result<(), DialError> {
         self.epoch = None;
-        let request = Request::builder()
-            .method(Method::POST)
-            .uri(format!("{}/hello", self.peer.origin))
-            .header(HEADER_EPOCH, epoch)
-            .header(HEADER_POD, self.peer.pod.as_str())
-            .header(HEADER_TERMINAL, &self.peer.terminal)
-            .body(Full::new(Bytes::new()))
-            .map_err(|e| DialError::BadTerminal(e.to_string()))?;
+        let request = wire::hello(
+            &self.peer.origin,
+            epoch,
+            &self.peer.pod,
+            &self.peer.terminal,
+        )
+        .map_err(|e| DialError::BadTerminal(e.to_string()))?;
         let response = tokio::time::timeout(timeout, self.request(request))
             .await
             .map_err(|_| DialError::Timeout(Stage::Hello))?
             .map_err(DialError::Http)?;
-        classify_hello(
-            response.status(),
-            response.headers().get(HEADER_STALE_EPOCH),
-        )?;
+        match wire::verdict(response.status(), response.headers()) {
+            wire::Verdict::Accepted => {}
+            wire::Verdict::Stale { highest } => return Err(DialError::StaleEpoch { highest }),
+            wire::Verdict::Refused { status } => return Err(DialError::HelloRejected { status }),
+        }
         self.epoch = Some(epoch);
         Ok(())
     }
@@ -186,56 +179,9 @@ impl Drop for ConnTask {
     }
 }
 
-/// The outcome of a hello answer: 2xx accepts; `409` with `posgate-stale-epoch` means
-/// a newer owner said hello; anything else is a refusal to retry later.
-pub(super) fn classify_hello(
-    status: StatusCode,
-    stale: Option<&HeaderValue>,
-) -> Result<(), DialError> {
-    if status.is_success() {
-        return Ok(());
-    }
-    match stale {
-        Some(value) if status == StatusCode::CONFLICT => Err(DialError::StaleEpoch {
-            // An unparsable value still says "stale"; only the number is lost.
-            highest: value.to_str().ok().and_then(|v| v.trim().parse().ok()),
-        }),
-        _ => Err(DialError::HelloRejected { status }),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn hello_answers_are_classified() {
-        let v = HeaderValue::from_static("1700000000123");
-        assert!(classify_hello(StatusCode::OK, None).is_ok());
-        assert!(classify_hello(StatusCode::NO_CONTENT, Some(&v)).is_ok());
-        assert!(matches!(
-            classify_hello(StatusCode::CONFLICT, Some(&v)),
-            Err(DialError::StaleEpoch {
-                highest: Some(1_700_000_000_123)
-            })
-        ));
-        let junk = HeaderValue::from_static("soon");
-        assert!(matches!(
-            classify_hello(StatusCode::CONFLICT, Some(&junk)),
-            Err(DialError::StaleEpoch { highest: None })
-        ));
-        // A 409 without the header is not a fencing answer: no shard is dropped for it.
-        assert!(matches!(
-            classify_hello(StatusCode::CONFLICT, None),
-            Err(DialError::HelloRejected {
-                status: StatusCode::CONFLICT
-            })
-        ));
-        assert!(matches!(
-            classify_hello(StatusCode::SERVICE_UNAVAILABLE, Some(&v)),
-            Err(DialError::HelloRejected { .. })
-        ));
-    }
 
     /// Sets its flag when dropped: stands in for the socket the connection task owns.
     struct Socket(std::sync::Arc<std::sync::atomic::AtomicBool>);

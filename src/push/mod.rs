@@ -63,7 +63,7 @@ impl Default for PushSettings {
             max_push_bytes: 64 * 1024,
             max_inflight: 10_000,
             max_waiting_per_terminal: 64,
-            push_path: crate::pos::push::DEFAULT_PUSH_PATH.to_string(),
+            push_path: crate::pos::wire::DEFAULT_PUSH_PATH.to_string(),
             idempotency_ttl: Duration::from_secs(600),
             idempotency_capacity: 100_000,
         }

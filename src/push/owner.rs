@@ -24,7 +24,8 @@ use super::{PushRequest, PushService};
 use crate::clock::now;
 use crate::core::shard::shard_of;
 use crate::pos::manager::Lookup;
-use crate::pos::push::{self as pos_push, PosPush, PushFailure};
+use crate::pos::push::{self as pos_push, PushFailure};
+use crate::pos::wire::PosPush;
 
 /// How often a push re-checks while the shard's terminal list loads.
 const LOADING_POLL: Duration = Duration::from_millis(10);

@@ -22,8 +22,11 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::core::PodId;
 use crate::pos::dialer::{Dialer, DialerConfig, Keepalive};
-use crate::pos::session::{HEADER_EPOCH, HEADER_POD, HEADER_STALE_EPOCH, HEADER_TERMINAL};
 use crate::pos::tls::{client_config, TlsFiles};
+use crate::pos::wire::{
+    EPOCH_HEADER as HEADER_EPOCH, POD_HEADER as HEADER_POD,
+    STALE_EPOCH_HEADER as HEADER_STALE_EPOCH, TERMINAL_HEADER as HEADER_TERMINAL,
+};
 use crate::store::directory::Terminal;
 
 /// Generous: only reached when something is broken, never a speed requirement.

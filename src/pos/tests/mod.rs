@@ -11,8 +11,9 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 
 use self::fake::{freezable_proxy, wait_until, FakeTerminal, Hello, Pki, LIMIT};
-use crate::pos::dialer::{DialError, Keepalive};
+use crate::pos::dialer::Keepalive;
 use crate::pos::session::ConnEnd;
+use crate::pos::wire::DialError;
 use crate::store::directory::Terminal;
 
 #[tokio::test]

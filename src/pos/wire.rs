@@ -1,0 +1,233 @@
+//! The terminal protocol (`docs/pos-protocol.md`) as posgate speaks it, in one place:
+//! the header names, the `hello` and push requests, what a terminal's answer to either
+//! means ([`verdict`]), and why a dial fails ([`DialError`]).
+//!
+//! One rule decides both answers: 2xx accepts; `409` with [`STALE_EPOCH_HEADER`] is the
+//! fence (a newer owner said hello, nothing was processed); anything else is the
+//! terminal's own refusal. A `409` without the header is not a fencing answer, so no
+//! shard is ever dropped for it.
+//!
+//! Not for: dialing, sessions or retry policy (`dialer`, `session`, `link`), or what a
+//! push's transport outcome proves (`push`).
+
+use std::io;
+
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderValue, Method, Request, StatusCode};
+use http_body_util::Full;
+
+use crate::api::{IDEMPOTENCY_KEY, TENANT_HEADER};
+use crate::core::{Epoch, PodId};
+
+/// The fencing epoch of the session (hello) or the push.
+pub const EPOCH_HEADER: &str = "posgate-epoch";
+/// The pod speaking.
+pub const POD_HEADER: &str = "posgate-pod";
+/// The terminal the request is for (its directory id).
+pub const TERMINAL_HEADER: &str = "posgate-terminal";
+/// On a `409`: the highest epoch the terminal has seen.
+pub const STALE_EPOCH_HEADER: &str = "posgate-stale-epoch";
+/// Where the hello goes.
+pub const HELLO_PATH: &str = "/hello";
+/// Where pushes go unless configured otherwise (`--pos-push-path`).
+pub const DEFAULT_PUSH_PATH: &str = "/push";
+
+/// What a terminal's answer to a hello or a push means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Accepted,
+    /// The fence: a newer owner exists; nothing was processed.
+    Stale {
+        highest: Option<Epoch>,
+    },
+    /// The terminal's own refusal.
+    Refused {
+        status: StatusCode,
+    },
+}
+
+/// The meaning of an answer with `status` and `headers`.
+pub fn verdict(status: StatusCode, headers: &HeaderMap) -> Verdict {
+    if status.is_success() {
+        return Verdict::Accepted;
+    }
+    match headers.get(STALE_EPOCH_HEADER) {
+        Some(value) if status == StatusCode::CONFLICT => Verdict::Stale {
+            // An unparsable value still says "stale"; only the number is lost.
+            highest: value.to_str().ok().and_then(|v| v.trim().parse().ok()),
+        },
+        _ => Verdict::Refused { status },
+    }
+}
+
+/// The hello that opens a session at `origin` (`https://<server_name>`).
+pub fn hello(
+    origin: &str,
+    epoch: Epoch,
+    pod: &PodId,
+    terminal: &str,
+) -> Result<Request<Full<Bytes>>, http::Error> {
+    Request::builder()
+        .method(Method::POST)
+        .uri(format!("{origin}{HELLO_PATH}"))
+        .header(EPOCH_HEADER, epoch)
+        .header(POD_HEADER, pod.as_str())
+        .header(TERMINAL_HEADER, terminal)
+        .body(Full::new(Bytes::new()))
+}
+
+/// One push as it goes on the wire.
+#[derive(Clone, Debug)]
+pub struct PosPush<'a> {
+    pub terminal: &'a str,
+    /// The terminal's TLS name: the `:authority` of the request.
+    pub server_name: &'a str,
+    pub path: &'a str,
+    pub tenant: &'a str,
+    pub key: &'a str,
+    pub epoch: Epoch,
+    pub pod: &'a PodId,
+    pub content_type: Option<&'a HeaderValue>,
+    pub body: Bytes,
+}
+
+/// The request of `push`.
+pub fn push(push: &PosPush<'_>) -> Result<Request<Full<Bytes>>, http::Error> {
+    let mut request = Request::builder()
+        .method(Method::POST)
+        .uri(format!("https://{}{}", push.server_name, push.path))
+        .header(IDEMPOTENCY_KEY, push.key)
+        .header(TENANT_HEADER, push.tenant)
+        .header(EPOCH_HEADER, push.epoch)
+        .header(TERMINAL_HEADER, push.terminal)
+        .header(POD_HEADER, push.pod.as_str());
+    if let Some(content_type) = push.content_type {
+        request = request.header(header::CONTENT_TYPE, content_type);
+    }
+    request.body(Full::new(push.body.clone()))
+}
+
+/// Which step of a dial timed out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    Connect,
+    Tls,
+    Http2,
+    Hello,
+}
+
+/// Why a dial (or a later hello on a live session) failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DialError {
+    /// The directory entry cannot be dialed as written.
+    #[error("bad terminal entry: {0}")]
+    BadTerminal(String),
+    #[error("connection refused")]
+    Refused,
+    #[error("timed out ({0:?} step)")]
+    Timeout(Stage),
+    #[error("cannot connect: {0}")]
+    Connect(#[source] io::Error),
+    /// The terminal presented a certificate for another name: misrouted address, or
+    /// something impersonating the terminal.
+    #[error("certificate is not valid for server name {server_name:?}: {detail}")]
+    WrongName { server_name: String, detail: String },
+    #[error("TLS handshake failed: {0}")]
+    Tls(#[source] io::Error),
+    #[error("terminal did not negotiate h2 (ALPN: {alpn:?})")]
+    NoH2 { alpn: Option<String> },
+    #[error("HTTP/2: {0}")]
+    Http(#[source] hyper::Error),
+    /// `409`: a newer owner said hello to this terminal; the shard must be dropped.
+    #[error("hello refused: epoch is stale (terminal has seen {highest:?})")]
+    StaleEpoch { highest: Option<Epoch> },
+    #[error("hello rejected with status {status}")]
+    HelloRejected { status: StatusCode },
+}
+
+impl DialError {
+    /// The `result` label of the dial metric (`ok` is the success label).
+    pub fn label(&self) -> &'static str {
+        match self {
+            DialError::Refused => "refused",
+            DialError::Timeout(_) => "timeout",
+            DialError::WrongName { .. } | DialError::Tls(_) | DialError::NoH2 { .. } => "tls_error",
+            DialError::StaleEpoch { .. } => "stale_epoch",
+            DialError::HelloRejected { .. } => "rejected",
+            DialError::BadTerminal(_) | DialError::Connect(_) | DialError::Http(_) => "error",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stale(value: &'static str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(STALE_EPOCH_HEADER, HeaderValue::from_static(value));
+        headers
+    }
+
+    #[test]
+    fn answers_are_classified() {
+        let none = HeaderMap::new();
+        assert_eq!(verdict(StatusCode::OK, &none), Verdict::Accepted);
+        assert_eq!(
+            verdict(StatusCode::NO_CONTENT, &stale("1")),
+            Verdict::Accepted
+        );
+        assert_eq!(
+            verdict(StatusCode::CONFLICT, &stale("1700000000123")),
+            Verdict::Stale {
+                highest: Some(1_700_000_000_123)
+            }
+        );
+        assert_eq!(
+            verdict(StatusCode::CONFLICT, &stale("soon")),
+            Verdict::Stale { highest: None }
+        );
+        // A 409 without the header is not a fencing answer: no shard is dropped for it.
+        assert_eq!(
+            verdict(StatusCode::CONFLICT, &none),
+            Verdict::Refused {
+                status: StatusCode::CONFLICT
+            }
+        );
+        assert_eq!(
+            verdict(StatusCode::SERVICE_UNAVAILABLE, &stale("1")),
+            Verdict::Refused {
+                status: StatusCode::SERVICE_UNAVAILABLE
+            }
+        );
+    }
+
+    #[test]
+    fn the_push_carries_the_wire_contract_headers() {
+        let pod = PodId::new("pod-a").unwrap();
+        let ct = HeaderValue::from_static("application/json");
+        let p = PosPush {
+            terminal: "pos-1",
+            server_name: "pos-1.test",
+            path: "/push",
+            tenant: "acme",
+            key: "k-1",
+            epoch: 42,
+            pod: &pod,
+            content_type: Some(&ct),
+            body: Bytes::from_static(b"{}"),
+        };
+        let request = push(&p).unwrap();
+        assert_eq!(request.uri(), "https://pos-1.test/push");
+        let h = request.headers();
+        assert_eq!(h[IDEMPOTENCY_KEY], "k-1");
+        assert_eq!(h[TENANT_HEADER], "acme");
+        assert_eq!(h[EPOCH_HEADER], "42");
+        assert_eq!(h[TERMINAL_HEADER], "pos-1");
+        assert_eq!(h[POD_HEADER], "pod-a");
+        assert_eq!(h[header::CONTENT_TYPE], "application/json");
+        let hello = hello("https://pos-1.test", 7, &pod, "pos-1").unwrap();
+        assert_eq!(hello.uri(), "https://pos-1.test/hello");
+        assert_eq!(hello.headers()[EPOCH_HEADER], "7");
+    }
+}
