@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use super::shard::Shard;
 use super::{
-    AfterStop, OpFailed, OpResult, Outage, PeerReport, Reconciler, ShardState, StopReason, Stored,
+    AfterStop, OpFailed, OpResult, PeerReport, Reconciler, ShardState, StopReason, Stored,
 };
 use crate::core::lease::{AcquireOutcome, Checked, RenewOutcome};
 use crate::core::membership::Snapshot;
@@ -209,18 +209,8 @@ impl Reconciler {
     }
 
     pub fn handle_peer_report(&mut self, now: Instant, report: PeerReport) {
-        let failing = self.store_failing_since.is_some();
-        if failing {
-            let verdict = if report.answered > 0 && report.reaching == 0 {
-                Outage::ClusterWide
-            } else {
-                Outage::Isolated
-            };
-            if verdict == Outage::Isolated && self.outage != Outage::Isolated {
-                self.isolated_since = Some(now);
-            }
-            self.outage = verdict;
-        }
+        let failing = self.store.failing();
+        self.store.judge(now, report);
         // A peer whose last store call predates the outage still says it reaches the
         // store. While we serve, ask again well before our deadlines rather than one
         // renew interval later, or a cluster-wide outage is mistaken for isolation.

@@ -31,6 +31,7 @@ mod placing;
 mod recovery;
 mod rules;
 mod shard;
+mod store_view;
 #[cfg(test)]
 mod tests;
 mod timers;
@@ -39,8 +40,10 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 pub use shard::{AfterStop, ShardState, StopReason};
+pub use store_view::Outage;
 
 use self::shard::Shard;
+use self::store_view::StoreView;
 use self::timers::{Debounce, Timer};
 use super::config::CoreConfig;
 use super::membership::{Lease, Member};
@@ -107,19 +110,6 @@ pub struct PeerReport {
     pub reaching: usize,
 }
 
-/// This pod's judgement of a store outage it is experiencing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outage {
-    /// The store answers.
-    None,
-    /// The store fails for us; peers not asked yet (treated as `Isolated`).
-    Unknown,
-    /// Some peer reaches the store, or no peer answered: only we are cut off.
-    Isolated,
-    /// Peers answered and none reaches the store: nobody can acquire.
-    ClusterWide,
-}
-
 /// The store's placement as of the last snapshot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Stored {
@@ -154,11 +144,7 @@ pub struct Reconciler {
     renew: Timer,
     probe: Timer,
     renew_sent: Option<(Instant, Vec<ShardId>)>,
-    store_failing_since: Option<Instant>,
-    store_ever_ok: bool,
-    outage: Outage,
-    /// When the current `Isolated` verdict was first reached.
-    isolated_since: Option<Instant>,
+    store: StoreView,
     shutdown: Option<Instant>,
     deregister_sent: bool,
     deregistered: bool,
@@ -188,10 +174,7 @@ impl Reconciler {
             ready: false,
             shards,
             renew_sent: None,
-            store_failing_since: None,
-            store_ever_ok: false,
-            outage: Outage::None,
-            isolated_since: None,
+            store: StoreView::new(),
             shutdown: None,
             deregister_sent: false,
             deregistered: false,
@@ -228,7 +211,7 @@ impl Reconciler {
         if !self.renewable().is_empty() {
             at(self.renew.next());
         }
-        if self.store_failing_since.is_some() {
+        if self.store.failing() {
             at(self.probe.next());
         }
         let claims_allowed = self.claims_allowed();
@@ -255,7 +238,7 @@ impl Reconciler {
         // the store, not for the debounce: waking for it then would spin.
         let can_place = self.hold_until.is_none()
             && !self.place_sent
-            && self.store_failing_since.is_none()
+            && !self.store.failing()
             && self.stored != Stored::Unknown;
         if can_place {
             at(self.debounce.due(self.cfg.debounce));
@@ -309,12 +292,13 @@ impl Reconciler {
     pub fn ready(&self) -> bool {
         self.ready
     }
-    pub fn outage(&self) -> Outage {
-        self.outage
+    /// This pod's judgement of the store failure it experiences, if the store fails.
+    pub fn outage(&self) -> Option<Outage> {
+        self.store.outage()
     }
     /// Whether the last store call succeeded.
     pub fn store_reachable(&self) -> bool {
-        self.store_ever_ok && self.store_failing_since.is_none()
+        self.store.reachable()
     }
     pub fn generation(&self) -> Option<&str> {
         self.generation.as_deref()

@@ -18,6 +18,7 @@
 
 use std::time::Instant;
 
+use super::store_view::History;
 use super::{AfterStop, Reconciler, ShardState, StopReason};
 use crate::core::membership::GenerationInfo;
 
@@ -61,13 +62,13 @@ impl Reconciler {
     /// connections; those holders re-claim them now. Every pod that saw the outage holds
     /// its own new claims for one member TTL so the holders win that race — including a
     /// pod that never reached the store before, which cannot know what it missed.
-    pub(super) fn store_returned(&mut self, now: Instant, since: Instant) {
+    pub(super) fn store_returned(&mut self, now: Instant, since: Instant, history: History) {
         let suspended = self
             .shards
             .iter()
             .any(|s| matches!(s.state, ShardState::Suspended { .. }));
         let long = now.saturating_duration_since(since) >= self.cfg.serve_window();
-        if suspended || long || !self.store_ever_ok {
+        if suspended || long || history == History::NeverReached {
             self.hold(now + self.cfg.member_ttl);
             self.heartbeat.reschedule(now);
         }

@@ -27,7 +27,7 @@ impl Reconciler {
         }
         self.send_releases();
         // While the store fails, polls (not claims) find out when it is back.
-        let mut claims = if self.store_failing_since.is_none() {
+        let mut claims = if !self.store.failing() {
             self.reclaims()
         } else {
             Vec::new()
@@ -46,7 +46,7 @@ impl Reconciler {
             let sh = &mut self.shards[s as usize];
             match sh.state {
                 ShardState::Serving { epoch, deadline } if now >= deadline => {
-                    if self.outage == Outage::ClusterWide {
+                    if self.store.outage() == Some(Outage::ClusterWide) {
                         sh.state = ShardState::Suspended { epoch };
                         sh.needs_reclaim = true;
                         self.actions
@@ -239,7 +239,7 @@ impl Reconciler {
             self.poll.start();
             self.actions.push_back(Action::Poll);
         }
-        if self.store_failing_since.is_some() && self.probe.due(now) {
+        if self.store.failing() && self.probe.due(now) {
             self.probe.start();
             let peers = self
                 .members
@@ -308,18 +308,13 @@ impl Reconciler {
     }
 
     pub(super) fn store_ok(&mut self, now: Instant) {
-        if let Some(since) = self.store_failing_since.take() {
-            self.outage = Outage::None;
-            self.isolated_since = None;
-            self.store_returned(now, since);
+        if let Some((since, history)) = self.store.move_to_reachable() {
+            self.store_returned(now, since, history);
         }
-        self.store_ever_ok = true;
     }
 
     pub(super) fn store_failed(&mut self, now: Instant) {
-        if self.store_failing_since.is_none() {
-            self.store_failing_since = Some(now);
-            self.outage = Outage::Unknown;
+        if self.store.move_to_failing(now) {
             self.probe.reschedule(now);
         }
     }
@@ -329,7 +324,7 @@ impl Reconciler {
     pub(super) fn claims_allowed(&self) -> bool {
         self.hold_until.is_none()
             && self.shutdown.is_none()
-            && self.store_failing_since.is_none()
+            && !self.store.failing()
             && !self.shards.iter().any(Shard::releasing)
     }
 
@@ -340,8 +335,8 @@ impl Reconciler {
     /// disconnect its terminals for nothing; the shards are not served meanwhile, and
     /// peers that failed as long hold their own claims for a member TTL.
     pub(super) fn give_up_suspended_at(&self) -> Option<Instant> {
-        match self.outage {
-            Outage::Isolated => self.isolated_since.map(|t| t + self.cfg.renew_interval),
+        match self.store.outage() {
+            Some(Outage::Isolated { since }) => Some(since + self.cfg.renew_interval),
             _ => None,
         }
     }
