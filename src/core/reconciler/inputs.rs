@@ -182,7 +182,7 @@ impl Reconciler {
     pub fn handle_deregister(&mut self, now: Instant, result: OpResult<()>) {
         // Even a failed deregistration ends shutdown: the registration expires by TTL.
         let _ = result;
-        self.deregistered = true;
+        self.lifecycle.move_to_finished();
         self.registered = false;
         self.reconcile(now);
     }
@@ -229,9 +229,7 @@ impl Reconciler {
 
     /// Start a graceful shutdown: stop serving everything, release, deregister.
     pub fn begin_shutdown(&mut self, now: Instant) {
-        if self.shutdown.is_none() {
-            self.shutdown = Some(now);
-        }
+        self.lifecycle.move_to_draining(now);
         self.reconcile(now);
     }
 }

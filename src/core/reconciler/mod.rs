@@ -27,6 +27,7 @@
 //! shard (that is [`crate::core::placement`] and [`crate::core::ring`]).
 
 mod inputs;
+mod lifecycle;
 mod placing;
 mod recovery;
 mod rules;
@@ -42,6 +43,7 @@ use std::time::Instant;
 pub use shard::{AfterStop, ShardState, StopReason};
 pub use store_view::Outage;
 
+use self::lifecycle::Lifecycle;
 use self::shard::Shard;
 use self::store_view::StoreView;
 use self::timers::{Debounce, Timer};
@@ -145,9 +147,7 @@ pub struct Reconciler {
     probe: Timer,
     renew_sent: Option<(Instant, Vec<ShardId>)>,
     store: StoreView,
-    shutdown: Option<Instant>,
-    deregister_sent: bool,
-    deregistered: bool,
+    lifecycle: Lifecycle,
     actions: VecDeque<Action>,
 }
 
@@ -175,9 +175,7 @@ impl Reconciler {
             shards,
             renew_sent: None,
             store: StoreView::new(),
-            shutdown: None,
-            deregister_sent: false,
-            deregistered: false,
+            lifecycle: Lifecycle::new(),
             actions: VecDeque::new(),
         }
     }
@@ -194,7 +192,7 @@ impl Reconciler {
         if self.is_finished() {
             return None;
         }
-        if let Some(started) = self.shutdown {
+        if let Some(started) = self.lifecycle.shutdown_started() {
             // Shutdown progresses on answers; only its budget is a timer.
             return Some(started + self.cfg.shutdown_budget);
         }
@@ -257,7 +255,7 @@ impl Reconciler {
 
     /// Whether graceful shutdown completed (or ran out of budget).
     pub fn is_finished(&self) -> bool {
-        self.deregistered
+        self.lifecycle.finished()
     }
 
     pub fn pod(&self) -> &PodId {

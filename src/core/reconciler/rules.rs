@@ -11,11 +11,11 @@ use crate::core::ShardId;
 
 impl Reconciler {
     pub(super) fn reconcile(&mut self, now: Instant) {
-        if self.deregistered {
+        if self.lifecycle.finished() {
             return;
         }
         self.expire_deadlines(now);
-        if let Some(started) = self.shutdown {
+        if let Some(started) = self.lifecycle.shutdown_started() {
             self.drive_shutdown(now, started);
             return;
         }
@@ -149,7 +149,7 @@ impl Reconciler {
     pub(super) fn claim_answered(&mut self, now: Instant, s: ShardId, outcome: AcquireOutcome) {
         let window = self.cfg.serve_window();
         let wanted =
-            self.shutdown.is_none() && self.placement.assignment.owner(s) == Some(&self.me);
+            self.lifecycle.running() && self.placement.assignment.owner(s) == Some(&self.me);
         let sh = &mut self.shards[s as usize];
         let Some(sent) = sh.claim_sent.take() else {
             return;
@@ -300,9 +300,9 @@ impl Reconciler {
             .any(|s| s.releasing() || s.claim_sent.is_some());
         let out_of_time = now >= started + self.cfg.shutdown_budget;
         if out_of_time {
-            self.deregistered = true;
-        } else if !busy && !self.deregister_sent {
-            self.deregister_sent = true;
+            self.lifecycle.move_to_finished();
+        } else if !busy && self.lifecycle.draining() {
+            self.lifecycle.move_to_deregistering();
             self.actions.push_back(Action::Deregister);
         }
     }
@@ -323,7 +323,7 @@ impl Reconciler {
     /// this pod owes has been sent and answered (rule 2).
     pub(super) fn claims_allowed(&self) -> bool {
         self.hold_until.is_none()
-            && self.shutdown.is_none()
+            && self.lifecycle.running()
             && !self.store.failing()
             && !self.shards.iter().any(Shard::releasing)
     }
