@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use super::shard::Shard;
+use super::shard::{ClaimEnd, Shard};
 use super::{
     AfterStop, OpFailed, OpResult, PeerReport, Reconciler, ShardState, StopReason, Stored,
 };
@@ -100,15 +100,18 @@ impl Reconciler {
                 self.store_failed(now);
                 for &s in shards {
                     let sh = &mut self.shards[s as usize];
-                    if sh.claim_sent.take().is_some() && sh.state == ShardState::Idle {
-                        sh.maybe_ours = true;
+                    if sh.claim_sent().is_some() {
+                        sh.end_claim(ClaimEnd::Failed);
                     }
                 }
             }
             Ok(Checked::GenerationChanged(info)) => {
                 self.store_ok(now);
                 for &s in shards {
-                    self.shards[s as usize].claim_sent = None;
+                    let sh = &mut self.shards[s as usize];
+                    if sh.claim_sent().is_some() {
+                        sh.end_claim(ClaimEnd::Void);
+                    }
                 }
                 self.observe_generation(now, &info);
             }
@@ -170,11 +173,7 @@ impl Reconciler {
             Ok(_) => self.store_ok(now),
         }
         for &s in shards {
-            let sh = &mut self.shards[s as usize];
-            sh.maybe_ours = false;
-            if sh.state == (ShardState::Releasing { sent: true }) {
-                sh.state = ShardState::Idle;
-            }
+            self.shards[s as usize].release_answered();
         }
         self.reconcile(now);
     }
@@ -190,12 +189,7 @@ impl Reconciler {
     /// The connections of a shard that was told to stop are closed.
     pub fn handle_serving_stopped(&mut self, now: Instant, shard: ShardId) {
         if let Some(sh) = self.shards.get_mut(shard as usize) {
-            if let ShardState::Stopping { then, .. } = sh.state {
-                sh.state = match then {
-                    AfterStop::Release => ShardState::Releasing { sent: false },
-                    AfterStop::Forget => ShardState::Idle,
-                };
-            }
+            sh.serving_stopped();
         }
         self.reconcile(now);
     }
@@ -217,7 +211,7 @@ impl Reconciler {
         let serving = self
             .shards
             .iter()
-            .any(|s| matches!(s.state, ShardState::Serving { .. }));
+            .any(|s| matches!(s.view(), ShardState::Serving { .. }));
         let again = if failing && report.reaching > 0 && serving {
             self.cfg.renew_interval / 4
         } else {

@@ -214,21 +214,20 @@ impl Reconciler {
         }
         let claims_allowed = self.claims_allowed();
         for (i, s) in self.shards.iter().enumerate() {
-            if let ShardState::Serving { deadline, .. } = s.state {
+            if let ShardState::Serving { deadline, .. } = s.view() {
                 at(Some(deadline));
             }
             let retry_pending = claims_allowed
-                && s.state == ShardState::Idle
-                && s.claim_sent.is_none()
+                && s.unheld().is_some()
                 && self.placement.assignment.owner(i as ShardId) == Some(&self.me);
             if retry_pending {
-                at(s.last_claim.map(|t| t + self.cfg.renew_interval));
+                at(s.last_claim().map(|t| t + self.cfg.renew_interval));
             }
         }
         if self
             .shards
             .iter()
-            .any(|s| matches!(s.state, ShardState::Suspended { .. }))
+            .any(|s| matches!(s.view(), ShardState::Suspended { .. }))
         {
             at(self.give_up_suspended_at());
         }
@@ -247,7 +246,7 @@ impl Reconciler {
 
     /// The epoch this pod serves `shard` with at `now`, if it serves it.
     pub fn serving(&self, shard: ShardId, now: Instant) -> Option<Epoch> {
-        match self.shards.get(shard as usize)?.state {
+        match self.shards.get(shard as usize)?.view() {
             ShardState::Serving { epoch, deadline } if now < deadline => Some(epoch),
             _ => None,
         }
@@ -281,7 +280,7 @@ impl Reconciler {
         &self.leases
     }
     pub fn shard_state(&self, shard: ShardId) -> Option<ShardState> {
-        self.shards.get(shard as usize).map(|s| s.state)
+        self.shards.get(shard as usize).map(Shard::view)
     }
     pub fn registered(&self) -> bool {
         self.registered
