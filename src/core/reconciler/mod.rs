@@ -40,7 +40,7 @@ mod timers;
 use std::collections::VecDeque;
 use std::time::Instant;
 
-pub use shard::{AfterStop, ShardState, StopReason};
+pub use shard::{AfterStop, ShardState};
 pub use store_view::Outage;
 
 use self::lifecycle::Lifecycle;
@@ -94,6 +94,39 @@ pub enum Action {
         expected: Option<u64>,
         placement: Placement,
     },
+}
+
+/// Why a shard stops being served. Carried in `Action::StopServing` for logs and metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// The ring assigns the shard to another pod.
+    Rebalance,
+    /// The local lease deadline passed without a successful renewal.
+    Expired,
+    /// A renewal found the lease missing in the store.
+    Lost,
+    /// Another pod holds the lease (found by a renewal or a reclaim).
+    Stolen,
+    /// A terminal answered a hello or push with a stale-epoch refusal.
+    StaleEpoch,
+    /// The store is unreachable from this pod only: it gives the shard up.
+    Isolated,
+    /// Graceful shutdown.
+    Shutdown,
+}
+
+impl StopReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopReason::Rebalance => "rebalance",
+            StopReason::Expired => "expired",
+            StopReason::Lost => "lost",
+            StopReason::Stolen => "stolen",
+            StopReason::StaleEpoch => "stale_epoch",
+            StopReason::Isolated => "isolated",
+            StopReason::Shutdown => "shutdown",
+        }
+    }
 }
 
 /// A store call failed or timed out; it may or may not have taken effect.

@@ -1,5 +1,6 @@
-//! The rules themselves: what [`Reconciler::reconcile`] does after every input, and how
-//! store answers change a shard's state. See the numbered rules in the parent module.
+//! The rules themselves: what [`Reconciler::reconcile`] does after every input, and which
+//! transition a store answer makes a shard take. See the numbered rules in the parent
+//! module. The transitions themselves (and what each phase may hold) are `shard.rs`'s.
 
 use std::time::Instant;
 
@@ -63,11 +64,7 @@ impl Reconciler {
     }
 
     pub(super) fn stop(&mut self, shard: ShardId, reason: StopReason, then: AfterStop) {
-        let sh = &mut self.shards[shard as usize];
-        if sh.held_epoch().is_none() {
-            return;
-        }
-        if let Some(epoch) = sh.move_to_stopping(then) {
+        if let Some(epoch) = self.shards[shard as usize].move_to_stopping(then) {
             self.actions.push_back(Action::StopServing {
                 shard,
                 epoch,
@@ -171,7 +168,8 @@ impl Reconciler {
                                 .push_back(Action::StartServing { shard: s, epoch });
                         }
                     }
-                    // Stopped meanwhile: the release that follows deletes this lease too.
+                    // Stopped meanwhile: a release that follows deletes this lease too; a
+                    // forgotten shard leaves it to expire by its TTL.
                     ShardState::Stopping { .. } | ShardState::Releasing { .. } => {
                         sh.end_claim(ClaimEnd::Answered);
                     }
