@@ -49,7 +49,7 @@ pub(super) fn name(pod: Option<&PodId>) -> &str {
 pub(super) struct Situation {
     registered: bool,
     ready: bool,
-    outage: Outage,
+    outage: Option<Outage>,
     generation: Option<String>,
     applied: Assignment,
 }
@@ -94,12 +94,14 @@ impl Situation {
             self.outage = rec.outage();
             match self.outage {
                 // The recovery line, with the outage's length, comes from the op bookkeeping.
-                Outage::None => {}
-                Outage::Unknown => warn!("store unreachable: asking peers whether they reach it"),
-                Outage::Isolated => warn!(
+                None => {}
+                Some(Outage::Unknown) => {
+                    warn!("store unreachable: asking peers whether they reach it")
+                }
+                Some(Outage::Isolated { .. }) => warn!(
                     "store unreachable from this pod only: shards are given up at their deadlines"
                 ),
-                Outage::ClusterWide => warn!(
+                Some(Outage::ClusterWide) => warn!(
                     "store unreachable cluster-wide: shards are suspended at their deadlines, \
                      connections kept"
                 ),

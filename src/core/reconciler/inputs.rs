@@ -4,9 +4,9 @@
 
 use std::time::Instant;
 
-use super::shard::Shard;
+use super::shard::{ClaimEnd, Shard};
 use super::{
-    AfterStop, OpFailed, OpResult, Outage, PeerReport, Reconciler, ShardState, StopReason, Stored,
+    AfterStop, OpFailed, OpResult, PeerReport, Reconciler, ShardState, StopReason, Stored,
 };
 use crate::core::lease::{AcquireOutcome, Checked, RenewOutcome};
 use crate::core::membership::Snapshot;
@@ -100,15 +100,18 @@ impl Reconciler {
                 self.store_failed(now);
                 for &s in shards {
                     let sh = &mut self.shards[s as usize];
-                    if sh.claim_sent.take().is_some() && sh.state == ShardState::Idle {
-                        sh.maybe_ours = true;
+                    if sh.claim_sent().is_some() {
+                        sh.end_claim(ClaimEnd::Failed);
                     }
                 }
             }
             Ok(Checked::GenerationChanged(info)) => {
                 self.store_ok(now);
                 for &s in shards {
-                    self.shards[s as usize].claim_sent = None;
+                    let sh = &mut self.shards[s as usize];
+                    if sh.claim_sent().is_some() {
+                        sh.end_claim(ClaimEnd::Void);
+                    }
                 }
                 self.observe_generation(now, &info);
             }
@@ -170,11 +173,7 @@ impl Reconciler {
             Ok(_) => self.store_ok(now),
         }
         for &s in shards {
-            let sh = &mut self.shards[s as usize];
-            sh.maybe_ours = false;
-            if sh.state == (ShardState::Releasing { sent: true }) {
-                sh.state = ShardState::Idle;
-            }
+            self.shards[s as usize].release_answered();
         }
         self.reconcile(now);
     }
@@ -182,7 +181,7 @@ impl Reconciler {
     pub fn handle_deregister(&mut self, now: Instant, result: OpResult<()>) {
         // Even a failed deregistration ends shutdown: the registration expires by TTL.
         let _ = result;
-        self.deregistered = true;
+        self.lifecycle.move_to_finished();
         self.registered = false;
         self.reconcile(now);
     }
@@ -190,12 +189,7 @@ impl Reconciler {
     /// The connections of a shard that was told to stop are closed.
     pub fn handle_serving_stopped(&mut self, now: Instant, shard: ShardId) {
         if let Some(sh) = self.shards.get_mut(shard as usize) {
-            if let ShardState::Stopping { then, .. } = sh.state {
-                sh.state = match then {
-                    AfterStop::Release => ShardState::Releasing { sent: false },
-                    AfterStop::Forget => ShardState::Idle,
-                };
-            }
+            sh.serving_stopped();
         }
         self.reconcile(now);
     }
@@ -209,25 +203,15 @@ impl Reconciler {
     }
 
     pub fn handle_peer_report(&mut self, now: Instant, report: PeerReport) {
-        let failing = self.store_failing_since.is_some();
-        if failing {
-            let verdict = if report.answered > 0 && report.reaching == 0 {
-                Outage::ClusterWide
-            } else {
-                Outage::Isolated
-            };
-            if verdict == Outage::Isolated && self.outage != Outage::Isolated {
-                self.isolated_since = Some(now);
-            }
-            self.outage = verdict;
-        }
+        let failing = self.store.failing();
+        self.store.judge(now, report);
         // A peer whose last store call predates the outage still says it reaches the
         // store. While we serve, ask again well before our deadlines rather than one
         // renew interval later, or a cluster-wide outage is mistaken for isolation.
         let serving = self
             .shards
             .iter()
-            .any(|s| matches!(s.state, ShardState::Serving { .. }));
+            .any(|s| matches!(s.view(), ShardState::Serving { .. }));
         let again = if failing && report.reaching > 0 && serving {
             self.cfg.renew_interval / 4
         } else {
@@ -239,9 +223,7 @@ impl Reconciler {
 
     /// Start a graceful shutdown: stop serving everything, release, deregister.
     pub fn begin_shutdown(&mut self, now: Instant) {
-        if self.shutdown.is_none() {
-            self.shutdown = Some(now);
-        }
+        self.lifecycle.move_to_draining(now);
         self.reconcile(now);
     }
 }

@@ -27,10 +27,12 @@
 //! shard (that is [`crate::core::placement`] and [`crate::core::ring`]).
 
 mod inputs;
+mod lifecycle;
 mod placing;
 mod recovery;
 mod rules;
 mod shard;
+mod store_view;
 #[cfg(test)]
 mod tests;
 mod timers;
@@ -38,9 +40,12 @@ mod timers;
 use std::collections::VecDeque;
 use std::time::Instant;
 
-pub use shard::{AfterStop, ShardState, StopReason};
+pub use shard::{AfterStop, ShardState};
+pub use store_view::Outage;
 
+use self::lifecycle::Lifecycle;
 use self::shard::Shard;
+use self::store_view::StoreView;
 use self::timers::{Debounce, Timer};
 use super::config::CoreConfig;
 use super::membership::{Lease, Member};
@@ -91,6 +96,39 @@ pub enum Action {
     },
 }
 
+/// Why a shard stops being served. Carried in `Action::StopServing` for logs and metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// The ring assigns the shard to another pod.
+    Rebalance,
+    /// The local lease deadline passed without a successful renewal.
+    Expired,
+    /// A renewal found the lease missing in the store.
+    Lost,
+    /// Another pod holds the lease (found by a renewal or a reclaim).
+    Stolen,
+    /// A terminal answered a hello or push with a stale-epoch refusal.
+    StaleEpoch,
+    /// The store is unreachable from this pod only: it gives the shard up.
+    Isolated,
+    /// Graceful shutdown.
+    Shutdown,
+}
+
+impl StopReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopReason::Rebalance => "rebalance",
+            StopReason::Expired => "expired",
+            StopReason::Lost => "lost",
+            StopReason::Stolen => "stolen",
+            StopReason::StaleEpoch => "stale_epoch",
+            StopReason::Isolated => "isolated",
+            StopReason::Shutdown => "shutdown",
+        }
+    }
+}
+
 /// A store call failed or timed out; it may or may not have taken effect.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OpFailed;
@@ -105,19 +143,6 @@ pub struct PeerReport {
     pub answered: usize,
     /// Peers that answered and reach the store.
     pub reaching: usize,
-}
-
-/// This pod's judgement of a store outage it is experiencing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outage {
-    /// The store answers.
-    None,
-    /// The store fails for us; peers not asked yet (treated as `Isolated`).
-    Unknown,
-    /// Some peer reaches the store, or no peer answered: only we are cut off.
-    Isolated,
-    /// Peers answered and none reaches the store: nobody can acquire.
-    ClusterWide,
 }
 
 /// The store's placement as of the last snapshot.
@@ -154,14 +179,8 @@ pub struct Reconciler {
     renew: Timer,
     probe: Timer,
     renew_sent: Option<(Instant, Vec<ShardId>)>,
-    store_failing_since: Option<Instant>,
-    store_ever_ok: bool,
-    outage: Outage,
-    /// When the current `Isolated` verdict was first reached.
-    isolated_since: Option<Instant>,
-    shutdown: Option<Instant>,
-    deregister_sent: bool,
-    deregistered: bool,
+    store: StoreView,
+    lifecycle: Lifecycle,
     actions: VecDeque<Action>,
 }
 
@@ -188,13 +207,8 @@ impl Reconciler {
             ready: false,
             shards,
             renew_sent: None,
-            store_failing_since: None,
-            store_ever_ok: false,
-            outage: Outage::None,
-            isolated_since: None,
-            shutdown: None,
-            deregister_sent: false,
-            deregistered: false,
+            store: StoreView::new(),
+            lifecycle: Lifecycle::new(),
             actions: VecDeque::new(),
         }
     }
@@ -211,7 +225,7 @@ impl Reconciler {
         if self.is_finished() {
             return None;
         }
-        if let Some(started) = self.shutdown {
+        if let Some(started) = self.lifecycle.shutdown_started() {
             // Shutdown progresses on answers; only its budget is a timer.
             return Some(started + self.cfg.shutdown_budget);
         }
@@ -228,26 +242,25 @@ impl Reconciler {
         if !self.renewable().is_empty() {
             at(self.renew.next());
         }
-        if self.store_failing_since.is_some() {
+        if self.store.failing() {
             at(self.probe.next());
         }
         let claims_allowed = self.claims_allowed();
         for (i, s) in self.shards.iter().enumerate() {
-            if let ShardState::Serving { deadline, .. } = s.state {
+            if let ShardState::Serving { deadline, .. } = s.view() {
                 at(Some(deadline));
             }
             let retry_pending = claims_allowed
-                && s.state == ShardState::Idle
-                && s.claim_sent.is_none()
+                && s.unheld().is_some()
                 && self.placement.assignment.owner(i as ShardId) == Some(&self.me);
             if retry_pending {
-                at(s.last_claim.map(|t| t + self.cfg.renew_interval));
+                at(s.last_claim().map(|t| t + self.cfg.renew_interval));
             }
         }
         if self
             .shards
             .iter()
-            .any(|s| matches!(s.state, ShardState::Suspended { .. }))
+            .any(|s| matches!(s.view(), ShardState::Suspended { .. }))
         {
             at(self.give_up_suspended_at());
         }
@@ -255,7 +268,7 @@ impl Reconciler {
         // the store, not for the debounce: waking for it then would spin.
         let can_place = self.hold_until.is_none()
             && !self.place_sent
-            && self.store_failing_since.is_none()
+            && !self.store.failing()
             && self.stored != Stored::Unknown;
         if can_place {
             at(self.debounce.due(self.cfg.debounce));
@@ -266,7 +279,7 @@ impl Reconciler {
 
     /// The epoch this pod serves `shard` with at `now`, if it serves it.
     pub fn serving(&self, shard: ShardId, now: Instant) -> Option<Epoch> {
-        match self.shards.get(shard as usize)?.state {
+        match self.shards.get(shard as usize)?.view() {
             ShardState::Serving { epoch, deadline } if now < deadline => Some(epoch),
             _ => None,
         }
@@ -274,7 +287,7 @@ impl Reconciler {
 
     /// Whether graceful shutdown completed (or ran out of budget).
     pub fn is_finished(&self) -> bool {
-        self.deregistered
+        self.lifecycle.finished()
     }
 
     pub fn pod(&self) -> &PodId {
@@ -300,7 +313,7 @@ impl Reconciler {
         &self.leases
     }
     pub fn shard_state(&self, shard: ShardId) -> Option<ShardState> {
-        self.shards.get(shard as usize).map(|s| s.state)
+        self.shards.get(shard as usize).map(Shard::view)
     }
     pub fn registered(&self) -> bool {
         self.registered
@@ -309,12 +322,13 @@ impl Reconciler {
     pub fn ready(&self) -> bool {
         self.ready
     }
-    pub fn outage(&self) -> Outage {
-        self.outage
+    /// This pod's judgement of the store failure it experiences, if the store fails.
+    pub fn outage(&self) -> Option<Outage> {
+        self.store.outage()
     }
     /// Whether the last store call succeeded.
     pub fn store_reachable(&self) -> bool {
-        self.store_ever_ok && self.store_failing_since.is_none()
+        self.store.reachable()
     }
     pub fn generation(&self) -> Option<&str> {
         self.generation.as_deref()

@@ -20,7 +20,7 @@ impl Reconciler {
     /// Writes a placement when one is due: the remembered one after a data loss, or the
     /// next one once a membership change has been stable for the debounce period.
     pub(super) fn update_placement(&mut self, now: Instant) {
-        if self.place_sent || self.store_failing_since.is_some() {
+        if self.place_sent || self.store.failing() {
             return;
         }
         let expected = match self.stored {

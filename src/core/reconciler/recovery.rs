@@ -18,6 +18,7 @@
 
 use std::time::Instant;
 
+use super::store_view::History;
 use super::{AfterStop, Reconciler, ShardState, StopReason};
 use crate::core::membership::GenerationInfo;
 
@@ -41,12 +42,12 @@ impl Reconciler {
         for s in 0..self.cfg.shards {
             let sh = &mut self.shards[s as usize];
             // A lease we may have taken in the old generation no longer exists.
-            sh.maybe_ours = false;
-            match sh.state {
+            sh.forget_stray();
+            match sh.view() {
                 // Our deadline proves we were the only holder; nobody could have taken it
                 // in the old generation since, and nobody can claim in the new one before
                 // the hold ends. Re-claim it.
-                ShardState::Serving { .. } => sh.needs_reclaim = true,
+                ShardState::Serving { .. } => sh.reclaim_needed(),
                 // Past its deadline the lease may have expired and been taken by another
                 // pod before the store was wiped, and that pod may be serving it now: with
                 // the store's record gone, only giving it up is safe.
@@ -61,13 +62,13 @@ impl Reconciler {
     /// connections; those holders re-claim them now. Every pod that saw the outage holds
     /// its own new claims for one member TTL so the holders win that race — including a
     /// pod that never reached the store before, which cannot know what it missed.
-    pub(super) fn store_returned(&mut self, now: Instant, since: Instant) {
+    pub(super) fn store_returned(&mut self, now: Instant, since: Instant, history: History) {
         let suspended = self
             .shards
             .iter()
-            .any(|s| matches!(s.state, ShardState::Suspended { .. }));
+            .any(|s| matches!(s.view(), ShardState::Suspended { .. }));
         let long = now.saturating_duration_since(since) >= self.cfg.serve_window();
-        if suspended || long || !self.store_ever_ok {
+        if suspended || long || history == History::NeverReached {
             self.hold(now + self.cfg.member_ttl);
             self.heartbeat.reschedule(now);
         }

@@ -1,9 +1,10 @@
-//! The rules themselves: what [`Reconciler::reconcile`] does after every input, and how
-//! store answers change a shard's state. See the numbered rules in the parent module.
+//! The rules themselves: what [`Reconciler::reconcile`] does after every input, and which
+//! transition a store answer makes a shard take. See the numbered rules in the parent
+//! module. The transitions themselves (and what each phase may hold) are `shard.rs`'s.
 
 use std::time::Instant;
 
-use super::shard::Shard;
+use super::shard::{ClaimEnd, Shard, Stray};
 use super::{Action, AfterStop, Outage, Reconciler, ShardState, StopReason};
 use crate::core::lease::{AcquireOutcome, RenewOutcome};
 use crate::core::membership::Lease;
@@ -11,11 +12,11 @@ use crate::core::ShardId;
 
 impl Reconciler {
     pub(super) fn reconcile(&mut self, now: Instant) {
-        if self.deregistered {
+        if self.lifecycle.finished() {
             return;
         }
         self.expire_deadlines(now);
-        if let Some(started) = self.shutdown {
+        if let Some(started) = self.lifecycle.shutdown_started() {
             self.drive_shutdown(now, started);
             return;
         }
@@ -27,7 +28,7 @@ impl Reconciler {
         }
         self.send_releases();
         // While the store fails, polls (not claims) find out when it is back.
-        let mut claims = if self.store_failing_since.is_none() {
+        let mut claims = if !self.store.failing() {
             self.reclaims()
         } else {
             Vec::new()
@@ -44,11 +45,10 @@ impl Reconciler {
         let give_up = self.give_up_suspended_at().is_some_and(|t| now >= t);
         for s in 0..self.cfg.shards {
             let sh = &mut self.shards[s as usize];
-            match sh.state {
+            match sh.view() {
                 ShardState::Serving { epoch, deadline } if now >= deadline => {
-                    if self.outage == Outage::ClusterWide {
-                        sh.state = ShardState::Suspended { epoch };
-                        sh.needs_reclaim = true;
+                    if self.store.outage() == Some(Outage::ClusterWide) {
+                        sh.move_to_suspended();
                         self.actions
                             .push_back(Action::SuspendServing { shard: s, epoch });
                     } else {
@@ -64,10 +64,7 @@ impl Reconciler {
     }
 
     pub(super) fn stop(&mut self, shard: ShardId, reason: StopReason, then: AfterStop) {
-        let sh = &mut self.shards[shard as usize];
-        if let Some(epoch) = sh.held_epoch() {
-            sh.state = ShardState::Stopping { epoch, then };
-            sh.needs_reclaim = false;
+        if let Some(epoch) = self.shards[shard as usize].move_to_stopping(then) {
             self.actions.push_back(Action::StopServing {
                 shard,
                 epoch,
@@ -84,10 +81,10 @@ impl Reconciler {
             if mine {
                 continue;
             }
-            if sh.held_epoch().is_some() && sh.claim_sent.is_none() {
+            if sh.held_epoch().is_some() && sh.claim_sent().is_none() {
                 self.stop(s, StopReason::Rebalance, AfterStop::Release);
-            } else if sh.state == ShardState::Idle && sh.maybe_ours && sh.claim_sent.is_none() {
-                sh.state = ShardState::Releasing { sent: false };
+            } else if sh.unheld() == Some(Stray::MaybeOurs) {
+                sh.move_to_releasing();
             }
         }
     }
@@ -95,8 +92,8 @@ impl Reconciler {
     pub(super) fn send_releases(&mut self) {
         let mut shards = Vec::new();
         for (s, sh) in self.shards.iter_mut().enumerate() {
-            if sh.state == (ShardState::Releasing { sent: false }) {
-                sh.state = ShardState::Releasing { sent: true };
+            if sh.release_due() {
+                sh.release_sent();
                 shards.push(s as ShardId);
             }
         }
@@ -110,10 +107,10 @@ impl Reconciler {
         (0..self.cfg.shards)
             .filter(|&s| {
                 let sh = &self.shards[s as usize];
-                if self.placement.assignment.owner(s) != Some(&self.me)
-                    || sh.state != ShardState::Idle
-                    || sh.claim_sent.is_some()
-                {
+                let Some(stray) = sh.unheld() else {
+                    return false;
+                };
+                if self.placement.assignment.owner(s) != Some(&self.me) {
                     return false;
                 }
                 let free = match &self.leases[s as usize] {
@@ -121,9 +118,9 @@ impl Reconciler {
                     Some(lease) => lease.owner == self.me,
                 };
                 let retry_due = sh
-                    .last_claim
+                    .last_claim()
                     .is_none_or(|t| now >= t + self.cfg.renew_interval);
-                free || sh.maybe_ours || retry_due
+                free || stray == Stray::MaybeOurs || retry_due
             })
             .collect()
     }
@@ -136,11 +133,7 @@ impl Reconciler {
             return;
         }
         for &s in &shards {
-            let sh = &mut self.shards[s as usize];
-            sh.claim_sent = Some(now);
-            if sh.state == ShardState::Idle {
-                sh.last_claim = Some(now);
-            }
+            self.shards[s as usize].send_claim(now);
         }
         self.actions
             .push_back(Action::Acquire { generation, shards });
@@ -149,47 +142,43 @@ impl Reconciler {
     pub(super) fn claim_answered(&mut self, now: Instant, s: ShardId, outcome: AcquireOutcome) {
         let window = self.cfg.serve_window();
         let wanted =
-            self.shutdown.is_none() && self.placement.assignment.owner(s) == Some(&self.me);
+            self.lifecycle.running() && self.placement.assignment.owner(s) == Some(&self.me);
         let sh = &mut self.shards[s as usize];
-        let Some(sent) = sh.claim_sent.take() else {
+        let Some(sent) = sh.claim_sent() else {
             return;
         };
-        sh.maybe_ours = false;
         let late = sent + window <= now;
-        match (outcome, sh.state) {
+        match outcome {
             // The answer came too late to serve on (e.g. the pod was paused meanwhile):
             // the lease may be ours until its TTL, so claim it afresh or release it.
-            (AcquireOutcome::Acquired { .. } | AcquireOutcome::AlreadyMine { .. }, _) if late => {
-                sh.maybe_ours = true;
+            AcquireOutcome::Acquired { .. } | AcquireOutcome::AlreadyMine { .. } if late => {
+                sh.end_claim(ClaimEnd::Late);
             }
-            (AcquireOutcome::Acquired { epoch } | AcquireOutcome::AlreadyMine { epoch }, state) => {
-                match state {
-                    ShardState::Idle if !wanted => sh.state = ShardState::Releasing { sent: false },
-                    ShardState::Idle
+            AcquireOutcome::Acquired { epoch } | AcquireOutcome::AlreadyMine { epoch } => {
+                match sh.view() {
+                    ShardState::Idle if !wanted => sh.move_to_releasing(),
+                    state @ (ShardState::Idle
                     | ShardState::Serving { .. }
-                    | ShardState::Suspended { .. } => {
+                    | ShardState::Suspended { .. }) => {
                         let resumed =
                             !matches!(state, ShardState::Serving { epoch: e, .. } if e == epoch);
-                        sh.state = ShardState::Serving {
-                            epoch,
-                            deadline: sent + window,
-                        };
-                        sh.needs_reclaim = false;
+                        sh.move_to_serving(epoch, sent + window);
                         if resumed {
                             self.actions
                                 .push_back(Action::StartServing { shard: s, epoch });
                         }
                     }
-                    // Stopped meanwhile: the release that follows deletes this lease too.
-                    ShardState::Stopping { .. } | ShardState::Releasing { .. } => {}
+                    // Stopped meanwhile: a release that follows deletes this lease too; a
+                    // forgotten shard leaves it to expire by its TTL.
+                    ShardState::Stopping { .. } | ShardState::Releasing { .. } => {
+                        sh.end_claim(ClaimEnd::Answered);
+                    }
                 }
             }
-            (AcquireOutcome::HeldBy { owner, epoch }, state) => {
+            AcquireOutcome::HeldBy { owner, epoch } => {
                 self.leases[s as usize] = Some(Lease { owner, epoch });
-                if matches!(
-                    state,
-                    ShardState::Serving { .. } | ShardState::Suspended { .. }
-                ) {
+                sh.end_claim(ClaimEnd::Answered);
+                if sh.held_epoch().is_some() {
                     self.stop(s, StopReason::Stolen, AfterStop::Forget);
                 }
             }
@@ -205,24 +194,17 @@ impl Reconciler {
     ) {
         let window = self.cfg.serve_window();
         let sh = &mut self.shards[s as usize];
-        match (outcome, sh.state) {
-            (RenewOutcome::Renewed, ShardState::Serving { epoch, deadline }) => {
-                sh.state = ShardState::Serving {
-                    epoch,
-                    deadline: deadline.max(sent + window),
-                };
+        match (outcome, sh.view()) {
+            (RenewOutcome::Renewed, ShardState::Serving { .. }) => {
+                sh.extend_deadline(sent + window);
             }
             (RenewOutcome::Renewed, ShardState::Suspended { epoch }) if sent + window > now => {
-                sh.state = ShardState::Serving {
-                    epoch,
-                    deadline: sent + window,
-                };
-                sh.needs_reclaim = false;
+                sh.resume(sent + window);
                 self.actions
                     .push_back(Action::StartServing { shard: s, epoch });
             }
             // After a long outage the key expired: re-claim it rather than give it up.
-            (RenewOutcome::Missing, ShardState::Suspended { .. }) => sh.needs_reclaim = true,
+            (RenewOutcome::Missing, ShardState::Suspended { .. }) => sh.reclaim_needed(),
             (RenewOutcome::Missing, ShardState::Serving { .. }) => {
                 self.stop(s, StopReason::Lost, AfterStop::Forget)
             }
@@ -239,7 +221,7 @@ impl Reconciler {
             self.poll.start();
             self.actions.push_back(Action::Poll);
         }
-        if self.store_failing_since.is_some() && self.probe.due(now) {
+        if self.store.failing() && self.probe.due(now) {
             self.probe.start();
             let peers = self
                 .members
@@ -279,7 +261,7 @@ impl Reconciler {
         }
         let all_served = (0..self.cfg.shards).all(|s| {
             self.placement.assignment.owner(s) != Some(&self.me)
-                || matches!(self.shards[s as usize].state, ShardState::Serving { .. })
+                || matches!(self.shards[s as usize].view(), ShardState::Serving { .. })
         });
         self.ready = all_served;
     }
@@ -289,37 +271,32 @@ impl Reconciler {
             let sh = &mut self.shards[s as usize];
             if sh.held_epoch().is_some() {
                 self.stop(s, StopReason::Shutdown, AfterStop::Release);
-            } else if sh.state == ShardState::Idle && sh.maybe_ours && sh.claim_sent.is_none() {
-                sh.state = ShardState::Releasing { sent: false };
+            } else if sh.unheld() == Some(Stray::MaybeOurs) {
+                sh.move_to_releasing();
             }
         }
         self.send_releases();
         let busy = self
             .shards
             .iter()
-            .any(|s| s.releasing() || s.claim_sent.is_some());
+            .any(|s| s.releasing() || s.claim_sent().is_some());
         let out_of_time = now >= started + self.cfg.shutdown_budget;
         if out_of_time {
-            self.deregistered = true;
-        } else if !busy && !self.deregister_sent {
-            self.deregister_sent = true;
+            self.lifecycle.move_to_finished();
+        } else if !busy && self.lifecycle.draining() {
+            self.lifecycle.move_to_deregistering();
             self.actions.push_back(Action::Deregister);
         }
     }
 
     pub(super) fn store_ok(&mut self, now: Instant) {
-        if let Some(since) = self.store_failing_since.take() {
-            self.outage = Outage::None;
-            self.isolated_since = None;
-            self.store_returned(now, since);
+        if let Some((since, history)) = self.store.move_to_reachable() {
+            self.store_returned(now, since, history);
         }
-        self.store_ever_ok = true;
     }
 
     pub(super) fn store_failed(&mut self, now: Instant) {
-        if self.store_failing_since.is_none() {
-            self.store_failing_since = Some(now);
-            self.outage = Outage::Unknown;
+        if self.store.move_to_failing(now) {
             self.probe.reschedule(now);
         }
     }
@@ -328,8 +305,8 @@ impl Reconciler {
     /// this pod owes has been sent and answered (rule 2).
     pub(super) fn claims_allowed(&self) -> bool {
         self.hold_until.is_none()
-            && self.shutdown.is_none()
-            && self.store_failing_since.is_none()
+            && self.lifecycle.running()
+            && !self.store.failing()
             && !self.shards.iter().any(Shard::releasing)
     }
 
@@ -340,8 +317,8 @@ impl Reconciler {
     /// disconnect its terminals for nothing; the shards are not served meanwhile, and
     /// peers that failed as long hold their own claims for a member TTL.
     pub(super) fn give_up_suspended_at(&self) -> Option<Instant> {
-        match self.outage {
-            Outage::Isolated => self.isolated_since.map(|t| t + self.cfg.renew_interval),
+        match self.store.outage() {
+            Some(Outage::Isolated { since }) => Some(since + self.cfg.renew_interval),
             _ => None,
         }
     }
@@ -349,19 +326,13 @@ impl Reconciler {
     /// Held shards to include in the next renewal (not those being re-claimed).
     pub(super) fn renewable(&self) -> Vec<ShardId> {
         (0..self.cfg.shards)
-            .filter(|&s| {
-                let sh = &self.shards[s as usize];
-                sh.held_epoch().is_some() && sh.claim_sent.is_none() && !sh.needs_reclaim
-            })
+            .filter(|&s| self.shards[s as usize].renewable())
             .collect()
     }
 
     pub(super) fn reclaims(&self) -> Vec<ShardId> {
         (0..self.cfg.shards)
-            .filter(|&s| {
-                let sh = &self.shards[s as usize];
-                sh.needs_reclaim && sh.held_epoch().is_some() && sh.claim_sent.is_none()
-            })
+            .filter(|&s| self.shards[s as usize].reclaim_due())
             .collect()
     }
 }

@@ -1,7 +1,15 @@
-//! The per-shard state a pod keeps, and the names of its transitions.
+//! The per-shard state a pod keeps, and every transition of it.
 //!
-//! This is bookkeeping only; the decisions that move a shard between states live in
-//! `super` (the reconciler), which sees all shards and the cluster at once.
+//! A [`Shard`]'s phase is a private enum whose variants carry exactly the data that means
+//! something in them: a re-claim can be due only on a held shard, a claim in flight on an
+//! unheld shard is its own phase (so it cannot also be paced or released), and a suspended
+//! shard always owes a re-claim. The phase changes only through the transition methods
+//! here, each of which asserts (in debug builds) the phases it may be called in; inputs
+//! from outside that may be stale (a stop acknowledgement, a release answer) are ignored
+//! in any other phase. [`ShardState`] is the coarse public view.
+//!
+//! This module decides nothing: which transition to make, and when, is for the rules in
+//! `super` (the reconciler), which see all shards and the cluster at once.
 
 use std::time::Instant;
 
@@ -10,7 +18,7 @@ use crate::core::Epoch;
 /// Where one shard stands for this pod.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ShardState {
-    /// Not held by this pod (as far as it knows).
+    /// Not held by this pod (as far as it knows); a claim may be in flight.
     Idle,
     /// Held and served until `deadline` (local monotonic time).
     Serving { epoch: Epoch, deadline: Instant },
@@ -33,70 +41,147 @@ pub enum AfterStop {
     Forget,
 }
 
-/// Why a shard stops being served. Carried in `Action::StopServing` for logs and metrics.
+/// Whether the store may hold a lease naming this pod that the shard's phase does not
+/// account for ("maybe ours", rule 6): an acquire landed too late to serve on, or its call
+/// failed while the shard was not held. Such a shard is claimed afresh or released rather
+/// than forgotten.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StopReason {
-    /// The ring assigns the shard to another pod.
-    Rebalance,
-    /// The local lease deadline passed without a successful renewal.
-    Expired,
-    /// A renewal found the lease missing in the store.
-    Lost,
-    /// Another pod holds the lease (found by a renewal or a reclaim).
-    Stolen,
-    /// A terminal answered a hello or push with a stale-epoch refusal.
-    StaleEpoch,
-    /// The store is unreachable from this pod only: it gives the shard up.
-    Isolated,
-    /// Graceful shutdown.
-    Shutdown,
+pub enum Stray {
+    None,
+    MaybeOurs,
 }
 
-impl StopReason {
-    pub fn as_str(self) -> &'static str {
+/// How an acquire ended without this pod serving on its answer, as far as a lease it may
+/// have left in the store is concerned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClaimEnd {
+    /// Answered in time (held by another pod, or the shard stopped meanwhile): nothing of
+    /// ours is stray.
+    Answered,
+    /// Answered with the lease, but too late to serve on (the pod was paused): the lease
+    /// may be ours, with a fresh TTL, beyond any deadline this pod keeps.
+    Late,
+    /// The call failed: it may or may not have taken effect. A shard that is not held may
+    /// then have a lease of ours; a held one's key names us anyway, so it records nothing.
+    Failed,
+    /// The store's generation had changed, so the call wrote nothing.
+    Void,
+}
+
+/// One shard's local record: its phase, and when the last fresh claim was sent.
+#[derive(Clone, Debug)]
+pub struct Shard {
+    phase: Phase,
+    /// When this pod last sent a fresh claim for the shard; fresh claims against another
+    /// holder are paced from it. History rather than phase, so it outlives the claim: a
+    /// shard lost soon after it was won is not claimed again before the pace allows.
+    last_claim: Option<Instant>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Not held, no acquire in flight.
+    Idle { stray: Stray },
+    /// Not held; an acquire sent at `sent` is unanswered: a fresh claim, or a re-claim
+    /// sent while the shard was still held. Nothing is kept as stray meanwhile: the
+    /// answer settles it (a late or failed one leaves the shard maybe ours; a generation
+    /// change, which is learned before or with it, leaves nothing of ours).
+    Claiming { sent: Instant },
+    /// Held and served until `deadline` (local monotonic time).
+    Serving {
+        epoch: Epoch,
+        deadline: Instant,
+        reclaim: Reclaim,
+        stray: Stray,
+    },
+    /// Held past the deadline in a cluster-wide store outage: connections stay open,
+    /// nothing is delivered, and the lease is re-claimed when the store returns (sent at
+    /// `reclaim_sent`, or due while `None`).
+    Suspended {
+        epoch: Epoch,
+        reclaim_sent: Option<Instant>,
+        stray: Stray,
+    },
+    /// `StopServing` was emitted; waiting for the connections to close. `unanswered`: a
+    /// re-claim sent while the shard was held, still in flight. `stray` matters only if
+    /// `then` is `Forget` (a release settles it).
+    Stopping {
+        epoch: Epoch,
+        then: AfterStop,
+        unanswered: Option<Instant>,
+        stray: Stray,
+    },
+    /// Stopped; an owner-checked release is to be sent (`sent == false`) or in flight.
+    /// `unanswered` as in `Stopping`.
+    Releasing {
+        sent: bool,
+        unanswered: Option<Instant>,
+    },
+}
+
+/// Where the re-claim (`SET NX`) of a served shard stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reclaim {
+    /// None is needed: renewals keep the lease.
+    NotNeeded,
+    /// Needed (new store generation, or the store came back after the deadline passed);
+    /// sent once the store answers.
+    Due,
+    /// In flight since the instant.
+    Sent(Instant),
+    /// In flight since the instant, but no longer needed: a renewal resumed the shard
+    /// meanwhile. Its answer still counts (it may carry a new epoch); its failure leaves
+    /// the lease to the renewals.
+    Overtaken(Instant),
+}
+
+impl Reclaim {
+    fn in_flight(self) -> Option<Instant> {
         match self {
-            StopReason::Rebalance => "rebalance",
-            StopReason::Expired => "expired",
-            StopReason::Lost => "lost",
-            StopReason::Stolen => "stolen",
-            StopReason::StaleEpoch => "stale_epoch",
-            StopReason::Isolated => "isolated",
-            StopReason::Shutdown => "shutdown",
+            Reclaim::Sent(sent) | Reclaim::Overtaken(sent) => Some(sent),
+            Reclaim::NotNeeded | Reclaim::Due => None,
         }
     }
 }
 
-/// One shard's local record.
-#[derive(Clone, Debug)]
-pub struct Shard {
-    pub state: ShardState,
-    /// When an acquire for this shard was sent, while it is in flight (a fresh claim when
-    /// `Idle`, a reclaim when held).
-    pub claim_sent: Option<Instant>,
-    /// A held shard must be re-claimed with `SET NX` (new store generation, or the store
-    /// came back after the local deadline passed).
-    pub needs_reclaim: bool,
-    /// An acquire's answer was lost, so the store may hold a lease naming us.
-    pub maybe_ours: bool,
-    /// The last time a fresh claim was sent, to pace retries against a current holder.
-    pub last_claim: Option<Instant>,
+impl Stray {
+    /// What is stray after an acquire of a held or stopping shard ended (see [`ClaimEnd`]).
+    fn after(self, end: ClaimEnd) -> Stray {
+        match end {
+            ClaimEnd::Answered => Stray::None,
+            ClaimEnd::Late => Stray::MaybeOurs,
+            ClaimEnd::Failed | ClaimEnd::Void => self,
+        }
+    }
 }
 
 impl Shard {
     pub fn new() -> Self {
         Shard {
-            state: ShardState::Idle,
-            claim_sent: None,
-            needs_reclaim: false,
-            maybe_ours: false,
+            phase: Phase::Idle { stray: Stray::None },
             last_claim: None,
+        }
+    }
+
+    // ----- queries -------------------------------------------------------------------
+
+    /// The coarse public view.
+    pub fn view(&self) -> ShardState {
+        match self.phase {
+            Phase::Idle { .. } | Phase::Claiming { .. } => ShardState::Idle,
+            Phase::Serving {
+                epoch, deadline, ..
+            } => ShardState::Serving { epoch, deadline },
+            Phase::Suspended { epoch, .. } => ShardState::Suspended { epoch },
+            Phase::Stopping { epoch, then, .. } => ShardState::Stopping { epoch, then },
+            Phase::Releasing { sent, .. } => ShardState::Releasing { sent },
         }
     }
 
     /// The epoch of a lease this pod still holds (serving or suspended).
     pub fn held_epoch(&self) -> Option<Epoch> {
-        match self.state {
-            ShardState::Serving { epoch, .. } | ShardState::Suspended { epoch } => Some(epoch),
+        match self.phase {
+            Phase::Serving { epoch, .. } | Phase::Suspended { epoch, .. } => Some(epoch),
             _ => None,
         }
     }
@@ -104,11 +189,307 @@ impl Shard {
     /// A release is pending or in flight, or connections are closing before one.
     pub fn releasing(&self) -> bool {
         matches!(
-            self.state,
-            ShardState::Stopping {
+            self.phase,
+            Phase::Stopping {
                 then: AfterStop::Release,
                 ..
-            } | ShardState::Releasing { .. }
+            } | Phase::Releasing { .. }
         )
+    }
+
+    /// When the acquire in flight for this shard was sent, if one is.
+    pub fn claim_sent(&self) -> Option<Instant> {
+        match self.phase {
+            Phase::Idle { .. } => None,
+            Phase::Claiming { sent } => Some(sent),
+            Phase::Serving { reclaim, .. } => reclaim.in_flight(),
+            Phase::Suspended { reclaim_sent, .. } => reclaim_sent,
+            Phase::Stopping { unanswered, .. } | Phase::Releasing { unanswered, .. } => unanswered,
+        }
+    }
+
+    /// Served, and kept by renewals (no re-claim due or in flight).
+    pub fn renewable(&self) -> bool {
+        matches!(
+            self.phase,
+            Phase::Serving {
+                reclaim: Reclaim::NotNeeded,
+                ..
+            }
+        )
+    }
+
+    /// Held, and to be re-claimed now (none in flight).
+    pub fn reclaim_due(&self) -> bool {
+        matches!(
+            self.phase,
+            Phase::Serving {
+                reclaim: Reclaim::Due,
+                ..
+            } | Phase::Suspended {
+                reclaim_sent: None,
+                ..
+            }
+        )
+    }
+
+    /// Not held and no acquire in flight: whether a lease of ours may be stray.
+    pub fn unheld(&self) -> Option<Stray> {
+        match self.phase {
+            Phase::Idle { stray } => Some(stray),
+            _ => None,
+        }
+    }
+
+    /// Stopped, and the release not sent yet.
+    pub fn release_due(&self) -> bool {
+        matches!(self.phase, Phase::Releasing { sent: false, .. })
+    }
+
+    /// When the last fresh claim was sent.
+    pub fn last_claim(&self) -> Option<Instant> {
+        self.last_claim
+    }
+
+    // ----- transitions ---------------------------------------------------------------
+
+    /// An acquire is sent at `now`: a fresh claim of an unheld shard, or a due re-claim.
+    pub fn send_claim(&mut self, now: Instant) {
+        match &mut self.phase {
+            Phase::Idle { .. } => {
+                self.phase = Phase::Claiming { sent: now };
+                self.last_claim = Some(now);
+            }
+            Phase::Serving { reclaim, .. } if *reclaim == Reclaim::Due => {
+                *reclaim = Reclaim::Sent(now);
+            }
+            Phase::Suspended { reclaim_sent, .. } if reclaim_sent.is_none() => {
+                *reclaim_sent = Some(now);
+            }
+            _ => debug_assert!(false, "claim sent for {self:?}"),
+        }
+    }
+
+    /// The acquire in flight ended without this pod serving on its answer.
+    pub fn end_claim(&mut self, end: ClaimEnd) {
+        debug_assert!(self.claim_sent().is_some(), "no claim to end: {self:?}");
+        match &mut self.phase {
+            Phase::Idle { .. } => {}
+            Phase::Claiming { .. } => {
+                let stray = match end {
+                    ClaimEnd::Answered | ClaimEnd::Void => Stray::None,
+                    ClaimEnd::Late | ClaimEnd::Failed => Stray::MaybeOurs,
+                };
+                self.phase = Phase::Idle { stray };
+            }
+            Phase::Serving { reclaim, stray, .. } => {
+                *reclaim = match *reclaim {
+                    Reclaim::Sent(_) => Reclaim::Due,
+                    Reclaim::Overtaken(_) => Reclaim::NotNeeded,
+                    other => other,
+                };
+                *stray = stray.after(end);
+            }
+            Phase::Suspended {
+                reclaim_sent,
+                stray,
+                ..
+            } => {
+                *reclaim_sent = None;
+                *stray = stray.after(end);
+            }
+            Phase::Stopping {
+                unanswered, stray, ..
+            } => {
+                *unanswered = None;
+                *stray = stray.after(end);
+            }
+            Phase::Releasing { unanswered, .. } => *unanswered = None,
+        }
+    }
+
+    /// The acquire in flight was answered in time with the lease: serve `epoch` until
+    /// `deadline`.
+    pub fn move_to_serving(&mut self, epoch: Epoch, deadline: Instant) {
+        debug_assert!(
+            matches!(
+                self.phase,
+                Phase::Claiming { .. } | Phase::Serving { .. } | Phase::Suspended { .. }
+            ) && self.claim_sent().is_some(),
+            "served on an answer while {self:?}"
+        );
+        self.phase = Phase::Serving {
+            epoch,
+            deadline,
+            reclaim: Reclaim::NotNeeded,
+            stray: Stray::None,
+        };
+    }
+
+    /// A renewal sent before `until` succeeded.
+    pub fn extend_deadline(&mut self, until: Instant) {
+        if let Phase::Serving { deadline, .. } = &mut self.phase {
+            *deadline = (*deadline).max(until);
+        } else {
+            debug_assert!(false, "renewed {self:?}");
+        }
+    }
+
+    /// The deadline passed in a cluster-wide outage: keep the connections, re-claim later.
+    pub fn move_to_suspended(&mut self) {
+        if let Phase::Serving {
+            epoch,
+            reclaim,
+            stray,
+            ..
+        } = self.phase
+        {
+            self.phase = Phase::Suspended {
+                epoch,
+                reclaim_sent: reclaim.in_flight(),
+                stray,
+            };
+        } else {
+            debug_assert!(false, "suspended {self:?}");
+        }
+    }
+
+    /// A renewal of a suspended shard succeeded in time: serve again until `deadline`.
+    pub fn resume(&mut self, deadline: Instant) {
+        if let Phase::Suspended {
+            epoch,
+            reclaim_sent,
+            stray,
+        } = self.phase
+        {
+            self.phase = Phase::Serving {
+                epoch,
+                deadline,
+                reclaim: reclaim_sent.map_or(Reclaim::NotNeeded, Reclaim::Overtaken),
+                stray,
+            };
+        } else {
+            debug_assert!(false, "resumed {self:?}");
+        }
+    }
+
+    /// The held lease must be re-claimed with `SET NX` (a suspended one always is).
+    pub fn reclaim_needed(&mut self) {
+        match &mut self.phase {
+            Phase::Serving { reclaim, .. } => {
+                *reclaim = match *reclaim {
+                    Reclaim::NotNeeded => Reclaim::Due,
+                    Reclaim::Overtaken(sent) => Reclaim::Sent(sent),
+                    due_or_sent => due_or_sent,
+                };
+            }
+            Phase::Suspended { .. } => {}
+            _ => debug_assert!(false, "re-claim of {self:?}"),
+        }
+    }
+
+    /// Stop serving a held shard; `then` says what follows once its connections are
+    /// closed. Returns the epoch it was served with.
+    pub fn move_to_stopping(&mut self, then: AfterStop) -> Option<Epoch> {
+        let (epoch, unanswered, stray) = match self.phase {
+            Phase::Serving {
+                epoch,
+                reclaim,
+                stray,
+                ..
+            } => (epoch, reclaim.in_flight(), stray),
+            Phase::Suspended {
+                epoch,
+                reclaim_sent,
+                stray,
+            } => (epoch, reclaim_sent, stray),
+            _ => {
+                debug_assert!(false, "stopped {self:?}");
+                return None;
+            }
+        };
+        self.phase = Phase::Stopping {
+            epoch,
+            then,
+            unanswered,
+            stray,
+        };
+        Some(epoch)
+    }
+
+    /// The connections of a stopping shard are closed.
+    pub fn serving_stopped(&mut self) {
+        if let Phase::Stopping {
+            then,
+            unanswered,
+            stray,
+            ..
+        } = self.phase
+        {
+            self.phase = match (then, unanswered) {
+                (AfterStop::Release, _) => Phase::Releasing {
+                    sent: false,
+                    unanswered,
+                },
+                (AfterStop::Forget, Some(sent)) => Phase::Claiming { sent },
+                (AfterStop::Forget, None) => Phase::Idle { stray },
+            };
+        }
+    }
+
+    /// Release a lease that is not served on: one that may be stray, or one answered in
+    /// time to a claim the pod no longer wants.
+    pub fn move_to_releasing(&mut self) {
+        debug_assert!(
+            matches!(
+                self.phase,
+                Phase::Idle {
+                    stray: Stray::MaybeOurs
+                } | Phase::Claiming { .. }
+            ),
+            "released {self:?}"
+        );
+        self.phase = Phase::Releasing {
+            sent: false,
+            unanswered: None,
+        };
+    }
+
+    pub fn release_sent(&mut self) {
+        if let Phase::Releasing { sent, .. } = &mut self.phase {
+            debug_assert!(!*sent, "released twice: {self:?}");
+            *sent = true;
+        } else {
+            debug_assert!(false, "release sent for {self:?}");
+        }
+    }
+
+    /// A release naming this shard was answered (or failed: the lease then expires by
+    /// itself). Nothing of ours is left in the store.
+    pub fn release_answered(&mut self) {
+        match self.phase {
+            Phase::Releasing {
+                sent: true,
+                unanswered,
+            } => {
+                self.phase = match unanswered {
+                    Some(sent) => Phase::Claiming { sent },
+                    None => Phase::Idle { stray: Stray::None },
+                };
+            }
+            _ => self.forget_stray(),
+        }
+    }
+
+    /// Nothing of ours can be stray in the store (it lost its data, or a release for the
+    /// shard was answered).
+    pub fn forget_stray(&mut self) {
+        match &mut self.phase {
+            Phase::Idle { stray }
+            | Phase::Serving { stray, .. }
+            | Phase::Suspended { stray, .. }
+            | Phase::Stopping { stray, .. } => *stray = Stray::None,
+            Phase::Claiming { .. } | Phase::Releasing { .. } => {}
+        }
     }
 }

@@ -356,6 +356,37 @@ fn a_late_acquire_answer_is_not_served_on() {
     assert_eq!(acquires(&actions), claimed);
 }
 
+/// Rule 6 for lost answers: a failed acquire may have taken the lease, so a shard the pod
+/// no longer wants is released, not forgotten (the next owner would wait out the TTL).
+#[test]
+fn a_lost_acquire_answer_is_released_when_no_longer_wanted() {
+    let t0 = Instant::now();
+    let mut r = Reconciler::new(cfg(), pod("a"), t0);
+    r.handle_timeout(t0);
+    drain(&mut r);
+    r.handle_snapshot(t0, Ok(snapshot(&r, "g", &["a"], vec![None; 8])));
+    let t1 = t0 + cfg().debounce;
+    r.handle_timeout(t1);
+    let claimed = acquires(&settle(&mut r, t1));
+    assert_eq!(claimed.len(), 8);
+    r.handle_acquire(t1, &claimed, Err(OpFailed));
+    drain(&mut r);
+    // The store answers again, with a placement b wrote that gives b every shard.
+    let theirs = r.placement().unwrap().next(&[pod("b")], 8);
+    let mut snap = snapshot(&r, "g", &["a", "b"], vec![None; 8]);
+    snap.placement = Some(theirs);
+    let t2 = t1 + Duration::from_millis(100);
+    r.handle_snapshot(t2, Ok(snap));
+    let released: Vec<ShardId> = drain(&mut r)
+        .into_iter()
+        .flat_map(|a| match a {
+            Action::Release { shards } => shards,
+            _ => vec![],
+        })
+        .collect();
+    assert_eq!(released, claimed);
+}
+
 #[test]
 fn stale_epoch_from_a_terminal_drops_the_shard() {
     let (mut r, t) = serving_pod("a", &["a"]);
