@@ -2,9 +2,7 @@
 //! anything starts, with exit code 2 and one line on stderr naming the culprit; and
 //! `posgate simulate` runs seeds and reports its rates.
 
-pub mod support;
-
-use support::binary::posgate;
+use crate::support::binary::posgate;
 
 /// Asserts a refusal with exit code 2 and a single stderr line starting with `prefix`;
 /// returns the line.
@@ -109,7 +107,7 @@ fn tls_certificate_and_key_come_together() {
 /// log naming the file.
 #[test]
 fn an_unreadable_tls_certificate_stops_the_start_naming_the_file() {
-    let pki = support::tls::TestPki::generate();
+    let pki = crate::support::tls::TestPki::generate();
     let out = posgate(
         &[
             "serve",

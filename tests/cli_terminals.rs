@@ -3,27 +3,31 @@
 //! names each bad line, `--replace` removes what the file lacks, and a Redis that is down
 //! or a cluster with other settings is a clear error.
 
-pub mod support;
-
 use std::path::{Path, PathBuf};
+use std::process::Output;
 
-use support::binary::posgate;
-use support::redis_server::free_port;
-use support::RedisServer;
+use crate::support::binary::posgate;
+use crate::support::redis_server::free_port;
+use crate::support::RedisServer;
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-/// Runs `posgate terminals <args> --redis-url <url>` and asserts success; returns stdout.
-fn ok(url: &str, args: &[&str]) -> String {
+/// Runs `posgate terminals <args> --redis-url <url>`.
+fn terminals(url: &str, args: &[&str]) -> Output {
     let mut all = vec!["terminals"];
     all.extend(args);
     all.extend(["--redis-url", url]);
-    let out = posgate(&all, &[]);
+    posgate(&all, &[])
+}
+
+/// [`terminals`], asserting success; returns stdout.
+fn ok(url: &str, args: &[&str]) -> String {
+    let out = terminals(url, args);
     assert!(
         out.status.success(),
-        "{all:?}: {}{}",
+        "{args:?}: {}{}",
         text(&out.stdout),
         text(&out.stderr)
     );
@@ -109,7 +113,7 @@ fn bad_lines_are_all_named_and_nothing_is_imported() {
                new-4,10.0.0.5:443,\n";
     let file = write(dir.path(), "bad.csv", bad);
     let name = file.to_str().unwrap();
-    let out = posgate(&["terminals", "import", name, "--redis-url", &url], &[]);
+    let out = terminals(&url, &["import", name]);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     let lines: Vec<&str> = stderr.lines().collect();
@@ -127,29 +131,11 @@ fn bad_lines_are_all_named_and_nothing_is_imported() {
         "dup.csv",
         "id,addr,server_name\na,h:1,\nb,h:2,\na,h:3,\n",
     );
-    let out = posgate(
-        &[
-            "terminals",
-            "import",
-            file.to_str().unwrap(),
-            "--redis-url",
-            &url,
-        ],
-        &[],
-    );
+    let out = terminals(&url, &["import", file.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains(":4: duplicate id \"a\" (first on line 2)"));
     let file = write(dir.path(), "header.csv", "id;addr;server_name\na;h:1;\n");
-    let out = posgate(
-        &[
-            "terminals",
-            "import",
-            file.to_str().unwrap(),
-            "--redis-url",
-            &url,
-        ],
-        &[],
-    );
+    let out = terminals(&url, &["import", file.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains(":1: expected the header"));
     assert_eq!(count(&url), 10);
@@ -176,7 +162,7 @@ fn flags_come_from_the_environment_too() {
 #[test]
 fn redis_down_and_other_settings_are_clear_errors() {
     let down = format!("redis://127.0.0.1:{}/", free_port());
-    let out = posgate(&["terminals", "count", "--redis-url", &down], &[]);
+    let out = terminals(&down, &["count"]);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.starts_with("error: "), "{stderr}");
@@ -185,16 +171,7 @@ fn redis_down_and_other_settings_are_clear_errors() {
     // The file is checked before Redis is contacted.
     let dir = tempfile::tempdir().unwrap();
     let file = write(dir.path(), "bad.csv", "id,addr,server_name\nx,nohost,\n");
-    let out = posgate(
-        &[
-            "terminals",
-            "import",
-            file.to_str().unwrap(),
-            "--redis-url",
-            &down,
-        ],
-        &[],
-    );
+    let out = terminals(&down, &["import", file.to_str().unwrap()]);
     assert!(
         text(&out.stderr).contains("bad.csv:2: "),
         "{}",
@@ -205,17 +182,14 @@ fn redis_down_and_other_settings_are_clear_errors() {
     let redis = RedisServer::start();
     let url = redis.url();
     assert_eq!(count(&url), 0);
-    let out = posgate(
-        &["terminals", "count", "--shards", "8", "--redis-url", &url],
-        &[],
-    );
+    let out = terminals(&url, &["count", "--shards", "8"]);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("cluster metadata mismatch"), "{stderr}");
 
     // Bad flags are usage errors.
-    let out = posgate(&["terminals", "remove", "bad id", "--redis-url", &url], &[]);
+    let out = terminals(&url, &["remove", "bad id"]);
     assert_eq!(out.status.code(), Some(2));
-    let out = posgate(&["terminals", "remove", "--redis-url", &url], &[]);
+    let out = terminals(&url, &["remove"]);
     assert_eq!(out.status.code(), Some(2));
 }

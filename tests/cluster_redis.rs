@@ -1,7 +1,7 @@
 //! Whole pods (`Pod::start`: driver + HTTP + peer probes) against a real `redis-server`,
-//! each pod behind its own `TcpProxy` so its network to Redis can be cut.
+//! each pod behind its own `RedisProxy` so its network to Redis can be cut.
 //!
-//! Every test runs the overlap sampler of [`cluster_harness`] (no shard served by two
+//! Every test runs the overlap sampler of [`support::cluster`](crate::support::cluster) (no shard served by two
 //! pods at once, checked every 20 ms) and records serving transitions with timestamps.
 //! Measured durations are printed (`--nocapture`) for the issue notes.
 //!
@@ -9,28 +9,24 @@
 //! 500 ms, debounce 300 ms, serve window 2.2 s. Bounds are generous; the printed
 //! numbers are the real measurement.
 
-mod cluster_harness;
-pub mod support;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use cluster_harness::*;
+use crate::support::cluster::*;
+use crate::support::pod::{self, store_options, CLUSTER, SHARDS, STORE_TIMEOUT};
+use crate::support::wait::{secs, wait_for};
+use crate::support::{RedisProxy, RedisServer};
 use posgate::core::reconciler::StopReason;
-use posgate::core::{PodId, ShardId};
+use posgate::core::ShardId;
 use posgate::pod::{Pod, PodError};
 use posgate::store::redis::RedisStore;
 use posgate::store::{ClusterMeta, CoordStore, StoreError};
-use support::{RedisServer, TcpProxy};
 use tokio::net::TcpListener;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_pods_converge_on_the_ring_assignment() {
     let test = "converge";
-    let cluster = Cluster::start(3).await;
-    let took = cluster
-        .wait_converged("3 pods to converge", startup_limit())
-        .await;
+    let (cluster, took) = Cluster::converged_start(3).await;
     eprintln!("[{test}] 3 pods converged (all ready, every shard served by its assigned pod) after {:.3} s", secs(took));
 
     // Redis agrees: every lease is held by the assigned pod, every pod is registered.
@@ -63,10 +59,7 @@ async fn three_pods_converge_on_the_ring_assignment() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_joining_pod_takes_exactly_the_moved_shards_after_their_release() {
     let test = "join";
-    let mut cluster = Cluster::start(3).await;
-    cluster
-        .wait_converged("3 pods to converge", startup_limit())
-        .await;
+    let (mut cluster, _) = Cluster::converged_start(3).await;
     let before = cluster.assignment().await.expect("a placement for 3 pods");
     let owners_before = cluster.owners();
 
@@ -152,10 +145,7 @@ async fn a_joining_pod_takes_exactly_the_moved_shards_after_their_release() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn shards_of_a_killed_pod_are_reowned_after_the_ttls() {
     let test = "kill";
-    let mut cluster = Cluster::start(3).await;
-    cluster
-        .wait_converged("3 pods to converge", startup_limit())
-        .await;
+    let (mut cluster, _) = Cluster::converged_start(3).await;
     let victim = 1;
     let orphans: Vec<ShardId> = cluster.pods[victim].served().into_keys().collect();
 
@@ -198,10 +188,7 @@ async fn shards_of_a_killed_pod_are_reowned_after_the_ttls() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_restarted_empty_changes_no_owner_and_raises_epochs() {
     let test = "restart";
-    let mut cluster = Cluster::start(3).await;
-    cluster
-        .wait_converged("3 pods to converge", startup_limit())
-        .await;
+    let (mut cluster, _) = Cluster::converged_start(3).await;
     let before = cluster.owners();
 
     let restarted = Instant::now();
@@ -240,11 +227,7 @@ async fn redis_restarted_empty_changes_no_owner_and_raises_epochs() {
             before[s].1
         );
     }
-    let events = cluster.events.since(restarted);
-    let stops: Vec<_> = events
-        .iter()
-        .filter(|e| matches!(e.kind, Kind::Stop(_)))
-        .collect();
+    let stops = cluster.events.stops_since(restarted);
     assert!(
         stops.is_empty(),
         "shards stopped during the restart: {stops:?}"
@@ -268,10 +251,7 @@ async fn redis_restarted_empty_changes_no_owner_and_raises_epochs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_pod_cut_off_from_redis_stops_by_its_deadline_and_others_take_over() {
     let test = "cut-one";
-    let cluster = Cluster::start(3).await;
-    cluster
-        .wait_converged("3 pods to converge", startup_limit())
-        .await;
+    let (cluster, _) = Cluster::converged_start(3).await;
     let victim = 2;
     let theirs: Vec<ShardId> = cluster.pods[victim].served().into_keys().collect();
 
@@ -356,10 +336,7 @@ async fn a_pod_cut_off_from_redis_stops_by_its_deadline_and_others_take_over() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn all_pods_cut_off_suspend_and_resume_the_same_shards() {
     let test = "cut-all";
-    let cluster = Cluster::start(3).await;
-    cluster
-        .wait_converged("3 pods to converge", startup_limit())
-        .await;
+    let (cluster, _) = Cluster::converged_start(3).await;
     let before = cluster.owners();
 
     let cut = Instant::now();
@@ -383,15 +360,12 @@ async fn all_pods_cut_off_suspend_and_resume_the_same_shards() {
             "shard {s} not suspended at {owner}"
         );
     }
-    let events = cluster.events.since(cut);
-    let stops: Vec<_> = events
-        .iter()
-        .filter(|e| matches!(e.kind, Kind::Stop(_)))
-        .collect();
+    let stops = cluster.events.stops_since(cut);
     assert!(
         stops.is_empty(),
         "shards given up during a cluster-wide outage: {stops:?}"
     );
+    let events = cluster.events.since(cut);
     let last_suspend = events
         .iter()
         .filter(|e| e.kind == Kind::Suspend)
@@ -433,12 +407,7 @@ async fn all_pods_cut_off_suspend_and_resume_the_same_shards() {
             "shard {s} changed owner after the outage"
         );
     }
-    let stops: Vec<_> = cluster
-        .events
-        .since(restored)
-        .into_iter()
-        .filter(|e| matches!(e.kind, Kind::Stop(_)))
-        .collect();
+    let stops = cluster.events.stops_since(restored);
     assert!(
         stops.is_empty(),
         "shards given up after the outage: {stops:?}"
@@ -461,9 +430,8 @@ async fn a_pod_refuses_to_join_a_cluster_pinned_with_other_settings() {
         .await
         .unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let id = PodId::new("pod-mismatch").unwrap();
     let run = Pod::run(
-        pod_config(&id, "http://127.0.0.1:1".into()),
+        pod::config("pod-mismatch", "http://127.0.0.1:1"),
         store,
         listener,
         std::future::pending(),
@@ -484,15 +452,13 @@ async fn a_pod_refuses_to_join_a_cluster_pinned_with_other_settings() {
 async fn a_pod_started_while_redis_is_unreachable_waits_and_then_joins() {
     let test = "late-redis";
     let redis = RedisServer::start();
-    let proxy = TcpProxy::start(redis.addr()).await;
-    let store = RedisStore::connect(&proxy.redis_url(""), CLUSTER, store_options())
+    let proxy = RedisProxy::start(redis.addr()).await.unwrap();
+    let store = RedisStore::connect(&proxy.url(), CLUSTER, store_options())
         .await
         .unwrap();
     proxy.cut();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let id = PodId::new("pod-early").unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let pod = Pod::start(pod_config(&id, url), store, listener, ()).unwrap();
+    let (listener, url) = pod::listen().await;
+    let pod = Pod::start(pod::config("pod-early", &url), store, listener, ()).unwrap();
 
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(

@@ -15,13 +15,20 @@ fn demo(args: &[&str], path: &str) -> (bool, String) {
     (out.status.success(), stdout)
 }
 
-fn summary_value<'a>(stdout: &'a str, label: &str) -> &'a str {
-    stdout
-        .lines()
-        .find_map(|l| l.strip_prefix(label))
-        .unwrap_or_else(|| panic!("no {label:?} line in:\n{stdout}"))
-        .trim()
+/// The summary lines of `stdout` starting with each label end in its value.
+fn assert_summary(stdout: &str, expected: &[(&str, &str)]) {
+    for (label, value) in expected {
+        let line = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(label))
+            .unwrap_or_else(|| panic!("no {label:?} line in:\n{stdout}"));
+        assert_eq!(line.trim(), *value, "{label}");
+    }
 }
+
+const CONNECTED: &str = "terminals connected at the end:";
+const RAW_OVERLAPS: &str = "raw overlaps (two connections to one terminal):";
+const TWICE: &str = "keys delivered twice:";
 
 #[test]
 fn demo_on_the_embedded_store() {
@@ -33,15 +40,10 @@ fn demo_on_the_embedded_store() {
     assert!(ok);
     assert!(out.contains("store: embedded in-memory store"), "{out}");
     assert!(out.contains("status page: http://127.0.0.1:"), "{out}");
-    assert_eq!(
-        summary_value(&out, "terminals connected at the end:"),
-        "200"
+    assert_summary(
+        &out,
+        &[(CONNECTED, "200"), (RAW_OVERLAPS, "0"), (TWICE, "0")],
     );
-    assert_eq!(
-        summary_value(&out, "raw overlaps (two connections to one terminal):"),
-        "0"
-    );
-    assert_eq!(summary_value(&out, "keys delivered twice:"), "0");
 }
 
 #[test]
@@ -55,17 +57,14 @@ fn demo_script_with_a_private_redis() {
         "the 4th pod joins: {out}"
     );
     assert!(out.contains("x demo-pod-1 killed"), "{out}");
-    assert_eq!(
-        summary_value(&out, "terminals connected at the end:"),
-        "300"
+    let sessions = "session overlaps (two accepted sessions > 1 s):";
+    assert_summary(
+        &out,
+        &[
+            (CONNECTED, "300"),
+            (RAW_OVERLAPS, "0"),
+            (sessions, "0"),
+            (TWICE, "0"),
+        ],
     );
-    assert_eq!(
-        summary_value(&out, "raw overlaps (two connections to one terminal):"),
-        "0"
-    );
-    assert_eq!(
-        summary_value(&out, "session overlaps (two accepted sessions > 1 s):"),
-        "0"
-    );
-    assert_eq!(summary_value(&out, "keys delivered twice:"), "0");
 }

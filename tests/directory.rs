@@ -2,10 +2,9 @@
 //! run through the same operations: upserts, removals, replace-all, counts, sorted
 //! reads, and versions that change exactly for the shards a write changed.
 
-pub mod support;
-
 use std::collections::BTreeSet;
 
+use crate::support::RedisServer;
 use posgate::core::shard::shard_of;
 use posgate::core::ShardId;
 use posgate::store::directory::{Directory, DirectoryAdmin, MemoryDirectory, Terminal};
@@ -13,7 +12,6 @@ use posgate::store::redis::{RedisOptions, RedisStore};
 use posgate::store::StoreError;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use support::RedisServer;
 
 const SHARDS: u32 = 8;
 

@@ -8,13 +8,11 @@
 //! so no Redis is needed; the binary test needs none either (`/healthz` does not wait
 //! for the store).
 
-pub mod support;
-
+use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, StatusCode};
@@ -22,24 +20,27 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use posgate::config::{PodConfig, PosSettings};
 use posgate::core::shard::shard_of;
-use posgate::core::{CoreConfig, PodId};
 use posgate::credentials::ApiTokens;
-use posgate::credentials::ClusterSecret;
 use posgate::http::tls::ServerTlsFiles;
 use posgate::pod::{Pod, PodHandle};
-use posgate::pos::tls::TlsFiles;
 use posgate::store::directory::{DirectoryAdmin, MemoryDirectory, Terminal};
 use posgate::store::memory::MemoryStore;
-use posgate_loadtest::pos_sim::{FarmConfig, PosFarm};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::Value;
-use support::tls::TestPki;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
-const SHARDS: u32 = 64;
+use crate::support::binary::BinPod;
+use crate::support::farm::{self, Farm};
+use crate::support::pod::{self, SHARDS};
+use crate::support::redis_server::free_port;
+use crate::support::tls::TestPki;
+use crate::support::wait::{wait_for, wait_for_async};
+
+/// How long a pod may take to listen, serve or present a new certificate.
+const LIMIT: Duration = Duration::from_secs(30);
 const TOKEN: &str = "https-test-token-0123456789";
 
 /// A client config trusting the CA files `cas`, offering `alpn`. It never resumes a
@@ -129,13 +130,7 @@ async fn answer(response: http::Response<hyper::body::Incoming>) -> (StatusCode,
 /// A pod serving HTTPS with `pki`'s server certificate, advertising `https://`,
 /// verifying peers against `peer_ca`.
 fn tls_config(name: &str, addr: SocketAddr, pki: &TestPki, peer_ca: &Path) -> PodConfig {
-    let secret = ClusterSecret::new(*b"https-test-cluster-secret").unwrap();
-    let mut config = PodConfig::new(
-        PodId::new(name).unwrap(),
-        format!("https://{addr}"),
-        CoreConfig::fast(),
-        Some(secret),
-    );
+    let mut config = pod::config(name, &format!("https://{addr}"));
     config.api_tokens = Some(ApiTokens::from_env_value(&format!("acme:{TOKEN}")).unwrap());
     config.tls = Some(ServerTlsFiles {
         cert_file: pki.path("server"),
@@ -145,41 +140,12 @@ fn tls_config(name: &str, addr: SocketAddr, pki: &TestPki, peer_ca: &Path) -> Po
     config
 }
 
-/// Every shard served by exactly one of `pods`.
-fn settled(pods: &[TlsPod]) -> bool {
-    let now = tokio::time::Instant::now().into_std();
-    (0..SHARDS).all(|s| {
-        pods.iter()
-            .filter(|(p, _)| p.serving.serving(s, now).is_some())
-            .count()
-            == 1
-    })
-}
-
-fn wait_for(what: &str, started: Instant) {
-    assert!(
-        started.elapsed() < Duration::from_secs(30),
-        "timed out: {what}"
-    );
-}
-
 /// Two pods serving HTTPS with `pki`'s certificate and verifying peers against
 /// `peer_ca`, over the embedded store and a farm of 40 simulated terminals; returns once
 /// each shard is served by one pod and every terminal is connected.
-async fn tls_cluster(pki: &TestPki, peer_ca: &Path) -> (PosFarm, Vec<Terminal>, Vec<TlsPod>) {
-    let farm = PosFarm::start(FarmConfig {
-        port: 0,
-        ..FarmConfig::new(0..40)
-    })
-    .await
-    .unwrap();
-    let pos_ca = pki.dir().join("pos-ca.pem");
-    std::fs::write(&pos_ca, farm.ca_pem()).unwrap();
-    let entries: Vec<Terminal> = farm
-        .terminals()
-        .iter()
-        .map(|t| Terminal::new(&t.id, &t.addr.to_string(), Some(&t.server_name)).unwrap())
-        .collect();
+async fn tls_cluster(pki: &TestPki, peer_ca: &Path) -> (Farm, Vec<Terminal>, Vec<TlsPod>) {
+    let farm = Farm::start(farm::config(40)).await;
+    let entries = farm.entries();
     let directory = Arc::new(MemoryDirectory::new());
     directory.upsert(SHARDS, &entries).await.unwrap();
     let store = Arc::new(MemoryStore::new());
@@ -188,22 +154,20 @@ async fn tls_cluster(pki: &TestPki, peer_ca: &Path) -> (PosFarm, Vec<Terminal>, 
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let mut config = tls_config(&format!("tls-pod-{i}"), addr, pki, peer_ca);
-        config.pos = PosSettings {
-            tls: TlsFiles {
-                ca_file: Some(pos_ca.clone()),
-                client: None,
-            },
-            ..PosSettings::default()
-        };
+        config.pos = pod::pos(&farm.ca_file, PosSettings::default().dial_rate.get());
         let pod =
             Pod::start_with_directory(config, store.clone(), directory.clone(), listener).unwrap();
         pods.push((pod, addr));
     }
-    let started = Instant::now();
-    while !(settled(&pods) && farm.counters().terminals_connected == entries.len() as u64) {
-        wait_for("both pods serve and every terminal is connected", started);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for(
+        "both pods serve and every terminal is connected",
+        LIMIT,
+        || {
+            pod::settled(pods.iter().map(|(p, _)| p))
+                && farm.counters().terminals_connected == entries.len() as u64
+        },
+    )
+    .await;
     (farm, entries, pods)
 }
 
@@ -340,15 +304,6 @@ async fn a_reloaded_certificate_serves_new_handshakes_and_keeps_open_connections
     assert_eq!(status, StatusCode::OK, "the old token must still work");
 }
 
-struct Serve(Child);
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Points `<dir>/..data` at `<dir>/<version>` by an atomic rename, as the kubelet
 /// updates a Secret volume.
 fn swap_data_link(dir: &Path, version: &str) {
@@ -372,47 +327,41 @@ async fn the_binary_picks_up_a_swapped_secret_volume_without_a_signal() {
     for file in ["tls.crt", "tls.key"] {
         std::os::unix::fs::symlink(format!("..data/{file}"), root.join(file)).unwrap();
     }
-    let port = support::redis_server::free_port();
+    let port = free_port();
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_posgate"))
-        .args(["serve", "--insecure", "--redis-url", "redis://127.0.0.1:1"])
-        .args(["--listen", &addr.to_string()])
-        .args(["--advertise-url", &format!("https://{addr}")])
-        .arg("--tls-cert")
-        .arg(root.join("tls.crt"))
-        .arg("--tls-key")
-        .arg(root.join("tls.key"))
-        .args(["--reload-poll-interval", "100ms"])
-        .env_clear()
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let _serve = Serve(child);
+    let advertise = format!("https://{addr}");
+    let mut args = ["--insecure", "--redis-url", "redis://127.0.0.1:1"]
+        .into_iter()
+        .chain([
+            "--advertise-url",
+            &advertise,
+            "--reload-poll-interval",
+            "100ms",
+        ])
+        .map(OsString::from)
+        .collect::<Vec<_>>();
+    args.extend(["--tls-cert".into(), root.join("tls.crt").into()]);
+    args.extend(["--tls-key".into(), root.join("tls.key").into()]);
+    let _serve = BinPod::serve(port, args);
     let both = client_tls(&[&first.path("ca"), &second.path("ca")], &[b"http/1.1"]);
-    let started = Instant::now();
-    let tls = loop {
-        if let Ok(tls) = tls_connect(addr, both.clone()).await {
-            break tls;
-        }
-        wait_for("the pod listens", started);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    wait_for_async("the pod listens", LIMIT, || async {
+        tls_connect(addr, both.clone()).await.is_ok()
+    })
+    .await;
+    let tls = tls_connect(addr, both.clone()).await.unwrap();
     assert_eq!(presented(&tls), leaf(&first.path("server")));
     let mut open = http1(tls).await;
     let (status, _) = answer(open.send_request(get("/healthz")).await.unwrap()).await;
     assert_eq!(status, StatusCode::OK);
 
     swap_data_link(root, "v2");
-    let started = Instant::now();
-    loop {
-        let tls = tls_connect(addr, both.clone()).await.unwrap();
-        if presented(&tls) == leaf(&second.path("server")) {
-            break;
-        }
-        wait_for("a new handshake presents the new certificate", started);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let renewed = leaf(&second.path("server"));
+    wait_for_async(
+        "a new handshake presents the new certificate",
+        LIMIT,
+        || async { presented(&tls_connect(addr, both.clone()).await.unwrap()) == renewed },
+    )
+    .await;
     // hyper sends only on a connection that reported ready; right after a response the
     // connection task may not have caught up yet ("connection was not ready").
     open.ready().await.unwrap();

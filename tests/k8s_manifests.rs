@@ -17,8 +17,6 @@
 //! YAML is scanned as text, line by line: the manifests are plain block YAML and the
 //! checks only need names and a few scalar values.
 
-pub mod support;
-
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -581,7 +579,8 @@ fn every_kustomization_renders() {
     );
     let unchecked = format!("{} kustomizations not rendered", dirs.len());
     let install = "scripts/install-kubectl installs it; set KUBECTL to use another binary";
-    let Some(kubectl) = support::tools::require(kubectl(), "kubectl", &unchecked, install) else {
+    let Some(kubectl) = crate::support::tools::require(kubectl(), "kubectl", &unchecked, install)
+    else {
         return;
     };
     let allowed = allowed_vars();

@@ -16,27 +16,15 @@
 //!   `tests/push_api.rs`) serves every metric the dashboard and the rules use, and its
 //!   scrape passes `promtool check metrics` (when promtool is installed).
 
-pub mod support;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http::{Request, StatusCode};
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
-use posgate::config::PodConfig;
-use posgate::core::{CoreConfig, PodId};
-use posgate::credentials::ClusterSecret;
-use posgate::pod::Pod;
-use posgate::store::redis::{RedisOptions, RedisStore};
 use serde_json::Value;
-use support::RedisServer;
-use tokio::net::TcpListener;
+
+use crate::support::{api, pod, RedisServer};
 
 const DASHBOARD: &str = "k8s/observability/dashboard.json";
 const ALERTS: &str = "k8s/observability/alerts.yaml";
@@ -192,10 +180,10 @@ fn every_metric_used_by_dashboard_and_rules_is_documented() {
 }
 
 /// `promtool args..` in the repository root, `None` when promtool is not installed
-/// (see [`support::tools::require`]); `unchecked` says what is then not checked.
+/// (see [`crate::support::tools::require`]); `unchecked` says what is then not checked.
 fn promtool(args: &[&str], stdin: Option<&[u8]>, unchecked: &str) -> Option<Output> {
     let output = run_promtool(args, stdin);
-    support::tools::require(output, "promtool", unchecked, INSTALL)
+    crate::support::tools::require(output, "promtool", unchecked, INSTALL)
 }
 
 fn run_promtool(args: &[&str], stdin: Option<&[u8]>) -> Option<Output> {
@@ -413,39 +401,12 @@ fn scraped_families(text: &str) -> BTreeSet<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn live_scrape_has_every_metric_the_dashboard_and_rules_use() {
     let redis = RedisServer::start();
-    let options = RedisOptions {
-        response_timeout: Duration::from_millis(300),
-        connect_timeout: Duration::from_millis(300),
-        ..Default::default()
-    };
-    let store = RedisStore::connect_lazy(&redis.url(), "observability", options).unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let secret = ClusterSecret::new(*b"observability-test-cluster-secret").unwrap();
-    let mut config = PodConfig::new(
-        PodId::new("obs-pod-0").unwrap(),
-        &base,
-        CoreConfig::fast(),
-        Some(secret),
-    );
-    config.cluster = "observability".to_string();
-    config.store_timeout = Duration::from_millis(300);
-    let mut pod = Pod::start_with_terminals(config, store, listener).unwrap();
+    let (listener, base) = pod::listen().await;
+    let config = pod::config("obs-pod-0", &base);
+    let mut pod = pod::start_with_terminals(config, &redis.url(), listener);
 
-    let http = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-    let scrape = || async {
-        let response = http
-            .request(
-                Request::get(format!("{base}/metrics"))
-                    .body(Full::new(Bytes::new()))
-                    .unwrap(),
-            )
-            .await
-            .expect("pod answers /metrics");
-        assert_eq!(response.status(), StatusCode::OK);
-        let body = response.into_body().collect().await.unwrap().to_bytes();
-        String::from_utf8(body.to_vec()).expect("UTF-8 scrape")
-    };
+    let http = api::client();
+    let scrape = || api::metrics(&http, &base);
     // Wait until the pod is a member and serves every shard (the sampler runs every
     // 500 ms), so the per-shard and state series are there too.
     let started = Instant::now();

@@ -13,72 +13,38 @@
 //! Timings are `CoreConfig::fast()` (lease TTL 3 s, renew 1 s, close budget 300 ms);
 //! each pod dials at most 1,000 terminals per second.
 
-pub mod support;
-
-use std::num::NonZeroU32;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
-use posgate::config::{PodConfig, PosSettings};
-use posgate::core::shard::shard_of;
-use posgate::core::{CoreConfig, PodId, ShardId};
 use posgate::credentials::ApiTokens;
-use posgate::credentials::ClusterSecret;
-use posgate::pod::{Pod, PodHandle};
-use posgate::pos::tls::TlsFiles;
-use posgate::store::directory::{DirectoryAdmin, Terminal};
-use posgate::store::redis::{RedisOptions, RedisStore};
-use posgate_loadtest::pos_sim::{FarmConfig, PosFarm};
-use support::push::PushClient;
-use support::RedisServer;
-use tokio::net::TcpListener;
+use posgate::pod::PodHandle;
+use posgate::store::directory::DirectoryAdmin;
+use posgate::store::redis::RedisStore;
 
-const SHARDS: u32 = 64;
-const CLUSTER: &str = "pos-e2e";
+use crate::support::api::{self, Http, Push};
+use crate::support::farm::{self, Farm};
+use crate::support::pod::{self, store_options, CLUSTER, SHARDS};
+use crate::support::wait::wait_for;
+use crate::support::RedisServer;
+
 const TERMINALS: u64 = 2_000;
-const STORE_TIMEOUT: Duration = Duration::from_millis(300);
 const API_TOKEN: &str = "pos-connections-test-token-0123456789";
 /// Terminals pushed to before and after the move, one key each, every key sent twice.
 const PUSHED: usize = 100;
 
-fn store_options() -> RedisOptions {
-    RedisOptions {
-        response_timeout: STORE_TIMEOUT,
-        connect_timeout: STORE_TIMEOUT,
-        ..Default::default()
-    }
-}
-
-/// A pod and the base URL of its HTTP API.
-async fn start_pod(i: usize, redis_url: &str, ca_file: &Path) -> (PodHandle, String) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let id = PodId::new(format!("pos-pod-{i}")).unwrap();
-    let secret = ClusterSecret::new(*b"pos-connections-test-secret").unwrap();
-    let mut config = PodConfig::new(id, &url, CoreConfig::fast(), Some(secret));
-    config.cluster = CLUSTER.to_string();
-    config.store_timeout = STORE_TIMEOUT;
+/// A pod dialing at most 1,000 terminals per second, and the base URL of its HTTP API.
+async fn start_pod(i: usize, redis_url: &str, farm: &Farm) -> (PodHandle, String) {
+    let (listener, url) = pod::listen().await;
+    let mut config = pod::config(&format!("pos-pod-{i}"), &url);
     config.api_tokens = Some(ApiTokens::from_env_value(&format!("e2e:{API_TOKEN}")).unwrap());
-    config.pos = PosSettings {
-        tls: TlsFiles {
-            ca_file: Some(ca_file.to_owned()),
-            client: None,
-        },
-        dial_rate: NonZeroU32::new(1_000).unwrap(),
-        ..PosSettings::default()
-    };
-    let store = RedisStore::connect_lazy(redis_url, CLUSTER, store_options()).unwrap();
-    (
-        Pod::start_with_terminals(config, store, listener).unwrap(),
-        url,
-    )
+    config.pos = pod::pos(&farm.ca_file, 1_000);
+    (pod::start_with_terminals(config, redis_url, listener), url)
 }
 
 /// Pushes to each of `terminals` with its own key `{tag}-{i}` through `first[i % 2]`,
 /// then again with the same key and body through `retry[i % 2]`: both must be 200 and
 /// name the same owner and epoch. Returns the keys sent.
 async fn push_with_retries(
-    http: &PushClient,
+    http: &Http,
     terminals: &[&String],
     tag: &str,
     first: [&str; 2],
@@ -87,78 +53,39 @@ async fn push_with_retries(
     for (i, terminal) in terminals.iter().enumerate() {
         let key = format!("{tag}-{i}");
         let body = format!("{{\"amount\": {i}}}");
-        let sent = http.push(first[i % 2], terminal, &key, &body).await;
-        assert_eq!(sent.status, 200, "{terminal} {key}: {}", sent.body);
-        let mut again = http.push(retry[i % 2], terminal, &key, &body).await;
-        assert_eq!(again.status, 200, "{terminal} {key} again: {}", again.body);
+        let keyed = || Push {
+            key: Some(&key),
+            body: &body,
+            ..Push::new(API_TOKEN)
+        };
+        let (status, _, mut sent) = api::push(http, first[i % 2], terminal, keyed()).await;
+        assert_eq!(status, 200, "{terminal} {key}: {sent}");
+        let (status, _, mut again) = api::push(http, retry[i % 2], terminal, keyed()).await;
+        assert_eq!(status, 200, "{terminal} {key} again: {again}");
         // The answering pod sets its own latency; the rest is the owner's answer.
-        let mut sent = sent.body;
-        for answer in [&mut sent, &mut again.body] {
+        for answer in [&mut sent, &mut again] {
             answer.as_object_mut().unwrap().remove("latency_ms");
         }
-        assert_eq!(again.body, sent, "{terminal} {key}: the same delivery");
+        assert_eq!(again, sent, "{terminal} {key}: the same delivery");
     }
     terminals.len()
-}
-
-/// Polls `cond` every 50 ms until it holds; panics after `limit`. Returns the wait.
-async fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) -> Duration {
-    let started = Instant::now();
-    while !cond() {
-        assert!(
-            started.elapsed() < limit,
-            "timed out after {limit:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    started.elapsed()
-}
-
-/// True when every terminal has an open, not superseded session whose epoch is the one
-/// its shard is served with by one of `pods` (and every shard is served).
-fn all_sessions_current(farm: &PosFarm, ids: &[String], pods: &[&PodHandle]) -> bool {
-    let now = Instant::now();
-    let epoch_of = |shard: ShardId| pods.iter().find_map(|p| p.serving.serving(shard, now));
-    ids.iter().all(|id| {
-        let Some(epoch) = epoch_of(shard_of(id, SHARDS)) else {
-            return false;
-        };
-        farm.terminal_report(id).is_some_and(|report| {
-            report
-                .open_connections
-                .iter()
-                .any(|c| c.session_epoch == Some(epoch) && !c.superseded)
-        })
-    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_pods_connect_every_terminal_and_hand_over_gracefully() {
     let test_started = Instant::now();
     let redis = RedisServer::start();
-    let mut farm_config = FarmConfig::new(0..TERMINALS);
-    farm_config.port = 0;
-    let farm = PosFarm::start(farm_config).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let ca_file = dir.path().join("pos-ca.pem");
-    std::fs::write(&ca_file, farm.ca_pem()).unwrap();
-
-    let terminals: Vec<Terminal> = farm
-        .terminals()
-        .iter()
-        .map(|t| Terminal::new(&t.id, &t.addr.to_string(), Some(&t.server_name)).unwrap())
-        .collect();
-    let ids: Vec<String> = terminals.iter().map(|t| t.id.clone()).collect();
+    let farm = Farm::start(farm::config(TERMINALS)).await;
     let admin = RedisStore::connect(&redis.url(), CLUSTER, store_options())
         .await
         .unwrap();
-    let summary = admin.upsert(SHARDS, &terminals).await.unwrap();
+    let summary = admin.upsert(SHARDS, &farm.entries()).await.unwrap();
     eprintln!("[pos] directory import: {summary}");
     assert_eq!(admin.count(SHARDS).await.unwrap(), TERMINALS);
 
     let started = Instant::now();
-    let (pod0, url0) = start_pod(0, &redis.url(), &ca_file).await;
-    let (pod1, url1) = start_pod(1, &redis.url(), &ca_file).await;
+    let (pod0, url0) = start_pod(0, &redis.url(), &farm).await;
+    let (pod1, url1) = start_pod(1, &redis.url(), &farm).await;
     let mut pods = vec![pod0, pod1];
     let took = wait_for("2,000 accepted sessions", Duration::from_secs(20), || {
         farm.counters().sessions_accepted >= TERMINALS
@@ -171,15 +98,10 @@ async fn two_pods_connect_every_terminal_and_hand_over_gracefully() {
     wait_for(
         "every terminal with a session from its shard's owner",
         Duration::from_secs(15),
-        || all_sessions_current(&farm, &ids, &[&pods[0], &pods[1]]),
+        || farm.all_sessions_current(&[&pods[0], &pods[1]]),
     )
     .await;
-    let served = |p: &PodHandle| {
-        let now = Instant::now();
-        (0..SHARDS)
-            .filter(|&s| p.serving.serving(s, now).is_some())
-            .count()
-    };
+    let served = |p: &PodHandle| pod::served(p).len();
     eprintln!(
         "[pos] every terminal current after {:.3} s; shards served: {} + {}",
         started.elapsed().as_secs_f64(),
@@ -188,7 +110,8 @@ async fn two_pods_connect_every_terminal_and_hand_over_gracefully() {
     );
     // Every retry goes through the pod the first push did not: for about half of the
     // terminals that is the owner itself, for the others a forward to it.
-    let http = PushClient::new(API_TOKEN);
+    let http = api::client();
+    let ids = &farm.ids;
     let sample: Vec<&String> = ids.iter().step_by(ids.len() / PUSHED).collect();
     let pushed = Instant::now();
     let mut keys =
@@ -217,7 +140,7 @@ async fn two_pods_connect_every_terminal_and_hand_over_gracefully() {
     wait_for(
         "every terminal with a session from the remaining pod",
         Duration::from_secs(20),
-        || served(&survivor) == SHARDS as usize && all_sessions_current(&farm, &ids, &[&survivor]),
+        || served(&survivor) == SHARDS as usize && farm.all_sessions_current(&[&survivor]),
     )
     .await;
     eprintln!(

@@ -2,7 +2,7 @@
 //! `redis-server` and a `PosFarm` of simulated terminals (TLS + HTTP/2 on loopback), with
 //! short timings (`CoreConfig::fast()`: lease TTL 3 s, renew 1 s, close budget 300 ms).
 //!
-//! - one pod cut off from Redis (a `TcpProxy` per pod) closes its terminals'
+//! - one pod cut off from Redis (a `RedisProxy` per pod) closes its terminals'
 //!   connections before another pod dials them: zero raw and zero session overlaps;
 //! - every pod cut off for 2x the lease TTL: not one terminal connection closed or opened,
 //!   the shards are served again (new epochs, same connections) once Redis is back;
@@ -18,200 +18,103 @@
 //! Measured values and farm counters are printed (`--nocapture`). Each test takes about
 //! 15-40 s.
 
-pub mod support;
-
-use std::io::Read;
-use std::num::NonZeroU32;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::ffi::OsString;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use posgate::config::{PodConfig, PosSettings};
 use posgate::core::shard::shard_of;
-use posgate::core::{CoreConfig, PodId, ShardId};
-use posgate::credentials::ClusterSecret;
-use posgate::pod::{Pod, PodHandle};
+use posgate::core::{CoreConfig, ShardId};
+use posgate::pod::PodHandle;
 use posgate::pos::backoff::BackoffPolicy;
 use posgate::pos::manager::ManagerConfig;
-use posgate::pos::tls::TlsFiles;
-use posgate::store::directory::{DirectoryAdmin, Terminal};
-use posgate::store::redis::{RedisOptions, RedisStore};
-use posgate_loadtest::pos_sim::{FarmConfig, FarmCounters, FaultConfig, PosFarm};
-use support::redis_server::free_port;
-use support::{RedisServer, TcpProxy};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use posgate::store::directory::Terminal;
+use posgate_loadtest::pos_sim::{FarmCounters, FaultConfig};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpListener;
 
-const SHARDS: u32 = 64;
-const CLUSTER: &str = "pos-faults";
-const STORE_TIMEOUT: Duration = Duration::from_millis(300);
-const SECRET: &[u8] = b"pos-faults-test-cluster-secret";
+use crate::support::binary::{self, fast_flags, BinPod};
+use crate::support::farm::{self, connect_limit, import, Farm};
+use crate::support::pod::{self, served, CLUSTER, SHARDS};
+use crate::support::redis_server::free_port;
+use crate::support::wait::{secs, wait_for, wait_for_async};
+use crate::support::{RedisProxy, RedisServer};
+
 /// Bearer token of the push API of the `posgate serve` pods (tenant `faults`).
 const API_TOKEN: &str = "pos-faults-test-api-token-0123456789abcdef";
 
-fn store_options() -> RedisOptions {
-    RedisOptions {
-        response_timeout: STORE_TIMEOUT,
-        connect_timeout: STORE_TIMEOUT,
-        ..Default::default()
-    }
-}
-
-fn secs(d: Duration) -> f64 {
-    d.as_secs_f64()
-}
-
-/// Polls `cond` every 50 ms until it holds; panics after `limit`. Returns the wait.
-async fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) -> Duration {
-    let started = Instant::now();
-    while !cond() {
-        assert!(
-            started.elapsed() < limit,
-            "timed out after {limit:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    started.elapsed()
-}
-
-// ----- the farm and the directory -------------------------------------------------------
-
-/// A farm of `n` terminals whose directory entries are imported into `redis`.
-struct Terminals {
-    farm: PosFarm,
-    ids: Vec<String>,
-    dir: tempfile::TempDir,
-    ca_file: PathBuf,
-}
-
-async fn farm_with_directory(redis: &RedisServer, config: FarmConfig) -> Terminals {
-    let farm = PosFarm::start(config).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let ca_file = dir.path().join("pos-ca.pem");
-    std::fs::write(&ca_file, farm.ca_pem()).unwrap();
-    let terminals: Vec<Terminal> = farm
-        .terminals()
-        .iter()
-        .map(|t| Terminal::new(&t.id, &t.addr.to_string(), Some(&t.server_name)).unwrap())
-        .collect();
-    import(redis, &terminals).await;
-    let ids = terminals.iter().map(|t| t.id.clone()).collect();
-    Terminals {
-        farm,
-        ids,
-        dir,
-        ca_file,
-    }
-}
-
-fn farm_config(n: u64) -> FarmConfig {
-    let mut config = FarmConfig::new(0..n);
-    config.port = 0;
-    config
-}
-
-async fn import(redis: &RedisServer, terminals: &[Terminal]) {
-    let admin = RedisStore::connect(&redis.url(), CLUSTER, store_options())
-        .await
-        .unwrap();
-    admin.upsert(SHARDS, terminals).await.unwrap();
-}
-
-/// Every terminal has exactly one open connection, holding a current (not superseded)
-/// session at the highest epoch the terminal has seen. Says nothing about which pod.
-fn all_settled(farm: &PosFarm, ids: &[String]) -> bool {
-    ids.iter().all(|id| {
-        farm.terminal_report(id).is_some_and(|r| {
-            r.open_connections.len() == 1
-                && !r.open_connections[0].superseded
-                && r.open_connections[0].session_epoch.is_some()
-                && r.open_connections[0].session_epoch == r.highest_epoch
-        })
-    })
-}
-
-/// True when every terminal has an open, not superseded session whose epoch is the one
-/// its shard is served with by one of `pods` (and every shard is served).
-fn all_sessions_current(farm: &PosFarm, ids: &[String], pods: &[&PodHandle]) -> bool {
-    let now = Instant::now();
-    let epoch_of = |shard: ShardId| pods.iter().find_map(|p| p.serving.serving(shard, now));
-    ids.iter().all(|id| {
-        let Some(epoch) = epoch_of(shard_of(id, SHARDS)) else {
-            return false;
-        };
-        farm.terminal_report(id).is_some_and(|report| {
-            report
-                .open_connections
-                .iter()
-                .any(|c| c.session_epoch == Some(epoch) && !c.superseded)
-        })
-    })
-}
-
-fn served(pod: &PodHandle) -> Vec<ShardId> {
-    let now = Instant::now();
-    (0..SHARDS)
-        .filter(|&s| pod.serving.serving(s, now).is_some())
-        .collect()
-}
-
 // ----- in-process pods --------------------------------------------------------------------
 
-async fn start_pod(i: usize, redis_url: &str, ca_file: &Path, backoff: BackoffPolicy) -> PodHandle {
-    start_paced_pod(
-        i,
-        redis_url,
-        ca_file,
-        backoff,
-        NonZeroU32::new(1_000).unwrap(),
-    )
-    .await
-}
-
-async fn start_paced_pod(
+/// Pod `fault-pod-{i}` over the Redis at `redis_url`, trusting `farm`'s CA, dialing at
+/// most `dial_rate` terminals per second with `backoff` for refusals.
+async fn start_pod(
     i: usize,
     redis_url: &str,
-    ca_file: &Path,
+    farm: &Farm,
     backoff: BackoffPolicy,
-    dial_rate: NonZeroU32,
+    dial_rate: u32,
 ) -> PodHandle {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let id = PodId::new(format!("fault-pod-{i}")).unwrap();
-    let secret = ClusterSecret::new(*b"pos-faults-test-cluster-secret").unwrap();
-    let mut config = PodConfig::new(id, url, CoreConfig::fast(), Some(secret));
-    config.cluster = CLUSTER.to_string();
-    config.store_timeout = STORE_TIMEOUT;
-    config.pos = PosSettings {
-        tls: TlsFiles {
-            ca_file: Some(ca_file.to_owned()),
-            client: None,
-        },
-        dial_rate,
-        backoff,
-        ..PosSettings::default()
-    };
-    let store = RedisStore::connect_lazy(redis_url, CLUSTER, store_options()).unwrap();
-    Pod::start_with_terminals(config, store, listener).unwrap()
+    let (listener, url) = pod::listen().await;
+    let mut config = pod::config(&format!("fault-pod-{i}"), &url);
+    config.pos = pod::pos(&farm.ca_file, dial_rate);
+    config.pos.backoff = backoff;
+    pod::start_with_terminals(config, redis_url, listener)
 }
 
-async fn stop_pods(pods: Vec<PodHandle>) {
-    let mut pods = pods;
-    for pod in &mut pods {
-        pod.shutdown();
-    }
-    for pod in &mut pods {
-        let _ = tokio::time::timeout(Duration::from_secs(10), pod.wait()).await;
+/// Two pods, each behind its own proxy to one Redis, over a farm of `n` terminals.
+struct ProxiedPods {
+    redis: RedisServer,
+    t: Farm,
+    proxies: [RedisProxy; 2],
+    pods: Vec<PodHandle>,
+}
+
+impl ProxiedPods {
+    /// Starts them and waits until every terminal holds a current session (and prints
+    /// how long that took).
+    async fn start(n: u64, test: &str) -> ProxiedPods {
+        let redis = RedisServer::start();
+        let t = Farm::with_directory(&redis, farm::config(n)).await;
+        let proxies = [
+            RedisProxy::start(redis.addr()).await.unwrap(),
+            RedisProxy::start(redis.addr()).await.unwrap(),
+        ];
+        let mut pods = Vec::new();
+        for (i, proxy) in proxies.iter().enumerate() {
+            let backoff = BackoffPolicy::default();
+            pods.push(start_pod(i, &proxy.url(), &t, backoff, DIAL_RATE).await);
+        }
+        let pair = ProxiedPods {
+            redis,
+            t,
+            proxies,
+            pods,
+        };
+        let took = wait_for(
+            "every terminal current with 2 pods",
+            connect_limit(),
+            || both_current(&pair.t, &pair.pods),
+        )
+        .await;
+        eprintln!(
+            "[{test}] {n} terminals current after {:.3} s; shards {} + {}",
+            secs(took),
+            served(&pair.pods[0]).len(),
+            served(&pair.pods[1]).len()
+        );
+        pair
     }
 }
 
-fn startup_limit() -> Duration {
-    // Fresh generation: claims are held one member TTL, then debounce, then dialing.
-    let c = CoreConfig::fast();
-    c.member_ttl + c.debounce + c.poll_interval + Duration::from_secs(15)
+/// The two `pods` together serve every shard, and every terminal is current with them.
+fn both_current(t: &Farm, pods: &[PodHandle]) -> bool {
+    served(&pods[0]).len() + served(&pods[1]).len() == SHARDS as usize
+        && t.all_sessions_current(&[&pods[0], &pods[1]])
 }
+
+/// The dial rate of the in-process pods (`--dial-rate`).
+const DIAL_RATE: u32 = 1_000;
 
 fn delta(after: &FarmCounters, before: &FarmCounters) -> String {
     format!(
@@ -236,40 +139,13 @@ async fn a_pod_cut_off_from_redis_closes_its_terminals_before_another_pod_dials_
     const N: u64 = 400;
     let test = "cut-one";
     let test_started = Instant::now();
-    let redis = RedisServer::start();
-    let t = farm_with_directory(&redis, farm_config(N)).await;
-    let proxies = [
-        TcpProxy::start(redis.addr()).await,
-        TcpProxy::start(redis.addr()).await,
-    ];
-    let mut pods = Vec::new();
-    for (i, proxy) in proxies.iter().enumerate() {
-        pods.push(
-            start_pod(
-                i,
-                &proxy.redis_url(""),
-                &t.ca_file,
-                BackoffPolicy::default(),
-            )
-            .await,
-        );
-    }
-    let took = wait_for(
-        "every terminal current with 2 pods",
-        startup_limit(),
-        || {
-            served(&pods[0]).len() + served(&pods[1]).len() == SHARDS as usize
-                && all_sessions_current(&t.farm, &t.ids, &[&pods[0], &pods[1]])
-        },
-    )
-    .await;
-    let before = t.farm.counters();
-    eprintln!(
-        "[{test}] {N} terminals current after {:.3} s; shards {} + {}",
-        secs(took),
-        served(&pods[0]).len(),
-        served(&pods[1]).len()
-    );
+    let ProxiedPods {
+        redis: _redis,
+        t,
+        proxies,
+        pods,
+    } = ProxiedPods::start(N, test).await;
+    let before = t.counters();
     assert_eq!(before.raw_overlaps, 0);
 
     let (victim, survivor) = (0, 1);
@@ -292,11 +168,11 @@ async fn a_pod_cut_off_from_redis_closes_its_terminals_before_another_pod_dials_
         Duration::from_secs(20),
         || {
             served(&pods[survivor]).len() == SHARDS as usize
-                && all_sessions_current(&t.farm, &t.ids, &[&pods[survivor]])
+                && t.all_sessions_current(&[&pods[survivor]])
         },
     )
     .await;
-    let after = t.farm.counters();
+    let after = t.counters();
     eprintln!(
         "[{test}] cut-off pod stopped serving its {} shards ({their_terminals} terminals) {:.3} s \
          after the cut; all {N} terminals current at the survivor {:.3} s after the cut",
@@ -325,14 +201,10 @@ async fn a_pod_cut_off_from_redis_closes_its_terminals_before_another_pod_dials_
     let took = wait_for(
         "both pods serving and every terminal current after the heal",
         Duration::from_secs(25),
-        || {
-            !served(&pods[victim]).is_empty()
-                && served(&pods[0]).len() + served(&pods[1]).len() == SHARDS as usize
-                && all_sessions_current(&t.farm, &t.ids, &[&pods[0], &pods[1]])
-        },
+        || !served(&pods[victim]).is_empty() && both_current(&t, &pods),
     )
     .await;
-    let end = t.farm.counters();
+    let end = t.counters();
     eprintln!(
         "[{test}] after the heal: both pods serve ({} + {} shards), every terminal current in \
          {:.3} s; {}",
@@ -347,8 +219,7 @@ async fn a_pod_cut_off_from_redis_closes_its_terminals_before_another_pod_dials_
         end.session_overlaps, 0,
         "session overlaps while moving back"
     );
-    stop_pods(pods).await;
-    drop(t.dir);
+    pod::stop(pods).await;
     eprintln!("[{test}] test took {:.3} s", secs(test_started.elapsed()));
 }
 
@@ -359,41 +230,14 @@ async fn all_pods_cut_off_for_twice_the_ttl_disconnect_no_terminal() {
     const N: u64 = 400;
     let test = "cut-all";
     let test_started = Instant::now();
-    let redis = RedisServer::start();
-    let t = farm_with_directory(&redis, farm_config(N)).await;
-    let proxies = [
-        TcpProxy::start(redis.addr()).await,
-        TcpProxy::start(redis.addr()).await,
-    ];
-    let mut pods = Vec::new();
-    for (i, proxy) in proxies.iter().enumerate() {
-        pods.push(
-            start_pod(
-                i,
-                &proxy.redis_url(""),
-                &t.ca_file,
-                BackoffPolicy::default(),
-            )
-            .await,
-        );
-    }
-    let took = wait_for(
-        "every terminal current with 2 pods",
-        startup_limit(),
-        || {
-            served(&pods[0]).len() + served(&pods[1]).len() == SHARDS as usize
-                && all_sessions_current(&t.farm, &t.ids, &[&pods[0], &pods[1]])
-        },
-    )
-    .await;
+    let ProxiedPods {
+        redis: _redis,
+        t,
+        proxies,
+        pods,
+    } = ProxiedPods::start(N, test).await;
     let owners: Vec<Vec<ShardId>> = pods.iter().map(served).collect();
-    eprintln!(
-        "[{test}] {N} terminals current after {:.3} s; shards {} + {}",
-        secs(took),
-        owners[0].len(),
-        owners[1].len()
-    );
-    let before = t.farm.counters();
+    let before = t.counters();
 
     let cut = Instant::now();
     for proxy in &proxies {
@@ -402,7 +246,7 @@ async fn all_pods_cut_off_for_twice_the_ttl_disconnect_no_terminal() {
     let outage = CoreConfig::fast().lease_ttl * 2;
     // Sample the farm through the outage: not one connection may close.
     while cut.elapsed() < outage {
-        let now = t.farm.counters();
+        let now = t.counters();
         assert_eq!(
             now.connections_closed,
             before.connections_closed,
@@ -412,7 +256,7 @@ async fn all_pods_cut_off_for_twice_the_ttl_disconnect_no_terminal() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let during = t.farm.counters();
+    let during = t.counters();
     let suspended: usize = pods
         .iter()
         .map(|p| {
@@ -443,13 +287,10 @@ async fn all_pods_cut_off_for_twice_the_ttl_disconnect_no_terminal() {
     let took = wait_for(
         "every terminal current again after the outage",
         Duration::from_secs(20),
-        || {
-            served(&pods[0]).len() + served(&pods[1]).len() == SHARDS as usize
-                && all_sessions_current(&t.farm, &t.ids, &[&pods[0], &pods[1]])
-        },
+        || both_current(&t, &pods),
     )
     .await;
-    let back = t.farm.counters();
+    let back = t.counters();
     eprintln!(
         "[{test}] shards served again and every terminal current (new epochs) {:.3} s after \
          Redis came back; {}",
@@ -459,13 +300,13 @@ async fn all_pods_cut_off_for_twice_the_ttl_disconnect_no_terminal() {
     // Past the generation hold and a debounce: nothing moves afterwards either.
     let c = CoreConfig::fast();
     tokio::time::sleep(c.member_ttl + c.debounce).await;
-    let end = t.farm.counters();
+    let end = t.counters();
     eprintln!(
         "[{test}] {:.1} s after restore: {}",
         secs(restored.elapsed()),
         delta(&end, &before)
     );
-    assert!(all_sessions_current(&t.farm, &t.ids, &[&pods[0], &pods[1]]));
+    assert!(t.all_sessions_current(&[&pods[0], &pods[1]]));
     assert_eq!(
         end.connections_closed, before.connections_closed,
         "terminal connections closed because Redis blinked"
@@ -484,7 +325,7 @@ async fn all_pods_cut_off_for_twice_the_ttl_disconnect_no_terminal() {
     for (i, shards) in owners.iter().enumerate() {
         assert_eq!(&served(&pods[i]), shards, "pod {i} serves other shards now");
     }
-    stop_pods(pods).await;
+    pod::stop(pods).await;
     eprintln!("[{test}] test took {:.3} s", secs(test_started.elapsed()));
 }
 
@@ -496,23 +337,23 @@ async fn dropped_connections_are_redialed_once_and_refusals_back_off() {
     let test = "redial";
     let test_started = Instant::now();
     let redis = RedisServer::start();
-    let t = farm_with_directory(&redis, farm_config(N)).await;
+    let t = Farm::with_directory(&redis, farm::config(N)).await;
     // Backoff ceilings 500 ms, 1 s, 2 s, then 4 s: short enough to recover quickly.
     let backoff = BackoffPolicy {
         base: Duration::from_millis(500),
         cap: Duration::from_secs(4),
     };
-    let pods = vec![start_pod(0, &redis.url(), &t.ca_file, backoff).await];
-    let took = wait_for("every terminal current", startup_limit(), || {
-        all_sessions_current(&t.farm, &t.ids, &[&pods[0]])
+    let pods = vec![start_pod(0, &redis.url(), &t, backoff, DIAL_RATE).await];
+    let took = wait_for("every terminal current", connect_limit(), || {
+        t.all_sessions_current(&[&pods[0]])
     })
     .await;
     eprintln!("[{test}] {N} terminals current after {:.3} s", secs(took));
 
     // (a) 20% of the connections dropped by the terminals: each redialed exactly once.
-    let before = t.farm.counters();
+    let before = t.counters();
     let dropped_at = Instant::now();
-    let dropped = t.farm.drop_connections(0.2).unwrap() as u64;
+    let dropped = t.drop_connections(0.2).unwrap() as u64;
     assert!(
         (N / 10..=N * 3 / 10).contains(&dropped),
         "dropped {dropped} of {N}"
@@ -521,14 +362,14 @@ async fn dropped_connections_are_redialed_once_and_refusals_back_off() {
         "every dropped terminal back with a current session",
         Duration::from_secs(15),
         || {
-            let c = t.farm.counters();
+            let c = t.counters();
             c.connections_opened - before.connections_opened >= dropped
-                && all_sessions_current(&t.farm, &t.ids, &[&pods[0]])
+                && t.all_sessions_current(&[&pods[0]])
         },
     )
     .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let after = t.farm.counters();
+    let after = t.counters();
     eprintln!(
         "[{test}] dropped {dropped} connections; all back {:.3} s later; {}",
         secs(took),
@@ -550,19 +391,19 @@ async fn dropped_connections_are_redialed_once_and_refusals_back_off() {
 
     // (b) Every connection dropped at once: all redialed at once (no backoff for a lost
     // connection), paced by --dial-rate 1000/s.
-    let before = t.farm.counters();
-    let all = t.farm.drop_connections(1.0).unwrap() as u64;
+    let before = t.counters();
+    let all = t.drop_connections(1.0).unwrap() as u64;
     assert_eq!(all, N);
     let took = wait_for(
         "every terminal back after dropping all connections",
         Duration::from_secs(15),
         || {
-            t.farm.counters().connections_opened - before.connections_opened >= N
-                && all_sessions_current(&t.farm, &t.ids, &[&pods[0]])
+            t.counters().connections_opened - before.connections_opened >= N
+                && t.all_sessions_current(&[&pods[0]])
         },
     )
     .await;
-    let after = t.farm.counters();
+    let after = t.counters();
     let rate = N as f64 / secs(took);
     eprintln!(
         "[{test}] dropped all {N}: every terminal current again {:.3} s later ({rate:.0} \
@@ -584,10 +425,9 @@ async fn dropped_connections_are_redialed_once_and_refusals_back_off() {
         .cloned()
         .collect();
     assert_eq!(offline.len(), OFFLINE);
-    let before = t.farm.counters();
+    let before = t.counters();
     let refused_from = Instant::now();
     let cut = t
-        .farm
         .set_faults(FaultConfig {
             offline_terminals: offline.clone(),
             ..FaultConfig::default()
@@ -596,9 +436,9 @@ async fn dropped_connections_are_redialed_once_and_refusals_back_off() {
     assert_eq!(cut, OFFLINE);
     const WINDOW: Duration = Duration::from_secs(8);
     tokio::time::sleep(WINDOW / 2).await;
-    let half = t.farm.counters();
+    let half = t.counters();
     tokio::time::sleep(WINDOW / 2).await;
-    let full = t.farm.counters();
+    let full = t.counters();
     let first = half.offline_refused - before.offline_refused;
     let second = full.offline_refused - half.offline_refused;
     let per_terminal = (first + second) as f64 / OFFLINE as f64;
@@ -630,15 +470,15 @@ async fn dropped_connections_are_redialed_once_and_refusals_back_off() {
     assert_eq!(full.terminals_connected, N - OFFLINE as u64);
 
     // (d) Back online: everyone is current again within the backoff cap (+ pacing).
-    t.farm.set_faults(FaultConfig::default()).unwrap();
+    t.set_faults(FaultConfig::default()).unwrap();
     let healed = Instant::now();
     wait_for(
         "every terminal current after the offline ones came back",
         backoff.cap + Duration::from_secs(6),
-        || all_sessions_current(&t.farm, &t.ids, &[&pods[0]]),
+        || t.all_sessions_current(&[&pods[0]]),
     )
     .await;
-    let end = t.farm.counters();
+    let end = t.counters();
     eprintln!(
         "[{test}] back online: every terminal current again {:.3} s later; {}",
         secs(healed.elapsed()),
@@ -650,7 +490,7 @@ async fn dropped_connections_are_redialed_once_and_refusals_back_off() {
     );
     assert_eq!(end.raw_overlaps, 0);
     assert_eq!(end.terminals_connected, N);
-    stop_pods(pods).await;
+    pod::stop(pods).await;
     eprintln!("[{test}] test took {:.3} s", secs(test_started.elapsed()));
 }
 
@@ -673,26 +513,25 @@ async fn dropped_connections_are_redialed_at_the_dial_rate() {
     const RATE: u32 = 200;
     let test = "redial-rate";
     let redis = RedisServer::start();
-    let t = farm_with_directory(&redis, farm_config(N)).await;
-    let rate_flag = NonZeroU32::new(RATE).unwrap();
+    let t = Farm::with_directory(&redis, farm::config(N)).await;
     let backoff = BackoffPolicy::default();
-    let pods = vec![start_paced_pod(0, &redis.url(), &t.ca_file, backoff, rate_flag).await];
+    let pods = vec![start_pod(0, &redis.url(), &t, backoff, RATE).await];
     let first_connect = Instant::now();
     let mut first_session = None;
-    wait_for("every terminal current", startup_limit(), || {
-        if first_session.is_none() && t.farm.counters().sessions_accepted > 0 {
+    wait_for("every terminal current", connect_limit(), || {
+        if first_session.is_none() && t.counters().sessions_accepted > 0 {
             first_session = Some(first_connect.elapsed());
         }
-        all_sessions_current(&t.farm, &t.ids, &[&pods[0]])
+        t.all_sessions_current(&[&pods[0]])
     })
     .await;
     let connect_span = first_connect.elapsed() - first_session.unwrap_or_default();
-    let before = t.farm.counters();
-    let all = t.farm.drop_connections(1.0).unwrap() as u64;
+    let before = t.counters();
+    let all = t.drop_connections(1.0).unwrap() as u64;
     assert_eq!(all, N);
     let took = wait_for("every terminal back", Duration::from_secs(20), || {
-        t.farm.counters().connections_opened - before.connections_opened >= N
-            && all_sessions_current(&t.farm, &t.ids, &[&pods[0]])
+        t.counters().connections_opened - before.connections_opened >= N
+            && t.all_sessions_current(&[&pods[0]])
     })
     .await;
     let rate = N as f64 / secs(took);
@@ -700,7 +539,7 @@ async fn dropped_connections_are_redialed_at_the_dial_rate() {
     let mut opened: Vec<u64> = t
         .ids
         .iter()
-        .flat_map(|id| t.farm.terminal_report(id).unwrap().recent_connections)
+        .flat_map(|id| t.terminal_report(id).unwrap().recent_connections)
         .filter(|e| e.event == "opened")
         .map(|e| e.at_unix_ms)
         .collect();
@@ -727,12 +566,12 @@ async fn dropped_connections_are_redialed_at_the_dial_rate() {
         most as u64 <= bound,
         "{most} connections opened within {WINDOW_MS} ms, more than {bound} at --dial-rate {RATE}"
     );
-    let after = t.farm.counters();
+    let after = t.counters();
     assert_eq!(
         after.raw_overlaps, before.raw_overlaps,
         "one connection per terminal"
     );
-    stop_pods(pods).await;
+    pod::stop(pods).await;
 }
 
 /// Redis restarted empty loses the terminal directory with everything else: the pod
@@ -744,17 +583,17 @@ async fn a_wiped_directory_disconnects_no_terminal() {
     const N: u64 = 200;
     let test = "wipe";
     let redis = RedisServer::start();
-    let t = farm_with_directory(&redis, farm_config(N)).await;
-    let pods = vec![start_pod(0, &redis.url(), &t.ca_file, BackoffPolicy::default()).await];
-    wait_for("every terminal current", startup_limit(), || {
-        all_sessions_current(&t.farm, &t.ids, &[&pods[0]])
+    let t = Farm::with_directory(&redis, farm::config(N)).await;
+    let pods = vec![start_pod(0, &redis.url(), &t, BackoffPolicy::default(), DIAL_RATE).await];
+    wait_for("every terminal current", connect_limit(), || {
+        t.all_sessions_current(&[&pods[0]])
     })
     .await;
-    let before = t.farm.counters();
+    let before = t.counters();
     redis.command(&["FLUSHALL"]);
     // Longer than the directory poll (4 s) and the re-claim after the wipe.
     tokio::time::sleep(Duration::from_secs(6)).await;
-    let wiped = t.farm.counters();
+    let wiped = t.counters();
     eprintln!("[{test}] 6 s after FLUSHALL: {}", delta(&wiped, &before));
     assert_eq!(
         wiped.connections_closed, before.connections_closed,
@@ -764,240 +603,89 @@ async fn a_wiped_directory_disconnects_no_terminal() {
     wait_for(
         "sessions current again after the re-claim",
         Duration::from_secs(20),
-        || all_sessions_current(&t.farm, &t.ids, &[&pods[0]]),
+        || t.all_sessions_current(&[&pods[0]]),
     )
     .await;
-    let terminals: Vec<Terminal> = t
-        .farm
-        .terminals()
-        .iter()
-        .map(|x| Terminal::new(&x.id, &x.addr.to_string(), Some(&x.server_name)).unwrap())
-        .collect();
-    import(&redis, &terminals).await;
+    import(&redis, &t.entries()).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let after = t.farm.counters();
+    let after = t.counters();
     eprintln!("[{test}] after the re-import: {}", delta(&after, &before));
     assert_eq!(after.connections_closed, before.connections_closed);
     assert_eq!(after.raw_overlaps, 0);
     assert_eq!(after.session_overlaps, 0);
-    stop_pods(pods).await;
+    pod::stop(pods).await;
 }
 
 // ----- `posgate serve` processes ------------------------------------------------------------
 
-/// A `posgate serve` child with fast timings, its JSON log on stderr going to a file.
-struct BinPod {
-    id: String,
-    child: Child,
-    port: u16,
-    log: PathBuf,
-}
-
-impl BinPod {
-    fn start(id: &str, redis_url: &str, ca_file: &Path, dir: &Path) -> BinPod {
-        let secret_file = dir.join("cluster-secret");
-        std::fs::write(&secret_file, SECRET).unwrap();
-        let tokens_file = dir.join("api-tokens");
-        std::fs::write(&tokens_file, format!("faults:{API_TOKEN}\n")).unwrap();
-        let port = free_port();
-        let log = dir.join(format!("{id}.log"));
-        let listen = format!("127.0.0.1:{port}");
-        let advertise = format!("http://127.0.0.1:{port}");
-        let args: Vec<String> = [
-            "serve",
-            "--redis-url",
-            redis_url,
-            "--cluster",
-            CLUSTER,
-            "--pod-id",
-            id,
-            "--listen",
-            &listen,
-            "--advertise-url",
-            &advertise,
-            "--lease-ttl",
-            "3s",
-            "--renew-interval",
-            "1s",
-            "--lease-margin",
-            "500ms",
-            "--member-ttl",
-            "3s",
-            "--heartbeat-interval",
-            "1s",
-            "--poll-interval",
-            "500ms",
-            "--rebalance-debounce",
-            "300ms",
-            "--close-budget",
-            "300ms",
-            "--shutdown-budget",
-            "5s",
-            "--store-timeout",
-            "300ms",
-            "--cluster-secret-file",
-            secret_file.to_str().unwrap(),
-            "--api-tokens-file",
-            tokens_file.to_str().unwrap(),
-            "--pos-ca",
-            ca_file.to_str().unwrap(),
+/// `posgate serve` as pod `id` of the Redis at `redis_url` with the fast timings, its
+/// push API open to [`API_TOKEN`], trusting the POS CA in `ca_file`, logging JSON at
+/// info; its secret and token files go to `dir`.
+fn fault_pod(id: &str, redis_url: &str, ca_file: &Path, dir: &Path) -> BinPod {
+    let secret_file = dir.join("cluster-secret");
+    std::fs::write(&secret_file, "pos-faults-test-cluster-secret").unwrap();
+    let tokens_file = dir.join("api-tokens");
+    std::fs::write(&tokens_file, format!("faults:{API_TOKEN}\n")).unwrap();
+    let port = free_port();
+    let advertise = format!("http://127.0.0.1:{port}");
+    let mut args: Vec<OsString> = ["--redis-url", redis_url, "--cluster", CLUSTER]
+        .into_iter()
+        .chain(["--pod-id", id, "--advertise-url", &advertise])
+        .chain([
             "--dial-rate",
             "1000",
             "--log-format",
             "json",
             "--log-level",
             "info",
-        ]
-        .iter()
-        .map(|s| s.to_string())
+        ])
+        .map(OsString::from)
         .collect();
-        let child = Command::new(env!("CARGO_BIN_EXE_posgate"))
-            .args(&args)
-            .env_clear()
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("spawn posgate serve");
-        BinPod {
-            id: id.to_string(),
-            child,
-            port,
-            log,
-        }
-    }
-
-    fn pid(&self) -> String {
-        self.child.id().to_string()
-    }
-
-    fn signal(&self, sig: &str) {
-        let status = Command::new("kill")
-            .args([sig, &self.pid()])
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill {sig} {}", self.pid());
-    }
-
-    fn log(&self) -> String {
-        let mut s = String::new();
-        std::fs::File::open(&self.log)
-            .and_then(|mut f| f.read_to_string(&mut s))
-            .unwrap();
-        s
-    }
-
-    fn log_lines_with(&self, needles: &[&str]) -> Vec<String> {
-        self.log()
-            .lines()
-            .filter(|l| needles.iter().all(|n| l.contains(n)))
-            .map(str::to_owned)
-            .collect()
-    }
-
-    fn assert_running(&mut self) {
-        if let Ok(Some(status)) = self.child.try_wait() {
-            panic!("{} exited ({status}): {}", self.id, self.log());
-        }
-    }
-
-    /// `GET /v1/cluster`: the shards this pod serves, with their epochs.
-    async fn serving(&self) -> Option<Vec<(ShardId, u64)>> {
-        let body = http_get(self.port, "/v1/cluster").await?;
-        let view: serde_json::Value = serde_json::from_str(&body).ok()?;
-        let shards = view.get("shards")?.as_array()?;
-        Some(
-            shards
-                .iter()
-                .filter(|s| s.get("serving").and_then(|v| v.as_bool()) == Some(true))
-                .filter_map(|s| {
-                    Some((
-                        s.get("shard")?.as_u64()? as ShardId,
-                        s.get("epoch")?.as_u64()?,
-                    ))
-                })
-                .collect(),
-        )
-    }
+    args.extend(fast_flags().into_iter().map(OsString::from));
+    args.extend(["--cluster-secret-file".into(), secret_file.into()]);
+    args.extend(["--api-tokens-file".into(), tokens_file.into()]);
+    args.extend(["--pos-ca".into(), ca_file.into()]);
+    BinPod::serve(port, args)
 }
 
-impl Drop for BinPod {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A plain HTTP/1.1 GET on loopback; the body, if the answer came within 2 s.
-async fn http_get(port: u16, path: &str) -> Option<String> {
-    let fetch = async {
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .ok()?;
-        let req = format!(
-            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {API_TOKEN}\r\n\
-             Connection: close\r\n\r\n"
-        );
-        stream.write_all(req.as_bytes()).await.ok()?;
-        let mut buf = Vec::new();
-        stream.read_to_end(&mut buf).await.ok()?;
-        let text = String::from_utf8(buf).ok()?;
-        let (head, body) = text.split_once("\r\n\r\n")?;
-        head.starts_with("HTTP/1.1 200").then(|| body.to_string())
+/// `GET /v1/cluster` of `pod`: the shards it serves, with their epochs (`None` if it
+/// did not answer).
+async fn serving(pod: &BinPod) -> Option<Vec<(ShardId, u64)>> {
+    let (200, body) = pod.get("/v1/cluster", API_TOKEN).await? else {
+        return None;
     };
-    tokio::time::timeout(Duration::from_secs(2), fetch)
-        .await
-        .ok()
-        .flatten()
+    let view: serde_json::Value = serde_json::from_str(&body).ok()?;
+    let shards = view.get("shards")?.as_array()?;
+    Some(
+        shards
+            .iter()
+            .filter(|s| s.get("serving").and_then(|v| v.as_bool()) == Some(true))
+            .filter_map(|s| {
+                Some((
+                    s.get("shard")?.as_u64()? as ShardId,
+                    s.get("epoch")?.as_u64()?,
+                ))
+            })
+            .collect(),
+    )
 }
 
-/// `POST /v1/terminals/{id}/push` (HTTP/1.1, bearer token); the status, if any came.
+/// `POST /v1/terminals/{id}/push` through `pod`; the status, if an answer came in 12 s.
 async fn push_via(port: u16, terminal: String, key: String) -> Option<u16> {
-    let fetch = async {
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .ok()?;
-        let body = "{\"amount\":1}";
-        let req = format!(
-            "POST /v1/terminals/{terminal}/push?timeout_ms=8000 HTTP/1.1\r\nHost: 127.0.0.1\r\n\
-             Authorization: Bearer {API_TOKEN}\r\nIdempotency-Key: {key}\r\n\
-             Content-Type: application/json\r\nContent-Length: {}\r\n\
-             Connection: close\r\n\r\n{body}",
-            body.len()
-        );
-        stream.write_all(req.as_bytes()).await.ok()?;
-        let mut buf = Vec::new();
-        stream.read_to_end(&mut buf).await.ok()?;
-        let text = String::from_utf8_lossy(&buf);
-        text.split_whitespace().nth(1)?.parse().ok()
-    };
-    tokio::time::timeout(Duration::from_secs(12), fetch)
-        .await
-        .ok()
-        .flatten()
-}
-
-async fn wait_for_async<F, Fut>(what: &str, limit: Duration, mut cond: F) -> Duration
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let started = Instant::now();
-    while !cond().await {
-        assert!(
-            started.elapsed() < limit,
-            "timed out after {limit:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    started.elapsed()
+    let head = format!(
+        "POST /v1/terminals/{terminal}/push?timeout_ms=8000 HTTP/1.1\r\n\
+         Authorization: Bearer {API_TOKEN}\r\nIdempotency-Key: {key}\r\n\
+         Content-Type: application/json\r\n"
+    );
+    let answer = binary::request(port, &head, "{\"amount\":1}", Duration::from_secs(12)).await;
+    answer.map(|(status, _)| status)
 }
 
 /// Shards served by each pod (`None` for a pod that did not answer).
 async fn serving_of(pods: &[&BinPod]) -> Vec<Option<Vec<(ShardId, u64)>>> {
     let mut out = Vec::new();
     for pod in pods {
-        out.push(pod.serving().await);
+        out.push(serving(pod).await);
     }
     out
 }
@@ -1068,19 +756,19 @@ async fn a_certificate_for_the_wrong_name_is_refused_with_one_clear_log_line() {
     let test = "wrong-name";
     let test_started = Instant::now();
     let redis = RedisServer::start();
-    let t = farm_with_directory(&redis, farm_config(N)).await;
+    let t = Farm::with_directory(&redis, farm::config(N)).await;
     let server = wrong_name_server().await;
     // The pod trusts both CAs: the wrong terminal's chain is valid, only its name is not.
     let bundle = t.dir.path().join("bundle.pem");
-    std::fs::write(&bundle, format!("{}{}", t.farm.ca_pem(), server.ca_pem)).unwrap();
+    std::fs::write(&bundle, format!("{}{}", t.ca_pem(), server.ca_pem)).unwrap();
     let wrong = Terminal::new(WRONG, &server.addr.to_string(), Some("wrong.example")).unwrap();
     import(&redis, &[wrong]).await;
 
-    let mut pod = BinPod::start("wrong-name-pod", &redis.url(), &bundle, t.dir.path());
+    let mut pod = fault_pod("wrong-name-pod", &redis.url(), &bundle, t.dir.path());
     let took = wait_for(
         "every good terminal with a session",
-        startup_limit(),
-        || all_settled(&t.farm, &t.ids),
+        connect_limit(),
+        || t.all_settled(),
     )
     .await;
     pod.assert_running();
@@ -1096,7 +784,7 @@ async fn a_certificate_for_the_wrong_name_is_refused_with_one_clear_log_line() {
         WRONG,
     ]);
     let failed_again = pod.log_lines_with(&[WRONG, "terminal dial failed"]);
-    let counters = t.farm.counters();
+    let counters = t.counters();
     eprintln!(
         "[{test}] the wrong-name terminal was dialed {attempts} times in ~{:.0} s; warn lines: \
          {}; other dial-failure lines naming it at info+: {}",
@@ -1109,7 +797,10 @@ async fn a_certificate_for_the_wrong_name_is_refused_with_one_clear_log_line() {
     }
     eprintln!("[{test}] farm: {counters:?}");
     // The metric: wrong-name refusals count as `tls_error` dials.
-    let metrics = http_get(pod.port, "/metrics").await.unwrap_or_default();
+    let metrics = match pod.get("/metrics", API_TOKEN).await {
+        Some((200, text)) => text,
+        _ => String::new(),
+    };
     let tls_errors: u64 = metrics
         .lines()
         .find_map(|l| l.strip_prefix("posgate_dials_total{result=\"tls_error\"} "))
@@ -1152,42 +843,42 @@ async fn a_pod_stopped_past_its_ttl_and_resumed_causes_no_session_overlap() {
     let test = "sigstop";
     let test_started = Instant::now();
     let redis = RedisServer::start();
-    let mut config = farm_config(N);
+    let mut config = farm::config(N);
     // A frozen pod cannot answer GOAWAY: the terminal closes a superseded session itself
     // after its grace period. Keep that grace below the 1 s session-overlap threshold, as
     // the protocol asks of terminals ("closes its older sessions").
     config.supersede_grace = Duration::from_millis(500);
-    let t = farm_with_directory(&redis, config).await;
-    let mut a = BinPod::start("stop-pod-a", &redis.url(), &t.ca_file, t.dir.path());
-    let mut b = BinPod::start("stop-pod-b", &redis.url(), &t.ca_file, t.dir.path());
+    let t = Farm::with_directory(&redis, config).await;
+    let mut a = fault_pod("stop-pod-a", &redis.url(), &t.ca_file, t.dir.path());
+    let mut b = fault_pod("stop-pod-b", &redis.url(), &t.ca_file, t.dir.path());
 
     let startup = Instant::now();
-    while startup.elapsed() < startup_limit() + Duration::from_secs(5)
-        && !(a.serving().await.is_some() && b.serving().await.is_some())
+    while startup.elapsed() < connect_limit() + Duration::from_secs(5)
+        && !(serving(&a).await.is_some() && serving(&b).await.is_some())
     {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    if a.serving().await.is_none() || b.serving().await.is_none() {
+    if serving(&a).await.is_none() || serving(&b).await.is_none() {
         a.assert_running();
         b.assert_running();
         panic!("no /v1/cluster answer; logs:\n{}\n{}", a.log(), b.log());
     }
     let took = wait_for_async(
         "both pods serving and every terminal settled",
-        startup_limit() + Duration::from_secs(5),
+        connect_limit() + Duration::from_secs(5),
         || async {
             let views = serving_of(&[&a, &b]).await;
             let counts: Vec<usize> = views.iter().flatten().map(Vec::len).collect();
             counts.len() == 2
                 && counts.iter().all(|&c| c > 0)
                 && counts.iter().sum::<usize>() == SHARDS as usize
-                && all_settled(&t.farm, &t.ids)
+                && t.all_settled()
         },
     )
     .await;
     a.assert_running();
     b.assert_running();
-    let a_shards = a.serving().await.unwrap();
+    let a_shards = serving(&a).await.unwrap();
     let a_terminals: Vec<(String, u64)> = t
         .ids
         .iter()
@@ -1199,7 +890,7 @@ async fn a_pod_stopped_past_its_ttl_and_resumed_causes_no_session_overlap() {
                 .map(|&(_, epoch)| (id.clone(), epoch))
         })
         .collect();
-    let before = t.farm.counters();
+    let before = t.counters();
     eprintln!(
         "[{test}] settled after {:.3} s: pod a serves {} shards ({} terminals); {before:?}",
         secs(took),
@@ -1214,17 +905,14 @@ async fn a_pod_stopped_past_its_ttl_and_resumed_causes_no_session_overlap() {
     let took_over = wait_for_async(
         "pod b to serve every shard and every terminal to be settled",
         Duration::from_secs(20),
-        || async {
-            b.serving().await.map(|s| s.len()) == Some(SHARDS as usize)
-                && all_settled(&t.farm, &t.ids)
-        },
+        || async { serving(&b).await.map(|s| s.len()) == Some(SHARDS as usize) && t.all_settled() },
     )
     .await;
     let pause = Duration::from_secs(3 + 4);
     if frozen.elapsed() < pause {
         tokio::time::sleep(pause - frozen.elapsed()).await;
     }
-    let during = t.farm.counters();
+    let during = t.counters();
     eprintln!(
         "[{test}] pod a frozen: pod b serves all shards, every terminal settled {:.3} s after \
          SIGSTOP; {}",
@@ -1232,7 +920,7 @@ async fn a_pod_stopped_past_its_ttl_and_resumed_causes_no_session_overlap() {
         delta(&during, &before)
     );
     for (id, old) in &a_terminals {
-        let report = t.farm.terminal_report(id).unwrap();
+        let report = t.terminal_report(id).unwrap();
         assert!(
             report.highest_epoch > Some(*old),
             "{id}: epoch not raised past pod a's {old}: {:?}",
@@ -1258,7 +946,7 @@ async fn a_pod_stopped_past_its_ttl_and_resumed_causes_no_session_overlap() {
             counts.len() == 2
                 && counts.iter().all(|&c| c > 0)
                 && counts.iter().sum::<usize>() == SHARDS as usize
-                && all_settled(&t.farm, &t.ids)
+                && t.all_settled()
         },
     )
     .await;
@@ -1273,7 +961,7 @@ async fn a_pod_stopped_past_its_ttl_and_resumed_causes_no_session_overlap() {
     b.assert_running();
     let mut old_epoch_pushes = Vec::new();
     for (id, old) in &a_terminals {
-        let report = t.farm.terminal_report(id).unwrap();
+        let report = t.terminal_report(id).unwrap();
         for p in &report.recent_pushes {
             if p.epoch <= *old {
                 old_epoch_pushes.push(format!(
@@ -1287,7 +975,7 @@ async fn a_pod_stopped_past_its_ttl_and_resumed_causes_no_session_overlap() {
         "[{test}] {} pushes through pod a right after SIGCONT answered {statuses:?}",
         a_terminals.len()
     );
-    let end = t.farm.counters();
+    let end = t.counters();
     let stale_lines_a = a.log_lines_with(&["terminal refused our epoch"]).len();
     let stale_lines_b = b.log_lines_with(&["terminal refused our epoch"]).len();
     eprintln!(
@@ -1314,7 +1002,7 @@ async fn a_pod_stopped_past_its_ttl_and_resumed_causes_no_session_overlap() {
         (stale_lines_a + stale_lines_b) as u64,
         "every stale hello the farm refused was seen as a 409 by a pod"
     );
-    assert!(all_settled(&t.farm, &t.ids));
+    assert!(t.all_settled());
     assert_eq!(end.connections_open, N);
     a.signal("-TERM");
     b.signal("-TERM");

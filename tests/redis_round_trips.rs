@@ -9,8 +9,6 @@
 //! measured rates and Redis's own `INFO commandstats` (where a script counts each inner
 //! call) are printed for the issue notes.
 
-pub mod support;
-
 use std::time::Duration;
 
 use posgate::config::PodConfig;
@@ -18,8 +16,9 @@ use posgate::core::{CoreConfig, PodId};
 use posgate::pod::Pod;
 use posgate::store::redis::{RedisOptions, RedisStore};
 use posgate::store::CoordStore;
-use support::RedisServer;
-use tokio::net::TcpListener;
+
+use crate::support::wait::wait_for;
+use crate::support::{pod, RedisServer};
 
 const CLUSTER: &str = "rt";
 const PODS: usize = 3;
@@ -48,21 +47,16 @@ async fn a_pod_makes_at_most_two_round_trips_per_second_in_steady_state() {
         let store = RedisStore::connect(&redis.url(), CLUSTER, options.clone())
             .await
             .unwrap();
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (listener, url) = pod::listen().await;
         let id = PodId::new(format!("rt-{i}")).unwrap();
         let config = PodConfig::new(id, url, core.clone(), None);
         let handle = Pod::start_with_terminals(config, store.clone(), listener).unwrap();
         pods.push((store, handle));
     }
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !pods.iter().all(|(_, h)| h.status.borrow().ready) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "pods did not become ready"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for("the pods to be ready", Duration::from_secs(30), || {
+        pods.iter().all(|(_, h)| h.status.borrow().ready)
+    })
+    .await;
     // Let the first renewals and heartbeats of every pod fall into their regular rhythm.
     tokio::time::sleep(core.renew_interval).await;
 

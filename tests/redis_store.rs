@@ -5,16 +5,15 @@
 //! `rediss://` is only exercised here up to the TLS handshake (against a plain server,
 //! which must fail cleanly); `redis_tls.rs` runs it against a TLS server.
 
-pub mod support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::redis_server::free_port;
+use crate::support::stall_proxy::StallProxy;
+use crate::support::{RedisProxy, RedisServer};
 use posgate::core::lease::{AcquireOutcome, Checked, RenewOutcome};
 use posgate::core::{Epoch, PodId};
 use posgate::store::redis::{RedisOptions, RedisStore, REBUILD_AFTER_TIMEOUTS};
 use posgate::store::{CoordStore, StoreError};
-use support::redis_server::free_port;
-use support::{RedisServer, TcpProxy};
 
 const TTL: Duration = Duration::from_secs(30);
 const FAST: RedisOptions = RedisOptions {
@@ -68,6 +67,15 @@ async fn until_ok(store: &RedisStore, within: Duration) -> String {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// A store with the [`FAST`] timeouts on `url` (a proxy's), once a call succeeds.
+async fn answering(url: &str) -> RedisStore {
+    let store = RedisStore::connect(url, "test", FAST)
+        .await
+        .expect("connect");
+    until_ok(&store, Duration::from_secs(2)).await;
+    store
 }
 
 #[tokio::test]
@@ -197,11 +205,8 @@ async fn round_trips_count_one_per_call() {
 #[tokio::test]
 async fn cut_network_fails_within_the_response_timeout_and_recovers() {
     let server = RedisServer::start();
-    let proxy = TcpProxy::start(server.addr()).await;
-    let store = RedisStore::connect(&proxy.redis_url(""), "test", FAST)
-        .await
-        .expect("connect");
-    until_ok(&store, Duration::from_secs(2)).await;
+    let proxy = RedisProxy::start(server.addr()).await.unwrap();
+    let store = answering(&proxy.url()).await;
     proxy.cut();
     for _ in 0..5 {
         let t = Instant::now();
@@ -226,11 +231,8 @@ async fn cut_network_fails_within_the_response_timeout_and_recovers() {
 #[tokio::test]
 async fn stalled_connection_is_replaced() {
     let server = RedisServer::start();
-    let proxy = TcpProxy::start(server.addr()).await;
-    let store = RedisStore::connect(&proxy.redis_url(""), "test", FAST)
-        .await
-        .expect("connect");
-    until_ok(&store, Duration::from_secs(2)).await;
+    let proxy = StallProxy::start(server.addr()).await;
+    let store = answering(&proxy.redis_url()).await;
     // The socket stays open and ACKed but never answers: only a rebuild helps.
     proxy.stall();
     let mut timeouts = 0;
@@ -254,10 +256,10 @@ async fn stalled_connection_is_replaced() {
 #[tokio::test]
 async fn unreachable_at_connect_is_a_clear_error() {
     let server = RedisServer::start();
-    let proxy = TcpProxy::start(server.addr()).await;
+    let proxy = RedisProxy::start(server.addr()).await.unwrap();
     proxy.cut();
     let t = Instant::now();
-    let err = RedisStore::connect(&proxy.redis_url(""), "test", FAST)
+    let err = RedisStore::connect(&proxy.url(), "test", FAST)
         .await
         .expect_err("must not connect");
     assert!(

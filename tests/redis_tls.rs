@@ -3,18 +3,16 @@
 //! mutual TLS with `RedisOptions::client_cert`, and bad TLS files as `Config` errors that
 //! name the file. None of the failures may panic or leak the password.
 
-pub mod support;
-
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::support::tls::TestPki;
+use crate::support::RedisServer;
 use posgate::core::lease::Checked;
 use posgate::core::membership::Member;
 use posgate::core::PodId;
 use posgate::store::redis::{ClientCert, RedisOptions, RedisStore};
 use posgate::store::{ClusterMeta, CoordStore, StoreError};
-use support::tls::TestPki;
-use support::RedisServer;
 
 const SHARDS: u32 = 4;
 const TTL: Duration = Duration::from_secs(30);

@@ -8,18 +8,15 @@
 //! `POSGATE_SCREENSHOT=path.png` also saves a screenshot (how `docs/status-page.png`
 //! was made).
 
-pub mod support;
-
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use posgate::config::PodConfig;
-use posgate::core::{CoreConfig, PodId};
 use posgate::credentials::ApiTokens;
-use posgate::credentials::ClusterSecret;
 use posgate::pod::Pod;
 use posgate::store::memory::MemoryStore;
-use tokio::net::TcpListener;
+
+use crate::support::pod;
+use crate::support::wait::wait_for;
 
 const TOKEN: &str = "status-page-token-0123456789";
 
@@ -49,28 +46,18 @@ fn headless(bin: &str) -> Command {
 async fn the_status_page_renders_the_ring() {
     let unchecked = "the status page not rendered";
     let install = "Debian package chromium; scripts/test installs it";
-    let Some(bin) = support::tools::require(chromium(), "chromium", unchecked, install) else {
+    let Some(bin) = crate::support::tools::require(chromium(), "chromium", unchecked, install)
+    else {
         return;
     };
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let secret = ClusterSecret::new(*b"status-page-test-secret").unwrap();
-    let mut config = PodConfig::new(
-        PodId::new("page-pod").unwrap(),
-        url.clone(),
-        CoreConfig::fast(),
-        Some(secret),
-    );
+    let (listener, url) = pod::listen().await;
+    let mut config = pod::config("page-pod", &url);
     config.api_tokens = Some(ApiTokens::from_env_value(&format!("ops:{TOKEN}")).unwrap());
     let mut pod = Pod::start(config, MemoryStore::new(), listener, ()).unwrap();
-    let started = Instant::now();
-    while !pod.status.borrow().ready {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "pod never ready"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for("the pod to be ready", Duration::from_secs(20), || {
+        pod.status.borrow().ready
+    })
+    .await;
 
     let page = format!("{url}/#token={TOKEN}");
     let dump = tokio::task::spawn_blocking({

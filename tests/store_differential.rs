@@ -13,11 +13,10 @@
 //! `last + 1`-only epoch would rank lowest), owner checks, generation checks, expiry,
 //! membership or release results.
 
-pub mod support;
-
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
+use crate::support::RedisServer;
 use posgate::core::lease::{AcquireOutcome, Checked, RenewOutcome};
 use posgate::core::membership::{Member, Snapshot};
 use posgate::core::placement::Placement;
@@ -25,7 +24,6 @@ use posgate::core::{Epoch, PodId, ShardId};
 use posgate::store::memory::MemoryStore;
 use posgate::store::redis::{RedisOptions, RedisStore};
 use posgate::store::{ClusterMeta, CoordStore, StoreError};
-use support::RedisServer;
 
 const SHARDS: u32 = 8;
 const LONG: Duration = Duration::from_secs(30);

@@ -1,6 +1,18 @@
-//! Running the `posgate` binary from an integration test.
+//! The `posgate` binary in an integration test: one command run to completion
+//! ([`posgate`]), or a `posgate serve` process ([`BinPod`]) with the fast timings of the
+//! in-process pods ([`fast_flags`]) that a test signals, reads the log of and asks over
+//! plain HTTP/1.1 ([`request`]).
+//!
+//! Not for: in-process pods ([`super::pod`]).
 
-use std::process::{Command, Output};
+use std::ffi::OsStr;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use posgate::core::CoreConfig;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::pod::STORE_TIMEOUT;
 
 /// Runs the binary with `args` and only the environment in `env` (so a developer's
 /// `POSGATE_*` variables cannot change the outcome).
@@ -11,4 +23,131 @@ pub fn posgate(args: &[&str], env: &[(&str, &str)]) -> Output {
         .envs(env.iter().copied())
         .output()
         .expect("the binary runs")
+}
+
+/// `posgate serve` flags for the timings of `CoreConfig::fast()` and [`STORE_TIMEOUT`],
+/// so a process runs exactly like the in-process test pods.
+pub fn fast_flags() -> Vec<String> {
+    let c = CoreConfig::fast();
+    [
+        ("--lease-ttl", c.lease_ttl),
+        ("--renew-interval", c.renew_interval),
+        ("--lease-margin", c.lease_margin),
+        ("--member-ttl", c.member_ttl),
+        ("--heartbeat-interval", c.heartbeat_interval),
+        ("--poll-interval", c.poll_interval),
+        ("--rebalance-debounce", c.debounce),
+        ("--close-budget", c.close_budget),
+        ("--shutdown-budget", c.shutdown_budget),
+        ("--store-timeout", STORE_TIMEOUT),
+    ]
+    .into_iter()
+    .flat_map(|(flag, value)| {
+        [
+            flag.to_string(),
+            humantime::format_duration(value).to_string(),
+        ]
+    })
+    .collect()
+}
+
+/// A `posgate serve` child process listening on 127.0.0.1:`port`, its environment
+/// cleared and its log (stderr) in a temporary file; killed on drop.
+pub struct BinPod {
+    child: Child,
+    pub port: u16,
+    log: tempfile::NamedTempFile,
+}
+
+impl BinPod {
+    /// `posgate serve --listen 127.0.0.1:<port> <args>`.
+    pub fn serve<S: AsRef<OsStr>>(port: u16, args: impl IntoIterator<Item = S>) -> BinPod {
+        let log = tempfile::NamedTempFile::new().expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_posgate"))
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .args(args)
+            .env_clear()
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log.reopen().expect("log file for the child"))
+            .spawn()
+            .expect("spawn posgate serve");
+        BinPod { child, port, log }
+    }
+
+    /// Sends `sig` (`-STOP`, `-HUP`, ...) with `kill`.
+    pub fn signal(&self, sig: &str) {
+        let pid = self.child.id().to_string();
+        let status = Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {sig} {pid}");
+    }
+
+    /// Everything the process logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log.path()).expect("read the log")
+    }
+
+    /// The log lines containing every one of `needles`.
+    pub fn log_lines_with(&self, needles: &[&str]) -> Vec<String> {
+        self.log()
+            .lines()
+            .filter(|l| needles.iter().all(|n| l.contains(n)))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Panics with the log if the process has exited.
+    pub fn assert_running(&mut self) {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            panic!("posgate serve exited ({status}): {}", self.log());
+        }
+    }
+
+    /// `GET path` with a bearer `token` (none if empty): status and body, if an answer
+    /// came within 2 s.
+    pub async fn get(&self, path: &str, token: &str) -> Option<(u16, String)> {
+        let auth = if token.is_empty() {
+            String::new()
+        } else {
+            format!("Authorization: Bearer {token}\r\n")
+        };
+        let head = format!("GET {path} HTTP/1.1\r\n{auth}");
+        request(self.port, &head, "", Duration::from_secs(2)).await
+    }
+}
+
+impl Drop for BinPod {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One HTTP/1.1 request to 127.0.0.1:`port` on a fresh connection: `head` is the request
+/// line and any headers (each line ending in CRLF); `Host`, `Content-Length` (with a
+/// `body`) and `Connection: close` are added. The status and the body, if the whole
+/// answer came within `within`.
+pub async fn request(port: u16, head: &str, body: &str, within: Duration) -> Option<(u16, String)> {
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()?;
+        let length = if body.is_empty() {
+            String::new()
+        } else {
+            format!("Content-Length: {}\r\n", body.len())
+        };
+        let request = format!("{head}Host: 127.0.0.1\r\n{length}Connection: close\r\n\r\n{body}");
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await.ok()?;
+        let answer = String::from_utf8_lossy(&answer);
+        let status = answer.split_whitespace().nth(1)?.parse().ok()?;
+        let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        Some((status, body.to_string()))
+    };
+    tokio::time::timeout(within, exchange).await.ok().flatten()
 }

@@ -1,22 +1,34 @@
-//! Shared harness for the integration tests: a throwaway `redis-server` per test (plain,
-//! or also serving TLS), a TCP proxy that can cut or stall the network between a client
-//! and Redis, a throwaway CA for the TLS tests, a runner for the `posgate` binary, a
-//! client for the push API, a recording relay on the pod network (`peer_tap`), and the
-//! rule for test tools that may be missing (`tools`).
+//! The one harness of the integration tests (every file of `tests/` is a module of the
+//! `it` binary, see `tests/it.rs`):
 //!
-//! Declare it as `pub mod support;` in a test file: public items of a public module are
-//! not dead code, so each test file may use just the parts it needs.
+//! - `redis_server`: a throwaway `redis-server` per test (plain, or also serving TLS);
+//!   [`RedisProxy`] (the load harness's) cuts a client off from it, `stall_proxy`
+//!   freezes its connections half-open;
+//! - `pod`: in-process pods with fast timings; `cluster`: several of them over one Redis
+//!   with an overlap sampler; `farm`: a farm of simulated terminals with its CA file and
+//!   directory import;
+//! - `binary`: the `posgate` binary, one command or a `posgate serve` process;
+//! - `api`: a pod's HTTP API (pushes, GETs, `/metrics`); `peer_tap`: a recording relay on
+//!   the pod network;
+//! - `wait`: polling for a condition; `tls`: a throwaway CA; `tools`: the rule for test
+//!   tools that may be missing.
 //!
 //! What it does not do: install Redis or the test tools (`scripts/test` does) or reach
 //! anything but 127.0.0.1.
 
+pub mod api;
 pub mod binary;
+pub mod cluster;
+pub mod farm;
 pub mod peer_tap;
-pub mod push;
+pub mod pod;
 pub mod redis_server;
-pub mod tcp_proxy;
+pub mod stall_proxy;
 pub mod tls;
 pub mod tools;
+pub mod wait;
 
+/// The TCP proxy between a client and Redis that cuts it off (`cut`, `restore`); the
+/// load harness uses the same one.
+pub use posgate_loadtest::load::proxy::RedisProxy;
 pub use redis_server::RedisServer;
-pub use tcp_proxy::TcpProxy;

@@ -1,6 +1,6 @@
 //! `PeerTap`: an attacker's vantage point on the pod network. An HTTP/2 (h2c) relay
 //! placed in front of a pod (the pod advertises the tap's URL), which records every
-//! request as it crossed the wire (method, target, headers, body) and relays it
+//! request as it crossed the wire (target, headers, body) and relays it
 //! unchanged, so a test can replay or alter real captured peer traffic. With
 //! [`PeerTap::intercept`] it keeps requests instead of relaying them (answering `503`),
 //! as a man in the middle would before sending an altered copy on.
@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use http::{HeaderMap, Method, Request, Response};
+use http::{HeaderMap, Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -24,7 +24,6 @@ use tokio::task::JoinHandle;
 /// One request as it crossed the tap.
 #[derive(Clone, Debug)]
 pub struct Captured {
-    pub method: Method,
     /// Path and query.
     pub target: String,
     pub headers: HeaderMap,
@@ -112,7 +111,6 @@ async fn relay(
         .map_or("/", |pq| pq.as_str())
         .to_string();
     log.lock().unwrap().push(Captured {
-        method: parts.method.clone(),
         target: target.clone(),
         headers: parts.headers.clone(),
         body: body.clone(),

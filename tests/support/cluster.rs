@@ -1,6 +1,6 @@
-//! The harness of `tests/cluster_redis.rs`: whole pods (`Pod::start`) against one real
-//! `redis-server`, each behind its own `TcpProxy`, plus the two observers every test
-//! asserts with:
+//! The cluster of `tests/cluster_redis.rs`: whole pods (`Pod::start`, no POS
+//! connections) against one real `redis-server`, each behind its own `RedisProxy`, plus
+//! the two observers every test asserts with:
 //! - a `ServingHook` that records serving transitions with timestamps ([`Events`]), so
 //!   orderings (stopped here before started there) can be checked;
 //! - a sampler that checks every 20 ms that no shard is served by two pods at once, each
@@ -12,26 +12,20 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use posgate::config::PodConfig;
 use posgate::core::membership::Snapshot;
 use posgate::core::reconciler::StopReason;
 use posgate::core::ring::Assignment;
 use posgate::core::{CoreConfig, Epoch, PodId, ShardId};
-use posgate::credentials::ClusterSecret;
 use posgate::pod::{Pod, PodHandle};
 use posgate::serving::{ServingHook, ServingTable};
-use posgate::store::redis::{RedisOptions, RedisStore};
+use posgate::store::redis::RedisStore;
 use posgate::store::CoordStore;
-use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-use crate::support::{RedisServer, TcpProxy};
+use super::pod::{self, store_options, CLUSTER, SHARDS};
+use super::wait::{secs, wait_for_async};
+use super::{RedisProxy, RedisServer};
 
-pub const SHARDS: u32 = 64;
-pub const CLUSTER: &str = "test";
-/// Redis response and connect timeout, and the driver's own bound on store calls. A cut
-/// proxy blackholes requests, so this is how long a call takes to fail.
-pub const STORE_TIMEOUT: Duration = Duration::from_millis(300);
 const SAMPLE_EVERY: Duration = Duration::from_millis(20);
 
 pub fn core() -> CoreConfig {
@@ -44,10 +38,6 @@ pub fn now() -> Instant {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-pub fn secs(d: Duration) -> f64 {
-    d.as_secs_f64()
 }
 
 // ----- serving transitions, recorded by the hook -----------------------------------
@@ -78,6 +68,13 @@ impl Events {
             .filter(|e| e.at >= t)
             .cloned()
             .collect()
+    }
+
+    /// The stops (any reason) since `t`.
+    pub fn stops_since(&self, t: Instant) -> Vec<Event> {
+        let mut events = self.since(t);
+        events.retain(|e| matches!(e.kind, Kind::Stop(_)));
+        events
     }
 }
 
@@ -206,7 +203,7 @@ impl Drop for Sampler {
 
 pub struct TestPod {
     pub id: PodId,
-    pub proxy: TcpProxy,
+    pub proxy: RedisProxy,
     pub handle: PodHandle,
 }
 
@@ -237,22 +234,6 @@ pub struct Cluster {
     direct: RedisStore,
 }
 
-pub fn store_options() -> RedisOptions {
-    RedisOptions {
-        response_timeout: STORE_TIMEOUT,
-        connect_timeout: STORE_TIMEOUT,
-        ..Default::default()
-    }
-}
-
-pub fn pod_config(id: &PodId, url: String) -> PodConfig {
-    let secret = ClusterSecret::new(*b"cluster-redis-test-secret").unwrap();
-    let mut config = PodConfig::new(id.clone(), url, core(), Some(secret));
-    config.cluster = CLUSTER.to_string();
-    config.store_timeout = STORE_TIMEOUT;
-    config
-}
-
 impl Cluster {
     pub async fn start(pods: usize) -> Cluster {
         let redis = RedisServer::start();
@@ -273,20 +254,28 @@ impl Cluster {
         cluster
     }
 
+    /// [`Cluster::start`], then waits until it has converged; also the wait.
+    pub async fn converged_start(pods: usize) -> (Cluster, Duration) {
+        let cluster = Cluster::start(pods).await;
+        let what = format!("{pods} pods to converge");
+        let took = cluster.wait_converged(&what, startup_limit()).await;
+        (cluster, took)
+    }
+
     pub async fn add_pod(&mut self) -> usize {
         let i = self.pods.len();
-        let id = PodId::new(format!("pod-{i}")).unwrap();
-        let proxy = TcpProxy::start(self.redis.addr()).await;
-        let store = RedisStore::connect(&proxy.redis_url(""), CLUSTER, store_options())
+        let name = format!("pod-{i}");
+        let id = PodId::new(&name).unwrap();
+        let proxy = RedisProxy::start(self.redis.addr()).await.unwrap();
+        let store = RedisStore::connect(&proxy.url(), CLUSTER, store_options())
             .await
             .unwrap();
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (listener, url) = pod::listen().await;
         let hook = Recorder {
             pod: id.clone(),
             events: self.events.clone(),
         };
-        let handle = Pod::start(pod_config(&id, url), store, listener, hook).unwrap();
+        let handle = Pod::start(pod::config(&name, &url), store, listener, hook).unwrap();
         self.sampler.watch(id.clone(), handle.serving.clone());
         self.pods.push(TestPod { id, proxy, handle });
         self.alive.push(true);
@@ -359,15 +348,7 @@ impl Cluster {
     }
 
     pub async fn wait_converged(&self, what: &str, limit: Duration) -> Duration {
-        let started = Instant::now();
-        while !self.converged().await {
-            assert!(
-                started.elapsed() < limit,
-                "timed out after {limit:?} waiting for {what}"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        started.elapsed()
+        wait_for_async(what, limit, || self.converged()).await
     }
 
     /// A direct (unproxied) read of Redis.
@@ -414,19 +395,6 @@ impl Cluster {
             "members left after shutdown: {members:?}"
         );
     }
-}
-
-/// Polls `cond` every 10 ms until it holds; panics after `limit`. Returns the wait.
-pub async fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) -> Duration {
-    let started = Instant::now();
-    while !cond() {
-        assert!(
-            started.elapsed() < limit,
-            "timed out after {limit:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    started.elapsed()
 }
 
 /// Fresh generation: pods hold claims for one member TTL, then debounce and claim.

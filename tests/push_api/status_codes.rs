@@ -1,0 +1,438 @@
+//! Every documented status code of the push API, produced through the real server: one
+//! test per answer, each on a cluster of its own (2 pods, 100 terminals of the farm, and
+//! `pos-offline`, a directory entry on 127.0.0.1 port 1, which refuses: a terminal that is
+//! never reachable). Pushes are capped at 1 KiB and one waiting push per terminal.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::Full;
+use posgate::core::shard::shard_of;
+use posgate::push::PushSettings;
+use posgate_loadtest::pos_sim::FaultConfig;
+
+use super::{acme, error_of, Cluster, ACME, BANK};
+use crate::support::api::{self, client, get, push, send, Http, Push};
+use crate::support::pod::SHARDS;
+
+/// The cluster of every test here, a client, and the first farm terminal.
+async fn cluster() -> (Cluster, Http, String) {
+    let settings = PushSettings {
+        max_push_bytes: 1024,
+        max_waiting_per_terminal: 1,
+        ..PushSettings::default()
+    };
+    let c = Cluster::start(2, 100, &[("pos-offline", "127.0.0.1:1")], settings).await;
+    let t = c.ids()[0].clone();
+    (c, client(), t)
+}
+
+/// How often the farm received a push with `key` (`tenant:key`) for `terminal`.
+fn deliveries(c: &Cluster, terminal: &str, key: &str) -> usize {
+    let report = c.farm.terminal_report(terminal).unwrap();
+    report
+        .recent_pushes
+        .iter()
+        .filter(|p| p.idempotency_key == key)
+        .count()
+}
+
+/// A push of acme's with `key`.
+fn keyed(key: &str) -> Push<'_> {
+    Push {
+        key: Some(key),
+        ..acme()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn status_200_from_either_pod_names_the_owner() {
+    let (c, http, t) = cluster().await;
+    for base in &c.urls {
+        let (status, _, body) = push(&http, base, &t, acme()).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["terminal"], t.as_str());
+        assert_eq!(body["pod"].as_str(), c.owner_of(&t).as_deref());
+        assert_eq!(body["shard"], shard_of(&t, SHARDS));
+        assert_eq!(body["pos_status"], 200);
+        let key = body["idempotency_key"].as_str().unwrap();
+        assert_eq!(key.len(), 36, "a generated UUID: {key}");
+    }
+}
+
+/// The same key and body through the other pod: the stored answer, one delivery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replay_through_the_other_pod_answers_the_stored_result_without_a_delivery() {
+    let (c, http, t) = cluster().await;
+    let (a, b) = (&c.urls[0], &c.urls[1]);
+    let (s1, _, first) = push(&http, a, &t, keyed("order-1")).await;
+    let (s2, _, second) = push(&http, b, &t, keyed("order-1")).await;
+    assert_eq!((s1, s2), (StatusCode::OK, StatusCode::OK));
+    assert_eq!(first["epoch"], second["epoch"]);
+    assert_eq!(
+        deliveries(&c, &t, "acme:order-1"),
+        1,
+        "a replay must not deliver again"
+    );
+}
+
+/// The same key with another body; another tenant's identical key is its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn status_409_for_a_key_reused_with_another_body_of_the_same_tenant() {
+    let (c, http, t) = cluster().await;
+    let (a, b) = (&c.urls[0], &c.urls[1]);
+    let (status, _, body) = push(&http, a, &t, keyed("order-1")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let other = Push {
+        body: "{\"amount\": 2}",
+        ..keyed("order-1")
+    };
+    let (status, _, body) = push(&http, b, &t, other).await;
+    assert_eq!(
+        (status, error_of(&body)),
+        (StatusCode::CONFLICT, "idempotency_conflict")
+    );
+    let bank = Push {
+        token: Some(BANK),
+        key: Some("order-1"),
+        body: "{\"amount\": 2}",
+        ..acme()
+    };
+    assert_eq!(push(&http, a, &t, bank).await.0, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn status_400_for_a_bad_terminal_id_key_or_timeout() {
+    let (c, http, t) = cluster().await;
+    for (terminal, p) in [
+        ("bad id!", acme()),
+        (t.as_str(), keyed("has space")),
+        (
+            t.as_str(),
+            Push {
+                query: "?timeout_ms=0",
+                ..acme()
+            },
+        ),
+        (
+            t.as_str(),
+            Push {
+                query: "?timeout_ms=30001",
+                ..acme()
+            },
+        ),
+    ] {
+        let terminal = terminal.replace(' ', "%20");
+        let (status, _, body) = push(&http, &c.urls[0], &terminal, p).await;
+        assert_eq!(
+            (status, error_of(&body)),
+            (StatusCode::BAD_REQUEST, "invalid_request"),
+            "{body}"
+        );
+    }
+}
+
+/// No token or a wrong one; `/v1/cluster` needs one too; probes never do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn status_401_without_a_valid_token_and_probes_need_none() {
+    let (c, http, t) = cluster().await;
+    let a = &c.urls[0];
+    for token in [None, Some("wrong-token-0123456789")] {
+        let (status, headers, body) = push(&http, a, &t, Push { token, ..acme() }).await;
+        assert_eq!(
+            (status, error_of(&body)),
+            (StatusCode::UNAUTHORIZED, "unauthorized")
+        );
+        assert_eq!(headers["www-authenticate"], "Bearer");
+    }
+    assert_eq!(
+        get(&http, &format!("{a}/v1/cluster"), None).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        get(&http, &format!("{a}/v1/cluster"), Some(ACME)).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        get(&http, &format!("{a}/readyz"), None).await.0,
+        StatusCode::OK
+    );
+}
+
+/// A valid id that is not in the directory, answered by the owner, also via a forward.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn status_404_for_a_terminal_not_in_the_directory() {
+    let (c, http, _) = cluster().await;
+    for base in &c.urls {
+        let (status, _, body) = push(&http, base, "pos-nobody", acme()).await;
+        assert_eq!(
+            (status, error_of(&body)),
+            (StatusCode::NOT_FOUND, "unknown_terminal")
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn status_413_over_max_push_bytes() {
+    let (c, http, t) = cluster().await;
+    let big = "x".repeat(2000);
+    let p = Push {
+        body: &big,
+        ..acme()
+    };
+    let (status, _, body) = push(&http, &c.urls[1], &t, p).await;
+    assert_eq!(
+        (status, error_of(&body)),
+        (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large")
+    );
+}
+
+/// `GET /v1/terminals/{id}` from both pods agrees with the owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_terminal_view_from_either_pod_names_the_owner() {
+    let (c, http, t) = cluster().await;
+    for base in &c.urls {
+        let (status, view) = get(&http, &format!("{base}/v1/terminals/{t}"), Some(ACME)).await;
+        assert_eq!(status, StatusCode::OK, "{view}");
+        assert_eq!(view["owner_pod"].as_str(), c.owner_of(&t).as_deref());
+        assert_eq!(view["connected"], true);
+    }
+}
+
+/// No session by the deadline; `Retry-After` set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn status_503_terminal_unavailable_without_a_session_by_the_deadline() {
+    let (c, http, _) = cluster().await;
+    let p = Push {
+        query: "?timeout_ms=300",
+        ..acme()
+    };
+    let (status, headers, body) = push(&http, &c.urls[0], "pos-offline", p).await;
+    assert_eq!(
+        (status, error_of(&body)),
+        (StatusCode::SERVICE_UNAVAILABLE, "terminal_unavailable")
+    );
+    assert_eq!(headers["retry-after"], "1");
+}
+
+/// A second push waiting for the same terminal (cap 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn status_503_overloaded_while_another_push_waits_for_the_terminal() {
+    let (c, http, _) = cluster().await;
+    let (a, b) = (&c.urls[0], &c.urls[1]);
+    let slow = Push {
+        query: "?timeout_ms=1500",
+        ..acme()
+    };
+    let quick = Push {
+        query: "?timeout_ms=300",
+        ..acme()
+    };
+    let (first, second) = tokio::join!(push(&http, a, "pos-offline", slow), async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        push(&http, b, "pos-offline", quick).await
+    });
+    assert_eq!(error_of(&first.2), "terminal_unavailable");
+    assert_eq!(
+        (second.0, error_of(&second.2)),
+        (StatusCode::SERVICE_UNAVAILABLE, "overloaded")
+    );
+}
+
+/// The terminal answers non-2xx; stored, so a retry replays it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn status_502_pos_rejected_is_stored_and_replayed() {
+    let (c, http, t) = cluster().await;
+    let (a, b) = (&c.urls[0], &c.urls[1]);
+    let refusing = FaultConfig {
+        push_status: 503,
+        ..FaultConfig::default()
+    };
+    c.farm.set_faults(refusing).unwrap();
+    let (status, _, body) = push(&http, b, &t, keyed("refused-1")).await;
+    assert_eq!(
+        (status, error_of(&body)),
+        (StatusCode::BAD_GATEWAY, "pos_rejected")
+    );
+    assert_eq!(body["pos_status"], 503);
+    c.farm.set_faults(FaultConfig::default()).unwrap();
+    let (status, _, _) = push(&http, a, &t, keyed("refused-1")).await;
+    assert_eq!(
+        status,
+        StatusCode::BAD_GATEWAY,
+        "the stored answer is replayed"
+    );
+}
+
+/// The terminal answers after the deadline: 504, delivery unknown; the same key while
+/// that attempt is in flight: 409; a retry after the 504 is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn status_504_delivery_unknown_then_409_in_flight_then_a_retry_delivers() {
+    let (c, http, t) = cluster().await;
+    let (a, b) = (&c.urls[0], &c.urls[1]);
+    let late = FaultConfig {
+        response_latency_ms: 1_500,
+        ..FaultConfig::default()
+    };
+    c.farm.set_faults(late).unwrap();
+    let timed = || Push {
+        query: "?timeout_ms=700",
+        ..keyed("slow-1")
+    };
+    let (first, second) = tokio::join!(push(&http, a, &t, timed()), async {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        push(&http, b, &t, timed()).await
+    });
+    assert_eq!(
+        (first.0, error_of(&first.2)),
+        (StatusCode::GATEWAY_TIMEOUT, "pos_timeout"),
+        "{}",
+        first.2
+    );
+    assert_eq!(first.2["delivery"], "unknown");
+    assert_eq!(first.2["idempotency_key"], "slow-1");
+    assert_eq!(
+        (second.0, error_of(&second.2)),
+        (StatusCode::CONFLICT, "idempotency_conflict")
+    );
+    c.farm.set_faults(FaultConfig::default()).unwrap();
+    // After a 504 the caller may retry with the same key; it is delivered.
+    let (status, _, _) = push(&http, b, &t, keyed("slow-1")).await;
+    assert_eq!(status, StatusCode::OK);
+
+    // Only the key the caller itself re-sent after its 504 may reach the terminal twice
+    // (the terminal dedupes it by key); wait for the slow first attempt to land.
+    let slow_deliveries = || {
+        let report = c.farm.terminal_report(&t).unwrap();
+        let n = deliveries(&c, &t, "acme:slow-1");
+        (n, report.stats.keys_delivered_twice)
+    };
+    let waited = Instant::now();
+    while slow_deliveries().0 < 2 && waited.elapsed() < Duration::from_secs(3) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!(
+        "[push] slow-1 deliveries, keys twice on {t}: {:?}",
+        slow_deliveries()
+    );
+    assert!(slow_deliveries().0 >= 1);
+    assert_eq!(
+        c.farm.counters().keys_delivered_twice,
+        u64::from(slow_deliveries().0 == 2),
+        "no key but the one retried after a 504 reached a terminal twice"
+    );
+}
+
+/// A forwarded push without a signature is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn status_401_for_an_unsigned_forwarded_push() {
+    let (c, http, t) = cluster().await;
+    let request = Request::post(format!("{}/internal/v1/push/{t}", c.urls[0]))
+        .header("posgate-hop", "1")
+        .header("posgate-tenant", "acme")
+        .header("idempotency-key", "forged")
+        .header("posgate-deadline-ms", "1000")
+        .body(Full::new(Bytes::from_static(b"{}")))
+        .unwrap();
+    let (status, _, body) = send(&http, request).await;
+    assert_eq!(
+        (status, error_of(&body)),
+        (StatusCode::UNAUTHORIZED, "unauthorized")
+    );
+}
+
+/// The cluster view with every pod's connected counts, from either pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_cluster_view_counts_every_connected_terminal_once() {
+    let (c, http, _) = cluster().await;
+    for base in &c.urls {
+        let url = format!("{base}/v1/cluster?include=terminals");
+        let (status, view) = get(&http, &url, Some(ACME)).await;
+        assert_eq!(status, StatusCode::OK);
+        let shards = view["shards"].as_array().unwrap();
+        assert_eq!(shards.len(), SHARDS as usize);
+        assert!(
+            shards.iter().all(|s| s["terminals_connected"].is_u64()),
+            "{view}"
+        );
+        let connected: u64 = shards
+            .iter()
+            .map(|s| s["terminals_connected"].as_u64().unwrap())
+            .sum();
+        assert_eq!(
+            connected,
+            c.ids().len() as u64,
+            "every farm terminal, counted once"
+        );
+    }
+}
+
+/// After a push from each pod, a replay and a refused request, `/metrics` has exactly
+/// the documented families and the counters of those requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn metrics_have_the_documented_families_and_count_the_requests() {
+    let (c, http, t) = cluster().await;
+    let (a, b) = (&c.urls[0], &c.urls[1]);
+    // Pod `a` owns `t` or forwards to its owner; a terminal of the other pod makes both.
+    let other = c
+        .ids()
+        .iter()
+        .find(|x| c.owner_of(x) != c.owner_of(&t))
+        .expect("a terminal of each pod");
+    for terminal in [&t, other] {
+        let (status, _, body) = push(&http, a, terminal, acme()).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    for base in [a, b] {
+        let (status, _, body) = push(&http, base, &t, keyed("metered")).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    let (status, _, _) = push(&http, a, "bad%20id!", acme()).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    check_metrics(&http, a).await;
+}
+
+/// The pod's `/metrics` has exactly the families `docs/metrics.md` lists, and the
+/// counters of what this test did moved.
+async fn check_metrics(http: &Http, base: &str) {
+    let text = api::metrics(http, base).await;
+    let doc = include_str!("../../docs/metrics.md");
+    let documented: std::collections::BTreeSet<String> = doc
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `posgate_"))
+        .map(|l| format!("posgate_{}", l.split('`').next().unwrap()))
+        .collect();
+    let scraped: std::collections::BTreeSet<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .map(|l| {
+            let (name, kind) = l.split_once(' ').unwrap();
+            // OpenMetrics names counter families without `_total`.
+            if kind == "counter" {
+                format!("{name}_total")
+            } else {
+                name.to_string()
+            }
+        })
+        .collect();
+    assert_eq!(documented, scraped, "docs/metrics.md vs /metrics");
+    for expected in [
+        "posgate_push_requests_total{path=\"local\",result=\"ok\"}",
+        "posgate_push_requests_total{path=\"forwarded\",result=\"ok\"}",
+        "posgate_push_requests_total{path=\"none\",result=\"invalid_request\"}",
+        "posgate_push_replays_total",
+        "posgate_dials_total{result=\"ok\"}",
+        "posgate_dials_total{result=\"refused\"}",
+        "posgate_lease_ops_total{op=\"acquire\",outcome=\"acquired\"}",
+        "posgate_terminals{state=\"connected\"}",
+        "posgate_store_reachable 1",
+        "posgate_members 2",
+    ] {
+        assert!(
+            text.contains(expected),
+            "{expected} missing from /metrics:\n{text}"
+        );
+    }
+    assert!(!text.contains("pos-0"), "a terminal id leaked into a label");
+}

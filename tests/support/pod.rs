@@ -1,0 +1,112 @@
+//! In-process pods for the integration tests: a `PodConfig` with the fast timings of
+//! `CoreConfig::fast()` (lease TTL 3 s, renew 1 s, close budget 300 ms), a test cluster
+//! secret and a store timeout of 300 ms, advertising the loopback listener it was given;
+//! started against Redis with the POS connection manager; and what the tests ask of
+//! running pods (which shards they serve) and how they stop them.
+//!
+//! Not for: `posgate serve` processes ([`super::binary`]) or a cluster with observers
+//! ([`super::cluster`]).
+
+use std::num::NonZeroU32;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use posgate::config::{PodConfig, PosSettings};
+use posgate::core::{CoreConfig, PodId, ShardId};
+use posgate::credentials::ClusterSecret;
+use posgate::pod::{Pod, PodHandle};
+use posgate::pos::tls::TlsFiles;
+use posgate::store::redis::{RedisOptions, RedisStore};
+use tokio::net::TcpListener;
+
+/// The shard count of every test cluster (the default).
+pub const SHARDS: u32 = 64;
+/// The cluster name of the test pods (each test has a Redis of its own).
+pub const CLUSTER: &str = "test";
+/// Redis response and connect timeout, and the driver's own bound on store calls. A cut
+/// proxy blackholes requests, so this is how long a call takes to fail.
+pub const STORE_TIMEOUT: Duration = Duration::from_millis(300);
+
+/// Redis options with [`STORE_TIMEOUT`].
+pub fn store_options() -> RedisOptions {
+    RedisOptions {
+        response_timeout: STORE_TIMEOUT,
+        connect_timeout: STORE_TIMEOUT,
+        ..Default::default()
+    }
+}
+
+/// A listener on a free loopback port and its `http://` URL.
+pub async fn listen() -> (TcpListener, String) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    (listener, url)
+}
+
+/// Pod `id` of [`CLUSTER`] advertising `url`: fast timings, the test cluster secret,
+/// [`STORE_TIMEOUT`]; no API tokens, default POS and push settings.
+pub fn config(id: &str, url: &str) -> PodConfig {
+    let secret = ClusterSecret::new(*b"integration-test-cluster-secret").unwrap();
+    let mut config = PodConfig::new(
+        PodId::new(id).unwrap(),
+        url,
+        CoreConfig::fast(),
+        Some(secret),
+    );
+    config.cluster = CLUSTER.to_string();
+    config.store_timeout = STORE_TIMEOUT;
+    config
+}
+
+/// POS settings trusting the CA in `ca_file`, dialing at most `dial_rate` terminals per
+/// second; the rest default.
+pub fn pos(ca_file: &Path, dial_rate: u32) -> PosSettings {
+    PosSettings {
+        tls: TlsFiles {
+            ca_file: Some(ca_file.to_owned()),
+            client: None,
+        },
+        dial_rate: NonZeroU32::new(dial_rate).unwrap(),
+        ..PosSettings::default()
+    }
+}
+
+/// A whole pod (driver, HTTP, POS connections) of `config` on `listener`, against the
+/// Redis at `redis_url` (connected lazily: the pod may start before Redis answers).
+pub fn start_with_terminals(
+    config: PodConfig,
+    redis_url: &str,
+    listener: TcpListener,
+) -> PodHandle {
+    let store = RedisStore::connect_lazy(redis_url, CLUSTER, store_options()).unwrap();
+    Pod::start_with_terminals(config, store, listener).unwrap()
+}
+
+/// The shards `pod` serves now.
+pub fn served(pod: &PodHandle) -> Vec<ShardId> {
+    let now = Instant::now();
+    (0..SHARDS)
+        .filter(|&s| pod.serving.serving(s, now).is_some())
+        .collect()
+}
+
+/// Every shard is served by exactly one of `pods`.
+pub fn settled<'a>(pods: impl IntoIterator<Item = &'a PodHandle>) -> bool {
+    let mut count = vec![0; SHARDS as usize];
+    for pod in pods {
+        for shard in served(pod) {
+            count[shard as usize] += 1;
+        }
+    }
+    count.iter().all(|&n| n == 1)
+}
+
+/// Shuts `pods` down gracefully, all at once, each given 10 s to finish.
+pub async fn stop(mut pods: Vec<PodHandle>) {
+    for pod in &mut pods {
+        pod.shutdown();
+    }
+    for pod in &mut pods {
+        let _ = tokio::time::timeout(Duration::from_secs(10), pod.wait()).await;
+    }
+}
