@@ -311,19 +311,22 @@ fn simulate(args: &SimulateArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// `<n> seeds in <t>s, <r> seeds/s, <e> events, <r> events/s, <f> faults, <a> acquisitions`.
+/// `<n> seeds in <t>s, <r> seeds/s, <e> events, <r> events/s, <f> faults, <a> acquisitions,
+/// <h> handovers, <o> fenced overlaps, <s> served in outages`.
 fn sim_line(seeds: u64, total: &SimStats, elapsed: Duration) -> String {
     let secs = elapsed.as_secs_f64();
     let rate = |n: u64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
     format!(
         "{seeds} seeds in {secs:.1}s, {:.1} seeds/s, {} events, {:.0} events/s, {} faults, \
-         {} acquisitions, {} handovers",
+         {} acquisitions, {} handovers, {} fenced overlaps, {} served in outages",
         rate(seeds),
         total.events,
         rate(total.events),
         total.faults,
         total.acquisitions,
         total.handovers,
+        total.fenced_overlaps,
+        total.served_in_outage,
     )
 }
 

@@ -73,18 +73,34 @@ async fn manager_follows_epochs_directory_changes_and_stop() {
     with_11.sort();
     assert_eq!(with_11, ["pos-1", "pos-2"]);
 
-    // Suspended: connections stay, nothing is delivered.
+    // Suspended: connections stay, nothing is delivered, nothing is dialed.
     m.suspend(0, 11);
     let view = m.shard(0).unwrap();
-    assert!(!view.delivering);
+    assert_eq!(view.delivery, crate::pos::Delivery::Holding);
     assert_eq!(view.links.len(), 2);
 
-    // A directory change is picked up by the poller: one added, one removed.
+    // A directory change is picked up by the poller: one added, one removed. While the
+    // shard holds, the new terminal is known but not dialed.
     directory
         .upsert(1, &[server.terminal("pos-3", "pos-1.test")])
         .await
         .unwrap();
     directory.remove(1, &["pos-1".to_string()]).await.unwrap();
+    wait_until("pos-3 known, not dialed while holding", || {
+        m.shard(0).is_some_and(|v| {
+            v.links.keys().map(String::as_str).eq(["pos-2", "pos-3"])
+                && v.links["pos-3"] == LinkState::Disconnected
+        })
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        m.shard(0).unwrap().links["pos-3"],
+        LinkState::Disconnected,
+        "a holding shard dials nothing"
+    );
+    // Delivering again (the same epoch): the new terminal is dialed.
+    m.start(0, 11);
     wait_until("pos-3 in, pos-1 out", || {
         m.shard(0).is_some_and(|v| {
             v.links.keys().map(String::as_str).eq(["pos-2", "pos-3"])
