@@ -11,7 +11,9 @@
 //! type, `serve_args.rs` the clap flags and their resolution, `pos_args.rs` the POS
 //! connection flags (flattened into `ServeArgs`) and their [`PosSettings`], `push_args.rs`
 //! the push API flags (tokens, limits), `tls_args.rs` the HTTPS flags (listener
-//! certificate, peer CA), `secrets.rs` where secrets come from and how a Redis URL carries or hides one. The `rediss://` TLS files
+//! certificate, peer CA), `redis_args.rs` the Redis connection flags (shared with
+//! `posgate terminals`, whose flags are in `terminals_args.rs`), `secrets.rs` where
+//! secrets come from and how a Redis URL carries or hides one. The `rediss://` TLS files
 //! (`--redis-ca-file`, `--redis-client-cert` with `--redis-client-key`) are passed on as
 //! paths: the store reads and checks them when it is created, still before anything runs.
 //!
@@ -20,7 +22,7 @@
 
 mod pos_args;
 mod push_args;
-mod redis_flags;
+mod redis_args;
 mod secrets;
 mod serve_args;
 pub mod terminals_args;
@@ -177,6 +179,15 @@ pub enum ConfigError {
 fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s)
         .map_err(|e| format!("not a duration ({e}); use e.g. 500ms, 5s, 1m"))
+}
+
+/// The cluster name rule of `--cluster` (every command): 1-64 characters of
+/// `[A-Za-z0-9._-]`.
+fn valid_cluster(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 fn invalid(flag: &'static str, reason: impl Into<String>) -> ConfigError {
