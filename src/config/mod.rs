@@ -17,8 +17,8 @@
 //! (`--redis-ca-file`, `--redis-client-cert` with `--redis-client-key`) are passed on as
 //! paths: the store reads and checks them when it is created, still before anything runs.
 //!
-//! What this module does not do: logging setup or connecting (that is `main.rs`), or
-//! the timing rules themselves ([`CoreConfig::validate`]).
+//! What this module does not do: logging setup or connecting (that is the binary,
+//! `src/bin/posgate/`), or the timing rules themselves ([`CoreConfig::validate`]).
 
 mod pos_args;
 mod push_args;
@@ -39,7 +39,7 @@ use crate::credentials::{ApiTokens, ClusterSecret, Credentials};
 use crate::driver::DriverConfig;
 use crate::http::tls::ServerTlsFiles;
 use crate::push::PushSettings;
-use crate::store::redis::ClientCert;
+use crate::store::redis::{ClientCert, RedisOptions};
 
 pub use self::pos_args::{PosArgs, PosSettings, MAX_DIRECTORY_POLL};
 pub use self::push_args::{PushArgs, API_TOKENS_ENV, MAX_PUSH_BYTES};
@@ -141,6 +141,19 @@ pub struct StoreSettings {
     pub redis_ca_file: Option<PathBuf>,
     /// Client certificate for mutual TLS. Only paths: `Debug` may show them.
     pub redis_client_cert: Option<ClientCert>,
+}
+
+impl StoreSettings {
+    /// The options to create the Redis store with: these settings' timeout and TLS files,
+    /// the other options at their defaults. (The URL and cluster are passed separately.)
+    pub fn redis_options(&self) -> RedisOptions {
+        RedisOptions {
+            response_timeout: self.store_timeout,
+            ca_file: self.redis_ca_file.clone(),
+            client_cert: self.redis_client_cert.clone(),
+            ..RedisOptions::default()
+        }
+    }
 }
 
 impl fmt::Debug for StoreSettings {

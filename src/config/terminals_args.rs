@@ -7,7 +7,8 @@
 //! run in a pod's environment reaches that pod's cluster. `--shards` matters: it decides
 //! each terminal's shard, and is checked against the cluster's pinned metadata.
 //!
-//! What it does not do: connect, or read the import file (that is `main.rs`).
+//! What it does not do: connect, or read the import file (that is the binary's
+//! `terminals.rs`).
 
 use std::path::PathBuf;
 use std::time::Duration;
