@@ -8,23 +8,9 @@ mod recovery;
 
 use super::*;
 use crate::core::lease::{AcquireOutcome, Checked, RenewOutcome};
-use crate::core::membership::{GenerationInfo, Lease, Member, Snapshot};
+use crate::core::membership::{GenerationInfo, Lease, Snapshot};
 use crate::core::placement::Placement;
-
-fn pod(name: &str) -> PodId {
-    PodId::new(name).unwrap()
-}
-
-fn member(name: &str) -> Member {
-    Member {
-        pod: pod(name),
-        url: format!("http://{name}"),
-        version: "t".into(),
-        ring_version: "t".into(),
-        started_ms: 0,
-        peer_protocol: 2,
-    }
-}
+use crate::core::testing::{member, pod};
 
 fn generation(id: &str, age: Duration) -> GenerationInfo {
     GenerationInfo { id: id.into(), age }
