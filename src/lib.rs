@@ -2,19 +2,20 @@
 //! the pods of a fixed-replica Deployment by shard leases in Redis.
 //!
 //! # Layout
-//! - [`core`]: the sans-IO ownership core (shard hash, ring, lease rules, reconciler).
-//! - [`store`]: the `CoordStore` seam with the Redis and in-memory implementations.
-//! - [`driver`]: the task that runs the reconciler against a store.
-//! - [`pod`]: one pod as a library value (`Pod::run_with_terminals`: HTTP, driver, POS connections).
-//! - [`pos`]: terminal directory and connections to POS terminals.
-//! - [`http`]: the pod's HTTP surface (health, cluster view, peer endpoints).
-//! - [`peer`]: the peer protocol: signed, replay-proof pod-to-pod requests and the client (h2c or TLS).
-//! - [`rate_log`]: log lines for refusals a stranger can cause, at most one per second per kind.
-//! - [`reload`]: replacing secrets and certificates at run time (`SIGHUP`, changed files).
-//! - [`tls`]: TLS material from PEM files, shared by every TLS use.
-//! - [`status`]: the status a pod publishes for HTTP and peers.
-//! - [`config`]: CLI flags and their validation.
-//! - [`sim`]: deterministic simulation of a cluster (reconcilers + in-memory store).
+//! Layers, each using only those below it (`layers_tests.rs` checks it):
+//! - [`pod`]: the composition root, one pod as a library value; [`reload`] and
+//!   [`config`] at the edge (flags parsed once, handed down as each layer's struct).
+//! - [`http`]: the pod's HTTP surface (public API, peer endpoints, status page).
+//! - [`driver`]: the task that runs the reconciler against a store; [`push`]: routing
+//!   pushes to the owner and delivering them.
+//! - [`peer`]: the peer protocol (signed, replay-proof requests; wire; client); [`pos`]:
+//!   the terminal protocol and connections to terminals.
+//! - [`metrics`]: the Prometheus registry and sampler; [`sim`]: deterministic simulation.
+//! - [`serving`]: the seam between ownership and delivery.
+//! - [`store`]: the `CoordStore` seam (Redis, memory) and the terminal directory;
+//!   [`credentials`]: tokens and the cluster secret; [`status`]: what a pod publishes.
+//! - [`core`]: the sans-IO ownership core; [`api`]: the public API's names; [`clock`],
+//!   [`tls`], [`rate_log`]: small shared pieces.
 //!
 //! `docs/design.md` explains the rules; this crate documents where they live.
 #![forbid(unsafe_code)]
@@ -38,3 +39,6 @@ pub mod sim;
 pub mod status;
 pub mod store;
 pub mod tls;
+
+#[cfg(test)]
+mod layers_tests;

@@ -25,6 +25,11 @@ fn many_seeds_keep_the_invariants() {
         total.acquisitions >= seeds * 64,
         "too few acquisitions: {total:?}"
     );
+    // Static stability: pods kept delivering through store outages.
+    assert!(
+        total.served_in_outage >= seeds,
+        "outages stopped the data plane: {total:?}"
+    );
 }
 
 #[test]

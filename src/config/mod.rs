@@ -11,16 +11,18 @@
 //! type, `serve_args.rs` the clap flags and their resolution, `pos_args.rs` the POS
 //! connection flags (flattened into `ServeArgs`) and their [`PosSettings`], `push_args.rs`
 //! the push API flags (tokens, limits), `tls_args.rs` the HTTPS flags (listener
-//! certificate, peer CA), `secrets.rs` where secrets come from and how a Redis URL carries or hides one. The `rediss://` TLS files
+//! certificate, peer CA), `redis_args.rs` the Redis connection flags (shared with
+//! `posgate terminals`, whose flags are in `terminals_args.rs`), `secrets.rs` where
+//! secrets come from and how a Redis URL carries or hides one. The `rediss://` TLS files
 //! (`--redis-ca-file`, `--redis-client-cert` with `--redis-client-key`) are passed on as
 //! paths: the store reads and checks them when it is created, still before anything runs.
 //!
-//! What this module does not do: logging setup or connecting (that is `main.rs`), or
-//! the timing rules themselves ([`CoreConfig::validate`]).
+//! What this module does not do: logging setup or connecting (that is the binary,
+//! `src/bin/posgate/`), or the timing rules themselves ([`CoreConfig::validate`]).
 
 mod pos_args;
 mod push_args;
-mod redis_flags;
+mod redis_args;
 mod secrets;
 mod serve_args;
 pub mod terminals_args;
@@ -37,7 +39,7 @@ use crate::credentials::{ApiTokens, ClusterSecret, Credentials};
 use crate::driver::DriverConfig;
 use crate::http::tls::ServerTlsFiles;
 use crate::push::PushSettings;
-use crate::store::redis::ClientCert;
+use crate::store::redis::{ClientCert, RedisOptions};
 
 pub use self::pos_args::{PosArgs, PosSettings, MAX_DIRECTORY_POLL};
 pub use self::push_args::{PushArgs, API_TOKENS_ENV, MAX_PUSH_BYTES};
@@ -141,6 +143,19 @@ pub struct StoreSettings {
     pub redis_client_cert: Option<ClientCert>,
 }
 
+impl StoreSettings {
+    /// The options to create the Redis store with: these settings' timeout and TLS files,
+    /// the other options at their defaults. (The URL and cluster are passed separately.)
+    pub fn redis_options(&self) -> RedisOptions {
+        RedisOptions {
+            response_timeout: self.store_timeout,
+            ca_file: self.redis_ca_file.clone(),
+            client_cert: self.redis_client_cert.clone(),
+            ..RedisOptions::default()
+        }
+    }
+}
+
 impl fmt::Debug for StoreSettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("StoreSettings")
@@ -177,6 +192,15 @@ pub enum ConfigError {
 fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s)
         .map_err(|e| format!("not a duration ({e}); use e.g. 500ms, 5s, 1m"))
+}
+
+/// The cluster name rule of `--cluster` (every command): 1-64 characters of
+/// `[A-Za-z0-9._-]`.
+fn valid_cluster(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 fn invalid(flag: &'static str, reason: impl Into<String>) -> ConfigError {

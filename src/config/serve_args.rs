@@ -10,55 +10,26 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::push_args::PushArgs;
-use super::redis_flags::RedisFlags;
+use super::redis_args::RedisArgs;
 use super::secrets::secret_from;
 use super::tls_args::TlsArgs;
 use super::{
-    invalid, parse_duration, ConfigError, LogFormat, PodConfig, PosArgs, StoreSettings,
-    CLUSTER_SECRET_ENV, DEFAULT_CLUSTER,
+    invalid, parse_duration, valid_cluster, ConfigError, LogFormat, PodConfig, PosArgs,
+    StoreSettings, CLUSTER_SECRET_ENV, DEFAULT_CLUSTER,
 };
 use crate::core::config::InvalidTimings;
 use crate::core::{CoreConfig, PodId};
 use crate::credentials::ClusterSecret;
 use rand::Rng;
 
-/// Flags of `posgate serve`.
+/// Flags of `posgate serve`. Half a Redis client certificate is refused while parsing,
+/// like half of any other certificate pair (`terminals` refuses it when resolving).
 #[derive(Clone, clap::Args)]
+#[command(mut_arg("redis_client_cert", |a| a.requires("redis_client_key")))]
+#[command(mut_arg("redis_client_key", |a| a.requires("redis_client_cert")))]
 pub struct ServeArgs {
-    /// Redis URL of the coordination store: redis://[user[:password]@]host:port[/db],
-    /// rediss:// for TLS
-    #[arg(
-        long,
-        env = "POSGATE_REDIS_URL",
-        hide_env_values = true,
-        value_name = "URL"
-    )]
-    #[arg(default_value = "redis://127.0.0.1:6379")]
-    pub redis_url: String,
-    /// File with the Redis password, injected into --redis-url (alternatively set
-    /// POSGATE_REDIS_PASSWORD)
-    #[arg(long, env = "POSGATE_REDIS_PASSWORD_FILE", value_name = "PATH")]
-    pub redis_password_file: Option<PathBuf>,
-    /// PEM file with the CA certificates to trust for rediss:// instead of the system
-    /// store, e.g. a private CA
-    #[arg(long, env = "POSGATE_REDIS_CA_FILE", value_name = "PATH")]
-    pub redis_ca_file: Option<PathBuf>,
-    /// PEM certificate chain presented to Redis for mutual TLS (with --redis-client-key)
-    #[arg(
-        long,
-        env = "POSGATE_REDIS_CLIENT_CERT",
-        value_name = "PATH",
-        requires = "redis_client_key"
-    )]
-    pub redis_client_cert: Option<PathBuf>,
-    /// PEM private key of --redis-client-cert
-    #[arg(
-        long,
-        env = "POSGATE_REDIS_CLIENT_KEY",
-        value_name = "PATH",
-        requires = "redis_client_cert"
-    )]
-    pub redis_client_key: Option<PathBuf>,
+    #[command(flatten)]
+    pub redis: RedisArgs,
     /// Name of the cluster; pods of one cluster share keys in Redis ([A-Za-z0-9._-], 1-64)
     #[arg(long, env = "POSGATE_CLUSTER", default_value = DEFAULT_CLUSTER, value_parser = parse_cluster)]
     pub cluster: String,
@@ -218,14 +189,9 @@ impl ServeArgs {
             return Err(ConfigError::MissingTokens);
         }
 
-        let store = RedisFlags {
-            url: self.redis_url,
-            password_file: self.redis_password_file,
-            ca_file: self.redis_ca_file,
-            client_cert: self.redis_client_cert,
-            client_key: self.redis_client_key,
-        }
-        .resolve(self.cluster.clone(), self.store_timeout, &env)?;
+        let store = self
+            .redis
+            .resolve(self.cluster.clone(), self.store_timeout, &env)?;
 
         let config = PodConfig {
             core,
@@ -335,10 +301,7 @@ fn default_advertise_url(
 }
 
 fn parse_cluster(s: &str) -> Result<String, String> {
-    let ok = (1..=64).contains(&s.len())
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if ok {
+    if valid_cluster(s) {
         Ok(s.to_string())
     } else {
         Err("must be 1-64 characters of [A-Za-z0-9._-]".to_string())

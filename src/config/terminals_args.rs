@@ -7,73 +7,33 @@
 //! run in a pod's environment reaches that pod's cluster. `--shards` matters: it decides
 //! each terminal's shard, and is checked against the cluster's pinned metadata.
 //!
-//! What it does not do: connect, or read the import file (that is `main.rs`).
+//! What it does not do: connect, or read the import file (that is the binary's
+//! `terminals.rs`).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::redis_flags::RedisFlags;
-use super::{invalid, ConfigError, StoreSettings, DEFAULT_CLUSTER};
+use super::redis_args::RedisArgs;
+use super::{invalid, valid_cluster, ConfigError, StoreSettings, DEFAULT_CLUSTER};
 use crate::api::valid_terminal_id;
 
-/// Flags of `posgate terminals`.
+/// Flags of `posgate terminals`. Every flag is global: it may stand before or after the
+/// action.
 #[derive(Clone, clap::Args)]
+#[command(mut_args(|a| a.global(true)))]
 pub struct TerminalsArgs {
     #[command(subcommand)]
     pub command: TerminalsCommand,
-    /// Redis URL of the coordination store: redis://[user[:password]@]host:port[/db],
-    /// rediss:// for TLS
-    #[arg(
-        long,
-        global = true,
-        env = "POSGATE_REDIS_URL",
-        hide_env_values = true,
-        value_name = "URL",
-        default_value = "redis://127.0.0.1:6379"
-    )]
-    pub redis_url: String,
-    /// File with the Redis password, injected into --redis-url (alternatively set
-    /// POSGATE_REDIS_PASSWORD)
-    #[arg(
-        long,
-        global = true,
-        env = "POSGATE_REDIS_PASSWORD_FILE",
-        value_name = "PATH"
-    )]
-    pub redis_password_file: Option<PathBuf>,
-    /// PEM file with the CA certificates to trust for rediss:// instead of the system
-    /// store
-    #[arg(
-        long,
-        global = true,
-        env = "POSGATE_REDIS_CA_FILE",
-        value_name = "PATH"
-    )]
-    pub redis_ca_file: Option<PathBuf>,
-    /// PEM certificate chain presented to Redis for mutual TLS (with --redis-client-key)
-    #[arg(
-        long,
-        global = true,
-        env = "POSGATE_REDIS_CLIENT_CERT",
-        value_name = "PATH"
-    )]
-    pub redis_client_cert: Option<PathBuf>,
-    /// PEM private key of --redis-client-cert
-    #[arg(
-        long,
-        global = true,
-        env = "POSGATE_REDIS_CLIENT_KEY",
-        value_name = "PATH"
-    )]
-    pub redis_client_key: Option<PathBuf>,
+    #[command(flatten)]
+    pub redis: RedisArgs,
     /// Name of the cluster ([A-Za-z0-9._-], 1-64)
-    #[arg(long, global = true, env = "POSGATE_CLUSTER", default_value = DEFAULT_CLUSTER)]
+    #[arg(long, env = "POSGATE_CLUSTER", default_value = DEFAULT_CLUSTER)]
     pub cluster: String,
     /// Number of shards of the cluster (decides each terminal's shard)
-    #[arg(long, global = true, env = "POSGATE_SHARDS", default_value_t = 64)]
+    #[arg(long, env = "POSGATE_SHARDS", default_value_t = 64)]
     pub shards: u32,
     /// Redis response timeout per call (a call writes at most 1,000 terminals)
-    #[arg(long, global = true, default_value = "5s", value_parser = parse_timeout)]
+    #[arg(long, default_value = "5s", value_parser = parse_timeout)]
     pub store_timeout: Duration,
 }
 
@@ -117,25 +77,15 @@ impl TerminalsArgs {
                 format!("must be between 1 and 4096, got {}", self.shards),
             ));
         }
-        let cluster_ok = (1..=64).contains(&self.cluster.len())
-            && self
-                .cluster
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-        if !cluster_ok {
+        if !valid_cluster(&self.cluster) {
             return Err(invalid(
                 "cluster",
                 "must be 1-64 characters of [A-Za-z0-9._-]",
             ));
         }
-        RedisFlags {
-            url: self.redis_url.clone(),
-            password_file: self.redis_password_file.clone(),
-            ca_file: self.redis_ca_file.clone(),
-            client_cert: self.redis_client_cert.clone(),
-            client_key: self.redis_client_key.clone(),
-        }
-        .resolve(self.cluster.clone(), self.store_timeout, &env)
+        self.redis
+            .clone()
+            .resolve(self.cluster.clone(), self.store_timeout, &env)
     }
 }
 

@@ -254,9 +254,9 @@ fn redis_tls_files_need_rediss_and_come_in_pairs() {
     }
     assert!(half.is_some(), "a client key without a certificate");
     let whole = whole.unwrap().serve;
-    assert_eq!(whole.redis_ca_file, Some("/env-ca.pem".into()));
-    assert_eq!(whole.redis_client_cert, Some("/env-c.pem".into()));
-    assert_eq!(whole.redis_client_key, Some("/env-k.pem".into()));
+    assert_eq!(whole.redis.redis_ca_file, Some("/env-ca.pem".into()));
+    assert_eq!(whole.redis.redis_client_cert, Some("/env-c.pem".into()));
+    assert_eq!(whole.redis.redis_client_key, Some("/env-k.pem".into()));
 }
 
 #[test]

@@ -17,7 +17,7 @@ pub mod reconciler;
 pub mod ring;
 pub mod shard;
 #[cfg(test)]
-mod testing;
+pub(crate) mod testing;
 pub mod types;
 
 pub use config::CoreConfig;

@@ -1,7 +1,26 @@
-//! Helpers shared by the core's unit tests (compiled only for tests).
+//! Helpers shared by the unit tests of the core and of the modules built on it (stores,
+//! peer signing): pod ids, members, pseudo-random pod sets. Compiled only for tests.
 
+use super::membership::Member;
 use super::ring::Assignment;
 use super::types::PodId;
+
+/// The pod id `name` (which must be a valid id).
+pub(crate) fn pod(name: &str) -> PodId {
+    PodId::new(name).unwrap()
+}
+
+/// A member `name` reachable at `http://<name>`, of protocol 2.
+pub(crate) fn member(name: &str) -> Member {
+    Member {
+        pod: pod(name),
+        url: format!("http://{name}"),
+        version: "t".into(),
+        ring_version: "t".into(),
+        started_ms: 0,
+        peer_protocol: 2,
+    }
+}
 
 /// Deterministic pseudo-random pod ids (a fixed LCG; no `rand` so the ids never change).
 pub(crate) fn random_pods(seed: u64, n: usize) -> Vec<PodId> {

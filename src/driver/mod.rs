@@ -30,7 +30,7 @@ use self::report::{name, Situation};
 use crate::clock::now;
 use crate::core::config::{CoreConfig, InvalidTimings};
 use crate::core::membership::Member;
-use crate::core::reconciler::{Action, Reconciler};
+use crate::core::reconciler::{Action, Reconciler, ShardState};
 use crate::core::ring::RING_VERSION;
 use crate::core::{Epoch, PodId, ShardId};
 use crate::credentials::Credentials;
@@ -193,7 +193,7 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
     fn step(&mut self) {
         let now = now();
         let slots: Vec<Slot> = (0..self.rec.config().shards)
-            .map(|s| self.rec.shard_state(s).map_or(Slot::Idle, Slot::of))
+            .map(|s| slot_of(&self.rec, s))
             .collect();
         // The table changes before the hook hears of it, so a connection layer told to
         // start or stop already sees the new state.
@@ -207,7 +207,8 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
         if !suspended.is_empty() {
             warn!(
                 shards = ?suspended,
-                "serving suspended: deadlines passed while nobody reaches the store"
+                "held shards stop delivering: the store outage is no longer judged \
+                 cluster-wide (connections kept until the verdict is known)"
             );
         }
         self.slots = slots;
@@ -355,5 +356,18 @@ async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at.into()).await,
         None => std::future::pending().await,
+    }
+}
+
+/// What the serving table records for `shard`: the epoch and the instant delivery must
+/// stop by (a lease deadline, or the lapse of a cluster-wide verdict for a held shard),
+/// a held shard not delivering, or nothing.
+fn slot_of(rec: &Reconciler, shard: ShardId) -> Slot {
+    if let Some((epoch, deadline)) = rec.serve_until(shard) {
+        return Slot::Serving { epoch, deadline };
+    }
+    match rec.shard_state(shard) {
+        Some(ShardState::Suspended { epoch }) => Slot::Suspended { epoch },
+        _ => Slot::Idle,
     }
 }

@@ -90,7 +90,9 @@ impl Situation {
                 warn!("registration missing from the store");
             }
         }
-        if rec.outage() != self.outage {
+        // Once per change of verdict, not per probe that confirms it.
+        let kind = |o: &Option<Outage>| o.as_ref().map(std::mem::discriminant);
+        if kind(&rec.outage()) != kind(&self.outage) {
             self.outage = rec.outage();
             match self.outage {
                 // The recovery line, with the outage's length, comes from the op bookkeeping.
@@ -101,9 +103,10 @@ impl Situation {
                 Some(Outage::Isolated { .. }) => warn!(
                     "store unreachable from this pod only: shards are given up at their deadlines"
                 ),
-                Some(Outage::ClusterWide) => warn!(
-                    "store unreachable cluster-wide: shards are suspended at their deadlines, \
-                     connections kept"
+                Some(Outage::ClusterWide { .. }) => warn!(
+                    "store unreachable for a majority of the cluster: shards are held past \
+                     their deadlines and keep delivering; ownership cannot change until the \
+                     store is back"
                 ),
             }
         }

@@ -225,6 +225,7 @@ impl Metrics {
             "stolen",
             "stale_epoch",
             "isolated",
+            "paused",
             "shutdown",
         ] {
             let _ = self.shard_stops.get_or_create(&[("reason", reason)]);

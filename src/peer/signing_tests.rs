@@ -1,11 +1,11 @@
+//! Peer request signing: what a signature covers, which requests are refused, request
+//! ids, and how the claimed protocol version (legacy included) decides the check.
+
 use super::*;
+use crate::core::testing::pod;
 
 fn secret(byte: u8) -> ClusterSecret {
     ClusterSecret::new(vec![byte; 32]).unwrap()
-}
-
-fn pod(id: &str) -> PodId {
-    PodId::new(id).unwrap()
 }
 
 const PATH: &str = "/internal/v1/push/pos-1?x=1";

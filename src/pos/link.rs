@@ -172,11 +172,23 @@ pub(super) struct LinkContext {
     pub metrics: Arc<Metrics>,
 }
 
-/// The epoch a shard is served with, and whether it may deliver (false while suspended).
+/// The epoch a shard is served with, and what its links may do with it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Mode {
     pub epoch: Epoch,
-    pub delivering: bool,
+    pub delivery: Delivery,
+}
+
+/// Whether a shard's sessions carry pushes and its links dial.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Delivery {
+    /// Served (or held through a cluster-wide store outage): deliver, and redial a
+    /// terminal whose connection dropped.
+    Delivering,
+    /// Held without a standing verdict: keep the open sessions, dial nothing, until the
+    /// shard delivers again or is stopped. A dial with a held epoch then could race the
+    /// pod that takes the shard over.
+    Holding,
 }
 
 /// Why [`LinkTask::serve`] returned.
@@ -247,6 +259,11 @@ impl LinkTask {
     async fn connect(&mut self, link: &mut Link) -> Option<Session> {
         loop {
             self.publish(link, None);
+            let delivering = self.mode.wait_for(|m| m.delivery == Delivery::Delivering);
+            tokio::select! {
+                waited = delivering => waited.ok()?,
+                () = self.state.closed() => return None,
+            };
             let epoch = self.mode.borrow().epoch;
             let (cx, terminal, shared) = (&self.cx, &self.terminal, &self.shared);
             let admitted = async {

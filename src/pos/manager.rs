@@ -3,7 +3,8 @@
 //!
 //! `start` loads the shard's terminals from the directory and runs one link task per
 //! terminal (see `link`); all dials of the pod share one pacer. `suspend` keeps the
-//! connections but marks the shard not delivering. `start` again with a higher epoch
+//! connections but marks the shard holding (no pushes, no dials). `start` again (the
+//! same epoch resumes delivering) or with a higher epoch
 //! re-sends the hello on every live connection. `stop` closes every session of the
 //! shard (GOAWAY, bounded by the close budget) and resolves only after, plus a 500 ms
 //! settle on a rebalance or shutdown, so the lease is released only when the next owner
@@ -36,7 +37,9 @@ mod directory_sync;
 use self::directory_sync::poll_directory;
 use super::backoff::BackoffPolicy;
 use super::dialer::Dialer;
-use super::link::{LinkContext, LinkShared, LinkState, LinkStatus, LinkTask, Mode, WaitingPush};
+use super::link::{
+    Delivery, LinkContext, LinkShared, LinkState, LinkStatus, LinkTask, Mode, WaitingPush,
+};
 use super::pacer::{Jitter, Pacer};
 use super::session::RequestSender;
 use crate::core::reconciler::StopReason;
@@ -104,8 +107,8 @@ impl Default for ManagerConfig {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ShardConnections {
     pub epoch: Epoch,
-    /// False while suspended.
-    pub delivering: bool,
+    /// Holding while suspended.
+    pub delivery: Delivery,
     /// Every terminal of the shard, by id.
     pub links: BTreeMap<String, LinkState>,
 }
@@ -244,7 +247,7 @@ impl<D: Directory> ConnectionManager<D> {
         let mode = *entry.mode.borrow();
         Some(ShardConnections {
             epoch: mode.epoch,
-            delivering: mode.delivering,
+            delivery: mode.delivery,
             links: entry
                 .links
                 .iter()
@@ -341,14 +344,14 @@ impl<D: Directory> ServingHook for ConnectionManager<D> {
             // when the epoch changed.
             entry.mode.send_replace(Mode {
                 epoch,
-                delivering: true,
+                delivery: Delivery::Delivering,
             });
             return;
         }
         let incarnation = inner.next_incarnation.fetch_add(1, Ordering::Relaxed);
         let (mode, _) = watch::channel(Mode {
             epoch,
-            delivering: true,
+            delivery: Delivery::Delivering,
         });
         shards.insert(
             shard,
@@ -369,7 +372,7 @@ impl<D: Directory> ServingHook for ConnectionManager<D> {
         if let Some(entry) = lock(&self.inner.shards).get(&shard) {
             entry.mode.send_replace(Mode {
                 epoch,
-                delivering: false,
+                delivery: Delivery::Holding,
             });
         }
     }

@@ -17,4 +17,4 @@ pub mod wire;
 #[cfg(test)]
 mod tests;
 
-pub use self::link::{LinkState, WaitingPush};
+pub use self::link::{Delivery, LinkState, WaitingPush};

@@ -21,34 +21,25 @@ use std::future::Future;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Instant;
 
-use crate::core::reconciler::{ShardState, StopReason};
+use crate::core::reconciler::StopReason;
 use crate::core::{Epoch, ShardId};
 
 /// One shard as the table records it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Slot {
     Idle,
-    /// Served with `epoch` while `now < deadline` (local monotonic time).
+    /// Delivered on with `epoch` while `now < deadline` (local monotonic time): the lease
+    /// deadline, or for a shard held through a cluster-wide outage the lapse of the
+    /// verdict.
     Serving {
         epoch: Epoch,
         deadline: Instant,
     },
-    /// Held through a cluster-wide store outage: connections stay, nothing is delivered.
+    /// Held, its connections kept, but not delivering: a store outage whose verdict is
+    /// not (or no longer) cluster-wide.
     Suspended {
         epoch: Epoch,
     },
-}
-
-impl Slot {
-    pub(crate) fn of(state: ShardState) -> Slot {
-        match state {
-            ShardState::Serving { epoch, deadline } => Slot::Serving { epoch, deadline },
-            ShardState::Suspended { epoch } => Slot::Suspended { epoch },
-            ShardState::Idle | ShardState::Stopping { .. } | ShardState::Releasing { .. } => {
-                Slot::Idle
-            }
-        }
-    }
 }
 
 /// Which shards this pod serves, with which epoch, until when. Cheap to clone and to

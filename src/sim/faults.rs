@@ -28,6 +28,13 @@ pub enum Fault {
     StoreWipe,
     /// One pod cannot reach the store for this long (it can still reach its peers).
     Partition(Duration),
+    /// Half the pods (rounded down) cannot reach the store for this long; they still
+    /// reach their peers, which reach the store.
+    HalfPartition(Duration),
+    /// The store is unreachable for everyone for this long, then comes back empty.
+    StoreOutageThenWipe(Duration),
+    /// A pod freezes for `pause`; half-way through, a store outage of `outage` begins.
+    PauseThenOutage { pause: Duration, outage: Duration },
 }
 
 /// Draws the fault plan: `(virtual time, fault)` in time order.
@@ -44,13 +51,21 @@ pub fn plan(rng: &mut StdRng, cfg: &SimConfig) -> Vec<(Duration, Fault)> {
         let span =
             |rng: &mut StdRng, lo: f64, hi: f64| ttl.mul_f64(rng.random_range(lo..hi)).min(room);
         let fault = match rng.random_range(0..100) {
-            0..=17 => Fault::Join,
-            18..=29 => Fault::Leave,
-            30..=44 => Fault::Crash,
-            45..=59 => Fault::Pause(span(rng, 0.2, 3.0)),
-            60..=69 => Fault::StoreOutage(span(rng, 0.2, 2.5)),
-            70..=79 => Fault::StoreWipe,
-            _ => Fault::Partition(span(rng, 0.2, 2.5)),
+            0..=15 => Fault::Join,
+            16..=25 => Fault::Leave,
+            26..=38 => Fault::Crash,
+            39..=50 => Fault::Pause(span(rng, 0.2, 3.0)),
+            51..=57 => Fault::StoreOutage(span(rng, 0.2, 2.5)),
+            // Static stability: outages far beyond the lease TTL.
+            58..=61 => Fault::StoreOutage(span(rng, 3.0, 10.0)),
+            62..=69 => Fault::StoreWipe,
+            70..=73 => Fault::StoreOutageThenWipe(span(rng, 1.0, 6.0)),
+            74..=77 => Fault::PauseThenOutage {
+                pause: span(rng, 1.2, 3.0),
+                outage: span(rng, 1.0, 4.0),
+            },
+            78..=89 => Fault::Partition(span(rng, 0.2, 2.5)),
+            _ => Fault::HalfPartition(span(rng, 0.5, 3.0)),
         };
         out.push((t, fault));
     }

@@ -63,6 +63,13 @@ pub struct SimStats {
     pub acquisitions: u64,
     pub handovers: u64,
     pub invariant_checks: u64,
+    /// Checks that found two pods holding one shard, the older epoch fenced (a holder
+    /// through an outage overtaken by a pod its quorum could not hear).
+    pub fenced_overlaps: u64,
+    /// Checks that found a pod delivering on a shard past its lease deadline, held under
+    /// a cluster-wide verdict: static stability at work (zero would mean an outage longer
+    /// than the lease stops the data plane).
+    pub served_in_outage: u64,
 }
 
 impl SimStats {
@@ -72,6 +79,8 @@ impl SimStats {
         self.acquisitions += other.acquisitions;
         self.handovers += other.handovers;
         self.invariant_checks += other.invariant_checks;
+        self.fenced_overlaps += other.fenced_overlaps;
+        self.served_in_outage += other.served_in_outage;
     }
 }
 

@@ -25,8 +25,8 @@ use super::{SimConfig, SimStats};
 use crate::core::lease::{AcquireOutcome, Checked, RenewOutcome};
 use crate::core::membership::{Member, Snapshot};
 use crate::core::placement::Placement;
-use crate::core::reconciler::{Action, OpFailed, OpResult, PeerReport, Reconciler};
-use crate::core::{PodId, ShardId};
+use crate::core::reconciler::{Action, OpFailed, OpResult, PeerReport, Reconciler, ShardState};
+use crate::core::{Epoch, PodId, ShardId};
 use crate::store::memory::MemoryState;
 use crate::store::ClusterMeta;
 
@@ -72,6 +72,8 @@ enum Ev {
     Resume(usize),
     Heal(usize),
     StoreUp,
+    /// The store comes back, empty.
+    StoreUpWiped,
 }
 
 struct SimPod {
@@ -155,6 +157,7 @@ impl<'a> World<'a> {
         self.now = end;
         self.converged()?;
         self.stats.invariant_checks = self.check.checks;
+        self.stats.fenced_overlaps = self.check.fenced_overlaps;
         Ok(self.stats)
     }
 
@@ -207,6 +210,12 @@ impl<'a> World<'a> {
             Ev::Fault(f) => self.fault(f),
             Ev::StoreUp => {
                 self.check.log(self.now, "store up");
+                self.store_up = true;
+                Ok(())
+            }
+            Ev::StoreUpWiped => {
+                self.check.log(self.now, "store up, empty");
+                self.store.wipe();
                 self.store_up = true;
                 Ok(())
             }
@@ -405,24 +414,21 @@ impl<'a> World<'a> {
             if rec.serving(shard, now_of[pod]).is_none() {
                 continue;
             }
-            let servers: Vec<&PodId> = self
+            if matches!(rec.shard_state(shard), Some(ShardState::Suspended { .. })) {
+                self.stats.served_in_outage += 1;
+            }
+            // A frozen pod delivers nothing; on waking its first input runs first.
+            let servers: Vec<(PodId, Epoch)> = self
                 .pods
                 .iter()
                 .enumerate()
-                .filter(|(i, p)| {
-                    p.alive
-                        && p.rec
-                            .as_ref()
-                            .is_some_and(|r| r.serving(shard, now_of[*i]).is_some())
+                .filter(|(_, p)| p.alive && p.paused_until.is_none())
+                .filter_map(|(i, p)| {
+                    let epoch = p.rec.as_ref()?.serving(shard, now_of[i])?;
+                    Some((p.id.clone(), epoch))
                 })
-                .map(|(_, p)| &p.id)
                 .collect();
-            if servers.len() > 1 {
-                let servers: Vec<PodId> = servers.into_iter().cloned().collect();
-                let refs: Vec<&PodId> = servers.iter().collect();
-                return self.check.exclusive(self.now, shard, &refs);
-            }
-            self.check.checks += 1;
+            self.check.exclusive(self.now, shard, &servers)?;
         }
         Ok(())
     }

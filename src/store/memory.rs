@@ -177,29 +177,28 @@ impl MemoryState {
         shards: &[ShardId],
         ttl: Duration,
     ) -> Result<Checked<Vec<AcquireOutcome>>, StoreError> {
-        if let Some(info) = self.check_generation(now_ms, generation) {
-            return Ok(Checked::GenerationChanged(info));
-        }
-        let expiry = now_ms.saturating_add(ttl_ms(ttl));
-        let mut out = Vec::with_capacity(shards.len());
-        for &shard in shards {
-            let last = self.epochs.get(&shard).copied().unwrap_or(0);
-            let outcome = match self.lease_owner(now_ms, shard).cloned() {
-                None => {
-                    let epoch = (last + 1).max(now_ms);
-                    self.leases.insert(shard, (pod.clone(), expiry));
-                    self.epochs.insert(shard, epoch);
-                    AcquireOutcome::Acquired { epoch }
+        Ok(self.per_lease(
+            now_ms,
+            generation,
+            shards,
+            ttl,
+            |s, shard, owner, expiry| {
+                let last = s.epochs.get(&shard).copied().unwrap_or(0);
+                match owner {
+                    None => {
+                        let epoch = (last + 1).max(now_ms);
+                        s.leases.insert(shard, (pod.clone(), expiry));
+                        s.epochs.insert(shard, epoch);
+                        AcquireOutcome::Acquired { epoch }
+                    }
+                    Some(owner) if &owner == pod => {
+                        s.leases.insert(shard, (owner, expiry));
+                        AcquireOutcome::AlreadyMine { epoch: last }
+                    }
+                    Some(owner) => AcquireOutcome::HeldBy { owner, epoch: last },
                 }
-                Some(owner) if &owner == pod => {
-                    self.leases.insert(shard, (owner, expiry));
-                    AcquireOutcome::AlreadyMine { epoch: last }
-                }
-                Some(owner) => AcquireOutcome::HeldBy { owner, epoch: last },
-            };
-            out.push(outcome);
-        }
-        Ok(Checked::Ok(out))
+            },
+        ))
     }
 
     /// See `lua/renew.lua`.
@@ -211,23 +210,45 @@ impl MemoryState {
         shards: &[ShardId],
         ttl: Duration,
     ) -> Result<Checked<Vec<RenewOutcome>>, StoreError> {
-        if let Some(info) = self.check_generation(now_ms, generation) {
-            return Ok(Checked::GenerationChanged(info));
-        }
-        let expiry = now_ms.saturating_add(ttl_ms(ttl));
-        let mut out = Vec::with_capacity(shards.len());
-        for &shard in shards {
-            let outcome = match self.lease_owner(now_ms, shard).cloned() {
+        Ok(self.per_lease(
+            now_ms,
+            generation,
+            shards,
+            ttl,
+            |s, shard, owner, expiry| match owner {
                 None => RenewOutcome::Missing,
                 Some(owner) if &owner == pod => {
-                    self.leases.insert(shard, (owner, expiry));
+                    s.leases.insert(shard, (owner, expiry));
                     RenewOutcome::Renewed
                 }
                 Some(owner) => RenewOutcome::HeldBy { owner },
-            };
-            out.push(outcome);
+            },
+        ))
+    }
+
+    /// The frame the two lease scripts share: the generation check, then `decide` for
+    /// each shard in call order, given its live owner and the expiry a lease written now
+    /// gets.
+    fn per_lease<O>(
+        &mut self,
+        now_ms: u64,
+        generation: &str,
+        shards: &[ShardId],
+        ttl: Duration,
+        mut decide: impl FnMut(&mut Self, ShardId, Option<PodId>, u64) -> O,
+    ) -> Checked<Vec<O>> {
+        if let Some(info) = self.check_generation(now_ms, generation) {
+            return Checked::GenerationChanged(info);
         }
-        Ok(Checked::Ok(out))
+        let expiry = now_ms.saturating_add(ttl_ms(ttl));
+        let out = shards
+            .iter()
+            .map(|&shard| {
+                let owner = self.lease_owner(now_ms, shard).cloned();
+                decide(self, shard, owner, expiry)
+            })
+            .collect();
+        Checked::Ok(out)
     }
 
     /// See `lua/release.lua`: no generation check, owner-checked delete, one

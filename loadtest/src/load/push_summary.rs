@@ -117,6 +117,7 @@ pub fn summarize(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::load::pushgen::testing::push;
 
     fn attempt(pod: &str, sent: u64, status: u16, outcome: &str) -> Attempt {
         Attempt {
@@ -127,15 +128,6 @@ mod tests {
             latency_ms: 3,
             unanswered: status == 0,
             delivered_by: None,
-        }
-    }
-
-    fn push(first: Attempt, retries: Vec<Attempt>) -> PushRecord {
-        PushRecord {
-            terminal: "t".into(),
-            idempotency_key: format!("k{}", first.sent_unix_ms),
-            first,
-            retries,
         }
     }
 

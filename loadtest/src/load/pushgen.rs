@@ -291,6 +291,23 @@ impl Push {
 }
 
 #[cfg(test)]
+pub(crate) mod testing {
+    //! Records for the load tool's unit tests.
+
+    use super::{Attempt, PushRecord};
+
+    /// A push to terminal "t" whose key names its first attempt's send time.
+    pub(crate) fn push(first: Attempt, retries: Vec<Attempt>) -> PushRecord {
+        PushRecord {
+            terminal: "t".into(),
+            idempotency_key: format!("k{}", first.sent_unix_ms),
+            first,
+            retries,
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -1,7 +1,10 @@
+//! The rolling-upgrade checks on synthetic input: which flags the old binary's help
+//! lists, peer counters from OpenMetrics text, pushes by release path.
+
 use std::path::PathBuf;
 
 use super::*;
-use crate::load::pushgen::Attempt;
+use crate::load::pushgen::{testing::push, Attempt};
 
 const HELP: &str = "\
 Run one gateway pod: join the cluster in Redis, own shards, serve HTTP
@@ -109,15 +112,6 @@ fn attempt(pod: &str, sent: u64, status: u16, by: Option<&str>) -> Attempt {
         latency_ms: 2,
         unanswered: status == 0,
         delivered_by: by.map(str::to_owned),
-    }
-}
-
-fn push(first: Attempt, retries: Vec<Attempt>) -> PushRecord {
-    PushRecord {
-        terminal: "t".into(),
-        idempotency_key: format!("k{}", first.sent_unix_ms),
-        first,
-        retries,
     }
 }
 

@@ -1,3 +1,6 @@
+//! The placement algorithm: balance, fewest moves on a join or leave, movement targets
+//! over 4 to 32 pods, order independence, and a golden rebalance.
+
 use super::*;
 use crate::core::testing::{loads, random_pods};
 

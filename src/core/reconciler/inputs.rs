@@ -204,7 +204,9 @@ impl Reconciler {
 
     pub fn handle_peer_report(&mut self, now: Instant, report: PeerReport) {
         let failing = self.store.failing();
-        self.store.judge(now, report);
+        let members =
+            self.members.len() + usize::from(!self.members.iter().any(|m| m.pod == self.me));
+        self.change_verdict(|store| store.judge(now, report, members));
         // A peer whose last store call predates the outage still says it reaches the
         // store. While we serve, ask again well before our deadlines rather than one
         // renew interval later, or a cluster-wide outage is mistaken for isolation.

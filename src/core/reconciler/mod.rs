@@ -113,6 +113,10 @@ pub enum StopReason {
     Isolated,
     /// Graceful shutdown.
     Shutdown,
+    /// This pod's clock jumped by more than a renew interval (the process was paused or
+    /// starved): what happened meanwhile is unknown, so shards past their deadline are
+    /// given up rather than held through an outage.
+    Paused,
 }
 
 impl StopReason {
@@ -125,6 +129,7 @@ impl StopReason {
             StopReason::StaleEpoch => "stale_epoch",
             StopReason::Isolated => "isolated",
             StopReason::Shutdown => "shutdown",
+            StopReason::Paused => "paused",
         }
     }
 }
@@ -179,6 +184,9 @@ pub struct Reconciler {
     renew: Timer,
     probe: Timer,
     renew_sent: Option<(Instant, Vec<ShardId>)>,
+    /// The latest `now` an input carried: a later one more than a renew interval ahead
+    /// means this pod did not run meanwhile (see `StopReason::Paused`).
+    last_seen: Option<Instant>,
     store: StoreView,
     lifecycle: Lifecycle,
     actions: VecDeque<Action>,
@@ -207,6 +215,7 @@ impl Reconciler {
             ready: false,
             shards,
             renew_sent: None,
+            last_seen: None,
             store: StoreView::new(),
             lifecycle: Lifecycle::new(),
             actions: VecDeque::new(),
@@ -245,6 +254,10 @@ impl Reconciler {
         if self.store.failing() {
             at(self.probe.next());
         }
+        // Woken at least every half renew interval, a longer gap means this pod did not
+        // run (a pause), never that it had nothing to do.
+        at(self.last_seen.map(|t| t + self.cfg.renew_interval / 2));
+        at(self.store.verdict_lapses_at(self.verdict_life()));
         let claims_allowed = self.claims_allowed();
         for (i, s) in self.shards.iter().enumerate() {
             if let ShardState::Serving { deadline, .. } = s.view() {
@@ -279,10 +292,28 @@ impl Reconciler {
 
     /// The epoch this pod serves `shard` with at `now`, if it serves it.
     pub fn serving(&self, shard: ShardId, now: Instant) -> Option<Epoch> {
+        self.serve_until(shard)
+            .filter(|&(_, until)| now < until)
+            .map(|(epoch, _)| epoch)
+    }
+
+    /// The epoch this pod may deliver on `shard` with, and until when: a served shard
+    /// until its lease deadline; a suspended one while the cluster-wide verdict stands
+    /// (nobody can acquire, so the held lease is still the newest: static stability).
+    pub fn serve_until(&self, shard: ShardId) -> Option<(Epoch, Instant)> {
         match self.shards.get(shard as usize)?.view() {
-            ShardState::Serving { epoch, deadline } if now < deadline => Some(epoch),
+            ShardState::Serving { epoch, deadline } => Some((epoch, deadline)),
+            ShardState::Suspended { epoch } => self
+                .store
+                .verdict_lapses_at(self.verdict_life())
+                .map(|until| (epoch, until)),
             _ => None,
         }
+    }
+
+    /// How long a cluster-wide verdict stands without a new probe saying so.
+    pub(crate) fn verdict_life(&self) -> std::time::Duration {
+        self.cfg.renew_interval * store_view::VERDICT_LIFE
     }
 
     /// Whether graceful shutdown completed (or ran out of budget).

@@ -5,11 +5,20 @@
 //! pods may still be serving. So every pod that notices re-claims (`SET NX`) exactly the
 //! shards it still holds, re-registers, and claims or releases nothing else until the
 //! store generation is one member TTL old (or, after an outage, for one member TTL).
-//! After a generation change only shards still within their deadline count as held: a
-//! suspended shard (deadline passed in a cluster-wide outage) may have been taken by
-//! another pod before the wipe, so it is given up (found by the simulation, seed 4453).
-//! By then every live pod has re-registered and re-claimed its own shards, and the
-//! placement the pods put back (see `placing`) still stands, so no shard changes owner.
+//! After a generation change a suspended shard (deadline passed in a cluster-wide outage)
+//! is re-claimed like a served one, so an outage followed by an empty Redis disconnects
+//! nobody. The simulation once showed why that needs care (seed 4453): its lease may have
+//! expired and been taken before the wipe by a pod that reached the store — possible only
+//! for a minority the quorum verdict could not hear — and that pod may be serving it now.
+//! Both then re-claim with `SET NX` in the new generation: exactly one wins, the other's
+//! answer is `HeldBy` and it stops; and the winner's new epoch (Redis time) is higher than
+//! any of the old generation, so its hello fences the loser at every terminal the moment
+//! it arrives. Until then the terminal takes pushes from whichever session is current,
+//! one at a time, and dedupes keys across them (`docs/pos-protocol.md`). What is kept
+//! from before: a shard is re-claimed, never served on a new lease it did not win.
+//! By the end of the hold every live pod has re-registered and re-claimed its own shards,
+//! and the placement the pods put back (see `placing`) still stands, so no shard changes
+//! owner unless the store shows another pod acquired it.
 //!
 //! Why a pod that has never seen the old generation must hold too: it cannot tell a fresh
 //! cluster from a restarted one, and a pod still serving from before the restart may not
@@ -19,7 +28,7 @@
 use std::time::Instant;
 
 use super::store_view::History;
-use super::{AfterStop, Reconciler, ShardState, StopReason};
+use super::{Reconciler, ShardState};
 use crate::core::membership::GenerationInfo;
 
 impl Reconciler {
@@ -43,16 +52,14 @@ impl Reconciler {
             let sh = &mut self.shards[s as usize];
             // A lease we may have taken in the old generation no longer exists.
             sh.forget_stray();
-            match sh.view() {
-                // Our deadline proves we were the only holder; nobody could have taken it
-                // in the old generation since, and nobody can claim in the new one before
-                // the hold ends. Re-claim it.
-                ShardState::Serving { .. } => sh.reclaim_needed(),
-                // Past its deadline the lease may have expired and been taken by another
-                // pod before the store was wiped, and that pod may be serving it now: with
-                // the store's record gone, only giving it up is safe.
-                ShardState::Suspended { .. } => self.stop(s, StopReason::Lost, AfterStop::Forget),
-                _ => {}
+            // Served: our deadline proves we were the only holder; nobody could have
+            // taken it in the old generation since, and nobody can claim in the new one
+            // before the hold ends. Suspended: see the module docs. Re-claim either.
+            if matches!(
+                sh.view(),
+                ShardState::Serving { .. } | ShardState::Suspended { .. }
+            ) {
+                sh.reclaim_needed();
             }
         }
     }

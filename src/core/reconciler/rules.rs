@@ -5,6 +5,7 @@
 use std::time::Instant;
 
 use super::shard::{ClaimEnd, Shard, Stray};
+use super::store_view::StoreView;
 use super::{Action, AfterStop, Outage, Reconciler, ShardState, StopReason};
 use crate::core::lease::{AcquireOutcome, RenewOutcome};
 use crate::core::membership::Lease;
@@ -15,6 +16,8 @@ impl Reconciler {
         if self.lifecycle.finished() {
             return;
         }
+        self.notice_pause(now);
+        self.lapse_verdict(now);
         self.expire_deadlines(now);
         if let Some(started) = self.lifecycle.shutdown_started() {
             self.drive_shutdown(now, started);
@@ -41,16 +44,74 @@ impl Reconciler {
         self.update_ready();
     }
 
+    /// A gap in this pod's clock longer than a renew interval: it was paused (or starved)
+    /// and cannot know what happened meanwhile — its lease may have expired and been
+    /// taken, and a new outage begun. Shards past their deadline are given up rather than
+    /// held, and the outage verdict must be earned again by asking the peers.
+    fn notice_pause(&mut self, now: Instant) {
+        let gap = self.last_seen.map(|t| now.saturating_duration_since(t));
+        self.last_seen = Some(self.last_seen.map_or(now, |t| t.max(now)));
+        if gap.is_none_or(|g| g <= self.cfg.renew_interval) {
+            return;
+        }
+        self.change_verdict(|store| store.forget_verdict());
+        for s in 0..self.cfg.shards {
+            match self.shards[s as usize].view() {
+                ShardState::Serving { deadline, .. } if now >= deadline => {
+                    self.stop(s, StopReason::Paused, AfterStop::Forget);
+                }
+                ShardState::Suspended { .. } => self.stop(s, StopReason::Paused, AfterStop::Forget),
+                _ => {}
+            }
+        }
+        if self.store.failing() {
+            self.probe.reschedule(now);
+        }
+    }
+
+    /// A cluster-wide verdict no probe confirmed for its life lapses.
+    fn lapse_verdict(&mut self, now: Instant) {
+        let life = self.verdict_life();
+        if self.store.verdict_lapses_at(life).is_some_and(|t| now >= t) {
+            self.change_verdict(|store| store.forget_verdict());
+        }
+    }
+
+    /// Changes the store view by `change`, telling the connection layer when suspended
+    /// shards start or stop delivering with it: they deliver exactly while a cluster-wide
+    /// verdict stands.
+    pub(super) fn change_verdict(&mut self, change: impl FnOnce(&mut StoreView)) {
+        let cluster_wide =
+            |store: &StoreView| matches!(store.outage(), Some(Outage::ClusterWide { .. }));
+        let was = cluster_wide(&self.store);
+        change(&mut self.store);
+        let is = cluster_wide(&self.store);
+        if was == is {
+            return;
+        }
+        for (s, sh) in self.shards.iter().enumerate() {
+            if let ShardState::Suspended { epoch } = sh.view() {
+                let shard = s as ShardId;
+                self.actions.push_back(if is {
+                    Action::StartServing { shard, epoch }
+                } else {
+                    Action::SuspendServing { shard, epoch }
+                });
+            }
+        }
+    }
+
     pub(super) fn expire_deadlines(&mut self, now: Instant) {
         let give_up = self.give_up_suspended_at().is_some_and(|t| now >= t);
+        let cluster_wide = self.store.cluster_wide(now, self.verdict_life());
         for s in 0..self.cfg.shards {
             let sh = &mut self.shards[s as usize];
             match sh.view() {
-                ShardState::Serving { epoch, deadline } if now >= deadline => {
-                    if self.store.outage() == Some(Outage::ClusterWide) {
+                ShardState::Serving { deadline, .. } if now >= deadline => {
+                    if cluster_wide {
+                        // Nobody can acquire: the held lease is still the newest, so the
+                        // shard keeps its sessions and keeps delivering (static stability).
                         sh.move_to_suspended();
-                        self.actions
-                            .push_back(Action::SuspendServing { shard: s, epoch });
                     } else {
                         self.stop(s, StopReason::Expired, AfterStop::Forget);
                     }
@@ -290,7 +351,10 @@ impl Reconciler {
     }
 
     pub(super) fn store_ok(&mut self, now: Instant) {
-        if let Some((since, history)) = self.store.move_to_reachable() {
+        let mut ended = None;
+        // Back to the store's word: suspended shards wait for their re-claim.
+        self.change_verdict(|store| ended = store.move_to_reachable());
+        if let Some((since, history)) = ended {
             self.store_returned(now, since, history);
         }
     }

@@ -22,9 +22,9 @@ pub enum ShardState {
     Idle,
     /// Held and served until `deadline` (local monotonic time).
     Serving { epoch: Epoch, deadline: Instant },
-    /// Held, but the local deadline passed during a cluster-wide store outage: the
-    /// connections stay open, nothing is delivered, and the lease is reclaimed when the
-    /// store returns.
+    /// Held past the local deadline while the store fails: the connections stay open
+    /// and the lease is reclaimed when the store returns. Pushes are delivered while a
+    /// cluster-wide verdict stands (nobody can acquire) and parked otherwise.
     Suspended { epoch: Epoch },
     /// `StopServing` was emitted; waiting for the connections to close.
     Stopping { epoch: Epoch, then: AfterStop },

@@ -23,9 +23,16 @@ pub enum Outage {
     /// (when this verdict was first reached, which is when suspended shards start to be
     /// given up).
     Isolated { since: Instant },
-    /// Peers answered and none reaches the store: nobody can acquire.
-    ClusterWide,
+    /// A majority of the last known membership, this pod included, reports the store
+    /// unreachable and no peer reaches it: nobody can acquire, so holding on is safe.
+    /// `confirmed` is when a probe last said so; the verdict lapses [`VERDICT_LIFE`]
+    /// renew intervals later unless a probe says so again.
+    ClusterWide { confirmed: Instant },
 }
+
+/// How many renew intervals a cluster-wide verdict stands without a new probe saying so
+/// (probes run every renew interval while the store fails: one may be lost).
+pub const VERDICT_LIFE: u32 = 2;
 
 /// Whether the store had ever answered this pod when the current failure began.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -107,19 +114,47 @@ impl StoreView {
         true
     }
 
-    /// The peers answered a probe at `now`. Judged only while the store fails: a report
-    /// that arrives after it answered again says nothing about us.
-    pub fn judge(&mut self, now: Instant, report: PeerReport) {
+    /// The peers answered a probe at `now`; `members` is the size of the last known
+    /// membership, this pod included. Judged only while the store fails: a report that
+    /// arrives after it answered again says nothing about us.
+    ///
+    /// Cluster-wide only by a majority: this pod and the peers that answered "unreachable"
+    /// must be more than half of `members`, and no peer may reach the store. A pod alone
+    /// is its own majority; a pod that hears from nobody in a larger cluster is not, and
+    /// must assume the others reach the store and take its shards.
+    pub fn judge(&mut self, now: Instant, report: PeerReport, members: usize) {
         let Reach::Failing { outage, .. } = &mut self.inner else {
             return;
         };
-        *outage = if report.answered > 0 && report.reaching == 0 {
-            Outage::ClusterWide
+        let unreachable = 1 + report.answered.saturating_sub(report.reaching);
+        *outage = if report.reaching == 0 && unreachable * 2 > members.max(1) {
+            Outage::ClusterWide { confirmed: now }
         } else if let Outage::Isolated { since } = *outage {
             // Still isolated: the verdict keeps the time it was first reached.
             Outage::Isolated { since }
         } else {
             Outage::Isolated { since: now }
         };
+    }
+
+    /// Whether the store fails under a cluster-wide verdict that still stands at `now`.
+    pub fn cluster_wide(&self, now: Instant, life: std::time::Duration) -> bool {
+        self.verdict_lapses_at(life).is_some_and(|t| now < t)
+    }
+
+    /// When the standing cluster-wide verdict lapses without a new probe, if one stands.
+    pub fn verdict_lapses_at(&self, life: std::time::Duration) -> Option<Instant> {
+        match self.outage() {
+            Some(Outage::ClusterWide { confirmed }) => Some(confirmed + life),
+            _ => None,
+        }
+    }
+
+    /// Forgets the verdict (back to asking the peers): it lapsed, or this pod was paused
+    /// and cannot know what happened meanwhile.
+    pub fn forget_verdict(&mut self) {
+        if let Reach::Failing { outage, .. } = &mut self.inner {
+            *outage = Outage::Unknown;
+        }
     }
 }

@@ -46,6 +46,24 @@ async fn farm(pki: &Pki, ids: &[&str]) -> (FakeTerminal, Arc<MemoryDirectory>) {
     (server, directory)
 }
 
+/// One fake terminal, "pos-1", that the directory lists at the address of a proxy which
+/// stops forwarding (both ways, connections left open) while the flag is set.
+async fn behind_a_freezable_proxy(
+    pki: &Pki,
+) -> (FakeTerminal, Arc<AtomicBool>, Arc<MemoryDirectory>) {
+    let server = FakeTerminal::spawn(pki.server("pos-1.test", &[b"h2"])).await;
+    let frozen = Arc::new(AtomicBool::new(false));
+    let proxy = freezable_proxy(server.addr, frozen.clone()).await;
+    let directory = Arc::new(MemoryDirectory::new());
+    let terminal = Terminal {
+        id: "pos-1".into(),
+        addr: proxy.to_string(),
+        server_name: "pos-1.test".into(),
+    };
+    directory.upsert(1, &[terminal]).await.unwrap();
+    (server, frozen, directory)
+}
+
 #[tokio::test]
 async fn manager_follows_epochs_directory_changes_and_stop() {
     let pki = Pki::new();
@@ -73,18 +91,34 @@ async fn manager_follows_epochs_directory_changes_and_stop() {
     with_11.sort();
     assert_eq!(with_11, ["pos-1", "pos-2"]);
 
-    // Suspended: connections stay, nothing is delivered.
+    // Suspended: connections stay, nothing is delivered, nothing is dialed.
     m.suspend(0, 11);
     let view = m.shard(0).unwrap();
-    assert!(!view.delivering);
+    assert_eq!(view.delivery, crate::pos::Delivery::Holding);
     assert_eq!(view.links.len(), 2);
 
-    // A directory change is picked up by the poller: one added, one removed.
+    // A directory change is picked up by the poller: one added, one removed. While the
+    // shard holds, the new terminal is known but not dialed.
     directory
         .upsert(1, &[server.terminal("pos-3", "pos-1.test")])
         .await
         .unwrap();
     directory.remove(1, &["pos-1".to_string()]).await.unwrap();
+    wait_until("pos-3 known, not dialed while holding", || {
+        m.shard(0).is_some_and(|v| {
+            v.links.keys().map(String::as_str).eq(["pos-2", "pos-3"])
+                && v.links["pos-3"] == LinkState::Disconnected
+        })
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        m.shard(0).unwrap().links["pos-3"],
+        LinkState::Disconnected,
+        "a holding shard dials nothing"
+    );
+    // Delivering again (the same epoch): the new terminal is dialed.
+    m.start(0, 11);
     wait_until("pos-3 in, pos-1 out", || {
         m.shard(0).is_some_and(|v| {
             v.links.keys().map(String::as_str).eq(["pos-2", "pos-3"])
@@ -111,13 +145,8 @@ async fn manager_follows_epochs_directory_changes_and_stop() {
 #[tokio::test]
 async fn manager_reports_stale_epochs() {
     let pki = Pki::new();
-    let server = FakeTerminal::spawn(pki.server("pos-1.test", &[b"h2"])).await;
+    let (server, directory) = farm(&pki, &["pos-1"]).await;
     *server.highest.lock().unwrap() = 1000;
-    let directory = Arc::new(MemoryDirectory::new());
-    directory
-        .upsert(1, &[server.terminal("pos-1", "pos-1.test")])
-        .await
-        .unwrap();
     let (stale, mut stale_rx) = mpsc::unbounded_channel();
     let m = ConnectionManager::new(directory, pki.dialer(), manager_config(), stale);
     m.start(0, 5);
@@ -134,16 +163,7 @@ async fn manager_reports_stale_epochs() {
 #[tokio::test]
 async fn manager_redials_a_dead_connection() {
     let pki = Pki::new();
-    let server = FakeTerminal::spawn(pki.server("pos-1.test", &[b"h2"])).await;
-    let frozen = Arc::new(AtomicBool::new(false));
-    let proxy = freezable_proxy(server.addr, frozen.clone()).await;
-    let directory = Arc::new(MemoryDirectory::new());
-    let terminal = Terminal {
-        id: "pos-1".into(),
-        addr: proxy.to_string(),
-        server_name: "pos-1.test".into(),
-    };
-    directory.upsert(1, &[terminal]).await.unwrap();
+    let (server, frozen, directory) = behind_a_freezable_proxy(&pki).await;
     let dialer = pki.dialer_with(Keepalive {
         interval: Duration::from_millis(100),
         timeout: Duration::from_millis(100),
@@ -163,16 +183,8 @@ async fn manager_redials_a_dead_connection() {
 #[tokio::test]
 async fn stop_does_not_wait_for_a_frozen_terminal() {
     let pki = Pki::new();
-    let server = FakeTerminal::spawn(pki.server("pos-1.test", &[b"h2"])).await;
-    let frozen = Arc::new(AtomicBool::new(false));
-    let proxy = freezable_proxy(server.addr, frozen.clone()).await;
-    let directory = Arc::new(MemoryDirectory::new());
-    let terminal = Terminal {
-        id: "pos-1".into(),
-        addr: proxy.to_string(),
-        server_name: "pos-1.test".into(),
-    };
-    directory.upsert(1, &[terminal]).await.unwrap();
+    // Kept alive to the end: the proxy forwards to it.
+    let (_server, frozen, directory) = behind_a_freezable_proxy(&pki).await;
     let (stale, _stale_rx) = mpsc::unbounded_channel();
     let config = ManagerConfig {
         close_budget: Duration::from_millis(200),

@@ -1,5 +1,7 @@
 //! Applying one fault to the simulated cluster: a join, a graceful leave, a crash, a
-//! pause, a partition, a store outage or a store wipe.
+//! pause, a partition (of one pod or half of them), a store outage or a store wipe, and
+//! the combinations static stability must survive (an outage ending in a wipe, an outage
+//! that begins while a pod is frozen).
 
 use rand::Rng;
 
@@ -52,6 +54,28 @@ impl World<'_> {
                 self.schedule(self.now + d, Ev::StoreUp);
             }
             (Fault::StoreWipe, _) => self.store.wipe(),
+            (Fault::HalfPartition(d), _) => {
+                let mut pods = alive.clone();
+                for i in (1..pods.len()).rev() {
+                    pods.swap(i, self.rng.random_range(0..=i));
+                }
+                for &p in pods.iter().take(pods.len() / 2) {
+                    self.pods[p].partitioned = true;
+                    self.schedule(self.now + d, Ev::Heal(p));
+                }
+            }
+            (Fault::StoreOutageThenWipe(d), _) => {
+                self.store_up = false;
+                self.schedule(self.now + d, Ev::StoreUpWiped);
+            }
+            (Fault::PauseThenOutage { pause, outage }, Some(v)) => {
+                self.pods[v].paused_until = Some(self.now + pause);
+                self.schedule(self.now + pause, Ev::Resume(v));
+                let begins = self.now + pause / 2;
+                // Like every fault, over by the end of the fault window.
+                let outage = outage.min(self.cfg.fault_end.saturating_sub(begins));
+                self.schedule(begins, Ev::Fault(Fault::StoreOutage(outage)));
+            }
             _ => {}
         }
         Ok(())

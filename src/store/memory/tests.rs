@@ -1,21 +1,11 @@
+//! The memory store against the contract of the Lua scripts, rule by rule: generations,
+//! epochs, owner checks and expiry, membership, placement (the Redis side is compared in
+//! `tests/store_differential.rs`).
+
 use super::*;
+use crate::core::testing::{member, pod};
 
 const TTL: Duration = Duration::from_millis(1000);
-
-fn pod(id: &str) -> PodId {
-    PodId::new(id).unwrap()
-}
-
-fn member(id: &str) -> Member {
-    Member {
-        pod: pod(id),
-        url: format!("http://{id}:8080"),
-        version: "test".into(),
-        ring_version: "r".into(),
-        started_ms: 1,
-        peer_protocol: 2,
-    }
-}
 
 /// Learns the generation the way a pod does: the first call answers it.
 fn generation(s: &mut MemoryState, now: u64) -> String {

@@ -107,27 +107,34 @@ fn changed_shards(v: Value, summary: &mut WriteSummary) -> Result<(), StoreError
     Ok(())
 }
 
+/// The `N` items of a script's reply, or an error naming `what` answered otherwise.
+fn exactly<const N: usize>(what: &str, reply: Value) -> Result<[Value; N], StoreError> {
+    <[Value; N]>::try_from(items(reply)?)
+        .map_err(|v| bad(format!("{what}: expected {N} items, got {}", v.len())))
+}
+
 impl RedisStore {
+    /// The KEYS of a write script for `chunk` (the versions hash, then one terminals hash
+    /// per shard) and the start of its ARGV (the shard ids, in the same order).
+    fn write_layout<T>(&self, chunk: &Chunk<T>) -> (Vec<String>, Vec<String>) {
+        let k = self.keys();
+        let mut keys = vec![k.terminals_version()];
+        keys.extend(chunk.shards.iter().map(|&s| k.terminals(s)));
+        let args = chunk.shards.iter().map(ShardId::to_string).collect();
+        (keys, args)
+    }
+
     /// Writes one chunk of `(index, (id, json))` entries.
     async fn upsert_chunk(
         &self,
         chunk: Chunk<(String, String)>,
     ) -> Result<WriteSummary, StoreError> {
-        let k = self.keys();
-        let mut keys = vec![k.terminals_version()];
-        keys.extend(chunk.shards.iter().map(|&s| k.terminals(s)));
-        let mut args: Vec<String> = chunk.shards.iter().map(ShardId::to_string).collect();
+        let (keys, mut args) = self.write_layout(&chunk);
         for (i, (id, json)) in chunk.items {
             args.extend([i.to_string(), id, json]);
         }
         let reply = self.call("directory_upsert", &SCRIPTS.upsert, keys, args);
-        let [added, updated, unchanged, changed] = <[Value; 4]>::try_from(items(reply.await?)?)
-            .map_err(|v| {
-                bad(format!(
-                    "directory_upsert: expected 4 items, got {}",
-                    v.len()
-                ))
-            })?;
+        let [added, updated, unchanged, changed] = exactly("directory_upsert", reply.await?)?;
         let mut summary = WriteSummary {
             added: uint(&added)?,
             updated: uint(&updated)?,
@@ -140,21 +147,12 @@ impl RedisStore {
 
     /// Removes one chunk of `(index, id)` entries.
     async fn remove_chunk(&self, chunk: Chunk<String>) -> Result<WriteSummary, StoreError> {
-        let k = self.keys();
-        let mut keys = vec![k.terminals_version()];
-        keys.extend(chunk.shards.iter().map(|&s| k.terminals(s)));
-        let mut args: Vec<String> = chunk.shards.iter().map(ShardId::to_string).collect();
+        let (keys, mut args) = self.write_layout(&chunk);
         for (i, id) in chunk.items {
             args.extend([i.to_string(), id]);
         }
         let reply = self.call("directory_remove", &SCRIPTS.remove, keys, args);
-        let [removed, absent, changed] =
-            <[Value; 3]>::try_from(items(reply.await?)?).map_err(|v| {
-                bad(format!(
-                    "directory_remove: expected 3 items, got {}",
-                    v.len()
-                ))
-            })?;
+        let [removed, absent, changed] = exactly("directory_remove", reply.await?)?;
         let mut summary = WriteSummary {
             removed: uint(&removed)?,
             unchanged: uint(&absent)?,
@@ -177,14 +175,7 @@ impl RedisStore {
                 all.push((shard, (id, json)));
             }
         }
-        futures::stream::iter(chunks(all))
-            .map(|c| self.upsert_chunk(c))
-            .buffer_unordered(IN_FLIGHT)
-            .try_fold(WriteSummary::default(), |mut sum, part| async move {
-                sum.merge(part);
-                Ok(sum)
-            })
-            .await
+        write_chunks(all, |c| self.upsert_chunk(c)).await
     }
 
     /// Removes already validated ids, grouped by shard.
@@ -196,15 +187,27 @@ impl RedisStore {
             .into_iter()
             .flat_map(|(shard, ids)| ids.into_iter().map(move |id| (shard, id)))
             .collect();
-        futures::stream::iter(chunks(all))
-            .map(|c| self.remove_chunk(c))
-            .buffer_unordered(IN_FLIGHT)
-            .try_fold(WriteSummary::default(), |mut sum, part| async move {
-                sum.merge(part);
-                Ok(sum)
-            })
-            .await
+        write_chunks(all, |c| self.remove_chunk(c)).await
     }
+}
+
+/// Splits `all` (sorted by shard) into chunks, writes up to [`IN_FLIGHT`] of them at once
+/// with `write`, and adds up what they did.
+async fn write_chunks<T, F>(
+    all: Vec<(ShardId, T)>,
+    write: impl FnMut(Chunk<T>) -> F,
+) -> Result<WriteSummary, StoreError>
+where
+    F: std::future::Future<Output = Result<WriteSummary, StoreError>>,
+{
+    futures::stream::iter(chunks(all))
+        .map(write)
+        .buffer_unordered(IN_FLIGHT)
+        .try_fold(WriteSummary::default(), |mut sum, part| async move {
+            sum.merge(part);
+            Ok(sum)
+        })
+        .await
 }
 
 impl Directory for RedisStore {
@@ -215,8 +218,7 @@ impl Directory for RedisStore {
         loop {
             let args = vec!["scan".to_string(), cursor, PAGE.to_string()];
             let reply = self.call("directory_scan", &SCRIPTS.read, vec![key.clone()], args);
-            let [next, page] = <[Value; 2]>::try_from(items(reply.await?)?)
-                .map_err(|v| bad(format!("HSCAN: expected 2 items, got {}", v.len())))?;
+            let [next, page] = exactly("HSCAN", reply.await?)?;
             let mut page = items(page)?.into_iter();
             while let (Some(id), Some(json)) = (page.next(), page.next()) {
                 let id = string(id)?;

@@ -30,6 +30,17 @@ fn shard_args(mut prefix: Vec<String>, shards: &[ShardId]) -> Vec<String> {
     prefix
 }
 
+/// `ARGV[1..4]` of `acquire.lua` and `renew.lua`: caller generation, nonce, pod id, TTL in
+/// ms.
+fn lease_args(generation: &str, pod: &PodId, ttl: Duration) -> Vec<String> {
+    vec![
+        generation.to_string(),
+        nonce(),
+        pod.to_string(),
+        ttl_ms(ttl).to_string(),
+    ]
+}
+
 impl CoordStore for RedisStore {
     async fn pin_meta(&self, meta: &ClusterMeta) -> Result<(), StoreError> {
         let (keys, args) = (vec![self.shared.keys.meta()], vec![to_json(meta)?]);
@@ -81,12 +92,7 @@ impl CoordStore for RedisStore {
     ) -> Result<Checked<Vec<AcquireOutcome>>, StoreError> {
         let k = &self.shared.keys;
         let keys = self.with_leases(vec![k.generation(), k.epochs()], shards);
-        let args = vec![
-            generation.to_string(),
-            nonce(),
-            pod.to_string(),
-            ttl_ms(ttl).to_string(),
-        ];
+        let args = lease_args(generation, pod, ttl);
         let reply = self.call(
             "acquire",
             &self.shared.scripts.acquire,
@@ -106,12 +112,7 @@ impl CoordStore for RedisStore {
         ttl: Duration,
     ) -> Result<Checked<Vec<RenewOutcome>>, StoreError> {
         let keys = self.with_leases(vec![self.shared.keys.generation()], shards);
-        let args = vec![
-            generation.to_string(),
-            nonce(),
-            pod.to_string(),
-            ttl_ms(ttl).to_string(),
-        ];
+        let args = lease_args(generation, pod, ttl);
         let reply = self.call("renew", &self.shared.scripts.renew, keys, args);
         map_ok(checked(reply.await?, None, shards.len())?, |v| {
             v.into_iter().map(renew_outcome).collect()

@@ -14,6 +14,7 @@ mod redis_child;
 mod traffic;
 
 use std::net::Ipv4Addr;
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,7 +23,7 @@ use rand::distr::{Alphanumeric, SampleString};
 
 use self::redis_child::RedisChild;
 use self::traffic::{Traffic, TrafficCounts};
-use posgate::config::{PodConfig, PosSettings};
+use posgate::config::{LogFormat, PodConfig, PosSettings};
 use posgate::core::{CoreConfig, PodId};
 use posgate::credentials::ApiTokens;
 use posgate::credentials::ClusterSecret;
@@ -32,6 +33,7 @@ use posgate::store::directory::{DirectoryAdmin, MemoryDirectory, Terminal};
 use posgate::store::memory::MemoryStore;
 use posgate::store::redis::{RedisOptions, RedisStore};
 use posgate_loadtest::pos_sim::{FarmConfig, FarmCounters, PosFarm};
+use tracing_subscriber::EnvFilter;
 
 const CLUSTER: &str = "demo";
 
@@ -75,6 +77,27 @@ struct Demo {
     token: String,
     secret: ClusterSecret,
     pods: Vec<(String, String, Option<PodHandle>)>,
+}
+
+/// Runs `posgate demo` to its end or Ctrl-C: exit 0, or 1 after saying what failed.
+pub fn main(args: DemoArgs) -> ExitCode {
+    // Warnings only: the live table is the demo's output. RUST_LOG overrides.
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
+    crate::init_tracing(LogFormat::Text, filter);
+    let runtime = match crate::runtime() {
+        Ok(runtime) => runtime,
+        Err(code) => return code,
+    };
+    let interrupt = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    match runtime.block_on(run(args, interrupt)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// Runs the demo until its duration passes or `interrupt` resolves.

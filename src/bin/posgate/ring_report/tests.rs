@@ -1,3 +1,6 @@
+//! The ring report: its sections, determinism, and that its production figures stay
+//! within the documented ones.
+
 use super::*;
 
 #[test]

@@ -8,23 +8,9 @@ mod recovery;
 
 use super::*;
 use crate::core::lease::{AcquireOutcome, Checked, RenewOutcome};
-use crate::core::membership::{GenerationInfo, Lease, Member, Snapshot};
+use crate::core::membership::{GenerationInfo, Lease, Snapshot};
 use crate::core::placement::Placement;
-
-fn pod(name: &str) -> PodId {
-    PodId::new(name).unwrap()
-}
-
-fn member(name: &str) -> Member {
-    Member {
-        pod: pod(name),
-        url: format!("http://{name}"),
-        version: "t".into(),
-        ring_version: "t".into(),
-        started_ms: 0,
-        peer_protocol: 2,
-    }
-}
+use crate::core::testing::{member, pod};
 
 fn generation(id: &str, age: Duration) -> GenerationInfo {
     GenerationInfo { id: id.into(), age }
@@ -133,6 +119,20 @@ fn serving_pod(me: &str, members: &[&str]) -> (Reconciler, Instant) {
     }
     drain(&mut r);
     (r, t1)
+}
+
+/// A pod alone in generation "g", past the debounce: its claim of every shard is sent and
+/// not answered yet. Returns the reconciler, the current time and the claimed shards.
+fn claiming_alone(me: &str) -> (Reconciler, Instant, Vec<ShardId>) {
+    let t0 = Instant::now();
+    let mut r = Reconciler::new(cfg(), pod(me), t0);
+    r.handle_timeout(t0);
+    drain(&mut r);
+    r.handle_snapshot(t0, Ok(snapshot(&r, "g", &[me], vec![None; 8])));
+    let t1 = t0 + cfg().debounce;
+    r.handle_timeout(t1);
+    let claimed = acquires(&settle(&mut r, t1));
+    (r, t1, claimed)
 }
 
 #[test]
@@ -330,14 +330,7 @@ fn shutdown_stops_releases_then_deregisters() {
 
 #[test]
 fn a_late_acquire_answer_is_not_served_on() {
-    let t0 = Instant::now();
-    let mut r = Reconciler::new(cfg(), pod("a"), t0);
-    r.handle_timeout(t0);
-    drain(&mut r);
-    r.handle_snapshot(t0, Ok(snapshot(&r, "g", &["a"], vec![None; 8])));
-    let t1 = t0 + cfg().debounce;
-    r.handle_timeout(t1);
-    let claimed = acquires(&settle(&mut r, t1));
+    let (mut r, t1, claimed) = claiming_alone("a");
     // The pod froze; the answer arrives after the serve window.
     let late = t1 + cfg().serve_window();
     let outcomes = claimed
@@ -360,14 +353,7 @@ fn a_late_acquire_answer_is_not_served_on() {
 /// no longer wants is released, not forgotten (the next owner would wait out the TTL).
 #[test]
 fn a_lost_acquire_answer_is_released_when_no_longer_wanted() {
-    let t0 = Instant::now();
-    let mut r = Reconciler::new(cfg(), pod("a"), t0);
-    r.handle_timeout(t0);
-    drain(&mut r);
-    r.handle_snapshot(t0, Ok(snapshot(&r, "g", &["a"], vec![None; 8])));
-    let t1 = t0 + cfg().debounce;
-    r.handle_timeout(t1);
-    let claimed = acquires(&settle(&mut r, t1));
+    let (mut r, t1, claimed) = claiming_alone("a");
     assert_eq!(claimed.len(), 8);
     r.handle_acquire(t1, &claimed, Err(OpFailed));
     drain(&mut r);

@@ -2,27 +2,54 @@
 
 use super::*;
 
+/// Runs `r` from `from` to `to` as a driver would: woken every half renew interval, every
+/// store call failing, every peer probe answered with `report`. Returns the actions.
+fn outage(r: &mut Reconciler, from: Instant, to: Instant, report: PeerReport) -> Vec<Action> {
+    let mut all = Vec::new();
+    let mut t = from;
+    while t < to {
+        t = (t + cfg().renew_interval / 2).min(to);
+        r.handle_timeout(t);
+        while let Some(action) = r.poll_action() {
+            match &action {
+                Action::ProbePeers { .. } => r.handle_peer_report(t, report),
+                Action::Poll => r.handle_snapshot(t, Err(OpFailed)),
+                Action::Heartbeat { .. } => r.handle_heartbeat(t, Err(OpFailed)),
+                Action::Renew { shards, .. } => r.handle_renew(t, &shards.clone(), Err(OpFailed)),
+                _ => {}
+            }
+            all.push(action);
+        }
+    }
+    all
+}
+
 /// A pod of {a, b} whose renewal failed while b answered without reaching the store (a
-/// cluster-wide outage), past its deadline: its shards are suspended. Returns the pod,
-/// the time and the shards of the failed renewal.
+/// cluster-wide outage), past its deadline: its shards are held and keep delivering.
+/// Returns the pod, the time and the shards of the failed renewal.
 fn suspended_in_a_cluster_wide_outage() -> (Reconciler, Instant, Vec<ShardId>) {
     let (mut r, t) = serving_pod("a", &["a", "b"]);
     let t = t + Duration::from_secs(1);
     let shards = renewal_due(&mut r, t);
     r.handle_renew(t, &shards, Err(OpFailed));
-    r.handle_peer_report(
-        t,
-        PeerReport {
-            answered: 1,
-            reaching: 0,
-        },
-    );
+    let unreachable = PeerReport {
+        answered: 1,
+        reaching: 0,
+    };
+    r.handle_peer_report(t, unreachable);
     let past = t + cfg().lease_ttl;
-    r.handle_timeout(past);
-    drain(&mut r);
+    let actions = outage(&mut r, t, past, unreachable);
     assert_eq!(
         r.shard_state(shards[0]),
         Some(ShardState::Suspended { epoch: 7 })
+    );
+    assert_eq!(r.serving(shards[0], past), Some(7), "held shards deliver");
+    assert!(
+        !actions.iter().any(|a| matches!(
+            a,
+            Action::SuspendServing { .. } | Action::StopServing { .. }
+        )),
+        "{actions:?}"
     );
     (r, past, shards)
 }
@@ -128,13 +155,13 @@ fn cluster_wide_outage_suspends_and_isolation_gives_up() {
             .any(|a| matches!(a, Action::ProbePeers { peers } if peers.len() == 2)));
         r.handle_peer_report(t, report);
         let past = t + cfg().lease_ttl;
-        r.handle_timeout(past);
-        let actions = drain(&mut r);
+        let actions = outage(&mut r, t, past, report);
         let s = shards[0];
-        assert_eq!(r.serving(s, past), None);
         if suspended {
+            // Held past the deadline, still delivering with the epoch it holds.
+            assert_eq!(r.serving(s, past), Some(7), "{actions:?}");
             assert!(
-                actions.contains(&Action::SuspendServing { shard: s, epoch: 7 }),
+                !actions.contains(&Action::SuspendServing { shard: s, epoch: 7 }),
                 "{actions:?}"
             );
             assert_eq!(r.shard_state(s), Some(ShardState::Suspended { epoch: 7 }));
@@ -151,15 +178,17 @@ fn cluster_wide_outage_suspends_and_isolation_gives_up() {
             assert!(drain(&mut r).contains(&Action::StartServing { shard: s, epoch: 8 }));
             assert_eq!(r.serving(s, past), Some(8));
         } else {
+            assert_eq!(r.serving(s, past), None);
             assert!(actions.iter().any(|a| matches!(a, Action::StopServing { shard, reason: StopReason::Expired, .. } if *shard == s)), "{actions:?}");
         }
     }
 }
 
 #[test]
-fn a_new_generation_gives_up_suspended_shards() {
+fn a_new_generation_reclaims_suspended_shards() {
     let (mut r, past, shards) = suspended_in_a_cluster_wide_outage();
-    // Redis comes back wiped: the suspended lease may have been someone else's by now.
+    // Redis comes back wiped after the outage: the held shards are re-claimed in the new
+    // generation (`SET NX` decides if another pod re-claims too), not given up.
     let snap = Snapshot {
         generation: generation("g2", Duration::ZERO),
         members: vec![],
@@ -168,12 +197,22 @@ fn a_new_generation_gives_up_suspended_shards() {
     };
     r.handle_snapshot(past, Ok(snap));
     let actions = drain(&mut r);
-    assert!(acquires(&actions).is_empty(), "{actions:?}");
-    assert!(actions.contains(&Action::StopServing {
-        shard: shards[0],
-        epoch: 7,
-        reason: StopReason::Lost
-    }));
+    let reclaimed = acquires(&actions);
+    assert!(reclaimed.contains(&shards[0]), "{actions:?}");
+    assert!(
+        !actions
+            .iter()
+            .any(|a| matches!(a, Action::StopServing { .. })),
+        "{actions:?}"
+    );
+    // While the re-claim is in flight the shard waits for the store's word.
+    assert_eq!(r.serving(shards[0], past), None);
+    let outcomes = reclaimed
+        .iter()
+        .map(|_| AcquireOutcome::Acquired { epoch: 8 })
+        .collect();
+    r.handle_acquire(past, &reclaimed, Ok(Checked::Ok(outcomes)));
+    assert_eq!(r.serving(shards[0], past), Some(8));
 }
 
 #[test]
@@ -187,6 +226,15 @@ fn suspended_shards_survive_a_brief_isolated_verdict() {
             reaching: 1,
         },
     );
+    let parked = drain(&mut r);
+    assert!(
+        parked.contains(&Action::SuspendServing {
+            shard: shards[0],
+            epoch: 7
+        }),
+        "no longer cluster-wide: held shards stop delivering: {parked:?}"
+    );
+    assert_eq!(r.serving(shards[0], past), None);
     r.handle_timeout(past + cfg().renew_interval / 2);
     assert_eq!(
         r.shard_state(shards[0]),
@@ -201,4 +249,121 @@ fn suspended_shards_survive_a_brief_isolated_verdict() {
         epoch: 7,
         reason: StopReason::Isolated
     }));
+}
+
+#[test]
+fn the_verdict_is_cluster_wide_only_by_a_majority_and_a_lone_pod_is_its_own() {
+    let unreachable = |answered| PeerReport {
+        answered,
+        reaching: 0,
+    };
+    // (members, report, held?): this pod plus the peers that answered "unreachable" must
+    // be more than half of the members, and no peer may reach the store.
+    for (members, report, held) in [
+        (&["a"][..], unreachable(0), true),
+        (&["a", "b"][..], unreachable(0), false),
+        (&["a", "b"][..], unreachable(1), true),
+        (&["a", "b", "c", "d"][..], unreachable(1), false),
+        (&["a", "b", "c", "d"][..], unreachable(2), true),
+        (
+            &["a", "b", "c"][..],
+            PeerReport {
+                answered: 2,
+                reaching: 1,
+            },
+            false,
+        ),
+    ] {
+        let (mut r, t) = serving_pod("a", members);
+        let t = t + Duration::from_secs(1);
+        let shards = renewal_due(&mut r, t);
+        r.handle_renew(t, &shards, Err(OpFailed));
+        let past = t + cfg().lease_ttl;
+        outage(&mut r, t, past, report);
+        let s = shards[0];
+        assert_eq!(
+            r.serving(s, past).is_some(),
+            held,
+            "{members:?} {report:?}: {:?}",
+            r.shard_state(s)
+        );
+    }
+}
+
+#[test]
+fn a_pod_paused_past_its_deadline_gives_up_instead_of_holding() {
+    let (mut r, past, shards) = suspended_in_a_cluster_wide_outage();
+    // The process was stopped for longer than a renew interval: its lease may have been
+    // taken and a new outage begun meanwhile, so it holds nothing on waking.
+    let woken = past + cfg().renew_interval * 3;
+    r.handle_timeout(woken);
+    let actions = drain(&mut r);
+    assert!(
+        actions.contains(&Action::StopServing {
+            shard: shards[0],
+            epoch: 7,
+            reason: StopReason::Paused
+        }),
+        "{actions:?}"
+    );
+    assert_eq!(r.serving(shards[0], woken), None);
+    // Even if the peers say at once that nobody reaches the store.
+    r.handle_peer_report(
+        woken,
+        PeerReport {
+            answered: 1,
+            reaching: 0,
+        },
+    );
+    assert_eq!(r.serving(shards[0], woken), None);
+    // A served shard whose deadline passed during the pause is given up the same way.
+    let (mut r, t) = serving_pod("a", &["a"]);
+    let woken = t + cfg().lease_ttl * 2;
+    r.handle_timeout(woken);
+    assert!(drain(&mut r).iter().any(|a| matches!(
+        a,
+        Action::StopServing {
+            reason: StopReason::Paused,
+            ..
+        }
+    )));
+}
+
+#[test]
+fn an_unconfirmed_verdict_lapses_and_held_shards_stop_delivering() {
+    let (mut r, past, shards) = suspended_in_a_cluster_wide_outage();
+    // Probes go unanswered from now on (still in flight): nobody confirms the verdict.
+    let mut t = past;
+    let mut all = Vec::new();
+    while t < past + cfg().renew_interval * 3 {
+        t += cfg().renew_interval / 2;
+        r.handle_timeout(t);
+        all.extend(drain(&mut r));
+    }
+    assert!(
+        all.contains(&Action::SuspendServing {
+            shard: shards[0],
+            epoch: 7
+        }),
+        "{all:?}"
+    );
+    assert_eq!(r.serving(shards[0], t), None);
+    assert_eq!(
+        r.shard_state(shards[0]),
+        Some(ShardState::Suspended { epoch: 7 }),
+        "connections kept while the verdict is asked again"
+    );
+    // Confirmed again: delivering again, with the same epoch.
+    r.handle_peer_report(
+        t,
+        PeerReport {
+            answered: 1,
+            reaching: 0,
+        },
+    );
+    assert!(drain(&mut r).contains(&Action::StartServing {
+        shard: shards[0],
+        epoch: 7
+    }));
+    assert_eq!(r.serving(shards[0], t), Some(7));
 }

@@ -1,9 +1,14 @@
-//! The Redis connection flags that `posgate serve` and `posgate terminals` share, turned
-//! into [`StoreSettings`] by one function so both commands accept exactly the same
-//! settings and report the same errors.
+//! [`RedisArgs`]: the Redis connection flags that `posgate serve` and `posgate terminals`
+//! share, declared once and turned into [`StoreSettings`] by one function, so both
+//! commands accept exactly the same flags and environment variables and report the same
+//! errors.
 //!
-//! What it does not do: declare the clap flags (each command declares its own, since
-//! `terminals` makes them global to its subcommands) or open a connection.
+//! Each command adds its own parsing rules: `terminals` makes every flag global (before
+//! or after its action), `serve` refuses half a client certificate while parsing. Here,
+//! at resolution, half a certificate is refused for both.
+//!
+//! What it does not do: the cluster name and store timeout (each command has its own
+//! default and help), or open a connection.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -14,16 +19,36 @@ use super::secrets::{inject_password, secret_from};
 use super::{invalid, ConfigError, StoreSettings, REDIS_PASSWORD_ENV};
 use crate::store::redis::ClientCert;
 
-/// The Redis flags as given on the command line.
-pub(super) struct RedisFlags {
-    pub url: String,
-    pub password_file: Option<PathBuf>,
-    pub ca_file: Option<PathBuf>,
-    pub client_cert: Option<PathBuf>,
-    pub client_key: Option<PathBuf>,
+/// The Redis connection flags (flattened into `ServeArgs` and `TerminalsArgs`).
+#[derive(Clone, clap::Args)]
+pub struct RedisArgs {
+    /// Redis URL of the coordination store: redis://[user[:password]@]host:port[/db],
+    /// rediss:// for TLS
+    #[arg(
+        long,
+        env = "POSGATE_REDIS_URL",
+        hide_env_values = true,
+        value_name = "URL",
+        default_value = "redis://127.0.0.1:6379"
+    )]
+    pub redis_url: String,
+    /// File with the Redis password, injected into --redis-url (alternatively set
+    /// POSGATE_REDIS_PASSWORD)
+    #[arg(long, env = "POSGATE_REDIS_PASSWORD_FILE", value_name = "PATH")]
+    pub redis_password_file: Option<PathBuf>,
+    /// PEM file with the CA certificates to trust for rediss:// instead of the system
+    /// store, e.g. a private CA
+    #[arg(long, env = "POSGATE_REDIS_CA_FILE", value_name = "PATH")]
+    pub redis_ca_file: Option<PathBuf>,
+    /// PEM certificate chain presented to Redis for mutual TLS (with --redis-client-key)
+    #[arg(long, env = "POSGATE_REDIS_CLIENT_CERT", value_name = "PATH")]
+    pub redis_client_cert: Option<PathBuf>,
+    /// PEM private key of --redis-client-cert
+    #[arg(long, env = "POSGATE_REDIS_CLIENT_KEY", value_name = "PATH")]
+    pub redis_client_key: Option<PathBuf>,
 }
 
-impl RedisFlags {
+impl RedisArgs {
     /// Validates the flags (password from file or environment injected into the URL;
     /// URL parsed; TLS files only with `rediss://`; client cert and key together).
     pub(super) fn resolve(
@@ -34,7 +59,7 @@ impl RedisFlags {
     ) -> Result<StoreSettings, ConfigError> {
         let password = secret_from(
             "redis-password-file",
-            self.password_file.as_deref(),
+            self.redis_password_file.as_deref(),
             REDIS_PASSWORD_ENV,
             env,
         )?;
@@ -42,9 +67,10 @@ impl RedisFlags {
             Some((origin, bytes)) => {
                 let password = String::from_utf8(bytes)
                     .map_err(|_| origin.error("the Redis password must be UTF-8"))?;
-                inject_password(&self.url, &password).map_err(|reason| origin.error(reason))?
+                inject_password(&self.redis_url, &password)
+                    .map_err(|reason| origin.error(reason))?
             }
-            None => self.url,
+            None => self.redis_url,
         };
         // Parse now so a typo fails at start, naming the flag. The redis crate's messages
         // never echo the URL, so no password leaks into the error.
@@ -52,7 +78,7 @@ impl RedisFlags {
             .as_str()
             .into_connection_info()
             .map_err(|e| invalid("redis-url", format!("not a valid Redis URL: {e}")))?;
-        let redis_client_cert = match (self.client_cert, self.client_key) {
+        let redis_client_cert = match (self.redis_client_cert, self.redis_client_key) {
             (Some(cert_file), Some(key_file)) => Some(ClientCert {
                 cert_file,
                 key_file,
@@ -67,7 +93,7 @@ impl RedisFlags {
         };
         // The files themselves are read and checked when the store is created, at start.
         if !redis_url.starts_with("rediss://") {
-            let tls_flag = if self.ca_file.is_some() {
+            let tls_flag = if self.redis_ca_file.is_some() {
                 Some("redis-ca-file")
             } else {
                 redis_client_cert.as_ref().map(|_| "redis-client-cert")
@@ -83,7 +109,7 @@ impl RedisFlags {
             redis_url,
             cluster,
             store_timeout,
-            redis_ca_file: self.ca_file,
+            redis_ca_file: self.redis_ca_file,
             redis_client_cert,
         })
     }
