@@ -51,7 +51,7 @@ async fn three_pods_converge_on_the_ring_assignment() {
     }
     assert_eq!(snapshot.members.len(), 3);
     let status = cluster.pods[0].handle.status.borrow().clone();
-    assert!(status.registered && status.ready && status.store_reachable);
+    assert!(status.registered && status.ready && status.store.reachable());
     assert_eq!(status.members.len(), 3);
     cluster.shutdown(test).await;
 }
@@ -378,7 +378,7 @@ async fn all_pods_cut_off_suspend_and_resume_the_same_shards() {
         secs(last_suspend)
     );
     for pod in &cluster.pods {
-        assert!(!pod.handle.status.borrow().store_reachable);
+        assert!(!pod.handle.status.borrow().store.reachable());
     }
 
     let restored = Instant::now();
