@@ -446,6 +446,12 @@ async fn live_scrape_has_every_metric_the_dashboard_and_rules_use() {
         "posgate_lease_ops_total{op=\"renew\",outcome=\"missing\"}",
         "posgate_store_errors_total{op=\"renew\"}",
         "posgate_store_reachable 1",
+        "posgate_store_verdict{verdict=\"reachable\"} 1",
+        "posgate_store_verdict{verdict=\"cluster_wide\"} 0",
+        "posgate_store_unreachable_seconds 0",
+        "posgate_shards_suspended{delivery=\"delivering\"} 0",
+        "posgate_shards_suspended{delivery=\"parked\"} 0",
+        "posgate_pushes_on_suspended_shards_total 0",
         "posgate_push_requests_total{path=\"local\",result=\"ok\"}",
     ] {
         assert!(
