@@ -302,8 +302,12 @@ async fn raw_exchange(base: &str, request: &[u8]) -> (u16, HeaderMap, String) {
     // The server may refuse before reading everything; a reset write is part of that.
     let _ = tcp.write_all(request).await;
     let mut answer = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut answer));
-    let _ = read.await.expect("the server answers and closes");
+    // Generous: a loaded CI machine can take seconds to push 500 KiB through loopback.
+    let read = tokio::time::timeout(Duration::from_secs(20), tcp.read_to_end(&mut answer));
+    let first_line = String::from_utf8_lossy(&request[..request.len().min(60)]).into_owned();
+    if read.await.is_err() {
+        panic!("the server neither answered nor closed within 20 s: {first_line:?}");
+    }
     let text = String::from_utf8_lossy(&answer).into_owned();
     parse_raw(&text)
 }
