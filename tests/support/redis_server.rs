@@ -200,6 +200,14 @@ impl RedisServer {
         raw_command(self.port, args, Duration::from_secs(2)).expect("redis command")
     }
 
+    /// Sends `sig` to the server with `kill`: `-STOP` freezes it (clients' requests go
+    /// unanswered, connections stay open; keys still expire by the wall clock, so leases
+    /// are gone when it wakes), `-CONT` resumes it.
+    pub fn signal(&self, sig: &str) {
+        let child = self.child.as_ref().expect("redis-server is running");
+        super::binary::signal(child.id(), sig);
+    }
+
     /// Kills the server and starts an empty one on the same port: like a Redis that
     /// restarted without persistence. Clients see their connections drop.
     pub fn restart_empty(&mut self) {
