@@ -67,15 +67,6 @@ impl ServingTable {
         }
     }
 
-    /// The epoch of a shard that is held but suspended (cluster-wide store outage: keep
-    /// its connections, deliver nothing), if it is.
-    pub fn suspended(&self, shard: ShardId) -> Option<Epoch> {
-        match self.read(shard)? {
-            Slot::Suspended { epoch } => Some(epoch),
-            _ => None,
-        }
-    }
-
     fn read(&self, shard: ShardId) -> Option<Slot> {
         // A writer cannot panic half-way through a slice copy, so a poisoned lock still
         // holds a consistent table.
