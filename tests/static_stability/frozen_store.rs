@@ -21,19 +21,24 @@ fn freeze() -> Duration {
     fast().lease_ttl.mul_f64(2.5)
 }
 
-/// Samples the farm for `span`: fails the test as soon as one terminal connection
-/// closes or a new one opens (a terminal disconnected, or redialed).
+/// Fails the test if a terminal connection closed or a new one opened since `before`
+/// (a terminal disconnected, or redialed); `when` says when it was seen.
+fn assert_connections_kept(farm: &Farm, before: &FarmCounters, when: &str, test: &str) {
+    let now = farm.counters();
+    assert!(
+        now.connections_closed == before.connections_closed
+            && now.connections_opened == before.connections_opened,
+        "[{test}] terminal connections changed {when}: {}",
+        delta(&now, before)
+    );
+}
+
+/// [`assert_connections_kept`] every 100 ms for `span`.
 async fn assert_no_disconnect_for(farm: &Farm, before: &FarmCounters, span: Duration, test: &str) {
     let started = Instant::now();
     while started.elapsed() < span {
-        let now = farm.counters();
-        assert!(
-            now.connections_closed == before.connections_closed
-                && now.connections_opened == before.connections_opened,
-            "[{test}] terminal connections changed {:.3} s in: {}",
-            secs(started.elapsed()),
-            delta(&now, before)
-        );
+        let when = format!("{:.3} s into the freeze", secs(started.elapsed()));
+        assert_connections_kept(farm, before, &when, test);
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -93,6 +98,7 @@ async fn frozen_store(pods: usize, then: Then, test: &str) {
     // The leases expired meanwhile (or are gone with the data): each shard is
     // re-claimed with a higher epoch, said hello with on the same connections.
     let reclaimed = || {
+        assert_connections_kept(&gw.farm, &before, "while the shards were re-claimed", test);
         let now = gw.owners();
         gw.current()
             && owners
@@ -137,19 +143,21 @@ async fn frozen_store(pods: usize, then: Then, test: &str) {
     );
     summary(test, "sent in all", &pushes);
     assert!(during.sent > 0 && afterwards.sent > 0);
+    // The first attempt counts: a retry can wait the outage out, which is no proof the
+    // pods delivered during it.
     assert!(
-        during.final_ok_ratio >= 0.995,
-        "{:.2}% of the pushes sent during the freeze answered 200: {:?}",
-        100.0 * during.final_ok_ratio,
-        during.by_final_outcome
+        during.ok_ratio >= 0.995,
+        "{:.2}% of the pushes sent during the freeze answered 200 first time: {:?}",
+        100.0 * during.ok_ratio,
+        during.by_outcome
     );
     if then == Then::RestartEmpty {
         // Throughout: also while the pods re-claim in the new generation.
         assert!(
-            afterwards.final_ok_ratio >= 0.995,
-            "{:.2}% of the pushes sent after the restart answered 200: {:?}",
-            100.0 * afterwards.final_ok_ratio,
-            afterwards.by_final_outcome
+            afterwards.ok_ratio >= 0.995,
+            "{:.2}% of the pushes sent after the restart answered 200 first time: {:?}",
+            100.0 * afterwards.ok_ratio,
+            afterwards.by_outcome
         );
     }
     assert_terminals_kept(&gw.farm, &before, &pushes, test);
