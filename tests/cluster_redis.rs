@@ -51,7 +51,7 @@ async fn three_pods_converge_on_the_ring_assignment() {
     }
     assert_eq!(snapshot.members.len(), 3);
     let status = cluster.pods[0].handle.status.borrow().clone();
-    assert!(status.registered && status.ready && status.store_reachable);
+    assert!(status.registered && status.ready && status.store.reachable());
     assert_eq!(status.members.len(), 3);
     cluster.shutdown(test).await;
 }
@@ -355,6 +355,11 @@ async fn all_pods_cut_off_hold_and_keep_delivering_on_the_same_shards() {
             Some(*epoch),
             "shard {s} not delivering at {owner} after {outage:?} without redis"
         );
+        assert_eq!(
+            pod.handle.serving.suspended(*s),
+            Some(*epoch),
+            "shard {s} at {owner} is not held past its lease"
+        );
     }
     let stops = cluster.events.stops_since(cut);
     assert!(
@@ -376,7 +381,7 @@ async fn all_pods_cut_off_hold_and_keep_delivering_on_the_same_shards() {
         secs(outage),
     );
     for pod in &cluster.pods {
-        assert!(!pod.handle.status.borrow().store_reachable);
+        assert!(!pod.handle.status.borrow().store.reachable());
     }
 
     let restored = Instant::now();
