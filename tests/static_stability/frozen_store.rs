@@ -83,7 +83,7 @@ async fn frozen_store(pods: usize, then: Then, test: &str) {
     tokio::time::sleep(Duration::from_secs(1)).await;
 
     let frozen = unix_ms();
-    gw.redis.signal("-STOP");
+    gw.redis.freeze();
     assert_no_disconnect_for(&gw.farm, &before, freeze(), test).await;
     let serving: usize = gw.handles().iter().map(|h| served(h).len()).sum();
     eprintln!(
@@ -92,7 +92,7 @@ async fn frozen_store(pods: usize, then: Then, test: &str) {
     );
     let thawed = unix_ms();
     match then {
-        Then::Resume => gw.redis.signal("-CONT"),
+        Then::Resume => gw.redis.thaw(),
         Then::RestartEmpty => gw.redis.restart_empty(),
     }
     // The leases expired meanwhile (or are gone with the data): each shard is

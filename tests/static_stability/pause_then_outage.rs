@@ -64,7 +64,7 @@ async fn a_pod_frozen_past_its_ttl_and_woken_into_an_outage_delivers_nothing() {
     let load = open_loop(targets, RATE, TERMINALS, test);
 
     // Outage 1: both pods hold their shards past the TTL (cluster-wide verdict).
-    redis.signal("-STOP");
+    redis.freeze();
     tokio::time::sleep(fast().lease_ttl + Duration::from_secs(1)).await;
     let held = a.serving().await.map(|s| s.len());
     eprintln!(
@@ -80,7 +80,7 @@ async fn a_pod_frozen_past_its_ttl_and_woken_into_an_outage_delivers_nothing() {
     // Pod a frozen; the outage ends; pod b takes pod a's shards with higher epochs.
     a.signal("-STOP");
     let frozen = Instant::now();
-    redis.signal("-CONT");
+    redis.thaw();
     let took_over = wait_for_async(
         "pod b to serve every shard, every terminal settled above pod a's epochs",
         Duration::from_secs(25),
@@ -100,7 +100,7 @@ async fn a_pod_frozen_past_its_ttl_and_woken_into_an_outage_delivers_nothing() {
     );
 
     // Outage 2 begins while pod a is still frozen; pod b, alone in the membership, holds.
-    redis.signal("-STOP");
+    redis.freeze();
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let before_wake = t.counters();
     let woke = unix_ms();
@@ -120,7 +120,7 @@ async fn a_pod_frozen_past_its_ttl_and_woken_into_an_outage_delivers_nothing() {
     // Long enough for pod a to probe pod b, judge, and act on any verdict.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let b_serves = b.serving().await.map(|s| s.len());
-    redis.signal("-CONT");
+    redis.thaw();
     let mut statuses = BTreeMap::<String, usize>::new();
     for push in pushes {
         let status = push.await.unwrap();
