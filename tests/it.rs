@@ -29,6 +29,7 @@ mod redis_tls;
 mod reload;
 mod ring_properties;
 mod simulation;
+mod static_stability;
 mod status_page;
 mod store_differential;
 

@@ -18,8 +18,6 @@
 //! Measured values and farm counters are printed (`--nocapture`). Each test takes about
 //! 15-40 s.
 
-use std::ffi::OsString;
-use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,15 +32,11 @@ use posgate_loadtest::pos_sim::{FarmCounters, FaultConfig};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpListener;
 
-use crate::support::binary::{self, fast_flags, BinPod};
+use crate::support::binary::{self, BinPod};
 use crate::support::farm::{self, connect_limit, import, Farm};
-use crate::support::pod::{self, served, CLUSTER, SHARDS};
-use crate::support::redis_server::free_port;
+use crate::support::pod::{self, served, SHARDS};
 use crate::support::wait::{secs, wait_for, wait_for_async};
 use crate::support::{RedisProxy, RedisServer};
-
-/// Bearer token of the push API of the `posgate serve` pods (tenant `faults`).
-const API_TOKEN: &str = "pos-faults-test-api-token-0123456789abcdef";
 
 // ----- in-process pods --------------------------------------------------------------------
 
@@ -609,74 +603,11 @@ async fn a_wiped_directory_disconnects_no_terminal() {
 
 // ----- `posgate serve` processes ------------------------------------------------------------
 
-/// `posgate serve` as pod `id` of the Redis at `redis_url` with the fast timings, its
-/// push API open to [`API_TOKEN`], trusting the POS CA in `ca_file`, logging JSON at
-/// info; its secret and token files go to `dir`.
-fn fault_pod(id: &str, redis_url: &str, ca_file: &Path, dir: &Path) -> BinPod {
-    let secret_file = dir.join("cluster-secret");
-    std::fs::write(&secret_file, "pos-faults-test-cluster-secret").unwrap();
-    let tokens_file = dir.join("api-tokens");
-    std::fs::write(&tokens_file, format!("faults:{API_TOKEN}\n")).unwrap();
-    let port = free_port();
-    let advertise = format!("http://127.0.0.1:{port}");
-    let mut args: Vec<OsString> = ["--redis-url", redis_url, "--cluster", CLUSTER]
-        .into_iter()
-        .chain(["--pod-id", id, "--advertise-url", &advertise])
-        .chain([
-            "--dial-rate",
-            "1000",
-            "--log-format",
-            "json",
-            "--log-level",
-            "info",
-        ])
-        .map(OsString::from)
-        .collect();
-    args.extend(fast_flags().into_iter().map(OsString::from));
-    args.extend(["--cluster-secret-file".into(), secret_file.into()]);
-    args.extend(["--api-tokens-file".into(), tokens_file.into()]);
-    args.extend(["--pos-ca".into(), ca_file.into()]);
-    BinPod::serve(port, args)
-}
-
-/// `GET /v1/cluster` of `pod`: the shards it serves, with their epochs (`None` if it
-/// did not answer).
-async fn serving(pod: &BinPod) -> Option<Vec<(ShardId, u64)>> {
-    let (200, body) = pod.get("/v1/cluster", API_TOKEN).await? else {
-        return None;
-    };
-    let view: serde_json::Value = serde_json::from_str(&body).ok()?;
-    let shards = view.get("shards")?.as_array()?;
-    Some(
-        shards
-            .iter()
-            .filter(|s| s.get("serving").and_then(|v| v.as_bool()) == Some(true))
-            .filter_map(|s| {
-                Some((
-                    s.get("shard")?.as_u64()? as ShardId,
-                    s.get("epoch")?.as_u64()?,
-                ))
-            })
-            .collect(),
-    )
-}
-
-/// `POST /v1/terminals/{id}/push` through `pod`; the status, if an answer came in 12 s.
-async fn push_via(port: u16, terminal: String, key: String) -> Option<u16> {
-    let head = format!(
-        "POST /v1/terminals/{terminal}/push?timeout_ms=8000 HTTP/1.1\r\n\
-         Authorization: Bearer {API_TOKEN}\r\nIdempotency-Key: {key}\r\n\
-         Content-Type: application/json\r\n"
-    );
-    let answer = binary::request(port, &head, "{\"amount\":1}", Duration::from_secs(12)).await;
-    answer.map(|(status, _)| status)
-}
-
 /// Shards served by each pod (`None` for a pod that did not answer).
 async fn serving_of(pods: &[&BinPod]) -> Vec<Option<Vec<(ShardId, u64)>>> {
     let mut out = Vec::new();
     for pod in pods {
-        out.push(serving(pod).await);
+        out.push(pod.serving().await);
     }
     out
 }
@@ -755,7 +686,7 @@ async fn a_certificate_for_the_wrong_name_is_refused_with_one_clear_log_line() {
     let wrong = Terminal::new(WRONG, &server.addr.to_string(), Some("wrong.example")).unwrap();
     import(&redis, &[wrong]).await;
 
-    let mut pod = fault_pod("wrong-name-pod", &redis.url(), &bundle, t.dir.path());
+    let mut pod = binary::terminal_pod("wrong-name-pod", &redis.url(), &bundle, t.dir.path());
     let took = wait_for(
         "every good terminal with a session",
         connect_limit(),
@@ -788,7 +719,7 @@ async fn a_certificate_for_the_wrong_name_is_refused_with_one_clear_log_line() {
     }
     eprintln!("[{test}] farm: {counters:?}");
     // The metric: wrong-name refusals count as `tls_error` dials.
-    let metrics = match pod.get("/metrics", API_TOKEN).await {
+    let metrics = match pod.get("/metrics", binary::API_TOKEN).await {
         Some((200, text)) => text,
         _ => String::new(),
     };
@@ -840,16 +771,16 @@ async fn a_pod_stopped_past_its_ttl_and_resumed_causes_no_session_overlap() {
     // the protocol asks of terminals ("closes its older sessions").
     config.supersede_grace = Duration::from_millis(500);
     let t = Farm::with_directory(&redis, config).await;
-    let mut a = fault_pod("stop-pod-a", &redis.url(), &t.ca_file, t.dir.path());
-    let mut b = fault_pod("stop-pod-b", &redis.url(), &t.ca_file, t.dir.path());
+    let mut a = binary::terminal_pod("stop-pod-a", &redis.url(), &t.ca_file, t.dir.path());
+    let mut b = binary::terminal_pod("stop-pod-b", &redis.url(), &t.ca_file, t.dir.path());
 
     let startup = Instant::now();
     while startup.elapsed() < connect_limit() + Duration::from_secs(5)
-        && !(serving(&a).await.is_some() && serving(&b).await.is_some())
+        && !(a.serving().await.is_some() && b.serving().await.is_some())
     {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    if serving(&a).await.is_none() || serving(&b).await.is_none() {
+    if a.serving().await.is_none() || b.serving().await.is_none() {
         a.assert_running();
         b.assert_running();
         panic!("no /v1/cluster answer; logs:\n{}\n{}", a.log(), b.log());
@@ -869,7 +800,7 @@ async fn a_pod_stopped_past_its_ttl_and_resumed_causes_no_session_overlap() {
     .await;
     a.assert_running();
     b.assert_running();
-    let a_shards = serving(&a).await.unwrap();
+    let a_shards = a.serving().await.unwrap();
     let a_terminals: Vec<(String, u64)> = t
         .ids
         .iter()
@@ -896,7 +827,7 @@ async fn a_pod_stopped_past_its_ttl_and_resumed_causes_no_session_overlap() {
     let took_over = wait_for_async(
         "pod b to serve every shard and every terminal to be settled",
         Duration::from_secs(20),
-        || async { serving(&b).await.map(|s| s.len()) == Some(SHARDS as usize) && t.all_settled() },
+        || async { b.serving().await.map(|s| s.len()) == Some(SHARDS as usize) && t.all_settled() },
     )
     .await;
     let pause = Duration::from_secs(3 + 4);
@@ -926,7 +857,10 @@ async fn a_pod_stopped_past_its_ttl_and_resumed_causes_no_session_overlap() {
     // pod a itself: none of it may reach a terminal under pod a's old epochs.
     let pushes: Vec<_> = a_terminals
         .iter()
-        .map(|(id, _)| tokio::spawn(push_via(a.port, id.clone(), format!("resume-{id}"))))
+        .map(|(id, _)| {
+            let (port, id) = (a.port, id.clone());
+            tokio::spawn(async move { binary::push(port, &id, &format!("resume-{id}")).await })
+        })
         .collect();
     let took = wait_for_async(
         "both pods serving again and every terminal settled",

@@ -1,18 +1,26 @@
 //! The `posgate` binary in an integration test: one command run to completion
 //! ([`posgate`]), or a `posgate serve` process ([`BinPod`]) with the fast timings of the
 //! in-process pods ([`fast_flags`]) that a test signals, reads the log of and asks over
-//! plain HTTP/1.1 ([`request`]).
+//! plain HTTP/1.1 ([`request`]); [`terminal_pod`] is one with its POS connections and
+//! push API, asked which shards it serves ([`BinPod::serving`]) and pushed through
+//! ([`push`]).
 //!
 //! Not for: in-process pods ([`super::pod`]).
 
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use posgate::core::CoreConfig;
+use posgate::core::{CoreConfig, ShardId};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::pod::STORE_TIMEOUT;
+use super::pod::{CLUSTER, STORE_TIMEOUT};
+use super::redis_server::free_port;
+
+/// The bearer token of a [`terminal_pod`]'s push API: the load harness's (tenant
+/// `load`), so its push generator can push through the process too.
+pub use posgate_loadtest::load::pods::TOKEN as API_TOKEN;
 
 /// Runs the binary with `args` and only the environment in `env` (so a developer's
 /// `POSGATE_*` variables cannot change the outcome).
@@ -77,12 +85,7 @@ impl BinPod {
 
     /// Sends `sig` (`-STOP`, `-HUP`, ...) with `kill`.
     pub fn signal(&self, sig: &str) {
-        let pid = self.child.id().to_string();
-        let status = Command::new("kill")
-            .args([sig, &pid])
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill {sig} {pid}");
+        signal(self.child.id(), sig);
     }
 
     /// Everything the process logged so far.
@@ -106,6 +109,33 @@ impl BinPod {
         }
     }
 
+    /// `GET /v1/cluster`: the shards this pod serves, with their epochs (`None` if it
+    /// did not answer).
+    pub async fn serving(&self) -> Option<Vec<(ShardId, u64)>> {
+        let (200, body) = self.get("/v1/cluster", API_TOKEN).await? else {
+            return None;
+        };
+        let view: serde_json::Value = serde_json::from_str(&body).ok()?;
+        let shards = view.get("shards")?.as_array()?;
+        Some(
+            shards
+                .iter()
+                .filter(|s| s.get("serving").and_then(|v| v.as_bool()) == Some(true))
+                .filter_map(|s| {
+                    Some((
+                        s.get("shard")?.as_u64()? as ShardId,
+                        s.get("epoch")?.as_u64()?,
+                    ))
+                })
+                .collect(),
+        )
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
     /// `GET path` with a bearer `token` (none if empty): status and body, if an answer
     /// came within 2 s.
     pub async fn get(&self, path: &str, token: &str) -> Option<(u16, String)> {
@@ -117,6 +147,60 @@ impl BinPod {
         let head = format!("GET {path} HTTP/1.1\r\n{auth}");
         request(self.port, &head, "", Duration::from_secs(2)).await
     }
+}
+
+/// `posgate serve` as pod `id` of the Redis at `redis_url` with the fast timings, its
+/// push API open to [`API_TOKEN`], trusting the POS CA in `ca_file`, dialing at most
+/// 1,000 terminals per second, logging JSON at info; its secret and token files go to
+/// `dir`.
+pub fn terminal_pod(id: &str, redis_url: &str, ca_file: &Path, dir: &Path) -> BinPod {
+    let secret_file = dir.join("cluster-secret");
+    std::fs::write(&secret_file, "terminal-pod-test-cluster-secret").unwrap();
+    let tokens_file = dir.join("api-tokens");
+    let tenant = posgate_loadtest::load::pods::TENANT;
+    std::fs::write(&tokens_file, format!("{tenant}:{API_TOKEN}\n")).unwrap();
+    let port = free_port();
+    let advertise = format!("http://127.0.0.1:{port}");
+    let mut args: Vec<OsString> = ["--redis-url", redis_url, "--cluster", CLUSTER]
+        .into_iter()
+        .chain(["--pod-id", id, "--advertise-url", &advertise])
+        .chain([
+            "--dial-rate",
+            "1000",
+            "--log-format",
+            "json",
+            "--log-level",
+            "info",
+        ])
+        .map(OsString::from)
+        .collect();
+    args.extend(fast_flags().into_iter().map(OsString::from));
+    args.extend(["--cluster-secret-file".into(), secret_file.into()]);
+    args.extend(["--api-tokens-file".into(), tokens_file.into()]);
+    args.extend(["--pos-ca".into(), ca_file.into()]);
+    BinPod::serve(port, args)
+}
+
+/// `POST /v1/terminals/{terminal}/push?timeout_ms=8000` with `key` through the
+/// [`terminal_pod`] on `port`; the status, if an answer came within 12 s.
+pub async fn push(port: u16, terminal: &str, key: &str) -> Option<u16> {
+    let head = format!(
+        "POST /v1/terminals/{terminal}/push?timeout_ms=8000 HTTP/1.1\r\n\
+         Authorization: Bearer {API_TOKEN}\r\nIdempotency-Key: {key}\r\n\
+         Content-Type: application/json\r\n"
+    );
+    let answer = request(port, &head, "{\"amount\":1}", Duration::from_secs(12)).await;
+    answer.map(|(status, _)| status)
+}
+
+/// Sends `sig` (`-STOP`, `-CONT`, ...) to the child process `pid` with `kill`.
+pub fn signal(pid: u32, sig: &str) {
+    let pid = pid.to_string();
+    let status = Command::new("kill")
+        .args([sig, &pid])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill {sig} {pid}");
 }
 
 impl Drop for BinPod {

@@ -127,15 +127,16 @@ struct Samples {
 
 /// Checks every [`SAMPLE_EVERY`] that each shard is served by at most one pod. Pods
 /// stay in the table after they die: a dead pod's table still answers by its deadlines,
-/// which is exactly what must not overlap with the next owner.
-struct Sampler {
+/// which is exactly what must not overlap with the next owner. Also watches the pods
+/// of [`super::gateway`].
+pub struct Sampler {
     tables: Arc<Mutex<Vec<(PodId, ServingTable)>>>,
     samples: Arc<Mutex<Samples>>,
     task: JoinHandle<()>,
 }
 
 impl Sampler {
-    fn start() -> Sampler {
+    pub fn start() -> Sampler {
         let tables: Arc<Mutex<Vec<(PodId, ServingTable)>>> = Arc::default();
         let samples: Arc<Mutex<Samples>> = Arc::default();
         let (t, s) = (tables.clone(), samples.clone());
@@ -169,7 +170,7 @@ impl Sampler {
         }
     }
 
-    fn watch(&self, pod: PodId, table: ServingTable) {
+    pub fn watch(&self, pod: PodId, table: ServingTable) {
         lock(&self.tables).push((pod, table));
     }
 

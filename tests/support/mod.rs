@@ -7,6 +7,8 @@
 //! - `pod`: in-process pods with fast timings; `cluster`: several of them over one Redis
 //!   with an overlap sampler; `farm`: a farm of simulated terminals with its CA file and
 //!   directory import;
+//! - `gateway`: in-process pods with terminals and the push API, each behind its own
+//!   `RedisProxy`, and the load harness's open-loop pushes through them;
 //! - `binary`: the `posgate` binary, one command or a `posgate serve` process;
 //! - `api`: a pod's HTTP API (pushes, GETs, `/metrics`); `peer_tap`: a recording relay on
 //!   the pod network;
@@ -20,6 +22,7 @@ pub mod api;
 pub mod binary;
 pub mod cluster;
 pub mod farm;
+pub mod gateway;
 pub mod peer_tap;
 pub mod pod;
 pub mod redis_server;

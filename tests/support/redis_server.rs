@@ -219,6 +219,7 @@ impl RedisServer {
     /// Freezes the server with SIGSTOP until [`Self::thaw`]: its connections stay open
     /// and nothing is answered, like a Redis whose host stalls. Clients see timeouts,
     /// not errors.
+    /// Keys still expire by the wall clock meanwhile, so leases are gone when it wakes.
     pub fn freeze(&self) {
         self.signal("-STOP");
     }
@@ -230,12 +231,7 @@ impl RedisServer {
 
     fn signal(&self, sig: &str) {
         let child = self.child.as_ref().expect("redis-server is running");
-        let pid = child.id().to_string();
-        let status = Command::new("kill")
-            .args([sig, &pid])
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill {sig} {pid}");
+        super::binary::signal(child.id(), sig);
     }
 
     /// Kills the server (SIGKILL: nothing is saved). Idempotent.

@@ -1,0 +1,197 @@
+//! The gateway as a push caller sees it: whole in-process pods with their POS
+//! connections (`Pod::start_with_terminals`) over one real `redis-server`, each pod
+//! behind its own [`RedisProxy`] (so a test can cut one off), its push API open to the
+//! load harness's token, over a farm of simulated terminals; the overlap sampler of
+//! [`super::cluster`] watching every pod's serving table; and the load harness's
+//! open-loop push generator ([`open_loop`]: a fixed rate, a key of its own per push,
+//! retries with the same key through another entry pod) pointed at the pods.
+//!
+//! Not for: `posgate serve` processes ([`super::binary`]), pods without terminals
+//! ([`super::cluster`]), or judging a scenario (the test files do; the farm counts).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+use posgate::core::{Epoch, PodId, ShardId};
+use posgate::credentials::ApiTokens;
+use posgate::pod::PodHandle;
+use posgate_loadtest::load::pods::{TENANT, TOKEN};
+use posgate_loadtest::load::push_summary::{summarize, PushSummary};
+use posgate_loadtest::load::pushgen::{PushGen, PushPlan, PushRecord, Targets};
+use posgate_loadtest::load::{http, unix_ms};
+use posgate_loadtest::pos_sim::FarmConfig;
+
+use super::cluster::Sampler;
+use super::farm::{connect_limit, Farm};
+use super::pod::{self, SHARDS};
+use super::wait::{secs, wait_for};
+use super::{RedisProxy, RedisServer};
+
+/// The caller's deadline of every push (`?timeout_ms=`), as in the measurements of
+/// issue 14.
+pub const PUSH_TIMEOUT_MS: u64 = 3_000;
+/// The pods' `--dial-rate`.
+const DIAL_RATE: u32 = 2_000;
+
+/// One pod of a [`Gateway`].
+pub struct GatewayPod {
+    pub id: PodId,
+    /// `http://127.0.0.1:<port>`.
+    pub url: String,
+    /// Between this pod and Redis.
+    pub proxy: RedisProxy,
+    pub handle: PodHandle,
+}
+
+/// See the module docs.
+pub struct Gateway {
+    pub redis: RedisServer,
+    pub farm: Farm,
+    pub pods: Vec<GatewayPod>,
+    sampler: Sampler,
+}
+
+impl Gateway {
+    /// `pods` pods over a farm of `farm` (its terminals imported into the directory);
+    /// returns once every shard is served by exactly one pod and every terminal holds a
+    /// current session with it. `test` labels the printed start-up time.
+    pub async fn start(pods: usize, farm: FarmConfig, test: &str) -> Gateway {
+        let redis = RedisServer::start();
+        let farm = Farm::with_directory(&redis, farm).await;
+        let tokens = ApiTokens::from_env_value(&format!("{TENANT}:{TOKEN}")).unwrap();
+        let sampler = Sampler::start();
+        let mut started = Vec::new();
+        for i in 0..pods {
+            let name = format!("gw-pod-{i}");
+            let proxy = RedisProxy::start(redis.addr()).await.unwrap();
+            let (listener, url) = pod::listen().await;
+            let mut config = pod::config(&name, &url);
+            config.api_tokens = Some(tokens.clone());
+            config.pos = pod::pos(&farm.ca_file, DIAL_RATE);
+            let handle = pod::start_with_terminals(config, &proxy.url(), listener);
+            let id = PodId::new(&name).unwrap();
+            sampler.watch(id.clone(), handle.serving.clone());
+            started.push(GatewayPod {
+                id,
+                url,
+                proxy,
+                handle,
+            });
+        }
+        let gateway = Gateway {
+            redis,
+            farm,
+            pods: started,
+            sampler,
+        };
+        let took = wait_for(
+            "every shard served once and every terminal current",
+            connect_limit(),
+            || gateway.current(),
+        )
+        .await;
+        eprintln!(
+            "[{test}] {pods} pods, {} terminals: every terminal current after {:.3} s",
+            gateway.farm.ids.len(),
+            secs(took)
+        );
+        gateway
+    }
+
+    pub fn handles(&self) -> Vec<&PodHandle> {
+        self.pods.iter().map(|p| &p.handle).collect()
+    }
+
+    /// Every shard is served by exactly one pod and every terminal holds a current
+    /// session with its shard's epoch.
+    pub fn current(&self) -> bool {
+        let handles = self.handles();
+        pod::settled(handles.iter().copied()) && self.farm.all_sessions_current(&handles)
+    }
+
+    /// Who serves each shard now, with which epoch.
+    pub fn owners(&self) -> BTreeMap<ShardId, (PodId, Epoch)> {
+        let now = std::time::Instant::now();
+        let mut owners = BTreeMap::new();
+        for p in &self.pods {
+            for shard in 0..SHARDS {
+                if let Some(epoch) = p.handle.serving.serving(shard, now) {
+                    owners.insert(shard, (p.id.clone(), epoch));
+                }
+            }
+        }
+        owners
+    }
+
+    /// The pods of `indices` as push entry points.
+    pub fn targets(&self, indices: impl IntoIterator<Item = usize>) -> Targets {
+        let targets = indices
+            .into_iter()
+            .map(|i| (self.pods[i].id.to_string(), self.pods[i].url.clone()))
+            .collect();
+        Arc::new(RwLock::new(targets))
+    }
+
+    /// Every pod as a push entry point.
+    pub fn all_targets(&self) -> Targets {
+        self.targets(0..self.pods.len())
+    }
+
+    /// Fails the test if a shard was ever served by two pods at once.
+    pub fn assert_no_overlap(&self, test: &str) {
+        self.sampler.assert_no_overlap(test);
+    }
+}
+
+/// Pushes at `rate_per_s` to random terminals of `0..terminals` through random pods of
+/// `targets`, each with a key of its own (tagged `test`), a deadline of
+/// [`PUSH_TIMEOUT_MS`], and the load harness's retries (a push not answered 200 is sent
+/// again with the same key through another pod, at most three attempts).
+pub fn open_loop(targets: Targets, rate_per_s: f64, terminals: u64, test: &str) -> PushGen {
+    let plan = PushPlan {
+        rate_per_s,
+        timeout_ms: PUSH_TIMEOUT_MS,
+        terminals,
+        run_tag: format!("{test}-{}", unix_ms()),
+    };
+    PushGen::start(plan, http::client(), targets, test)
+}
+
+/// The pushes first sent within `from..to` (Unix ms).
+pub fn sent_between(pushes: &[PushRecord], from: u64, to: u64) -> Vec<PushRecord> {
+    pushes
+        .iter()
+        .filter(|p| (from..to).contains(&p.first.sent_unix_ms))
+        .cloned()
+        .collect()
+}
+
+/// Summarises `pushes` and prints the figures the issue note quotes: pushes sent, the
+/// share answered 200 (first attempt and in the end), retries and final outcomes.
+pub fn summary(test: &str, what: &str, pushes: &[PushRecord]) -> PushSummary {
+    let s = summarize(pushes, &[], PUSH_TIMEOUT_MS);
+    eprintln!(
+        "[{test}] pushes {what}: {} sent, {:.2}% answered 200 first time, {:.2}% in the end; \
+         {} retried ({} attempts: {:?}); unanswered attempts {}; final outcomes {:?}",
+        s.sent,
+        100.0 * s.ok_ratio,
+        100.0 * s.final_ok_ratio,
+        s.retried,
+        s.attempts,
+        s.by_outcome,
+        s.unanswered,
+        s.by_final_outcome
+    );
+    s
+}
+
+/// The shards served by another pod (or by none) in `after` than in `before`; epochs
+/// aside.
+pub fn moved(
+    before: &BTreeMap<ShardId, (PodId, Epoch)>,
+    after: &BTreeMap<ShardId, (PodId, Epoch)>,
+) -> Vec<ShardId> {
+    (0..SHARDS)
+        .filter(|s| before.get(s).map(|o| &o.0) != after.get(s).map(|o| &o.0))
+        .collect()
+}
