@@ -156,6 +156,7 @@ pub struct Metrics {
     pub pushes_waiting_for_owner: Gauge,
     pub push_owner_wait: Histogram,
     pub push_replays: Counter,
+    pub push_duplicates: Counter,
     // Operations.
     pub reloads: Family<Label, Counter>,
     pub peer_refusals: Family<Label, Counter>,
@@ -206,6 +207,7 @@ impl Metrics {
             pushes_waiting_for_owner: Gauge::default(),
             push_owner_wait: latency_buckets(),
             push_replays: Counter::default(),
+            push_duplicates: Counter::default(),
             reloads: Family::default(),
             peer_refusals: Family::default(),
             peer_legacy_accepted: Counter::default(),
@@ -382,6 +384,11 @@ impl Metrics {
             "posgate_push_replays",
             "Pushes answered from the idempotency cache",
             self.push_replays.clone(),
+        );
+        r.register(
+            "posgate_push_duplicates",
+            "Pushes a terminal answered with the duplicate marker: it had the idempotency key already and did not take the push again",
+            self.push_duplicates.clone(),
         );
         r.register(
             "posgate_reloads",
