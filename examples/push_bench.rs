@@ -29,7 +29,7 @@ use posgate::core::shard::shard_of;
 use posgate::core::{CoreConfig, PodId};
 use posgate::pod::{Pod, PodHandle};
 use posgate::pos::dialer::{Dialer, DialerConfig};
-use posgate::pos::push::send;
+use posgate::pos::push::{send, Answered};
 use posgate::pos::tls::{client_config, TlsFiles};
 use posgate::pos::wire::PosPush;
 use posgate::store::directory::{DirectoryAdmin, MemoryDirectory, Terminal};
@@ -222,8 +222,11 @@ async fn run(pod_rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
             content_type: Some(&ct),
             body: Bytes::from_static(b"{\"amount\":1}"),
         };
-        let status = send(&mut session.sender(), push, Duration::from_secs(5)).await?;
-        anyhow::ensure!(status.is_success(), "baseline push answered {status}");
+        let answered = send(&mut session.sender(), push, Duration::from_secs(5)).await?;
+        anyhow::ensure!(
+            matches!(answered, Answered::Accepted { .. }),
+            "baseline push answered {answered:?}"
+        );
         fresh.push(sent.elapsed());
         session.close(Duration::from_millis(100)).await;
     }

@@ -21,7 +21,7 @@ use posgate::core::CoreConfig;
 use posgate::credentials::ApiTokens;
 use posgate::pod::PodHandle;
 
-use crate::support::api::{self, value, Http, Push};
+use crate::support::api::{self, Http, Push};
 use crate::support::farm::{self, Farm};
 use crate::support::pod;
 use crate::support::wait::{secs, wait_for, wait_for_async};
@@ -86,11 +86,6 @@ async fn push_for(
     sent
 }
 
-/// A scrape's value of `series`; panics (with the scrape) when it is not there.
-fn of(scrape: &str, series: &str) -> f64 {
-    value(scrape, series).unwrap_or_else(|| panic!("{series} missing from /metrics:\n{scrape}"))
-}
-
 async fn start(redis: &RedisServer, farm: &Farm) -> (PodHandle, String) {
     let (listener, base) = pod::listen().await;
     let mut config = pod::config("outage-pod", &base);
@@ -123,10 +118,18 @@ async fn a_frozen_redis_shows_held_shards_delivering_then_normal_again() {
         "a push failed before the outage"
     );
     let scrape = api::metrics(&http, &base).await;
-    assert_eq!(of(&scrape, HELD), 0.0, "pushes on leases counted as held");
-    assert_eq!(of(&scrape, &verdict("reachable")), 1.0, "{scrape}");
-    assert_eq!(of(&scrape, UNREACHABLE_SECONDS), 0.0);
-    assert_eq!(of(&scrape, DELIVERING), 0.0);
+    assert_eq!(
+        api::scraped(&scrape, HELD),
+        0.0,
+        "pushes on leases counted as held"
+    );
+    assert_eq!(
+        api::scraped(&scrape, &verdict("reachable")),
+        1.0,
+        "{scrape}"
+    );
+    assert_eq!(api::scraped(&scrape, UNREACHABLE_SECONDS), 0.0);
+    assert_eq!(api::scraped(&scrape, DELIVERING), 0.0);
 
     // During: Redis frozen for 2.5x the lease TTL, pushes going on.
     redis.freeze();
@@ -141,26 +144,37 @@ async fn a_frozen_redis_shows_held_shards_delivering_then_normal_again() {
         .iter()
         .filter(|s| s.ok && s.at >= frozen + lease_ttl)
         .count();
-    let held = of(&scrape, HELD);
+    let held = api::scraped(&scrape, HELD);
     eprintln!(
         "[outage] Redis frozen {:.1} s: {ok} of {} pushes 200 ({surely_held} sent after every \
          lease deadline); {held} counted as delivered on held shards; verdict cluster_wide {}, \
          {} s since Redis answered, suspended {} delivering / {} parked",
         secs(outage),
         pushes.len(),
-        of(&scrape, &verdict("cluster_wide")),
-        of(&scrape, UNREACHABLE_SECONDS),
-        of(&scrape, DELIVERING),
-        of(&scrape, PARKED),
+        api::scraped(&scrape, &verdict("cluster_wide")),
+        api::scraped(&scrape, UNREACHABLE_SECONDS),
+        api::scraped(&scrape, DELIVERING),
+        api::scraped(&scrape, PARKED),
     );
-    assert_eq!(of(&scrape, &verdict("cluster_wide")), 1.0, "{scrape}");
-    assert_eq!(of(&scrape, &verdict("reachable")), 0.0);
-    assert_eq!(of(&scrape, "posgate_store_reachable"), 0.0);
-    assert_eq!(of(&scrape, DELIVERING), f64::from(pod::SHARDS), "{scrape}");
-    assert_eq!(of(&scrape, PARKED), 0.0);
-    assert_eq!(of(&scrape, "posgate_shards_served"), f64::from(pod::SHARDS));
+    assert_eq!(
+        api::scraped(&scrape, &verdict("cluster_wide")),
+        1.0,
+        "{scrape}"
+    );
+    assert_eq!(api::scraped(&scrape, &verdict("reachable")), 0.0);
+    assert_eq!(api::scraped(&scrape, "posgate_store_reachable"), 0.0);
+    assert_eq!(
+        api::scraped(&scrape, DELIVERING),
+        f64::from(pod::SHARDS),
+        "{scrape}"
+    );
+    assert_eq!(api::scraped(&scrape, PARKED), 0.0);
+    assert_eq!(
+        api::scraped(&scrape, "posgate_shards_served"),
+        f64::from(pod::SHARDS)
+    );
     assert!(
-        of(&scrape, UNREACHABLE_SECONDS) > secs(lease_ttl),
+        api::scraped(&scrape, UNREACHABLE_SECONDS) > secs(lease_ttl),
         "{scrape}"
     );
     assert!(
@@ -198,7 +212,7 @@ async fn a_frozen_redis_shows_held_shards_delivering_then_normal_again() {
     );
     assert!(after.iter().all(|s| s.ok), "a push failed after the outage");
     assert_eq!(
-        of(&scrape, HELD),
+        api::scraped(&scrape, HELD),
         held,
         "pushes on renewed leases counted as held"
     );

@@ -11,8 +11,8 @@ use common::{connect, connect_to, Conn};
 use http::StatusCode;
 use http_body_util::{channel::Channel, BodyExt};
 use posgate_loadtest::pos_sim::{
-    Duplicates, FarmConfig, FarmCounters, FaultConfig, PosFarm, Refusals, H_IDEMPOTENCY_KEY,
-    H_STALE_EPOCH,
+    Duplicates, FarmConfig, FarmCounters, FaultConfig, PosFarm, Refusals, H_DUPLICATE,
+    H_IDEMPOTENCY_KEY, H_STALE_EPOCH,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -40,7 +40,12 @@ async fn session_push_supersede_and_stale_epochs() {
     let farm = farm().await;
     let mut a = connect(&farm, T0).await.unwrap();
     assert_eq!(status_of(&mut a, 10).await, StatusCode::OK);
-    assert_eq!(a.push(10, "k1").await.unwrap().status(), StatusCode::OK);
+    let first = a.push(10, "k1").await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    assert!(
+        first.headers().get(H_DUPLICATE).is_none(),
+        "a new key is taken"
+    );
     let c = farm.counters();
     assert_eq!((c.sessions_accepted, c.pushes_accepted), (1, 1));
 
@@ -67,9 +72,23 @@ async fn session_push_supersede_and_stale_epochs() {
     assert_eq!(resp.status(), StatusCode::CONFLICT);
     assert_eq!(resp.headers()[H_STALE_EPOCH], "11");
 
-    // The same key accepted twice (and a third time) is one key delivered twice.
-    assert_eq!(b.push(11, "k1").await.unwrap().status(), StatusCode::OK);
-    assert_eq!(b.push(11, "k1").await.unwrap().status(), StatusCode::OK);
+    // The same key again (and a third time), from a newer session within the window, is
+    // one key delivered twice: answered 200 with the duplicate marker each time.
+    for _ in 0..2 {
+        let repeat = b.push(11, "k1").await.unwrap();
+        assert_eq!(repeat.status(), StatusCode::OK);
+        assert_eq!(repeat.headers()[H_DUPLICATE], "1");
+    }
+    // The marker is per (tenant, key): another tenant's k1 is a new push.
+    let other_tenant = b
+        .request("/push", 11)
+        .header(H_IDEMPOTENCY_KEY, "k1")
+        .header("posgate-tenant", "bank")
+        .body(common::full("x"))
+        .unwrap();
+    let fresh = b.send(other_tenant).await.unwrap();
+    assert_eq!(fresh.status(), StatusCode::OK);
+    assert!(fresh.headers().get(H_DUPLICATE).is_none());
 
     let c = farm.counters();
     assert_eq!(c.sessions_accepted, 2);
@@ -78,9 +97,10 @@ async fn session_push_supersede_and_stale_epochs() {
     assert_eq!(c.session_overlaps_open, 0);
     assert_eq!(c.stale_hellos_refused, 1);
     assert_eq!(c.stale_pushes_refused, 1);
-    assert_eq!(c.pushes_accepted, 3);
+    assert_eq!(c.pushes_accepted, 4);
     assert_eq!(c.keys_delivered_twice, 1);
     assert_eq!(c.duplicate_deliveries, 2);
+    assert_eq!((c.keys_remembered, c.keys_forgotten_early), (2, 0));
     assert_eq!(c.connections_open, 2);
     assert_eq!(c.terminals_connected, 1);
 
@@ -139,7 +159,7 @@ async fn session_push_supersede_and_stale_epochs() {
     let report = farm.terminal_report(T0).unwrap();
     assert_eq!(report.highest_epoch, Some(11));
     assert_eq!(report.stats.keys_delivered_twice, 1);
-    assert_eq!(report.recent_pushes.len(), 3);
+    assert_eq!(report.recent_pushes.len(), 4);
     assert_eq!(report.open_connections.len(), 2);
 }
 

@@ -165,6 +165,7 @@ pub struct Metrics {
     pub push_owner_wait: Histogram,
     pub push_replays: Counter,
     pub pushes_on_suspended: Counter,
+    pub push_duplicates: Counter,
     // Operations.
     pub reloads: Family<Label, Counter>,
     pub peer_refusals: Family<Label, Counter>,
@@ -218,6 +219,7 @@ impl Metrics {
             push_owner_wait: latency_buckets(),
             push_replays: Counter::default(),
             pushes_on_suspended: Counter::default(),
+            push_duplicates: Counter::default(),
             reloads: Family::default(),
             peer_refusals: Family::default(),
             peer_legacy_accepted: Counter::default(),
@@ -417,6 +419,11 @@ impl Metrics {
             "posgate_pushes_on_suspended_shards",
             "Pushes delivered (the terminal answered 2xx) on shards held past their lease deadline through a cluster-wide store outage",
             self.pushes_on_suspended.clone(),
+        );
+        r.register(
+            "posgate_push_duplicates",
+            "Pushes a terminal answered with the duplicate marker: it had the idempotency key already and did not take the push again",
+            self.push_duplicates.clone(),
         );
         r.register(
             "posgate_reloads",

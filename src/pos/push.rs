@@ -13,8 +13,21 @@ use std::time::Duration;
 use http::StatusCode;
 
 use super::session::RequestSender;
-use super::wire::{self, PosPush, Verdict};
+use super::wire::{self, PosPush, Receipt, Verdict};
 use crate::core::Epoch;
+
+/// The terminal's own answer to a push (the fence is a [`PushFailure`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answered {
+    /// 2xx: the terminal has the push, taken now or, with [`Receipt::Duplicate`], from
+    /// an earlier copy of the same key.
+    Accepted {
+        status: StatusCode,
+        receipt: Receipt,
+    },
+    /// Any other status: the terminal's refusal of this push.
+    Refused { status: StatusCode },
+}
 
 /// Why a push did not get a terminal's answer, by what it proves.
 #[derive(Debug, thiserror::Error)]
@@ -32,12 +45,12 @@ pub enum PushFailure {
 }
 
 /// Sends `push` on `sender` and waits up to `timeout` for the status. `Ok` is the
-/// terminal's own answer (2xx or not); the body of the answer is not read.
+/// terminal's own answer; only its status and headers are read, never its body.
 pub async fn send(
     sender: &mut RequestSender,
     push: PosPush<'_>,
     timeout: Duration,
-) -> Result<StatusCode, PushFailure> {
+) -> Result<Answered, PushFailure> {
     let request = wire::push(&push).map_err(|e| PushFailure::NotSent(e.to_string()))?;
     let exchange = async {
         // `ready` fails only when the connection is closed: nothing was sent.
@@ -59,6 +72,10 @@ pub async fn send(
     let status = response.status();
     match wire::verdict(status, response.headers()) {
         Verdict::Stale { highest } => Err(PushFailure::StaleEpoch { highest }),
-        Verdict::Accepted | Verdict::Refused { .. } => Ok(status),
+        Verdict::Accepted => Ok(Answered::Accepted {
+            status,
+            receipt: wire::receipt(response.headers()),
+        }),
+        Verdict::Refused { status } => Ok(Answered::Refused { status }),
     }
 }

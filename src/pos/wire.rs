@@ -1,11 +1,14 @@
 //! The terminal protocol (`docs/pos-protocol.md`) as posgate speaks it, in one place:
 //! the header names, the `hello` and push requests, what a terminal's answer to either
-//! means ([`verdict`]), and why a dial fails ([`DialError`]).
+//! means ([`verdict`], and for an accepted push [`receipt`]), and why a dial fails
+//! ([`DialError`]).
 //!
 //! One rule decides both answers: 2xx accepts; `409` with [`STALE_EPOCH_HEADER`] is the
 //! fence (a newer owner said hello, nothing was processed); anything else is the
 //! terminal's own refusal. A `409` without the header is not a fencing answer, so no
-//! shard is ever dropped for it.
+//! shard is ever dropped for it. A 2xx to a push may carry [`DUPLICATE_HEADER`]: the
+//! terminal had the key already. The marker only ever adds to a 2xx, so a terminal that
+//! predates it, and a pod that predates it, read the same answer as before.
 //!
 //! Not for: dialing, sessions or retry policy (`dialer`, `session`, `link`), or what a
 //! push's transport outcome proves (`push`).
@@ -27,6 +30,9 @@ pub const POD_HEADER: &str = "posgate-pod";
 pub const TERMINAL_HEADER: &str = "posgate-terminal";
 /// On a `409`: the highest epoch the terminal has seen.
 pub const STALE_EPOCH_HEADER: &str = "posgate-stale-epoch";
+/// On a 2xx to a push: `1` when the terminal had accepted the push's (tenant, key)
+/// within its dedup window and did not take it again.
+pub const DUPLICATE_HEADER: &str = "posgate-duplicate";
 /// Where the hello goes.
 pub const HELLO_PATH: &str = "/hello";
 /// Where pushes go unless configured otherwise (`--pos-push-path`).
@@ -57,6 +63,26 @@ pub fn verdict(status: StatusCode, headers: &HeaderMap) -> Verdict {
             highest: value.to_str().ok().and_then(|v| v.trim().parse().ok()),
         },
         _ => Verdict::Refused { status },
+    }
+}
+
+/// What a 2xx answer to a push says about its key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Receipt {
+    /// No duplicate marker: the terminal took the push now (or predates the marker and
+    /// does not say).
+    Taken,
+    /// `posgate-duplicate: 1`: the terminal had taken this key before (from this or
+    /// another pod) and did not take it again.
+    Duplicate,
+}
+
+/// The receipt of a 2xx push answer with `headers`. Only the value `1` is the marker;
+/// any other value is left for later versions of the protocol and read as no marker.
+pub fn receipt(headers: &HeaderMap) -> Receipt {
+    match headers.get(DUPLICATE_HEADER).map(HeaderValue::as_bytes) {
+        Some(b"1") => Receipt::Duplicate,
+        _ => Receipt::Taken,
     }
 }
 
@@ -200,6 +226,20 @@ mod tests {
                 status: StatusCode::SERVICE_UNAVAILABLE
             }
         );
+    }
+
+    #[test]
+    fn the_duplicate_marker_is_read_only_as_written() {
+        let marked = |value: &'static str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(DUPLICATE_HEADER, HeaderValue::from_static(value));
+            receipt(&headers)
+        };
+        assert_eq!(marked("1"), Receipt::Duplicate);
+        // A terminal without the marker (every terminal before it) took the push.
+        assert_eq!(receipt(&HeaderMap::new()), Receipt::Taken);
+        assert_eq!(marked("0"), Receipt::Taken);
+        assert_eq!(marked("yes"), Receipt::Taken);
     }
 
     #[test]

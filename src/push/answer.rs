@@ -33,7 +33,8 @@ pub const ALL_ERROR_CODES: [ErrorCode; 15] = [
     ErrorCode::ShardMoved,
 ];
 
-/// The body of a `200`: the terminal answered 2xx.
+/// The body of a `200`: the terminal answered 2xx, taking the push now or (`duplicate`)
+/// from an earlier copy.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Delivered {
     pub terminal: String,
@@ -45,6 +46,12 @@ pub struct Delivered {
     pub pos_status: u16,
     /// From receiving the request to the terminal's answer, as the answering pod saw it.
     pub latency_ms: u64,
+    /// The terminal answered with the duplicate marker: it had this key already (an
+    /// earlier copy, delivered by this or another pod) and did not take it again.
+    /// `false` also when the terminal predates the marker. Absent from answers of pods
+    /// of the previous release, hence the default.
+    #[serde(default)]
+    pub duplicate: bool,
 }
 
 /// The `error` field of an error answer.
@@ -236,5 +243,33 @@ mod tests {
         assert_eq!(body["delivery"], "unknown");
         assert_eq!(body["idempotency_key"], "k");
         assert_eq!(ErrorCode::ShardMoved.status().as_u16(), 421);
+    }
+
+    #[test]
+    fn a_delivery_says_whether_the_terminal_had_the_key_and_old_answers_still_decode() {
+        let delivered = Delivered {
+            terminal: "pos-1".into(),
+            idempotency_key: "k".into(),
+            pod: PodId::new("pod-a").unwrap(),
+            shard: 3,
+            epoch: 9,
+            pos_status: 200,
+            latency_ms: 4,
+            duplicate: true,
+        };
+        let body: serde_json::Value =
+            serde_json::from_slice(&Answer::delivered(&delivered).body).unwrap();
+        assert_eq!(body["duplicate"], true);
+        // The owner's answer as a pod of the previous release relays it (no field): a
+        // forwarder reads it as a delivery that says nothing about a duplicate.
+        let old = br#"{"terminal":"pos-1","idempotency_key":"k","pod":"pod-a","shard":3,"epoch":9,"pos_status":200,"latency_ms":4}"#;
+        let decoded: Delivered = serde_json::from_slice(old).unwrap();
+        assert_eq!(
+            decoded,
+            Delivered {
+                duplicate: false,
+                ..delivered
+            }
+        );
     }
 }

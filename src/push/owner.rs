@@ -12,6 +12,8 @@
 //! sends the caller to the new owner (the push was not processed); a connection that
 //! closed before the request left is waited out; a request that may have left without
 //! an answer is `504` with `"delivery": "unknown"` and is never re-sent here.
+//! A terminal's duplicate marker is a `200` with `"duplicate": true` (and counted): the
+//! terminal has the push from an earlier copy of the key.
 //!
 //! Not for: finding the owner or forwarding (`route`), or parsing HTTP (`crate::http`).
 
@@ -26,8 +28,8 @@ use super::{PushRequest, PushService};
 use crate::clock::now;
 use crate::core::shard::shard_of;
 use crate::pos::manager::Lookup;
-use crate::pos::push::{self as pos_push, PushFailure};
-use crate::pos::wire::PosPush;
+use crate::pos::push::{self as pos_push, Answered, PushFailure};
+use crate::pos::wire::{PosPush, Receipt};
 use crate::serving::Grant;
 
 /// How often a push re-checks while the shard's terminal list loads.
@@ -148,24 +150,34 @@ impl PushService {
                 body: push.body.clone(),
             };
             match pos_push::send(&mut sender, wire, remaining).await {
-                Ok(status) => {
-                    let answer = if status.is_success() {
-                        if let Grant::Held(_) = grant {
-                            self.metrics.pushes_on_suspended.inc();
+                Ok(answered) => {
+                    let answer = match answered {
+                        Answered::Accepted { status, receipt } => {
+                            if let Grant::Held(_) = grant {
+                                self.metrics.pushes_on_suspended.inc();
+                            }
+                            let duplicate = receipt == Receipt::Duplicate;
+                            if duplicate {
+                                // The terminal's dedup caught what no idempotency cache
+                                // here did (another owner, a restart, an evicted entry).
+                                self.metrics.push_duplicates.inc();
+                            }
+                            Answer::delivered(&Delivered {
+                                terminal: push.terminal.clone(),
+                                idempotency_key: push.key.clone(),
+                                pod: self.pod.clone(),
+                                shard,
+                                epoch,
+                                pos_status: status.as_u16(),
+                                latency_ms: push.received.elapsed().as_millis() as u64,
+                                duplicate,
+                            })
                         }
-                        Answer::delivered(&Delivered {
-                            terminal: push.terminal.clone(),
-                            idempotency_key: push.key.clone(),
-                            pod: self.pod.clone(),
-                            shard,
-                            epoch,
-                            pos_status: status.as_u16(),
-                            latency_ms: push.received.elapsed().as_millis() as u64,
-                        })
-                    } else {
-                        let mut body = with_key(push, "the terminal refused the push");
-                        body.pos_status = Some(status.as_u16());
-                        Answer::error_with(ErrorCode::PosRejected, body)
+                        Answered::Refused { status } => {
+                            let mut body = with_key(push, "the terminal refused the push");
+                            body.pos_status = Some(status.as_u16());
+                            Answer::error_with(ErrorCode::PosRejected, body)
+                        }
                     };
                     reservation.complete(&answer);
                     return Owned::Answer(answer);

@@ -43,7 +43,7 @@ async fn callers_that_go_away_leave_no_push_in_flight() {
     let http = client();
     let in_flight = || async {
         let text = api::metrics(&http, &c.urls[0]).await;
-        gauge(&text, "posgate_pushes_in_flight")
+        api::scraped(&text, "posgate_pushes_in_flight")
     };
     let limit = Duration::from_secs(5);
     wait_for_async("the 5 pushes counted in flight", limit, || async {
@@ -57,13 +57,6 @@ async fn callers_that_go_away_leave_no_push_in_flight() {
         || async { in_flight().await <= 0.0 },
     )
     .await;
-}
-
-/// The value of an unlabelled gauge in a `/metrics` text.
-fn gauge(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("{name} missing from /metrics"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

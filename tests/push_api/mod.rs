@@ -9,7 +9,9 @@
 //! - `peer_replay`: a forwarded push captured on the pod network cannot be replayed or
 //!   altered;
 //! - `lifecycle`: readiness waits for the first dials; callers that go away leave no push
-//!   in flight.
+//!   in flight;
+//! - `terminal_dedup`: a key retried after the owner restarted (its idempotency cache
+//!   gone) reaches the terminal again and is answered and counted as a duplicate.
 //!
 //! Timings are `CoreConfig::fast()`; measured figures are printed (`--nocapture`).
 
@@ -17,6 +19,7 @@ mod delivery;
 mod lifecycle;
 mod peer_replay;
 mod status_codes;
+mod terminal_dedup;
 
 use std::time::Duration;
 

@@ -65,6 +65,11 @@ pub fn value(scrape: &str, series: &str) -> Option<f64> {
     })
 }
 
+/// [`value`] of a series that must be there; panics (with the scrape) when it is not.
+pub fn scraped(scrape: &str, series: &str) -> f64 {
+    value(scrape, series).unwrap_or_else(|| panic!("{series} missing from /metrics:\n{scrape}"))
+}
+
 /// A push request; `None` fields are left out (a request may lack them on purpose).
 pub struct Push<'a> {
     pub token: Option<&'a str>,

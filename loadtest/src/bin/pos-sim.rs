@@ -9,7 +9,7 @@ use std::{net::Ipv4Addr, net::SocketAddr, ops::Range, path::PathBuf, time::Durat
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use posgate_loadtest::pos_sim::{FarmConfig, Naming, PosFarm};
+use posgate_loadtest::pos_sim::{DedupWindow, FarmConfig, Naming, PosFarm};
 use tracing::info;
 use tracing_subscriber::EnvFilter;
 
@@ -47,6 +47,14 @@ struct Args {
     /// Milliseconds a superseded session's connection may linger after GOAWAY.
     #[arg(long, default_value_t = 2000)]
     supersede_grace_ms: u64,
+    /// Seconds a terminal answers a repeated idempotency key as a duplicate; at least
+    /// the pods' `--idempotency-ttl` (`docs/pos-protocol.md` §5).
+    #[arg(long, default_value_t = 600)]
+    dedup_window_secs: u64,
+    /// Most idempotency keys one terminal remembers (bounds memory; keys forgotten
+    /// early are counted in `keys_forgotten_early`).
+    #[arg(long, default_value_t = 1_000)]
+    dedup_capacity: usize,
 }
 
 fn parse_range(s: &str) -> Result<Range<u64>, String> {
@@ -80,6 +88,10 @@ async fn main() -> Result<()> {
     config.port = args.port;
     config.push_path = args.push_path;
     config.supersede_grace = Duration::from_millis(args.supersede_grace_ms);
+    config.dedup = DedupWindow {
+        window: Duration::from_secs(args.dedup_window_secs),
+        capacity: args.dedup_capacity,
+    };
 
     let farm = PosFarm::start(config).await.context("starting the farm")?;
     farm.write_files(&args.out)?;

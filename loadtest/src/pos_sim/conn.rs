@@ -1,6 +1,7 @@
 //! The terminal side of one connection: TCP accept, faults, SNI routing, the TLS handshake,
-//! HTTP/2 serving of `POST /hello` and `POST <push path>` (logging a repeated key with the
-//! pods of both copies), and closing on request.
+//! HTTP/2 serving of `POST /hello` and `POST <push path>` (answering a repeated key with
+//! the duplicate marker and logging it with the pods of both copies), and closing on
+//! request.
 //!
 //! Which terminal a connection belongs to is decided by the SNI of the ClientHello, read
 //! before the handshake completes, so unknown and offline terminals are refused without
@@ -37,6 +38,9 @@ pub const H_POD: &str = "posgate-pod";
 pub const H_TERMINAL: &str = "posgate-terminal";
 pub const H_STALE_EPOCH: &str = "posgate-stale-epoch";
 pub const H_IDEMPOTENCY_KEY: &str = "idempotency-key";
+/// On a `200` to a push: `1`, the terminal had accepted this key within its dedup window
+/// and did not take the push again.
+pub const H_DUPLICATE: &str = "posgate-duplicate";
 
 /// Largest push body accepted; larger ones get 413.
 const MAX_BODY: usize = 1 << 20;
@@ -321,9 +325,10 @@ async fn push(ctx: &ConnCtx, req: Request<Incoming>) -> Response<Full<Bytes>> {
     }
     // Checked present by `common_headers`.
     let pod = header(&parts.headers, H_POD).unwrap_or_default();
+    let now = std::time::Instant::now();
     let outcome = s
         .terminal(ctx.index)
-        .push(ctx.conn, epoch, pod, key, &s.counters);
+        .push(ctx.conn, epoch, pod, key, now, &s.counters);
     debug!(terminal = %ctx.id, conn = ctx.conn, epoch, key, size, ?outcome, "push");
     match outcome {
         PushOutcome::Accepted => respond(StatusCode::OK, "accepted\n"),
@@ -339,7 +344,10 @@ async fn push(ctx: &ConnCtx, req: Request<Incoming>) -> Response<Full<Bytes>> {
                 previous,
                 this,
             });
-            respond(StatusCode::OK, "accepted\n")
+            let mut resp = respond(StatusCode::OK, "duplicate: accepted before\n");
+            resp.headers_mut()
+                .insert(H_DUPLICATE, http::HeaderValue::from_static("1"));
+            resp
         }
         PushOutcome::Stale { highest } => refuse(ctx, &parts.headers, "push", epoch, highest),
         PushOutcome::NoSession => respond(

@@ -1,7 +1,7 @@
 //! Farm-wide counters: lock-free atomics bumped by the connection code, and the
 //! [`FarmCounters`] snapshot served as JSON (`GET /counters`, `counters.json`).
 //!
-//! The counters are totals since start (plus three gauges). They are what a load test
+//! The counters are totals since start (plus four gauges). They are what a load test
 //! asserts on; per-terminal details live in [`super::record`].
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -79,12 +79,20 @@ counters! {
     /// Requests answered 400 (missing or malformed headers, wrong terminal id), 404, 413 or
     /// 421.
     requests_rejected,
-    /// Pushes answered 200.
+    /// Pushes answered 200, duplicates (answered with the marker) included.
     pushes_accepted,
-    /// Idempotency keys accepted more than once by one terminal (each key counted once).
+    /// Idempotency keys that reached one terminal again within its dedup window (each key
+    /// counted once); the repeats were answered as duplicates, not taken again.
     keys_delivered_twice,
-    /// Accepted pushes whose key that terminal had already accepted (every repeat counted).
+    /// Pushes answered 200 with the duplicate marker: their key had been accepted within
+    /// the window (every repeat counted).
     duplicate_deliveries,
+    /// Gauge: keys the terminals remember now (within their dedup window).
+    keys_remembered,
+    /// Keys forgotten before their dedup window ended because a terminal reached its
+    /// `dedup_capacity`: a repeat of one of them would be taken again. 0 unless one
+    /// terminal takes pushes faster than the capacity allows.
+    keys_forgotten_early,
 }
 
 impl Counters {

@@ -1,12 +1,13 @@
-//! The farm-wide log of duplicate deliveries: a push accepted with an idempotency key the
-//! terminal had accepted before, with who delivered this copy and the one before it
-//! (`posgate-pod`, epoch, time).
+//! The farm-wide log of duplicate deliveries: a push whose idempotency key the terminal
+//! had accepted within its dedup window, with who delivered this copy and the one before
+//! it (`posgate-pod`, epoch, time).
 //!
 //! The counters only say *how many* keys came twice. Whether a duplicate is a defect or
 //! the known gap of a crash (the owner killed after delivering, its idempotency cache gone
 //! with it, the caller's retry delivered by the next owner) depends on which pods
-//! delivered and when, so a load test needs these records. The terminal still accepts a
-//! repeat (it counts, it does not dedupe): that is the observation, not a fix.
+//! delivered and when, so a load test needs these records. The terminal answers each
+//! repeat with the duplicate marker and does not take it again (`dedup`); the gateway
+//! sending it is still what a load test looks at.
 
 use serde::{Deserialize, Serialize};
 

@@ -1,7 +1,7 @@
 //! POS terminal simulator: a [`PosFarm`] plays the terminal side of
 //! `docs/pos-protocol.md` for a range of terminals in one process, records what the pods do
-//! to them (connection overlaps, superseded sessions, stale epochs, duplicate deliveries),
-//! and misbehaves on request (faults).
+//! to them (connection overlaps, superseded sessions, stale epochs, duplicate deliveries,
+//! which it answers with the duplicate marker), and misbehaves on request (faults).
 //!
 //! All terminals share a few TLS listeners and are told apart by SNI, so a farm costs about
 //! one file descriptor per connection. The farm does not dial anyone, does not persist
@@ -12,6 +12,7 @@ mod bounded;
 mod certs;
 mod conn;
 mod counters;
+mod dedup;
 mod duplicates;
 mod error;
 mod faults;
@@ -36,8 +37,9 @@ use tracing::info;
 
 pub use admin::AdminServer;
 pub use bounded::CAPACITY as LOG_KEPT;
-pub use conn::{H_EPOCH, H_IDEMPOTENCY_KEY, H_POD, H_STALE_EPOCH, H_TERMINAL};
+pub use conn::{H_DUPLICATE, H_EPOCH, H_IDEMPOTENCY_KEY, H_POD, H_STALE_EPOCH, H_TERMINAL};
 pub use counters::FarmCounters;
+pub use dedup::DedupWindow;
 pub use duplicates::{Delivery, Duplicate, Duplicates};
 pub use error::SimError;
 pub use faults::{DropRequest, FaultConfig};
@@ -78,12 +80,15 @@ pub struct FarmConfig {
     pub session_overlap_threshold: Duration,
     /// Time allowed for the TLS handshake.
     pub handshake_timeout: Duration,
+    /// How long, and how many, accepted idempotency keys each terminal remembers.
+    pub dedup: DedupWindow,
 }
 
 impl FarmConfig {
     /// Defaults: ids `pos-NNNNN`, names `pos-NNNNN.pos.test`, 16 listeners from
     /// 127.0.1.1 on port 8443, pushes on `/push`, 2 s supersede grace, 1 s overlap
-    /// threshold, 10 s handshake timeout.
+    /// threshold, 10 s handshake timeout, keys remembered 10 min (at most 1,000 per
+    /// terminal).
     pub fn new(range: Range<u64>) -> Self {
         FarmConfig {
             range,
@@ -98,6 +103,7 @@ impl FarmConfig {
             supersede_grace: Duration::from_secs(2),
             session_overlap_threshold: Duration::from_secs(1),
             handshake_timeout: Duration::from_secs(10),
+            dedup: DedupWindow::default(),
         }
     }
 
@@ -109,6 +115,11 @@ impl FarmConfig {
         }
         if end - start > MAX_TERMINALS_PER_PROCESS {
             return invalid("more than 15,000 terminals in one process");
+        }
+        if self.dedup.window.is_zero() || self.dedup.capacity == 0 {
+            return Err(SimError::InvalidConfig(
+                "the dedup window and capacity must be above zero".into(),
+            ));
         }
         if self.listeners == 0 {
             return Err(SimError::InvalidConfig("at least one listener".into()));
@@ -289,7 +300,9 @@ impl PosFarm {
             listeners.push((bound, listener));
         }
         let shared = Arc::new(Shared {
-            terminals: (0..count).map(|_| Mutex::default()).collect(),
+            terminals: (0..count)
+                .map(|_| Mutex::new(TerminalState::new(config.dedup)))
+                .collect(),
             addrs: listeners.iter().map(|(addr, _)| *addr).collect(),
             counters: Counters::default(),
             refusals: RefusalLog::default(),

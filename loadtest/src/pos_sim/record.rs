@@ -1,6 +1,7 @@
 //! One terminal's state and bookkeeping: its open connections, the highest epoch it has
-//! seen, its current session, the idempotency keys it accepted (with the last delivery of
-//! each, so a repeat says who delivered the copy before it), and a short history.
+//! seen, its current session, the idempotency keys it accepted within the dedup window
+//! (`dedup`, with the last delivery of each, so a repeat says who delivered the copy
+//! before it), and a short history.
 //!
 //! This is the protocol's decision core (hello and push rules of `docs/pos-protocol.md`):
 //! pure functions of the state, called with the terminal's lock held, with no I/O and no
@@ -8,7 +9,7 @@
 //! the connection task carries it out.
 
 use std::{
-    collections::{BTreeMap, HashMap, VecDeque},
+    collections::{BTreeMap, VecDeque},
     net::SocketAddr,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
@@ -16,7 +17,11 @@ use std::{
 use serde::Serialize;
 use tokio::sync::watch;
 
-use super::{counters::Counters, duplicates::Delivery};
+use super::{
+    counters::Counters,
+    dedup::{DedupWindow, KeyMemory, Seen},
+    duplicates::Delivery,
+};
 
 /// Identifies one accepted connection within the farm.
 pub(crate) type ConnId = u64;
@@ -63,9 +68,10 @@ pub(crate) enum HelloOutcome {
 /// Result of a push.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum PushOutcome {
-    /// 200.
+    /// 200: taken.
     Accepted,
-    /// 200, but the key was accepted before: this is copy number `copy`.
+    /// 200 with the duplicate marker: the key was accepted within the window, so this
+    /// copy (number `copy`) is not taken again.
     Repeated {
         copy: u32,
         previous: Delivery,
@@ -143,21 +149,15 @@ pub struct TerminalReport {
 }
 
 /// One terminal's mutable state.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct TerminalState {
     highest_epoch: Option<u64>,
     open: BTreeMap<ConnId, OpenConn>,
-    keys: HashMap<String, KeySeen>,
+    dedup: DedupWindow,
+    keys: KeyMemory,
     history: VecDeque<ConnEvent>,
     pushes: VecDeque<PushRecord>,
     stats: TerminalStats,
-}
-
-/// An accepted key: how often, and the latest delivery.
-#[derive(Debug)]
-struct KeySeen {
-    copies: u32,
-    last: Delivery,
 }
 
 pub(crate) fn unix_ms() -> u64 {
@@ -174,6 +174,19 @@ fn push_bounded<T>(queue: &mut VecDeque<T>, item: T) {
 }
 
 impl TerminalState {
+    /// A terminal that has seen nothing yet and remembers keys as `dedup` says.
+    pub(crate) fn new(dedup: DedupWindow) -> Self {
+        TerminalState {
+            highest_epoch: None,
+            open: BTreeMap::new(),
+            dedup,
+            keys: KeyMemory::default(),
+            history: VecDeque::new(),
+            pushes: VecDeque::new(),
+            stats: TerminalStats::default(),
+        }
+    }
+
     /// Records a new TLS connection; counts a raw overlap if another one is open.
     pub(crate) fn open(
         &mut self,
@@ -275,14 +288,16 @@ impl TerminalState {
         HelloOutcome::Accepted { superseded }
     }
 
-    /// Applies a push from `pod`: stale epochs first (the most useful answer for the pod),
-    /// then the connection must hold the current session of exactly this epoch.
+    /// Applies a push from `pod` at `now`: stale epochs first (the most useful answer for
+    /// the pod), then the connection must hold the current session of exactly this epoch,
+    /// then the key must not have been accepted within the dedup window.
     pub(crate) fn push(
         &mut self,
         conn: ConnId,
         epoch: u64,
         pod: &str,
         key: &str,
+        now: Instant,
         c: &Counters,
     ) -> PushOutcome {
         if let Some(highest) = self.highest_epoch.filter(|&h| epoch < h) {
@@ -314,24 +329,18 @@ impl TerminalState {
             at_unix_ms: this.at_unix_ms,
         };
         push_bounded(&mut self.pushes, record);
-        let Some(seen) = self.keys.get_mut(key) else {
-            let first = KeySeen {
-                copies: 1,
-                last: this,
-            };
-            self.keys.insert(key.to_owned(), first);
+        let Seen::Repeat { copy, previous } = self.keys.check(key, &this, now, self.dedup, c)
+        else {
             return PushOutcome::Accepted;
         };
-        seen.copies += 1;
         Counters::bump(&c.duplicate_deliveries);
         self.stats.duplicate_deliveries += 1;
-        if seen.copies == 2 {
+        if copy == 2 {
             Counters::bump(&c.keys_delivered_twice);
             self.stats.keys_delivered_twice += 1;
         }
-        let previous = std::mem::replace(&mut seen.last, this.clone());
         PushOutcome::Repeated {
-            copy: seen.copies,
+            copy,
             previous,
             this,
         }

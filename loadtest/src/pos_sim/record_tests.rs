@@ -1,6 +1,10 @@
 //! The hello and push rules of [`super::TerminalState`], without sockets.
 
-use std::{net::SocketAddr, sync::atomic::Ordering::Relaxed, time::Duration};
+use std::{
+    net::SocketAddr,
+    sync::atomic::Ordering::Relaxed,
+    time::{Duration, Instant},
+};
 
 use tokio::sync::watch;
 
@@ -19,7 +23,10 @@ fn open(t: &mut TerminalState, id: ConnId, c: &Counters) -> watch::Receiver<Clos
 
 #[test]
 fn newer_hello_supersedes_only_sessions() {
-    let (mut t, c) = (TerminalState::default(), Counters::default());
+    let (mut t, c) = (
+        TerminalState::new(DedupWindow::default()),
+        Counters::default(),
+    );
     let a = open(&mut t, 1, &c);
     let bare = open(&mut t, 2, &c);
     let _b = open(&mut t, 3, &c);
@@ -30,8 +37,14 @@ fn newer_hello_supersedes_only_sessions() {
     assert_eq!(*bare.borrow(), CloseCmd::Keep, "no hello, not a session");
     assert_eq!(t.hello(1, 6, &c), HelloOutcome::Closing);
     assert_eq!(t.hello(2, 4, &c), HelloOutcome::Stale { highest: 5 });
-    assert_eq!(t.push(1, 5, "p", "k", &c), PushOutcome::NoSession);
-    assert_eq!(t.push(3, 5, "p", "k", &c), PushOutcome::Accepted);
+    assert_eq!(
+        t.push(1, 5, "p", "k", Instant::now(), &c),
+        PushOutcome::NoSession
+    );
+    assert_eq!(
+        t.push(3, 5, "p", "k", Instant::now(), &c),
+        PushOutcome::Accepted
+    );
     assert_eq!(c.session_overlaps_open.load(Relaxed), 1);
     t.close(1, Duration::from_secs(1), &c);
     assert_eq!(c.session_overlaps_open.load(Relaxed), 0);
@@ -40,7 +53,10 @@ fn newer_hello_supersedes_only_sessions() {
 
 #[test]
 fn superseded_connection_open_past_threshold_is_an_overlap() {
-    let (mut t, c) = (TerminalState::default(), Counters::default());
+    let (mut t, c) = (
+        TerminalState::new(DedupWindow::default()),
+        Counters::default(),
+    );
     let _a = open(&mut t, 1, &c);
     let _b = open(&mut t, 2, &c);
     t.hello(1, 1, &c);
@@ -56,18 +72,30 @@ fn superseded_connection_open_past_threshold_is_an_overlap() {
 
 #[test]
 fn pushes_check_epoch_then_session_and_count_repeated_keys() {
-    let (mut t, c) = (TerminalState::default(), Counters::default());
+    let (mut t, c) = (
+        TerminalState::new(DedupWindow::default()),
+        Counters::default(),
+    );
     let _a = open(&mut t, 1, &c);
-    assert_eq!(t.push(1, 1, "p", "k", &c), PushOutcome::NoSession);
+    assert_eq!(
+        t.push(1, 1, "p", "k", Instant::now(), &c),
+        PushOutcome::NoSession
+    );
     t.hello(1, 7, &c);
     assert_eq!(
-        t.push(1, 6, "p", "k", &c),
+        t.push(1, 6, "p", "k", Instant::now(), &c),
         PushOutcome::Stale { highest: 7 }
     );
-    assert_eq!(t.push(1, 8, "p", "k", &c), PushOutcome::NoSession);
-    assert_eq!(t.push(1, 7, "a", "k", &c), PushOutcome::Accepted);
+    assert_eq!(
+        t.push(1, 8, "p", "k", Instant::now(), &c),
+        PushOutcome::NoSession
+    );
+    assert_eq!(
+        t.push(1, 7, "a", "k", Instant::now(), &c),
+        PushOutcome::Accepted
+    );
     for (copy, pod, previous) in [(2, "b", "a"), (3, "b", "b")] {
-        match t.push(1, 7, pod, "k", &c) {
+        match t.push(1, 7, pod, "k", Instant::now(), &c) {
             PushOutcome::Repeated {
                 copy: n,
                 previous: p,
@@ -81,7 +109,10 @@ fn pushes_check_epoch_then_session_and_count_repeated_keys() {
             other => panic!("copy {copy}: expected a repeat, got {other:?}"),
         }
     }
-    assert_eq!(t.push(1, 7, "a", "other", &c), PushOutcome::Accepted);
+    assert_eq!(
+        t.push(1, 7, "a", "other", Instant::now(), &c),
+        PushOutcome::Accepted
+    );
     assert_eq!(c.keys_delivered_twice.load(Relaxed), 1);
     assert_eq!(c.duplicate_deliveries.load(Relaxed), 2);
     assert_eq!(c.stale_pushes_refused.load(Relaxed), 1);
@@ -89,4 +120,35 @@ fn pushes_check_epoch_then_session_and_count_repeated_keys() {
     let report = t.report("pos-1".into(), "pos-1.t".into(), peer(), false);
     assert_eq!(report.stats.pushes_accepted, 4);
     assert_eq!(report.open_connections[0].session_epoch, Some(7));
+}
+
+#[test]
+fn a_repeat_is_a_duplicate_within_the_window_and_the_fence_comes_first() {
+    let window = DedupWindow {
+        window: Duration::from_secs(600),
+        capacity: 100,
+    };
+    let (mut t, c) = (TerminalState::new(window), Counters::default());
+    let (_a, _b) = (open(&mut t, 1, &c), open(&mut t, 2, &c));
+    let t0 = Instant::now();
+    t.hello(1, 7, &c);
+    assert_eq!(t.push(1, 7, "a", "k", t0, &c), PushOutcome::Accepted);
+    // A newer owner's hello: the old owner's repeat is fenced (409), not a duplicate.
+    t.hello(2, 8, &c);
+    assert_eq!(
+        t.push(1, 7, "a", "k", t0, &c),
+        PushOutcome::Stale { highest: 8 }
+    );
+    // The newer owner's copy within the window is a duplicate of the old owner's.
+    let within = t0 + Duration::from_secs(599);
+    match t.push(2, 8, "b", "k", within, &c) {
+        PushOutcome::Repeated { copy, previous, .. } => {
+            assert_eq!((copy, previous.pod.as_str(), previous.epoch), (2, "a", 7));
+        }
+        other => panic!("expected a duplicate, got {other:?}"),
+    }
+    // Past the window the key is new again.
+    let after = t0 + Duration::from_secs(600);
+    assert_eq!(t.push(2, 8, "b", "k", after, &c), PushOutcome::Accepted);
+    assert_eq!(c.duplicate_deliveries.load(Relaxed), 1);
 }
