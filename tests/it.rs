@@ -22,6 +22,7 @@ mod openapi_sync;
 mod pos_connections;
 mod pos_faults;
 mod push_api;
+mod redis_refusals;
 mod redis_round_trips;
 mod redis_store;
 mod redis_tls;

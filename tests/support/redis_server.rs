@@ -1,5 +1,6 @@
 //! `RedisServer`: one `redis-server` child process on a free loopback port, with no
-//! persistence, killed on drop; optionally also serving TLS on a second port.
+//! persistence (a test may still `SAVE` and restart it), killed on drop; optionally also
+//! serving TLS on a second port.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -213,6 +214,19 @@ impl RedisServer {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// Kills the server and starts it again on the same port and in the same directory,
+    /// with `extra` arguments added for this run: it loads the data a `SAVE` wrote there.
+    /// Returns as soon as the server answers, which may be `-LOADING`.
+    pub fn restart_with(&mut self, extra: &[&str]) {
+        self.stop();
+        self.args.extend(extra.iter().map(|s| s.to_string()));
+        assert!(
+            self.spawn(),
+            "redis-server did not restart on port {}",
+            self.port
+        );
     }
 
     /// Kills the server (SIGKILL: nothing is saved). Idempotent.

@@ -24,10 +24,19 @@
 //!   linger: TCP keepalive and `TCP_USER_TIMEOUT` make the kernel drop it, and after
 //!   [`REBUILD_AFTER_TIMEOUTS`] timeouts in a row the manager is replaced outright.
 //! - Errors map to `StoreError::Config` (bad URL or cluster name, TLS set-up),
-//!   `Timeout` (no answer in time), `Unavailable` (connection, auth, failover states) or
-//!   `Protocol` (script errors, unexpected reply shapes, parsed in `reply.rs`). None of
-//!   them panics and nothing retries in a loop: the caller's next call reconnects.
-//!   URL checks, socket options and the error mapping are in `client.rs`.
+//!   `Timeout` (no answer in time), `Unavailable` (connection, auth), `Refused` (Redis
+//!   answers but cannot serve now: `READONLY`, `OOM`, `LOADING`, `MASTERDOWN`, `BUSY`,
+//!   ...) or `Protocol` (script errors, unexpected reply shapes, parsed in `reply.rs`).
+//!   None of them panics and nothing retries in a loop: the caller's next call
+//!   reconnects. URL checks, socket options and the error mapping are in `client.rs`.
+//! - Every script here (not the directory's) starts with `#!lua` (Redis 7): flagged as
+//!   writing, so Redis refuses it as a whole, before it runs, on a read-only replica,
+//!   when out of memory or when a replica's master is gone. Unflagged, a script runs
+//!   there until its first write, so the snapshot (which rarely writes) would answer from
+//!   a replica's frozen data while every renewal failed: a store that answers and fails
+//!   by turns, where it must be unreachable throughout. `NOSCRIPT` (a restarted or
+//!   flushed Redis) is handled by the redis crate: `EVALSHA`, then `SCRIPT LOAD` and
+//!   `EVALSHA` again.
 //! - `changes()` is fed by a background task holding its own pub/sub connection
 //!   (`events.rs`), resubscribing with backoff after any loss.
 //!
@@ -104,10 +113,12 @@ impl Default for RedisOptions {
     }
 }
 
-/// A script body with the shared helpers prepended.
+/// A script body with the shared helpers prepended, flagged as a writing script (the
+/// `#!lua` line without `no-writes`; see the module docs).
 macro_rules! script {
     ($file:literal) => {
         Script::new(concat!(
+            "#!lua\n",
             include_str!("../lua/lib.lua"),
             include_str!(concat!("../lua/", $file))
         ))
