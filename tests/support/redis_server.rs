@@ -1,6 +1,6 @@
 //! `RedisServer`: one `redis-server` child process on a free loopback port, with no
 //! persistence (a test may still `SAVE` and restart it), killed on drop; optionally also
-//! serving TLS on a second port.
+//! serving TLS on a second port; frozen and thawed with signals.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -227,6 +227,31 @@ impl RedisServer {
             "redis-server did not restart on port {}",
             self.port
         );
+    }
+
+    /// Freezes the server (SIGSTOP): connections stay open, nothing is answered, like a
+    /// Redis host that stalls. [`Self::thaw`] resumes it.
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Resumes a frozen server (SIGCONT); it answers what was sent meanwhile.
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        let pid = self
+            .child
+            .as_ref()
+            .expect("a running server")
+            .id()
+            .to_string();
+        let status = Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {sig} {pid}");
     }
 
     /// Kills the server (SIGKILL: nothing is saved). Idempotent.
