@@ -58,7 +58,7 @@ async fn read_only_redis_holds_every_shard(pods: usize, test: &str) {
     );
     // What each pod tells its peers must be "unreachable" from the first refusal on,
     // never "reachable" for a moment in between (a read that a replica answered).
-    let refused = |pod: &TestPod| !pod.handle.status.borrow().store_reachable;
+    let refused = |pod: &TestPod| !pod.handle.status.borrow().store.reachable();
     wait_for(
         "every pod to see the refusal",
         Duration::from_secs(2),

@@ -1,6 +1,7 @@
 //! `RedisServer`: one `redis-server` child process on a free loopback port, with no
 //! persistence (a test may still `SAVE` and restart it), killed on drop; optionally also
-//! serving TLS on a second port; frozen and thawed with signals.
+//! serving TLS on a second port; it can be frozen (SIGSTOP) and thawed, restarted empty,
+//! or restarted with its saved data.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -229,24 +230,21 @@ impl RedisServer {
         );
     }
 
-    /// Freezes the server (SIGSTOP): connections stay open, nothing is answered, like a
-    /// Redis host that stalls. [`Self::thaw`] resumes it.
+    /// Freezes the server with SIGSTOP until [`Self::thaw`]: its connections stay open
+    /// and nothing is answered, like a Redis whose host stalls. Clients see timeouts,
+    /// not errors.
     pub fn freeze(&self) {
         self.signal("-STOP");
     }
 
-    /// Resumes a frozen server (SIGCONT); it answers what was sent meanwhile.
+    /// Lets a frozen server run again (SIGCONT); it answers what was sent meanwhile.
     pub fn thaw(&self) {
         self.signal("-CONT");
     }
 
     fn signal(&self, sig: &str) {
-        let pid = self
-            .child
-            .as_ref()
-            .expect("a running server")
-            .id()
-            .to_string();
+        let child = self.child.as_ref().expect("redis-server is running");
+        let pid = child.id().to_string();
         let status = Command::new("kill")
             .args([sig, &pid])
             .status()
