@@ -21,7 +21,7 @@ use posgate::credentials::ApiTokens;
 use posgate::pod::PodHandle;
 
 use crate::support::api::{self, Push};
-use crate::support::cluster::{core, Cluster, TestPod};
+use crate::support::cluster::{core, Cluster, Kind, TestPod};
 use crate::support::farm::{self, connect_limit, Farm};
 use crate::support::pod::{self, served, SHARDS};
 use crate::support::redis_server::free_port;
@@ -92,9 +92,26 @@ async fn read_only_redis_holds_every_shard(pods: usize, test: &str) {
         secs(outage())
     );
     assert_eq!(reachable, 0, "a READONLY redis counted as reachable");
+    // A shard that stopped delivering for a while was parked (`Suspend`, then `Start`
+    // again) or given up (`Stop`): the transitions say which, and when.
+    let transitions: Vec<String> = cluster
+        .events
+        .since(demoted)
+        .iter()
+        .filter(|e| e.shard == 0 || e.kind != Kind::Start)
+        .map(|e| {
+            format!(
+                "{:.3}s {} {:?} {}",
+                secs(e.at - demoted),
+                e.pod,
+                e.kind,
+                e.shard
+            )
+        })
+        .collect();
     assert_eq!(
         fewest, SHARDS as usize,
-        "shards not served during the refusal"
+        "shards not served during the refusal; transitions: {transitions:?}"
     );
     assert_eq!(
         held, SHARDS as usize,
