@@ -22,7 +22,7 @@ use crate::peer::{PeerClient, PeerTarget};
 use crate::store::{ClusterMeta, CoordStore, StoreError};
 
 /// A failed store call is logged at most this often (the first one always).
-const WARN_EVERY: Duration = Duration::from_secs(10);
+pub(super) const WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// A finished operation, to be fed to the matching `Reconciler::handle_*`.
 pub(super) enum Done {
@@ -173,12 +173,54 @@ pub(super) fn probe_peers(client: PeerClient, peers: Vec<Member>) -> Op {
     .boxed()
 }
 
+/// What a failed store call says about the store. A change of it is logged at once,
+/// whatever was logged last.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Symptom {
+    /// No answer in time, or no connection.
+    Unreachable,
+    /// Redis answers, with the error code of a condition that passes (`READONLY`, `OOM`,
+    /// `LOADING`, ...): the call failed like an unreachable store's.
+    Refusing(String),
+    /// Anything else: an unexpected reply, a metadata mismatch.
+    Failing,
+}
+
+impl Symptom {
+    fn of(error: &StoreError) -> Symptom {
+        match error {
+            StoreError::Timeout(_) | StoreError::Unavailable(_) => Symptom::Unreachable,
+            StoreError::Refused { code, .. } => Symptom::Refusing(code.clone()),
+            StoreError::Config(_) | StoreError::MetaMismatch { .. } | StoreError::Protocol(_) => {
+                Symptom::Failing
+            }
+        }
+    }
+}
+
+/// A log line [`StoreHealth`] asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Line {
+    /// The first failure, or a failure with another symptom than the last line said.
+    Changed(Symptom),
+    /// The same symptom, [`WARN_EVERY`] after the last line.
+    StillFailing,
+    /// A call succeeded after `failures` failures since `since`, the last with `symptom`.
+    Recovered {
+        failures: u64,
+        since: Instant,
+        symptom: Symptom,
+    },
+}
+
 /// Counts store failures and decides which ones are worth a log line: the first of an
-/// outage, then one per [`WARN_EVERY`], then one when the store answers again.
+/// outage and every change of its symptom (a network cut that becomes a `READONLY`
+/// replica), one reminder per [`WARN_EVERY`] otherwise, and one line when the store
+/// answers again.
 #[derive(Debug, Default)]
 pub(super) struct StoreHealth {
-    failures: u64,
-    since: Option<Instant>,
+    /// Failures in a row, the first one's time and the symptom last logged.
+    failing: Option<(u64, Instant, Symptom)>,
     last_warn: Option<Instant>,
 }
 
@@ -189,31 +231,73 @@ impl StoreHealth {
         op: &'static str,
         result: Result<T, StoreError>,
     ) -> OpResult<T> {
+        let line = self.note(now, result.as_ref().err());
         match result {
             Ok(value) => {
-                if let Some(since) = self.since.take() {
+                if let Some(Line::Recovered {
+                    failures,
+                    since,
+                    symptom,
+                }) = line
+                {
                     let down_ms = now.saturating_duration_since(since).as_millis() as u64;
-                    info!(
-                        failures = self.failures,
-                        down_ms, "store calls succeed again"
-                    );
-                    self.failures = 0;
-                    self.last_warn = None;
+                    match symptom {
+                        Symptom::Refusing(code) => info!(
+                            code = %code,
+                            failures,
+                            down_ms,
+                            "redis serves again: store calls succeed"
+                        ),
+                        Symptom::Unreachable | Symptom::Failing => {
+                            info!(failures, down_ms, "store calls succeed again")
+                        }
+                    }
                 }
                 Ok(value)
             }
             Err(error) => {
-                self.failures += 1;
-                self.since.get_or_insert(now);
-                if self.last_warn.is_none_or(|t| now >= t + WARN_EVERY) {
-                    self.last_warn = Some(now);
-                    warn!(op, failures = self.failures, %error, "store call failed");
-                } else {
-                    debug!(op, failures = self.failures, %error, "store call failed");
+                let failures = self.failing.as_ref().map_or(0, |f| f.0);
+                match line {
+                    Some(Line::Changed(Symptom::Refusing(code))) => warn!(
+                        op, code = %code, %error,
+                        "redis answers {code}: treating the store as unreachable until it serves again"
+                    ),
+                    Some(Line::Changed(_) | Line::StillFailing) => {
+                        warn!(op, failures, %error, "store call failed")
+                    }
+                    _ => debug!(op, failures, %error, "store call failed"),
                 }
                 Err(OpFailed)
             }
         }
+    }
+
+    /// Records a call's outcome (`error`, or success) at `now`: the line to log, if any.
+    pub fn note(&mut self, now: Instant, error: Option<&StoreError>) -> Option<Line> {
+        let Some(error) = error else {
+            self.last_warn = None;
+            return self
+                .failing
+                .take()
+                .map(|(failures, since, symptom)| Line::Recovered {
+                    failures,
+                    since,
+                    symptom,
+                });
+        };
+        let symptom = Symptom::of(error);
+        let (failures, _, logged) = self.failing.get_or_insert((0, now, Symptom::Failing));
+        *failures += 1;
+        let line = if *failures == 1 || *logged != symptom {
+            *logged = symptom.clone();
+            Line::Changed(symptom)
+        } else if self.last_warn.is_none_or(|t| now >= t + WARN_EVERY) {
+            Line::StillFailing
+        } else {
+            return None;
+        };
+        self.last_warn = Some(now);
+        Some(line)
     }
 }
 

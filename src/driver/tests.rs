@@ -100,3 +100,68 @@ async fn a_reported_stale_epoch_stops_the_shard() {
     shutdown.send(()).unwrap();
     tokio::time::timeout(LIMIT, run).await.unwrap().unwrap();
 }
+
+mod store_health {
+    use std::time::{Duration, Instant};
+
+    use super::super::ops::{Line, StoreHealth, Symptom, WARN_EVERY};
+    use crate::store::StoreError;
+
+    fn refused(code: &str) -> StoreError {
+        StoreError::Refused {
+            code: code.into(),
+            detail: "test".into(),
+        }
+    }
+
+    #[test]
+    fn one_line_per_change_of_symptom_then_one_when_the_store_serves_again() {
+        let mut health = StoreHealth::default();
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let readonly = Line::Changed(Symptom::Refusing("READONLY".into()));
+        assert_eq!(
+            health.note(at(0), None),
+            None,
+            "a healthy store logs nothing"
+        );
+        assert_eq!(
+            health.note(at(0), Some(&refused("READONLY"))),
+            Some(readonly)
+        );
+        let mut lines = Vec::new();
+        for ms in 1..1_000 {
+            lines.extend(health.note(at(ms), Some(&refused("READONLY"))));
+        }
+        assert_eq!(lines, [], "the same refusal again within {WARN_EVERY:?}");
+        let timeout = StoreError::Timeout(Duration::from_millis(300));
+        assert_eq!(
+            health.note(at(1_000), Some(&timeout)),
+            Some(Line::Changed(Symptom::Unreachable)),
+            "a new symptom is logged at once"
+        );
+        let limit = at(1_000) + WARN_EVERY;
+        assert_eq!(
+            health.note(limit - Duration::from_millis(1), Some(&timeout)),
+            None
+        );
+        assert_eq!(health.note(limit, Some(&timeout)), Some(Line::StillFailing));
+        let oom = Line::Changed(Symptom::Refusing("OOM".into()));
+        assert_eq!(health.note(limit, Some(&refused("OOM"))), Some(oom));
+        assert_eq!(
+            health.note(limit, None),
+            Some(Line::Recovered {
+                failures: 1_004,
+                since: t0,
+                symptom: Symptom::Refusing("OOM".into()),
+            })
+        );
+        assert_eq!(health.note(limit, None), None, "recovery is told once");
+        let readonly = Line::Changed(Symptom::Refusing("READONLY".into()));
+        assert_eq!(
+            health.note(limit, Some(&refused("READONLY"))),
+            Some(readonly),
+            "a new outage is logged at once"
+        );
+    }
+}

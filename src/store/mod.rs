@@ -70,6 +70,12 @@ pub enum StoreError {
     Config(String),
     #[error("store unreachable: {0}")]
     Unavailable(String),
+    /// The store answered, but refuses to serve now: Redis gave one of the error codes of
+    /// a passing condition (a read-only replica, out of memory, loading its data set, a
+    /// replica cut from its master; `store/redis/client.rs` lists them). Treated like an
+    /// unreachable store: retrying later may succeed.
+    #[error("store refuses to serve ({code}): {detail}")]
+    Refused { code: String, detail: String },
     #[error("store call timed out after {0:?}")]
     Timeout(Duration),
     #[error(

@@ -1,6 +1,7 @@
 //! `RedisServer`: one `redis-server` child process on a free loopback port, with no
-//! persistence, killed on drop; optionally also serving TLS on a second port; it can be
-//! frozen (SIGSTOP) and thawed, or restarted empty.
+//! persistence (a test may still `SAVE` and restart it), killed on drop; optionally also
+//! serving TLS on a second port; it can be frozen (SIGSTOP) and thawed, restarted empty,
+//! or restarted with its saved data.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -214,6 +215,19 @@ impl RedisServer {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// Kills the server and starts it again on the same port and in the same directory,
+    /// with `extra` arguments added for this run: it loads the data a `SAVE` wrote there.
+    /// Returns as soon as the server answers, which may be `-LOADING`.
+    pub fn restart_with(&mut self, extra: &[&str]) {
+        self.stop();
+        self.args.extend(extra.iter().map(|s| s.to_string()));
+        assert!(
+            self.spawn(),
+            "redis-server did not restart on port {}",
+            self.port
+        );
     }
 
     /// Freezes the server with SIGSTOP until [`Self::thaw`]: its connections stay open

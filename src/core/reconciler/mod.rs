@@ -297,16 +297,20 @@ impl Reconciler {
             .map(|(epoch, _)| epoch)
     }
 
-    /// The epoch this pod may deliver on `shard` with, and until when: a served shard
-    /// until its lease deadline; a suspended one while the cluster-wide verdict stands
-    /// (nobody can acquire, so the held lease is still the newest: static stability).
+    /// The epoch this pod may deliver on `shard` with, and until when: a suspended shard
+    /// while the cluster-wide verdict stands (nobody can acquire, so the held lease is
+    /// still the newest: static stability); a served one until its lease deadline, or
+    /// until the standing verdict lapses if that is later. A deadline passing under the
+    /// verdict suspends the shard and holds it until that very lapse (rule 6), so the
+    /// hold is announced at once: a reader of the serving table sees no gap between the
+    /// deadline and the moment the driver wakes for it.
     pub fn serve_until(&self, shard: ShardId) -> Option<(Epoch, Instant)> {
+        let verdict_lapse = self.store.verdict_lapses_at(self.verdict_life());
         match self.shards.get(shard as usize)?.view() {
-            ShardState::Serving { epoch, deadline } => Some((epoch, deadline)),
-            ShardState::Suspended { epoch } => self
-                .store
-                .verdict_lapses_at(self.verdict_life())
-                .map(|until| (epoch, until)),
+            ShardState::Serving { epoch, deadline } => {
+                Some((epoch, verdict_lapse.map_or(deadline, |t| t.max(deadline))))
+            }
+            ShardState::Suspended { epoch } => verdict_lapse.map(|until| (epoch, until)),
             _ => None,
         }
     }

@@ -42,9 +42,40 @@ fn redact(url: &str) -> String {
     format!("{scheme}{sep}{user}:***{}", &rest[at..])
 }
 
+/// The error codes with which a Redis that answers says it cannot serve us *now*: the
+/// same call may succeed later, so they mean [`StoreError::Refused`], which the pod treats
+/// like an unreachable store, never as an answer. Our scripts are flagged as writing
+/// (`#!lua` in `super`), so Redis checks these conditions before running one: a refused
+/// call did nothing.
+const REFUSALS: &[&str] = &[
+    // A replica: a failover demoted the node we reach, or someone ran REPLICAOF.
+    "READONLY",
+    // `maxmemory` reached under `noeviction`.
+    "OOM",
+    // Loading its data set after a restart.
+    "LOADING",
+    // A replica that lost its master and does not serve stale data.
+    "MASTERDOWN",
+    // Someone else's script or function ran past `busy-reply-threshold`.
+    "BUSY",
+    // `min-replicas-to-write` not met.
+    "NOREPLICAS",
+    // RDB snapshots fail and `stop-writes-on-bgsave-error` is set.
+    "MISCONF",
+    // A Redis Cluster (or a proxy in front of one) without a serving master for the slot.
+    "CLUSTERDOWN",
+    "TRYAGAIN",
+];
+
 fn map_redis_error(e: &RedisError, limit: Duration) -> StoreError {
     if e.is_timeout() {
         return StoreError::Timeout(limit);
+    }
+    if let Some(code) = e.code().filter(|code| REFUSALS.contains(code)) {
+        return StoreError::Refused {
+            code: code.to_string(),
+            detail: e.detail().unwrap_or_default().to_string(),
+        };
     }
     match e.kind() {
         ErrorKind::Parse
@@ -250,6 +281,58 @@ pub(super) fn cannot_connect(redacted: &str, e: StoreError) -> StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The error a server reply `line` (`-CODE detail`) becomes in the client.
+    fn server_error(line: &str) -> RedisError {
+        let reply = redis::parse_redis_value(format!("-{line}\r\n").as_bytes()).unwrap();
+        reply.extract_error().unwrap_err()
+    }
+
+    #[test]
+    fn a_redis_that_cannot_serve_now_refuses_and_other_errors_keep_their_meaning() {
+        let limit = Duration::from_secs(1);
+        for line in [
+            "READONLY You can't write against a read only replica.",
+            "OOM command not allowed when used memory > 'maxmemory'.",
+            "LOADING Redis is loading the dataset in memory",
+            "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+            "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.",
+            "NOREPLICAS Not enough good replicas to write.",
+            "MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk.",
+            "CLUSTERDOWN The cluster is down",
+            "TRYAGAIN Multiple keys request during rehashing of slot",
+        ] {
+            let (code, detail) = line.split_once(' ').unwrap();
+            match map_redis_error(&server_error(line), limit) {
+                StoreError::Refused { code: c, detail: d } => {
+                    assert_eq!((c.as_str(), d.as_str()), (code, detail), "{line}")
+                }
+                other => panic!("{line}: {other:?}"),
+            }
+        }
+        // A script error or a missing script is our mistake, not a state of the server.
+        for line in [
+            "ERR user_script:1: Script attempted to access a nonexistent global variable",
+            "NOSCRIPT No matching script.",
+        ] {
+            let mapped = map_redis_error(&server_error(line), limit);
+            assert!(
+                matches!(mapped, StoreError::Protocol(_)),
+                "{line}: {mapped:?}"
+            );
+        }
+        // Codes we do not know (a newer server, ACLs) still fail the call: unavailable.
+        for line in [
+            "NOPERM this user has no permissions",
+            "FUTURE something new",
+        ] {
+            let mapped = map_redis_error(&server_error(line), limit);
+            assert!(
+                matches!(mapped, StoreError::Unavailable(_)),
+                "{line}: {mapped:?}"
+            );
+        }
+    }
 
     #[test]
     fn passwords_are_redacted() {

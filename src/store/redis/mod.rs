@@ -24,10 +24,19 @@
 //!   linger: TCP keepalive and `TCP_USER_TIMEOUT` make the kernel drop it, and after
 //!   [`REBUILD_AFTER_TIMEOUTS`] timeouts in a row the manager is replaced outright.
 //! - Errors map to `StoreError::Config` (bad URL or cluster name, TLS set-up),
-//!   `Timeout` (no answer in time), `Unavailable` (connection, auth, failover states) or
-//!   `Protocol` (script errors, unexpected reply shapes, parsed in `reply.rs`). None of
-//!   them panics and nothing retries in a loop: the caller's next call reconnects.
-//!   URL checks, socket options and the error mapping are in `client.rs`.
+//!   `Timeout` (no answer in time), `Unavailable` (connection, auth), `Refused` (Redis
+//!   answers but cannot serve now: `READONLY`, `OOM`, `LOADING`, `MASTERDOWN`, `BUSY`,
+//!   ...) or `Protocol` (script errors, unexpected reply shapes, parsed in `reply.rs`).
+//!   None of them panics and nothing retries in a loop: the caller's next call
+//!   reconnects. URL checks, socket options and the error mapping are in `client.rs`.
+//! - Every script here (not the directory's) starts with `#!lua` (Redis 7): flagged as
+//!   writing, so Redis refuses it as a whole, before it runs, on a read-only replica,
+//!   when out of memory or when a replica's master is gone. Unflagged, a script runs
+//!   there until its first write, so the snapshot (which rarely writes) would answer from
+//!   a replica's frozen data while every renewal failed: a store that answers and fails
+//!   by turns, where it must be unreachable throughout. `NOSCRIPT` (a restarted or
+//!   flushed Redis) is handled by the redis crate: `EVALSHA`, then `SCRIPT LOAD` and
+//!   `EVALSHA` again.
 //! - `changes()` is fed by a background task holding its own pub/sub connection
 //!   (`events.rs`), resubscribing with backoff after any loss.
 //!
@@ -73,8 +82,6 @@ use crate::core::ShardId;
 
 /// Timeouts in a row after which the connection manager is rebuilt.
 pub const REBUILD_AFTER_TIMEOUTS: u32 = 3;
-/// At most one `warn!` per this interval for failed calls; the rest go to `debug!`.
-const WARN_EVERY_MS: u64 = 5_000;
 
 /// Client-side timeouts and the TLS files for `rediss://`. The pod sets
 /// `response_timeout` well below `lease TTL - renew interval`, so a stuck call cannot eat
@@ -104,10 +111,12 @@ impl Default for RedisOptions {
     }
 }
 
-/// A script body with the shared helpers prepended.
+/// A script body with the shared helpers prepended, flagged as a writing script (the
+/// `#!lua` line without `no-writes`; see the module docs).
 macro_rules! script {
     ($file:literal) => {
         Script::new(concat!(
+            "#!lua\n",
             include_str!("../lua/lib.lua"),
             include_str!(concat!("../lua/", $file))
         ))
@@ -148,11 +157,19 @@ struct Shared {
     /// Swapped for a fresh one after repeated timeouts; calls clone it out of the lock.
     manager: Mutex<ConnectionManager>,
     timeouts_in_row: AtomicU32,
+    /// Rebuilds since a call last ended without timing out: only the first of a streak
+    /// is a warning, or a frozen Redis would log one every few calls.
+    rebuilds: AtomicU32,
     round_trips: Arc<AtomicU64>,
-    started: Instant,
-    /// Milliseconds since `started` of the last `warn!` + 1 (0: never).
-    last_warn: AtomicU64,
     url: String,
+}
+
+impl Shared {
+    /// A call ended without timing out: the timeout streak, if any, is over.
+    fn no_timeout(&self) {
+        self.timeouts_in_row.store(0, Ordering::Relaxed);
+        self.rebuilds.store(0, Ordering::Relaxed);
+    }
 }
 
 /// Aborts the pub/sub task when the last clone of the store goes away.
@@ -271,9 +288,8 @@ impl RedisStore {
                 scripts: Scripts::new(),
                 manager: Mutex::new(manager),
                 timeouts_in_row: AtomicU32::new(0),
+                rebuilds: AtomicU32::new(0),
                 round_trips,
-                started: Instant::now(),
-                last_warn: AtomicU64::new(0),
                 url,
             }),
             changes: rx,
@@ -318,7 +334,7 @@ impl RedisStore {
         let latency_ms = started.elapsed().as_secs_f64() * 1e3;
         match &result {
             Ok(_) => {
-                s.timeouts_in_row.store(0, Ordering::Relaxed);
+                s.no_timeout();
                 debug!(op, latency_ms, "redis call");
             }
             Err(e) => {
@@ -328,20 +344,11 @@ impl RedisStore {
                         self.rebuild(in_row);
                     }
                 } else {
-                    s.timeouts_in_row.store(0, Ordering::Relaxed);
+                    s.no_timeout();
                 }
-                let now = s.started.elapsed().as_millis() as u64 + 1;
-                let last = s.last_warn.load(Ordering::Relaxed);
-                let due = last == 0 || now.saturating_sub(last) >= WARN_EVERY_MS;
-                if due
-                    && s.last_warn
-                        .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                        .is_ok()
-                {
-                    warn!(op, latency_ms, error = %e, "redis call failed");
-                } else {
-                    debug!(op, latency_ms, error = %e, "redis call failed");
-                }
+                // Every caller reports its failures (the driver once per change of
+                // symptom): a line per failed call here would only repeat them.
+                debug!(op, latency_ms, error = %e, "redis call failed");
             }
         }
         result
@@ -355,7 +362,15 @@ impl RedisStore {
             Ok(fresh) => {
                 *s.manager.lock().unwrap_or_else(|p| p.into_inner()) = fresh;
                 s.timeouts_in_row.store(0, Ordering::Relaxed);
-                warn!(timeouts_in_row = in_row, url = %s.url, "rebuilt redis connection after repeated timeouts");
+                let rebuilds = s.rebuilds.fetch_add(1, Ordering::Relaxed) + 1;
+                if rebuilds == 1 {
+                    warn!(timeouts_in_row = in_row, url = %s.url, "rebuilt redis connection after repeated timeouts (further rebuilds of this streak are logged at debug)");
+                } else {
+                    debug!(
+                        timeouts_in_row = in_row,
+                        rebuilds, "rebuilt redis connection again"
+                    );
+                }
             }
             Err(e) => warn!(error = %e, "could not rebuild redis connection"),
         }

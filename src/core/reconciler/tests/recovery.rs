@@ -61,6 +61,42 @@ fn suspended_in_a_cluster_wide_outage() -> (Reconciler, Instant, Vec<ShardId>) {
 }
 
 #[test]
+fn a_deadline_passing_under_the_verdict_leaves_no_gap_in_delivery() {
+    let (mut r, t) = serving_pod("a", &["a", "b"]);
+    let t = t + Duration::from_secs(1);
+    let shards = renewal_due(&mut r, t);
+    let Some(ShardState::Serving { deadline, .. }) = r.shard_state(shards[0]) else {
+        panic!("served");
+    };
+    r.handle_renew(t, &shards, Err(OpFailed));
+    let unreachable = PeerReport {
+        answered: 1,
+        reaching: 0,
+    };
+    // Driven up to just before the deadline, the verdict confirmed last there: it stands
+    // past the deadline.
+    let confirmed = deadline - Duration::from_millis(10);
+    outage(&mut r, t, confirmed, unreachable);
+    r.handle_peer_report(confirmed, unreachable);
+    let lapse = confirmed + r.verdict_life();
+    // Not woken yet for the deadline (a driver is a little late): the shard is still
+    // `Serving`, and delivering at and after its deadline already.
+    assert!(matches!(
+        r.shard_state(shards[0]),
+        Some(ShardState::Serving { .. })
+    ));
+    assert_eq!(r.serve_until(shards[0]), Some((7, lapse)));
+    assert_eq!(r.serving(shards[0], deadline), Some(7));
+    // Woken: suspended, held until the same lapse.
+    r.handle_timeout(deadline + Duration::from_millis(1));
+    assert_eq!(
+        r.shard_state(shards[0]),
+        Some(ShardState::Suspended { epoch: 7 })
+    );
+    assert_eq!(r.serve_until(shards[0]), Some((7, lapse)));
+}
+
+#[test]
 fn a_new_generation_reclaims_held_shards_and_holds_everything_else() {
     let (mut r, t) = serving_pod("a", &["a"]);
     // Redis restarted empty; b registered first, a's registration is gone.
