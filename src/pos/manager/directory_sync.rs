@@ -8,7 +8,7 @@ impl<D: Directory> Inner<D> {
     /// Reads `shard`'s version and terminals and brings its links in line.
     pub(super) async fn load(self: Arc<Self>, shard: ShardId, incarnation: u64) {
         let read = async {
-            let versions = self.directory.versions(&[shard]).await?;
+            let versions = self.directory.versions(&[shard]).await?.versions;
             let terminals = self.directory.terminals(shard).await?;
             Ok::<_, StoreError>((versions.first().copied(), terminals))
         };
@@ -110,7 +110,7 @@ impl<D: Directory> Inner<D> {
         let versions =
             match tokio::time::timeout(self.directory_poll, self.directory.versions(&shards)).await
             {
-                Ok(Ok(v)) => v,
+                Ok(Ok(v)) => v.versions,
                 Ok(Err(e)) => {
                     warn!(error = %e, "cannot poll the terminal directory");
                     return;

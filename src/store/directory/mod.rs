@@ -17,7 +17,9 @@
 //! goes back, even when the store lost its data: a write sets it to
 //! `max(previous + 1, store clock in ms)` (the epoch rule of `docs/design.md`). A reader
 //! must read `versions` *before* `terminals`, so a change racing with the read shows up
-//! as a new version on the next poll.
+//! as a new version on the next poll. Versions come with the store generation they were
+//! read in ([`Versions`]): a version goes back to 0 only when the store lost its data,
+//! and the generation tells a copy read before the loss from one read after it.
 //!
 //! What it does not do: dial terminals, or make a multi-chunk write atomic. Writes go in
 //! chunks of [`WRITE_CHUNK`] terminals; each chunk is atomic, a failed write may have
@@ -63,11 +65,23 @@ pub trait Directory: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<Terminal>, StoreError>> + Send;
 
     /// A change counter per shard (index = position in `shards`): it differs from an
-    /// earlier answer whenever the shard's terminals changed since.
+    /// earlier answer whenever the shard's terminals changed since; 0 for a shard never
+    /// written (or lost with the store's data). Read in one atomic step with the store
+    /// generation.
     fn versions(
         &self,
         shards: &[ShardId],
-    ) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Versions, StoreError>> + Send;
+}
+
+/// The answer of [`Directory::versions`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Versions {
+    /// The store generation the versions were read in; `None` while the store has none
+    /// (Redis restarted empty and no pod has written since).
+    pub generation: Option<String>,
+    /// One per shard asked for, in the same order.
+    pub versions: Vec<u64>,
 }
 
 /// Writes to the directory. `shards` is the cluster's shard count (it decides each

@@ -8,7 +8,7 @@
 //! | call | Redis |
 //! |---|---|
 //! | `terminals` | `directory_read.lua` `scan`: `HSCAN` pages of [`PAGE`] entries, so a big shard is never one giant reply |
-//! | `versions` | `directory_read.lua` `versions`: `HMGET` (missing = 0) |
+//! | `versions` | `directory_read.lua` `versions`: the generation id and `HMGET` (missing = 0), one call |
 //! | `count` | `directory_read.lua` `count`: sum of `HLEN` |
 //! | `upsert` | `directory_upsert.lua` per chunk of [`WRITE_CHUNK`] terminals: `HGET`, `HSET` if different, then one version bump per changed shard |
 //! | `remove` | `directory_remove.lua` per chunk: `HDEL`, version bump per changed shard |
@@ -32,8 +32,8 @@ use super::reply::{bad, items, uint};
 use super::RedisStore;
 use crate::core::ShardId;
 use crate::store::directory::{
-    by_shard, diff_shard, ids_by_shard, Directory, DirectoryAdmin, Entry, Terminal, WriteSummary,
-    WRITE_CHUNK,
+    by_shard, diff_shard, ids_by_shard, Directory, DirectoryAdmin, Entry, Terminal, Versions,
+    WriteSummary, WRITE_CHUNK,
 };
 use crate::store::StoreError;
 
@@ -41,7 +41,7 @@ use crate::store::StoreError;
 pub const PAGE: usize = 1_000;
 /// Write chunks (script calls) in flight at once.
 pub const IN_FLIGHT: usize = 8;
-/// Shards per `versions` / `count` call.
+/// Shards per `count` call.
 const SHARDS_PER_READ: usize = 1_000;
 
 struct DirScripts {
@@ -238,33 +238,40 @@ impl Directory for RedisStore {
         Ok(found.into_values().collect())
     }
 
-    async fn versions(&self, shards: &[ShardId]) -> Result<Vec<u64>, StoreError> {
-        let mut out = Vec::with_capacity(shards.len());
-        for part in shards.chunks(SHARDS_PER_READ) {
-            let mut args = vec!["versions".to_string()];
-            args.extend(part.iter().map(ShardId::to_string));
-            let keys = vec![self.keys().terminals_version()];
-            let reply = self.call("directory_versions", &SCRIPTS.read, keys, args);
-            let values = items(reply.await?)?;
-            if values.len() != part.len() {
-                return Err(bad(format!(
-                    "directory versions: expected {} items, got {}",
-                    part.len(),
-                    values.len()
-                )));
-            }
-            for v in values {
-                out.push(match v {
-                    Value::Nil => 0,
-                    v => {
-                        let s = string(v)?;
-                        s.parse()
-                            .map_err(|_| bad(format!("directory version {s:?} is not a number")))?
-                    }
-                });
-            }
+    async fn versions(&self, shards: &[ShardId]) -> Result<Versions, StoreError> {
+        let k = self.keys();
+        let mut args = vec!["versions".to_string()];
+        args.extend(shards.iter().map(ShardId::to_string));
+        let keys = vec![k.terminals_version(), k.generation()];
+        let reply = self.call("directory_versions", &SCRIPTS.read, keys, args);
+        let [generation, values] = exactly("directory versions", reply.await?)?;
+        let generation = match generation {
+            Value::Nil => None,
+            v => Some(string(v)?),
+        };
+        let values = items(values)?;
+        if values.len() != shards.len() {
+            return Err(bad(format!(
+                "directory versions: expected {} items, got {}",
+                shards.len(),
+                values.len()
+            )));
         }
-        Ok(out)
+        let versions = values
+            .into_iter()
+            .map(|v| match v {
+                Value::Nil => Ok(0),
+                v => {
+                    let s = string(v)?;
+                    s.parse()
+                        .map_err(|_| bad(format!("directory version {s:?} is not a number")))
+                }
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Versions {
+            generation,
+            versions,
+        })
     }
 }
 
