@@ -3,7 +3,9 @@
 //! bumped to `max(previous + 1, wall clock ms)` once per write that changes the shard.
 //!
 //! Its content lives exactly as long as the value, so it has one store generation for
-//! its whole life (a random id made by [`MemoryDirectory::new`]).
+//! its whole life (a random id made by [`MemoryDirectory::new`]) and never has a lost
+//! shard to write back: [`Directory::restore`] always answers
+//! [`Refusal::SameGeneration`].
 //!
 //! What it does not do: persist anything, or fail (every call answers `Ok` unless the
 //! input is invalid).
@@ -13,9 +15,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::{
-    by_shard, diff_shard, ids_by_shard, Directory, DirectoryAdmin, Entry, Terminal, Versions,
-    WriteSummary,
+    by_shard, diff_shard, ids_by_shard, Directory, DirectoryAdmin, Entry, Refusal, Restore,
+    Restored, Terminal, Versions, WriteSummary,
 };
+use crate::core::lease::Checked;
 use crate::core::ShardId;
 use crate::store::StoreError;
 
@@ -134,6 +137,11 @@ impl Directory for MemoryDirectory {
                 .map(|s| state.versions.get(s).copied().unwrap_or(0))
                 .collect(),
         })
+    }
+
+    /// Nothing is ever lost here (see the module docs).
+    async fn restore(&self, _request: &Restore<'_>) -> Result<Checked<Restored>, StoreError> {
+        Ok(Checked::Ok(Restored::Refused(Refusal::SameGeneration)))
     }
 }
 

@@ -6,7 +6,8 @@
 //! counter, so the owner of a shard reads only its own terminals and notices changes by
 //! polling the counters ([`Directory::versions`]) instead of re-reading everything.
 //!
-//! - [`Directory`]: what a shard owner needs (read one shard, poll versions).
+//! - [`Directory`]: what a shard owner needs (read one shard, poll versions, write its
+//!   shard back after the store lost it: [`restore`]).
 //! - [`DirectoryAdmin`]: the writes (`posgate terminals ...`): upsert, remove, replace
 //!   all (a per-shard diff, so only shards that really change get a new version), count.
 //! - Implementations: `RedisStore` (`store/redis/directory.rs`) and
@@ -27,6 +28,7 @@
 
 pub mod csv;
 mod memory;
+pub mod restore;
 
 use crate::api::valid_terminal_id;
 use std::collections::{BTreeMap, BTreeSet};
@@ -36,11 +38,13 @@ use std::net::Ipv6Addr;
 
 use serde::{Deserialize, Serialize};
 
+use crate::core::lease::Checked;
 use crate::core::shard::shard_of;
 use crate::core::ShardId;
 use crate::store::StoreError;
 
 pub use self::memory::MemoryDirectory;
+pub use self::restore::{Refusal, Restore, Restored};
 
 /// Terminals (or ids) per write call: one Redis script call each.
 pub const WRITE_CHUNK: usize = 1_000;
@@ -56,7 +60,7 @@ pub struct Terminal {
     pub server_name: String,
 }
 
-/// Read access the connection manager needs. Implemented for Redis and memory.
+/// What the connection manager needs. Implemented for Redis and memory.
 pub trait Directory: Send + Sync + 'static {
     /// Every terminal of `shard`, sorted by id.
     fn terminals(
@@ -72,6 +76,14 @@ pub trait Directory: Send + Sync + 'static {
         &self,
         shards: &[ShardId],
     ) -> impl Future<Output = Result<Versions, StoreError>> + Send;
+
+    /// Writes `request.terminals` back as the shard's directory if the store lost it and
+    /// the caller holds the shard: the checks are in [`restore`]. Writes the whole shard
+    /// or nothing, in one atomic step.
+    fn restore(
+        &self,
+        request: &Restore<'_>,
+    ) -> impl Future<Output = Result<Checked<Restored>, StoreError>> + Send;
 }
 
 /// The answer of [`Directory::versions`].

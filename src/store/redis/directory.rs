@@ -13,6 +13,7 @@
 //! | `upsert` | `directory_upsert.lua` per chunk of [`WRITE_CHUNK`] terminals: `HGET`, `HSET` if different, then one version bump per changed shard |
 //! | `remove` | `directory_remove.lua` per chunk: `HDEL`, version bump per changed shard |
 //! | `replace_all` | `terminals` of every shard, [`diff_shard`], then `upsert` + `remove` of only the difference |
+//! | `restore` | `directory_restore.lua`, one call per shard (so the checks of `directory::restore` and the write are one atomic step): generation, lease owner + epoch, shard untouched in this generation; then `HSET` every entry, the version, and the `terminals-restored` record |
 //!
 //! Writes are sorted by shard before chunking, so a chunk touches few shards; up to
 //! [`IN_FLIGHT`] chunks are sent concurrently on the multiplexed connection. Each chunk
@@ -20,7 +21,8 @@
 //! may interleave (the last chunk written wins per terminal).
 //!
 //! What it does not do: notify pods (they poll versions), or keep the directory across
-//! a Redis that lost its data (re-import it; versions still move forward).
+//! a Redis that lost its data by itself: the owners write back what they hold
+//! (`restore`), and shards nobody held need a re-import (versions still move forward).
 
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
@@ -28,12 +30,13 @@ use std::sync::LazyLock;
 use futures::{StreamExt, TryStreamExt};
 use redis::{Script, Value};
 
-use super::reply::{bad, items, uint};
+use super::reply::{bad, checked, items, map_ok, restore_outcome, uint};
 use super::RedisStore;
+use crate::core::lease::Checked;
 use crate::core::ShardId;
 use crate::store::directory::{
-    by_shard, diff_shard, ids_by_shard, Directory, DirectoryAdmin, Entry, Terminal, Versions,
-    WriteSummary, WRITE_CHUNK,
+    by_shard, diff_shard, ids_by_shard, Directory, DirectoryAdmin, Entry, Restore, Restored,
+    Terminal, Versions, WriteSummary, WRITE_CHUNK,
 };
 use crate::store::StoreError;
 
@@ -48,6 +51,7 @@ struct DirScripts {
     read: Script,
     upsert: Script,
     remove: Script,
+    restore: Script,
 }
 
 static SCRIPTS: LazyLock<DirScripts> = LazyLock::new(|| DirScripts {
@@ -61,6 +65,10 @@ static SCRIPTS: LazyLock<DirScripts> = LazyLock::new(|| DirScripts {
         include_str!("../lua/lib.lua"),
         include_str!("../lua/directory_lib.lua"),
         include_str!("../lua/directory_remove.lua")
+    )),
+    restore: Script::new(concat!(
+        include_str!("../lua/lib.lua"),
+        include_str!("../lua/directory_restore.lua")
     )),
 });
 
@@ -271,6 +279,43 @@ impl Directory for RedisStore {
         Ok(Versions {
             generation,
             versions,
+        })
+    }
+
+    async fn restore(&self, request: &Restore<'_>) -> Result<Checked<Restored>, StoreError> {
+        if request.terminals.is_empty() {
+            return Err(StoreError::Config(format!(
+                "nothing to write back for shard {}",
+                request.shard
+            )));
+        }
+        let k = self.keys();
+        let shard = request.shard;
+        let keys = vec![
+            k.generation(),
+            k.epochs(),
+            k.lease(shard),
+            k.terminals(shard),
+            k.terminals_version(),
+            k.terminals_restored(),
+        ];
+        let mut args = vec![
+            request.generation.to_string(),
+            super::ops::nonce(),
+            request.pod.to_string(),
+            request.epoch.to_string(),
+            request.read_in.to_string(),
+            shard.to_string(),
+        ];
+        for t in request.terminals {
+            t.validate()?;
+            let json = serde_json::to_string(&t.entry())
+                .map_err(|e| bad(format!("cannot encode: {e}")))?;
+            args.extend([t.id.clone(), json]);
+        }
+        let reply = self.call("directory_restore", &SCRIPTS.restore, keys, args);
+        map_ok(checked(reply.await?, None, 1)?, |mut outcome| {
+            restore_outcome(outcome.remove(0))
         })
     }
 }
