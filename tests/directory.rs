@@ -9,7 +9,7 @@ use posgate::core::shard::shard_of;
 use posgate::core::ShardId;
 use posgate::store::directory::{Directory, DirectoryAdmin, MemoryDirectory, Terminal};
 use posgate::store::redis::{RedisOptions, RedisStore};
-use posgate::store::StoreError;
+use posgate::store::{CoordStore, StoreError};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -48,7 +48,7 @@ async fn everything(d: &impl Directory) -> Vec<Terminal> {
 async fn upsert_bumps_only_changed_shards() {
     let redis = RedisServer::start();
     let store = connect(&redis).await;
-    let v0 = store.versions(&all_shards()).await.unwrap();
+    let v0 = store.versions(&all_shards()).await.unwrap().versions;
     assert_eq!(v0, vec![0; SHARDS as usize]);
 
     let batch = vec![t("a", 1), t("b", 2), t("c", 3)];
@@ -56,19 +56,19 @@ async fn upsert_bumps_only_changed_shards() {
     assert_eq!((sum.added, sum.updated, sum.unchanged), (3, 0, 0));
     let touched: BTreeSet<ShardId> = batch.iter().map(|t| shard_of(&t.id, SHARDS)).collect();
     assert_eq!(sum.changed_shards, touched);
-    let v1 = store.versions(&all_shards()).await.unwrap();
+    let v1 = store.versions(&all_shards()).await.unwrap().versions;
     assert_eq!(moved(&v0, &v1), touched);
 
     // The same terminals again: nothing changes, no version moves.
     let sum = store.upsert(SHARDS, &batch).await.unwrap();
     assert_eq!((sum.added, sum.updated, sum.unchanged), (0, 0, 3));
     assert!(sum.changed_shards.is_empty());
-    assert_eq!(store.versions(&all_shards()).await.unwrap(), v1);
+    assert_eq!(store.versions(&all_shards()).await.unwrap().versions, v1);
 
     // One changed address: only its shard moves, and only forward.
     let sum = store.upsert(SHARDS, &[t("b", 20)]).await.unwrap();
     assert_eq!((sum.added, sum.updated), (0, 1));
-    let v2 = store.versions(&all_shards()).await.unwrap();
+    let v2 = store.versions(&all_shards()).await.unwrap().versions;
     let b = shard_of("b", SHARDS);
     assert_eq!(moved(&v1, &v2), BTreeSet::from([b]));
     assert!(v2[b as usize] > v1[b as usize]);
@@ -83,7 +83,7 @@ async fn upsert_bumps_only_changed_shards() {
 
     // versions answers in the order asked.
     let some = [b, 0, b];
-    let answer = store.versions(&some).await.unwrap();
+    let answer = store.versions(&some).await.unwrap().versions;
     assert_eq!(answer, vec![v2[b as usize], v2[0], v2[b as usize]]);
     assert_eq!(store.count(SHARDS).await.unwrap(), 3);
 }
@@ -103,13 +103,13 @@ async fn remove_replace_and_count() {
         "pos-001".to_string(),
         "nope".to_string(),
     ];
-    let v0 = store.versions(&all_shards()).await.unwrap();
+    let v0 = store.versions(&all_shards()).await.unwrap().versions;
     let sum = store.remove(SHARDS, &ids).await.unwrap();
     assert_eq!((sum.removed, sum.unchanged), (2, 1));
     let expect: BTreeSet<ShardId> = ids[..2].iter().map(|id| shard_of(id, SHARDS)).collect();
     assert_eq!(sum.changed_shards, expect);
     assert_eq!(
-        moved(&v0, &store.versions(&all_shards()).await.unwrap()),
+        moved(&v0, &store.versions(&all_shards()).await.unwrap().versions),
         expect
     );
     assert_eq!(store.count(SHARDS).await.unwrap(), 48);
@@ -120,14 +120,14 @@ async fn remove_replace_and_count() {
         .collect();
     wanted[0] = t("pos-010", 7);
     wanted.push(t("pos-100", 100));
-    let v1 = store.versions(&all_shards()).await.unwrap();
+    let v1 = store.versions(&all_shards()).await.unwrap().versions;
     let sum = store.replace_all(SHARDS, &wanted).await.unwrap();
     assert_eq!(
         (sum.added, sum.updated, sum.removed, sum.unchanged),
         (1, 1, 28, 19)
     );
     assert_eq!(
-        moved(&v1, &store.versions(&all_shards()).await.unwrap()),
+        moved(&v1, &store.versions(&all_shards()).await.unwrap().versions),
         sum.changed_shards
     );
     assert_eq!(store.count(SHARDS).await.unwrap(), 21);
@@ -138,13 +138,13 @@ async fn remove_replace_and_count() {
     assert_eq!(got, expect);
 
     // The same replace again changes nothing.
-    let v2 = store.versions(&all_shards()).await.unwrap();
+    let v2 = store.versions(&all_shards()).await.unwrap().versions;
     let sum = store.replace_all(SHARDS, &wanted).await.unwrap();
     assert_eq!(
         (sum.added, sum.updated, sum.removed, sum.unchanged),
         (0, 0, 0, 21)
     );
-    assert_eq!(store.versions(&all_shards()).await.unwrap(), v2);
+    assert_eq!(store.versions(&all_shards()).await.unwrap().versions, v2);
 
     // Replacing with nothing empties the directory.
     store.replace_all(SHARDS, &[]).await.unwrap();
@@ -173,7 +173,10 @@ async fn invalid_input_writes_nothing() {
         .unwrap_err();
     assert!(matches!(err, StoreError::Config(_)), "{err}");
     assert_eq!(store.count(SHARDS).await.unwrap(), 0);
-    assert_eq!(store.versions(&all_shards()).await.unwrap(), vec![0; 8]);
+    assert_eq!(
+        store.versions(&all_shards()).await.unwrap().versions,
+        vec![0; 8]
+    );
 }
 
 /// Many terminals per shard: writes go in chunks, reads in HSCAN pages, and a shard
@@ -211,20 +214,29 @@ async fn large_shards_are_paged_and_sorted() {
     assert_eq!(store.count(shards).await.unwrap(), 7_000);
 }
 
-/// Versions keep moving forward after Redis lost its data (max(previous + 1, now)).
+/// Versions keep moving forward after Redis lost its data (max(previous + 1, now)), and
+/// come with the generation they were read in.
 #[tokio::test]
 async fn versions_never_repeat_after_a_wipe() {
     let redis = RedisServer::start();
     let store = connect(&redis).await;
+    let g0 = store.snapshot(SHARDS).await.unwrap().generation.id;
     store.upsert(SHARDS, &[t("a", 1)]).await.unwrap();
     let shard = shard_of("a", SHARDS);
-    let before = store.versions(&[shard]).await.unwrap()[0];
+    let read = store.versions(&[shard]).await.unwrap();
+    assert_eq!(read.generation.as_deref(), Some(g0.as_str()));
+    let before = read.versions[0];
     assert!(before > 1_600_000_000_000, "a ms timestamp, got {before}");
     assert_eq!(redis.command(&["FLUSHALL"]), "+OK");
-    assert_eq!(store.versions(&[shard]).await.unwrap(), vec![0]);
+    let wiped = store.versions(&[shard]).await.unwrap();
+    assert_eq!((wiped.generation, wiped.versions), (None, vec![0]));
     store.upsert(SHARDS, &[t("a", 1)]).await.unwrap();
-    let after = store.versions(&[shard]).await.unwrap()[0];
+    let after = store.versions(&[shard]).await.unwrap().versions[0];
     assert!(after >= before, "{after} < {before}");
+    let g1 = store.snapshot(SHARDS).await.unwrap().generation.id;
+    assert_ne!(g1, g0);
+    let read = store.versions(&[shard]).await.unwrap();
+    assert_eq!(read.generation.as_deref(), Some(g1.as_str()));
 }
 
 fn random_id(rng: &mut StdRng) -> String {
@@ -252,8 +264,8 @@ async fn memory_and_redis_agree() {
     let store = connect(&redis).await;
     let memory = MemoryDirectory::new();
     let mut rng = StdRng::seed_from_u64(7);
-    let mut v_redis = store.versions(&all_shards()).await.unwrap();
-    let mut v_mem = memory.versions(&all_shards()).await.unwrap();
+    let mut v_redis = store.versions(&all_shards()).await.unwrap().versions;
+    let mut v_mem = memory.versions(&all_shards()).await.unwrap().versions;
     for step in 0..40 {
         let op = rng.random_range(0..10u32);
         let (a, b) = if op < 6 {
@@ -292,8 +304,8 @@ async fn memory_and_redis_agree() {
             memory.count(SHARDS).await.unwrap()
         );
         let (nr, nm) = (
-            store.versions(&all_shards()).await.unwrap(),
-            memory.versions(&all_shards()).await.unwrap(),
+            store.versions(&all_shards()).await.unwrap().versions,
+            memory.versions(&all_shards()).await.unwrap().versions,
         );
         assert_eq!(moved(&v_redis, &nr), a.changed_shards, "step {step}");
         assert_eq!(moved(&v_mem, &nm), b.changed_shards, "step {step}");

@@ -13,6 +13,7 @@ mod cli_terminals;
 mod cluster_redis;
 mod demo;
 mod directory;
+mod directory_restore;
 mod doc_commands;
 mod http_api;
 mod https;

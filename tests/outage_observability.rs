@@ -193,12 +193,12 @@ async fn a_frozen_redis_shows_held_shards_delivering_then_normal_again() {
         Duration::from_secs(20),
         || async {
             let s = api::metrics(&http, &base).await;
-            of(&s, &verdict("reachable")) == 1.0
-                && of(&s, &verdict("cluster_wide")) == 0.0
-                && of(&s, UNREACHABLE_SECONDS) == 0.0
-                && of(&s, DELIVERING) == 0.0
-                && of(&s, PARKED) == 0.0
-                && of(&s, "posgate_shards_served") == f64::from(pod::SHARDS)
+            api::scraped(&s, &verdict("reachable")) == 1.0
+                && api::scraped(&s, &verdict("cluster_wide")) == 0.0
+                && api::scraped(&s, UNREACHABLE_SECONDS) == 0.0
+                && api::scraped(&s, DELIVERING) == 0.0
+                && api::scraped(&s, PARKED) == 0.0
+                && api::scraped(&s, "posgate_shards_served") == f64::from(pod::SHARDS)
         },
     )
     .await;

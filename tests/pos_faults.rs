@@ -27,7 +27,8 @@ use posgate::core::{CoreConfig, ShardId};
 use posgate::pod::PodHandle;
 use posgate::pos::backoff::BackoffPolicy;
 use posgate::pos::manager::ManagerConfig;
-use posgate::store::directory::Terminal;
+use posgate::store::directory::{DirectoryAdmin, Terminal};
+use posgate::store::redis::RedisStore;
 use posgate_loadtest::pos_sim::{FarmCounters, FaultConfig};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpListener;
@@ -561,8 +562,8 @@ async fn dropped_connections_are_redialed_at_the_dial_rate() {
 
 /// Redis restarted empty loses the terminal directory with everything else: the pod
 /// keeps its terminals connected (it re-claims its shards with higher epochs and says
-/// hello again on the same connections) instead of closing them all, and a re-import
-/// changes nothing.
+/// hello again on the same connections) instead of closing them all, writes the
+/// directory of its shards back, and a re-import changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_wiped_directory_disconnects_no_terminal() {
     const N: u64 = 200;
@@ -589,6 +590,15 @@ async fn a_wiped_directory_disconnects_no_terminal() {
         "sessions current again after the re-claim",
         Duration::from_secs(20),
         || t.all_sessions_current(&[&pods[0]]),
+    )
+    .await;
+    let store = RedisStore::connect(&redis.url(), CLUSTER, pod::store_options())
+        .await
+        .unwrap();
+    wait_for_async(
+        "the directory written back",
+        Duration::from_secs(10),
+        || async { store.count(SHARDS).await.unwrap() == N },
     )
     .await;
     import(&redis, &t.entries()).await;

@@ -90,6 +90,11 @@ impl Dialer {
         *self.tls.write().unwrap_or_else(PoisonError::into_inner) = tls;
     }
 
+    /// This pod, as the hellos name it.
+    pub fn pod(&self) -> &PodId {
+        &self.cfg.pod
+    }
+
     /// The handshake timeout, also used for hellos on live sessions.
     pub fn handshake_timeout(&self) -> Duration {
         self.cfg.handshake_timeout

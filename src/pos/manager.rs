@@ -10,7 +10,10 @@
 //! settle on a rebalance or shutdown, so the lease is released only when the next owner
 //! may dial and the terminals have seen their connections end. The directory's per-shard versions are
 //! polled for all served shards in one call every `directory_poll`: new terminals are
-//! dialed, removed ones closed. A terminal's stale-epoch answer goes to the driver
+//! dialed, removed ones closed. A shard whose directory the store lost (Redis restarted
+//! empty) keeps its links, and the manager writes them back as the shard's directory
+//! once it holds the shard's lease in the new generation (`Directory::restore`, see
+//! `manager/directory_sync.rs`). A terminal's stale-epoch answer goes to the driver
 //! through the channel given at construction.
 //!
 //! Pushes find a terminal's link with [`ConnectionManager::lookup`] and send on its
@@ -146,9 +149,27 @@ struct ShardEntry {
     links: HashMap<String, LinkHandle>,
     /// Every link task of the shard, including removed ones still closing.
     tasks: JoinSet<()>,
-    /// The directory version the links reflect; `None` before the first load.
-    version: Option<u64>,
+    /// What the links reflect of the shard's directory.
+    listing: Listing,
+    /// A load (and maybe a write-back) is under way; the poller starts no other.
     loading: bool,
+}
+
+/// What a shard's links reflect of the directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Listing {
+    /// Not read yet: the first load is under way (or failed and is retried).
+    Unread,
+    /// The directory at `version`, read in store generation `generation` (`None`: the
+    /// store had none at the time).
+    Read {
+        generation: Option<String>,
+        version: u64,
+    },
+    /// Read in generation `read_in`, and found missing since (the store lost its data):
+    /// the links stay, and every poll tries to write them back as the shard's directory
+    /// until that succeeds or the directory shows up again.
+    Lost { read_in: Option<String> },
 }
 
 /// A running link. Dropping it tells the task to close its session and end.
@@ -165,7 +186,9 @@ pub enum Lookup {
     NotServed,
     /// The shard's terminal list is still being read from the directory.
     Loading,
-    /// Not in the shard's directory.
+    /// No link to the terminal, so no session to it: it was not in the shard's directory
+    /// when last read. (A shard whose directory the store lost keeps its links, so a
+    /// terminal with a live session is always `Found`.)
     Unknown,
     Found(TerminalLink),
 }
@@ -269,7 +292,7 @@ impl<D: Directory> ConnectionManager<D> {
                 shared: link.shared.clone(),
             }),
             // Not read yet: only the first load can tell.
-            None if entry.version.is_none() => Lookup::Loading,
+            None if entry.listing == Listing::Unread => Lookup::Loading,
             None => Lookup::Unknown,
         }
     }
@@ -290,7 +313,9 @@ impl<D: Directory> SessionStats for ConnectionManager<D> {
         let mut pending = 0;
         for entry in shards.values() {
             // Not loaded yet: how many terminals it has is not known.
-            entry.version?;
+            if entry.listing == Listing::Unread {
+                return None;
+            }
             pending += entry.links.values().filter(|l| !l.shared.dialed()).count();
         }
         Some(pending)
@@ -360,7 +385,7 @@ impl<D: Directory> ServingHook for ConnectionManager<D> {
                 mode,
                 links: HashMap::new(),
                 tasks: JoinSet::new(),
-                version: None,
+                listing: Listing::Unread,
                 loading: true,
             },
         );

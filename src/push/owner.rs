@@ -2,18 +2,21 @@
 //! its session, fenced by the shard's epoch, and turns the outcome into an answer.
 //!
 //! Order of checks, each one for a reason: the shard must be served here now (else the
-//! caller must find the new owner: [`Owned::NotHere`]); the terminal must be in the
-//! directory (`404`); the idempotency key is reserved (replay or `409`); the push then
-//! waits, bounded by the deadline and a per-terminal cap, for a session whose hello was
-//! accepted with the shard's current epoch; right before sending, the lease is checked
-//! again, so nothing goes out past the lease deadline (for a shard held past it through a
-//! cluster-wide store outage: past the verdict; such deliveries are counted in
-//! `posgate_pushes_on_suspended_shards_total`). A refused epoch drops the shard and
-//! sends the caller to the new owner (the push was not processed); a connection that
-//! closed before the request left is waited out; a request that may have left without
-//! an answer is `504` with `"delivery": "unknown"` and is never re-sent here.
-//! A terminal's duplicate marker is a `200` with `"duplicate": true` (and counted): the
-//! terminal has the push from an earlier copy of the key.
+//! caller must find the new owner: [`Owned::NotHere`]); the terminal must have a link
+//! here (`404` otherwise) — every terminal of the shard's directory has one, and a shard
+//! whose directory the store lost keeps its links, so a terminal this pod holds a live
+//! session to is never answered `404`; the idempotency key is reserved (replay or
+//! `409`); the push then waits, bounded by the deadline and a per-terminal cap, for a
+//! session whose hello was accepted with the shard's current epoch; right before
+//! sending, the lease is checked again, so nothing goes out past the lease deadline (for
+//! a shard held past it through a cluster-wide store outage: past the verdict; such
+//! deliveries are counted in `posgate_pushes_on_suspended_shards_total`). A refused
+//! epoch drops the shard and sends the caller to the new owner (the push was not
+//! processed); a connection that closed before the request left is waited out; a
+//! request that may have left without an answer is `504` with `"delivery": "unknown"`
+//! and is never re-sent here. A terminal's duplicate marker is a `200` with
+//! `"duplicate": true` (and counted): the terminal has the push from an earlier copy of
+//! the key.
 //!
 //! Not for: finding the owner or forwarding (`route`), or parsing HTTP (`crate::http`).
 

@@ -15,6 +15,7 @@
 //! | `posgate:{<cluster>}:lease:<shard>` | string, `PX` ttl | the shard's lease: value = owner pod id, expiry = lease TTL by Redis time. Its epoch is the `epochs` entry of the shard |
 //! | `posgate:{<cluster>}:terminals:<shard>` | hash | the terminal directory of one shard: terminal id -> JSON `{"addr", "server_name"}` ([`Entry`](crate::store::directory::Entry)); written by `posgate terminals`, read by the shard's owner |
 //! | `posgate:{<cluster>}:terminals-version` | hash | shard -> directory version, set to `max(previous + 1, TIME ms)` by every write that changes the shard's terminals; owners poll it |
+//! | `posgate:{<cluster>}:terminals-restored` | hash | shard -> JSON `{"pod", "epoch", "generation", "read_in", "version", "terminals"}`: who wrote the shard's directory back from memory after the store lost it (`directory_restore.lua`), holding the lease with which epoch, into which generation, read in which, at which version, how many terminals. Written only by the write-back, never read by posgate (it is for operators and tests); a later import leaves it, so a version above `version` means the shard changed since. Pods of the previous release never touch it |
 //! | `posgate:{<cluster>}:placement` | hash | the placement every pod follows ([`Placement`](crate::core::placement::Placement)): `version` (grows by one per change) and `table` (JSON `{"pods": [sorted ids], "owner": [index into pods, per shard]}`). Replaced only by `place.lua` when the caller names the current version; lost with the rest of the data, and then put back by the pods that remember it |
 //! | `posgate:{<cluster>}:events` | pub/sub channel | notifications `join <pod>`, `leave <pod>`, `release <shard>`, `placement <version>`; receivers treat any message as "poll now" |
 //!
@@ -104,6 +105,11 @@ impl Keys {
         self.name("terminals-version")
     }
 
+    /// Write-back records: hash shard -> JSON (who wrote the shard's directory back).
+    pub fn terminals_restored(&self) -> String {
+        self.name("terminals-restored")
+    }
+
     /// The stored placement: hash `version`, `table` (JSON).
     pub fn placement(&self) -> String {
         self.name("placement")
@@ -134,6 +140,7 @@ mod tests {
             k.events(),
             k.terminals(5),
             k.terminals_version(),
+            k.terminals_restored(),
         ];
         for name in &all {
             assert!(name.starts_with("posgate:{prod-eu.1}:"), "{name}");

@@ -1,57 +1,203 @@
 //! Keeping each served shard's links in line with the terminal directory: the first load
-//! when a shard starts, and the poll of every served shard's directory version that
-//! picks up added and removed terminals.
+//! when a shard starts, the poll of every served shard's directory version that picks up
+//! added and removed terminals, and the write-back of a shard whose directory the store
+//! lost.
+//!
+//! A load reads the shard's version (with the store generation) before and after its
+//! terminals, and applies the list only if neither moved in between: a Redis that
+//! restarts empty during the read must not look like an operator removing terminals.
+//!
+//! Lost directories. A version goes back to 0 only when the store lost its data (every
+//! write sets it to `max(previous + 1, store ms)`). Dropping the links then would
+//! disconnect every terminal because Redis blinked, so a shard that finds no directory
+//! (version 0, no terminals) while it has links becomes [`Listing::Lost`]: the links stay
+//! and pushes are delivered on them, and each load asks the store to take them back as
+//! the shard's directory, with the epoch the shard is served with
+//! ([`Directory::restore`]; the checks are in `store::directory::restore`). The store
+//! refuses until this pod holds the re-claimed lease in the new generation, and for good
+//! once an import came first (the next load then reads that).
 
 use super::*;
+use crate::core::lease::Checked;
+use crate::store::directory::{Restore, Restored};
+
+/// One consistent read of a shard's directory.
+struct ShardRead {
+    generation: Option<String>,
+    version: u64,
+    terminals: Vec<Terminal>,
+}
+
+/// A write-back to ask for after a load found the shard's directory lost.
+struct WriteBack {
+    generation: String,
+    read_in: Option<String>,
+    epoch: Epoch,
+    terminals: Vec<Terminal>,
+}
 
 impl<D: Directory> Inner<D> {
-    /// Reads `shard`'s version and terminals and brings its links in line.
+    /// Reads `shard`'s directory and brings its links in line; if the store lost the
+    /// directory, keeps the links and asks the store to take them back.
     pub(super) async fn load(self: Arc<Self>, shard: ShardId, incarnation: u64) {
-        let read = async {
-            let versions = self.directory.versions(&[shard]).await?;
-            let terminals = self.directory.terminals(shard).await?;
-            Ok::<_, StoreError>((versions.first().copied(), terminals))
+        let result = tokio::time::timeout(self.directory_poll, self.read(shard)).await;
+        let write_back = {
+            let mut shards = lock(&self.shards);
+            let Some(entry) = shards
+                .get_mut(&shard)
+                .filter(|e| e.incarnation == incarnation)
+            else {
+                return; // stopped meanwhile
+            };
+            // The poller retries whatever is not applied: the version still differs.
+            let plan = match result {
+                Ok(Ok(Some(read))) => self.apply(shard, entry, read),
+                Ok(Ok(None)) => {
+                    debug!(
+                        shard,
+                        "the directory changed while it was read; reading again"
+                    );
+                    None
+                }
+                Ok(Err(e)) => {
+                    warn!(shard, error = %e, "cannot read shard terminals; retrying");
+                    None
+                }
+                Err(_) => {
+                    warn!(shard, "reading shard terminals timed out; retrying");
+                    None
+                }
+            };
+            // A write-back keeps the shard loading until it is answered.
+            entry.loading = plan.is_some();
+            plan
         };
-        let result = tokio::time::timeout(self.directory_poll, read).await;
+        if let Some(plan) = write_back {
+            self.write_back(shard, incarnation, plan).await;
+        }
+    }
+
+    /// The shard's terminals, if its version and generation were the same before and
+    /// after reading them.
+    async fn read(&self, shard: ShardId) -> Result<Option<ShardRead>, StoreError> {
+        let before = self.directory.versions(&[shard]).await?;
+        let terminals = self.directory.terminals(shard).await?;
+        let after = self.directory.versions(&[shard]).await?;
+        if before != after {
+            return Ok(None);
+        }
+        Ok(Some(ShardRead {
+            generation: before.generation,
+            version: before.versions.first().copied().unwrap_or(0),
+            terminals,
+        }))
+    }
+
+    /// Brings `entry` in line with `read`. Returns the write-back to ask for when the read
+    /// found the directory lost (see the module docs).
+    fn apply(&self, shard: ShardId, entry: &mut ShardEntry, read: ShardRead) -> Option<WriteBack> {
+        let lost = read.version == 0 && read.terminals.is_empty() && !entry.links.is_empty();
+        if !lost {
+            let (added, removed) = self.sync(shard, entry, read.terminals);
+            entry.listing = Listing::Read {
+                generation: read.generation,
+                version: read.version,
+            };
+            if added + removed > 0 {
+                info!(
+                    shard,
+                    added,
+                    removed,
+                    terminals = entry.links.len(),
+                    "shard terminals updated"
+                );
+            }
+            return None;
+        }
+        let read_in = match &entry.listing {
+            Listing::Lost { read_in } => read_in.clone(),
+            Listing::Read { generation, .. } => {
+                warn!(
+                    shard,
+                    terminals = entry.links.len(),
+                    "the terminal directory has no entry for this shard (the store lost its \
+                     data?): keeping its connections and writing them back once the shard \
+                     is re-claimed"
+                );
+                generation.clone()
+            }
+            // Links come from a read, so a shard with links was read.
+            Listing::Unread => None,
+        };
+        entry.listing = Listing::Lost {
+            read_in: read_in.clone(),
+        };
+        let Some(generation) = read.generation else {
+            debug!(
+                shard,
+                "the store has no generation yet: writing the directory back later"
+            );
+            return None;
+        };
+        Some(WriteBack {
+            generation,
+            read_in,
+            epoch: entry.mode.borrow().epoch,
+            terminals: entry.links.values().map(|l| l.terminal.clone()).collect(),
+        })
+    }
+
+    /// Asks the store to take `plan` back as `shard`'s directory; on success the links
+    /// reflect the directory again.
+    async fn write_back(&self, shard: ShardId, incarnation: u64, plan: WriteBack) {
+        let request = Restore {
+            shard,
+            pod: self.links.dialer.pod(),
+            epoch: plan.epoch,
+            generation: &plan.generation,
+            read_in: plan.read_in.as_deref().unwrap_or(""),
+            terminals: &plan.terminals,
+        };
+        let result =
+            tokio::time::timeout(self.directory_poll, self.directory.restore(&request)).await;
         let mut shards = lock(&self.shards);
         let Some(entry) = shards
             .get_mut(&shard)
             .filter(|e| e.incarnation == incarnation)
         else {
-            return; // stopped meanwhile
+            return;
         };
         entry.loading = false;
+        let epoch = plan.epoch;
         match result {
-            // Version 0 with no terminals is a shard the directory never held — or a
-            // directory lost with its store (Redis restarted empty). Dropping live
-            // sessions for that would disconnect every terminal because Redis blinked,
-            // so the links stay until the directory is imported again (a real removal
-            // leaves a version above 0).
-            Ok(Ok((Some(0), terminals))) if terminals.is_empty() && !entry.links.is_empty() => {
-                warn!(
+            Ok(Ok(Checked::Ok(Restored::Written { version }))) => {
+                info!(
                     shard,
-                    terminals = entry.links.len(),
-                    "the terminal directory has no entry for this shard (store wiped?); \
-                     keeping its connections until the directory is imported again"
+                    epoch,
+                    version,
+                    terminals = plan.terminals.len(),
+                    "wrote the shard's terminal directory back"
                 );
-                entry.version = Some(0);
+                entry.listing = Listing::Read {
+                    generation: Some(plan.generation),
+                    version,
+                };
             }
-            Ok(Ok((version, terminals))) => {
-                let (added, removed) = self.sync(shard, entry, terminals);
-                entry.version = version;
-                if added + removed > 0 {
-                    info!(
-                        shard,
-                        added,
-                        removed,
-                        terminals = entry.links.len(),
-                        "shard terminals updated"
-                    );
-                }
+            // Expected while the re-claim is under way (`NotHolder`); an import that came
+            // first (`Present`) is read by the next load. Every refusal is retried there.
+            Ok(Ok(Checked::Ok(Restored::Refused(why)))) => {
+                debug!(shard, epoch, %why, "directory write-back refused; trying again")
             }
-            // The poller retries: the version still differs from the directory's.
-            Ok(Err(e)) => warn!(shard, error = %e, "cannot read shard terminals; retrying"),
-            Err(_) => warn!(shard, "reading shard terminals timed out; retrying"),
+            Ok(Ok(Checked::GenerationChanged(g))) => {
+                debug!(shard, generation = %g.id, "the store generation changed again; trying again")
+            }
+            Ok(Err(e)) => {
+                warn!(shard, error = %e, "cannot write the shard's directory back; retrying")
+            }
+            Err(_) => warn!(
+                shard,
+                "writing the shard's directory back timed out; retrying"
+            ),
         }
     }
 
@@ -96,18 +242,19 @@ impl<D: Directory> Inner<D> {
         (added, removed)
     }
 
-    /// One directory poll: reload every served shard whose version moved.
+    /// One directory poll: reload every served shard whose version or generation moved,
+    /// and every lost one (to try its write-back again).
     async fn poll_once(self: &Arc<Self>) {
-        let known: Vec<(ShardId, u64, Option<u64>)> = lock(&self.shards)
+        let known: Vec<(ShardId, u64, Listing)> = lock(&self.shards)
             .iter()
             .filter(|(_, e)| !e.loading)
-            .map(|(s, e)| (*s, e.incarnation, e.version))
+            .map(|(s, e)| (*s, e.incarnation, e.listing.clone()))
             .collect();
         if known.is_empty() {
             return;
         }
         let shards: Vec<ShardId> = known.iter().map(|k| k.0).collect();
-        let versions =
+        let answer =
             match tokio::time::timeout(self.directory_poll, self.directory.versions(&shards)).await
             {
                 Ok(Ok(v)) => v,
@@ -121,15 +268,17 @@ impl<D: Directory> Inner<D> {
                 }
             };
         let mut entries = lock(&self.shards);
-        for ((shard, incarnation, version), now) in known.into_iter().zip(versions) {
-            if version == Some(now) {
+        for ((shard, incarnation, listing), now) in known.into_iter().zip(answer.versions) {
+            let current = matches!(&listing, Listing::Read { generation, version }
+                if *generation == answer.generation && *version == now);
+            if current {
                 continue;
             }
             if let Some(entry) = entries
                 .get_mut(&shard)
                 .filter(|e| e.incarnation == incarnation && !e.loading)
             {
-                debug!(shard, from = ?version, to = now, "directory changed");
+                debug!(shard, from = ?listing, to = now, "directory changed");
                 entry.loading = true;
                 tokio::spawn(self.clone().load(shard, incarnation));
             }

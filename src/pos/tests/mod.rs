@@ -2,6 +2,7 @@
 //! sockets on localhost.
 
 mod fake;
+mod lost_directory;
 mod manager;
 
 use std::sync::atomic::{AtomicBool, Ordering};

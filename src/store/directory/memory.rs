@@ -2,6 +2,11 @@
 //! same answers as the Redis one: terminals sorted by id, a version per shard that is
 //! bumped to `max(previous + 1, wall clock ms)` once per write that changes the shard.
 //!
+//! Its content lives exactly as long as the value, so it has one store generation for
+//! its whole life (a random id made by [`MemoryDirectory::new`]) and never has a lost
+//! shard to write back: [`Directory::restore`] always answers
+//! [`Refusal::SameGeneration`].
+//!
 //! What it does not do: persist anything, or fail (every call answers `Ok` unless the
 //! input is invalid).
 
@@ -10,8 +15,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::{
-    by_shard, diff_shard, ids_by_shard, Directory, DirectoryAdmin, Entry, Terminal, WriteSummary,
+    by_shard, diff_shard, ids_by_shard, Directory, DirectoryAdmin, Entry, Refusal, Restore,
+    Restored, Terminal, Versions, WriteSummary,
 };
+use crate::core::lease::Checked;
 use crate::core::ShardId;
 use crate::store::StoreError;
 
@@ -89,15 +96,26 @@ impl State {
 }
 
 /// The in-memory directory. Clones share the same terminals.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct MemoryDirectory {
     state: Arc<Mutex<State>>,
+    /// The one generation of this directory's life.
+    generation: Arc<str>,
+}
+
+impl Default for MemoryDirectory {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl MemoryDirectory {
     /// An empty directory.
     pub fn new() -> Self {
-        Self::default()
+        MemoryDirectory {
+            state: Arc::default(),
+            generation: format!("memory-{:016x}", rand::random::<u64>()).into(),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -110,12 +128,20 @@ impl Directory for MemoryDirectory {
         Ok(self.lock().terminals(shard))
     }
 
-    async fn versions(&self, shards: &[ShardId]) -> Result<Vec<u64>, StoreError> {
+    async fn versions(&self, shards: &[ShardId]) -> Result<Versions, StoreError> {
         let state = self.lock();
-        Ok(shards
-            .iter()
-            .map(|s| state.versions.get(s).copied().unwrap_or(0))
-            .collect())
+        Ok(Versions {
+            generation: Some(self.generation.to_string()),
+            versions: shards
+                .iter()
+                .map(|s| state.versions.get(s).copied().unwrap_or(0))
+                .collect(),
+        })
+    }
+
+    /// Nothing is ever lost here (see the module docs).
+    async fn restore(&self, _request: &Restore<'_>) -> Result<Checked<Restored>, StoreError> {
+        Ok(Checked::Ok(Restored::Refused(Refusal::SameGeneration)))
     }
 }
 
@@ -187,10 +213,10 @@ mod tests {
         let all: Vec<ShardId> = (0..4).collect();
         let sum = d.upsert(4, &[t("a", 1), t("b", 2)]).await.unwrap();
         assert_eq!(sum.added, 2);
-        let v1 = d.versions(&all).await.unwrap();
+        let v1 = d.versions(&all).await.unwrap().versions;
         let sum = d.upsert(4, &[t("a", 1), t("b", 3)]).await.unwrap();
         assert_eq!((sum.unchanged, sum.updated), (1, 1));
-        let v2 = d.versions(&all).await.unwrap();
+        let v2 = d.versions(&all).await.unwrap().versions;
         let b = crate::core::shard::shard_of("b", 4) as usize;
         for s in 0..4 {
             assert_eq!(v1[s] != v2[s], s == b, "shard {s}");

@@ -6,7 +6,8 @@
 //! counter, so the owner of a shard reads only its own terminals and notices changes by
 //! polling the counters ([`Directory::versions`]) instead of re-reading everything.
 //!
-//! - [`Directory`]: what a shard owner needs (read one shard, poll versions).
+//! - [`Directory`]: what a shard owner needs (read one shard, poll versions, write its
+//!   shard back after the store lost it: [`restore`]).
 //! - [`DirectoryAdmin`]: the writes (`posgate terminals ...`): upsert, remove, replace
 //!   all (a per-shard diff, so only shards that really change get a new version), count.
 //! - Implementations: `RedisStore` (`store/redis/directory.rs`) and
@@ -17,7 +18,9 @@
 //! goes back, even when the store lost its data: a write sets it to
 //! `max(previous + 1, store clock in ms)` (the epoch rule of `docs/design.md`). A reader
 //! must read `versions` *before* `terminals`, so a change racing with the read shows up
-//! as a new version on the next poll.
+//! as a new version on the next poll. Versions come with the store generation they were
+//! read in ([`Versions`]): a version goes back to 0 only when the store lost its data,
+//! and the generation tells a copy read before the loss from one read after it.
 //!
 //! What it does not do: dial terminals, or make a multi-chunk write atomic. Writes go in
 //! chunks of [`WRITE_CHUNK`] terminals; each chunk is atomic, a failed write may have
@@ -25,6 +28,7 @@
 
 pub mod csv;
 mod memory;
+pub mod restore;
 
 use crate::api::valid_terminal_id;
 use std::collections::{BTreeMap, BTreeSet};
@@ -34,11 +38,13 @@ use std::net::Ipv6Addr;
 
 use serde::{Deserialize, Serialize};
 
+use crate::core::lease::Checked;
 use crate::core::shard::shard_of;
 use crate::core::ShardId;
 use crate::store::StoreError;
 
 pub use self::memory::MemoryDirectory;
+pub use self::restore::{Refusal, Restore, Restored};
 
 /// Terminals (or ids) per write call: one Redis script call each.
 pub const WRITE_CHUNK: usize = 1_000;
@@ -54,7 +60,7 @@ pub struct Terminal {
     pub server_name: String,
 }
 
-/// Read access the connection manager needs. Implemented for Redis and memory.
+/// What the connection manager needs. Implemented for Redis and memory.
 pub trait Directory: Send + Sync + 'static {
     /// Every terminal of `shard`, sorted by id.
     fn terminals(
@@ -63,11 +69,31 @@ pub trait Directory: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<Terminal>, StoreError>> + Send;
 
     /// A change counter per shard (index = position in `shards`): it differs from an
-    /// earlier answer whenever the shard's terminals changed since.
+    /// earlier answer whenever the shard's terminals changed since; 0 for a shard never
+    /// written (or lost with the store's data). Read in one atomic step with the store
+    /// generation.
     fn versions(
         &self,
         shards: &[ShardId],
-    ) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Versions, StoreError>> + Send;
+
+    /// Writes `request.terminals` back as the shard's directory if the store lost it and
+    /// the caller holds the shard: the checks are in [`restore`]. Writes the whole shard
+    /// or nothing, in one atomic step.
+    fn restore(
+        &self,
+        request: &Restore<'_>,
+    ) -> impl Future<Output = Result<Checked<Restored>, StoreError>> + Send;
+}
+
+/// The answer of [`Directory::versions`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Versions {
+    /// The store generation the versions were read in; `None` while the store has none
+    /// (Redis restarted empty and no pod has written since).
+    pub generation: Option<String>,
+    /// One per shard asked for, in the same order.
+    pub versions: Vec<u64>,
 }
 
 /// Writes to the directory. `shards` is the cluster's shard count (it decides each

@@ -8,11 +8,12 @@
 //! | call | Redis |
 //! |---|---|
 //! | `terminals` | `directory_read.lua` `scan`: `HSCAN` pages of [`PAGE`] entries, so a big shard is never one giant reply |
-//! | `versions` | `directory_read.lua` `versions`: `HMGET` (missing = 0) |
+//! | `versions` | `directory_read.lua` `versions`: the generation id and `HMGET` (missing = 0), one call |
 //! | `count` | `directory_read.lua` `count`: sum of `HLEN` |
 //! | `upsert` | `directory_upsert.lua` per chunk of [`WRITE_CHUNK`] terminals: `HGET`, `HSET` if different, then one version bump per changed shard |
 //! | `remove` | `directory_remove.lua` per chunk: `HDEL`, version bump per changed shard |
 //! | `replace_all` | `terminals` of every shard, [`diff_shard`], then `upsert` + `remove` of only the difference |
+//! | `restore` | `directory_restore.lua`, one call per shard (so the checks of `directory::restore` and the write are one atomic step): generation, lease owner + epoch, shard untouched in this generation; then `HSET` every entry, the version, and the `terminals-restored` record |
 //!
 //! Writes are sorted by shard before chunking, so a chunk touches few shards; up to
 //! [`IN_FLIGHT`] chunks are sent concurrently on the multiplexed connection. Each chunk
@@ -20,7 +21,8 @@
 //! may interleave (the last chunk written wins per terminal).
 //!
 //! What it does not do: notify pods (they poll versions), or keep the directory across
-//! a Redis that lost its data (re-import it; versions still move forward).
+//! a Redis that lost its data by itself: the owners write back what they hold
+//! (`restore`), and shards nobody held need a re-import (versions still move forward).
 
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
@@ -28,12 +30,13 @@ use std::sync::LazyLock;
 use futures::{StreamExt, TryStreamExt};
 use redis::{Script, Value};
 
-use super::reply::{bad, items, uint};
+use super::reply::{bad, checked, items, map_ok, restore_outcome, uint};
 use super::RedisStore;
+use crate::core::lease::Checked;
 use crate::core::ShardId;
 use crate::store::directory::{
-    by_shard, diff_shard, ids_by_shard, Directory, DirectoryAdmin, Entry, Terminal, WriteSummary,
-    WRITE_CHUNK,
+    by_shard, diff_shard, ids_by_shard, Directory, DirectoryAdmin, Entry, Restore, Restored,
+    Terminal, Versions, WriteSummary, WRITE_CHUNK,
 };
 use crate::store::StoreError;
 
@@ -41,13 +44,14 @@ use crate::store::StoreError;
 pub const PAGE: usize = 1_000;
 /// Write chunks (script calls) in flight at once.
 pub const IN_FLIGHT: usize = 8;
-/// Shards per `versions` / `count` call.
+/// Shards per `count` call.
 const SHARDS_PER_READ: usize = 1_000;
 
 struct DirScripts {
     read: Script,
     upsert: Script,
     remove: Script,
+    restore: Script,
 }
 
 static SCRIPTS: LazyLock<DirScripts> = LazyLock::new(|| DirScripts {
@@ -61,6 +65,10 @@ static SCRIPTS: LazyLock<DirScripts> = LazyLock::new(|| DirScripts {
         include_str!("../lua/lib.lua"),
         include_str!("../lua/directory_lib.lua"),
         include_str!("../lua/directory_remove.lua")
+    )),
+    restore: Script::new(concat!(
+        include_str!("../lua/lib.lua"),
+        include_str!("../lua/directory_restore.lua")
     )),
 });
 
@@ -238,33 +246,77 @@ impl Directory for RedisStore {
         Ok(found.into_values().collect())
     }
 
-    async fn versions(&self, shards: &[ShardId]) -> Result<Vec<u64>, StoreError> {
-        let mut out = Vec::with_capacity(shards.len());
-        for part in shards.chunks(SHARDS_PER_READ) {
-            let mut args = vec!["versions".to_string()];
-            args.extend(part.iter().map(ShardId::to_string));
-            let keys = vec![self.keys().terminals_version()];
-            let reply = self.call("directory_versions", &SCRIPTS.read, keys, args);
-            let values = items(reply.await?)?;
-            if values.len() != part.len() {
-                return Err(bad(format!(
-                    "directory versions: expected {} items, got {}",
-                    part.len(),
-                    values.len()
-                )));
-            }
-            for v in values {
-                out.push(match v {
-                    Value::Nil => 0,
-                    v => {
-                        let s = string(v)?;
-                        s.parse()
-                            .map_err(|_| bad(format!("directory version {s:?} is not a number")))?
-                    }
-                });
-            }
+    async fn versions(&self, shards: &[ShardId]) -> Result<Versions, StoreError> {
+        let k = self.keys();
+        let mut args = vec!["versions".to_string()];
+        args.extend(shards.iter().map(ShardId::to_string));
+        let keys = vec![k.terminals_version(), k.generation()];
+        let reply = self.call("directory_versions", &SCRIPTS.read, keys, args);
+        let [generation, values] = exactly("directory versions", reply.await?)?;
+        let generation = match generation {
+            Value::Nil => None,
+            v => Some(string(v)?),
+        };
+        let values = items(values)?;
+        if values.len() != shards.len() {
+            return Err(bad(format!(
+                "directory versions: expected {} items, got {}",
+                shards.len(),
+                values.len()
+            )));
         }
-        Ok(out)
+        let versions = values
+            .into_iter()
+            .map(|v| match v {
+                Value::Nil => Ok(0),
+                v => {
+                    let s = string(v)?;
+                    s.parse()
+                        .map_err(|_| bad(format!("directory version {s:?} is not a number")))
+                }
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Versions {
+            generation,
+            versions,
+        })
+    }
+
+    async fn restore(&self, request: &Restore<'_>) -> Result<Checked<Restored>, StoreError> {
+        if request.terminals.is_empty() {
+            return Err(StoreError::Config(format!(
+                "nothing to write back for shard {}",
+                request.shard
+            )));
+        }
+        let k = self.keys();
+        let shard = request.shard;
+        let keys = vec![
+            k.generation(),
+            k.epochs(),
+            k.lease(shard),
+            k.terminals(shard),
+            k.terminals_version(),
+            k.terminals_restored(),
+        ];
+        let mut args = vec![
+            request.generation.to_string(),
+            super::ops::nonce(),
+            request.pod.to_string(),
+            request.epoch.to_string(),
+            request.read_in.to_string(),
+            shard.to_string(),
+        ];
+        for t in request.terminals {
+            t.validate()?;
+            let json = serde_json::to_string(&t.entry())
+                .map_err(|e| bad(format!("cannot encode: {e}")))?;
+            args.extend([t.id.clone(), json]);
+        }
+        let reply = self.call("directory_restore", &SCRIPTS.restore, keys, args);
+        map_ok(checked(reply.await?, None, 1)?, |mut outcome| {
+            restore_outcome(outcome.remove(0))
+        })
     }
 }
 

@@ -17,7 +17,7 @@ use crate::core::{PodId, ShardId};
 use crate::store::memory::ttl_ms;
 use crate::store::{placement_table, ClusterMeta, CoordStore, StoreError};
 
-fn nonce() -> String {
+pub(super) fn nonce() -> String {
     format!("{:016x}", rand::random::<u64>())
 }
 

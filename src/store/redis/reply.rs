@@ -15,6 +15,7 @@ use redis::Value;
 use crate::core::lease::{AcquireOutcome, Checked, RenewOutcome};
 use crate::core::membership::{GenerationInfo, Lease, Member, Snapshot};
 use crate::core::PodId;
+use crate::store::directory::{Refusal, Restored};
 use crate::store::{parse_placement, ClusterMeta, StoreError};
 
 /// A reply (or request) we cannot make sense of.
@@ -127,6 +128,36 @@ pub(super) fn renew_outcome(v: Value) -> Result<RenewOutcome, StoreError> {
 }
 
 /// One `0`/`1` per shard, exactly `shards` of them.
+/// One outcome of `directory_restore.lua`: `{'written', version}`, `{'same_generation'}`,
+/// `{'not_holder', owner|nil, epoch|nil}` (the epoch as the decimal string the epochs
+/// hash holds) or `{'present'}`.
+pub(super) fn restore_outcome(v: Value) -> Result<Restored, StoreError> {
+    let (tag, rest) = tagged(v)?;
+    let refused = |r| Ok(Restored::Refused(r));
+    match (tag.as_str(), rest.as_slice()) {
+        ("written", [version]) => Ok(Restored::Written {
+            version: uint(version)?,
+        }),
+        ("same_generation", []) => refused(Refusal::SameGeneration),
+        ("not_holder", [owner, epoch]) => refused(Refusal::NotHolder {
+            owner: match owner {
+                Value::Nil => None,
+                o => Some(pod(o)?),
+            },
+            epoch: match epoch {
+                Value::Nil => None,
+                e => Some(
+                    text(e)?
+                        .parse()
+                        .map_err(|_| bad(format!("bad stored epoch {e:?}")))?,
+                ),
+            },
+        }),
+        ("present", []) => refused(Refusal::Present),
+        (tag, _) => Err(bad(format!("unexpected directory_restore outcome {tag:?}"))),
+    }
+}
+
 pub(super) fn released(reply: Value, shards: usize) -> Result<Vec<bool>, StoreError> {
     let deleted = items(reply)?;
     if deleted.len() != shards {
