@@ -592,7 +592,7 @@ async fn a_wiped_directory_disconnects_no_terminal() {
         || t.all_sessions_current(&[&pods[0]]),
     )
     .await;
-    let store = RedisStore::connect(&redis.url(), CLUSTER, pod::store_options())
+    let store = RedisStore::connect(&redis.url(), pod::CLUSTER, pod::store_options())
         .await
         .unwrap();
     wait_for_async(
