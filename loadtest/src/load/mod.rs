@@ -20,6 +20,7 @@ pub mod handover;
 pub mod http;
 pub mod measure;
 pub mod observe;
+pub mod outage;
 pub mod pods;
 pub mod procs;
 pub mod proxy;
