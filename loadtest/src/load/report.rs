@@ -67,8 +67,9 @@ pub struct ScenarioReport {
     pub stale_hellos_refused: u64,
     pub stale_pushes_refused: u64,
     pub pushes_without_session: u64,
-    /// Pause / pod-partition: pushes terminals accepted under the faulted pod's epochs
-    /// more than one lease TTL after the fault began (sampled terminals of moved shards).
+    /// Pause / pod-partition / partial-partition: pushes terminals accepted under the
+    /// faulted pods' epochs more than one lease TTL after the fault began (sampled
+    /// terminals of moved shards).
     pub accepted_after_deadline: u64,
     /// Per shard whose serving pod changed: old owner stopped -> new owner serving, from
     /// every pod's own `/v1/cluster`, sampled.
