@@ -2,15 +2,18 @@
 //! and the peer "do you reach the store?" answer.
 //!
 //! The driver publishes a fresh [`PodStatus`] on a `tokio::sync::watch` channel after
-//! every change; readers (HTTP handlers) never lock the reconciler.
+//! every change; readers (HTTP handlers, the metrics sampler) never lock the reconciler.
+
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
 use crate::core::membership::Member;
+use crate::core::reconciler::Outage;
 use crate::core::{Epoch, PodId, ShardId};
 
 /// A pod's view of itself and the cluster at one instant.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PodStatus {
     pub pod: Option<PodId>,
     /// Registered in the store's membership (heartbeat accepted).
@@ -18,12 +21,68 @@ pub struct PodStatus {
     /// Registered and, once, every shard assigned to this pod was served. Stays true
     /// through later rebalances (see `/readyz`).
     pub ready: bool,
-    /// The last store call succeeded (within one renew interval).
-    pub store_reachable: bool,
+    /// The coordination store as this pod sees it.
+    pub store: StoreStatus,
     /// Live members from the last poll, sorted by pod id.
     pub members: Vec<Member>,
     /// One entry per shard, index = shard.
     pub shards: Vec<ShardStatus>,
+}
+
+/// Whether this pod reaches the coordination store and, when it does not, what it
+/// makes of the failure.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StoreStatus {
+    /// No store call has finished yet (the pod is starting).
+    #[default]
+    Untried,
+    /// The last store call succeeded.
+    Reachable,
+    /// Store calls fail since `since` (the first failed call, local monotonic time);
+    /// `outage` is this pod's verdict on the failure.
+    Unreachable { since: Instant, outage: Outage },
+}
+
+/// Every value of [`StoreStatus::verdict`].
+pub const VERDICTS: [&str; 4] = ["reachable", "unknown", "isolated", "cluster_wide"];
+
+impl StoreStatus {
+    /// Whether the last store call succeeded.
+    pub fn reachable(&self) -> bool {
+        *self == StoreStatus::Reachable
+    }
+
+    /// The verdict as a label, one of [`VERDICTS`]: `reachable`; `unknown` (starting, or
+    /// the peers not asked yet); `isolated` (only this pod is cut off: its shards are
+    /// given up at their deadlines); `cluster_wide` (a majority cannot reach the store:
+    /// shards are held past their deadlines and keep delivering).
+    pub fn verdict(&self) -> &'static str {
+        match self {
+            StoreStatus::Reachable => "reachable",
+            StoreStatus::Untried
+            | StoreStatus::Unreachable {
+                outage: Outage::Unknown,
+                ..
+            } => "unknown",
+            StoreStatus::Unreachable {
+                outage: Outage::Isolated { .. },
+                ..
+            } => "isolated",
+            StoreStatus::Unreachable {
+                outage: Outage::ClusterWide { .. },
+                ..
+            } => "cluster_wide",
+        }
+    }
+
+    /// How long the store has failed at `now`: since the first failed call of the
+    /// current failure; zero while it answers (or before the first call).
+    pub fn unreachable_for(&self, now: Instant) -> Duration {
+        match self {
+            StoreStatus::Unreachable { since, .. } => now.saturating_duration_since(*since),
+            StoreStatus::Untried | StoreStatus::Reachable => Duration::ZERO,
+        }
+    }
 }
 
 /// One shard as this pod sees it.
@@ -36,9 +95,10 @@ pub struct ShardStatus {
     pub owner: Option<PodId>,
     /// The lease holder's epoch in the last poll.
     pub epoch: Option<Epoch>,
-    /// This pod serves the shard right now.
+    /// This pod serves the shard right now (a suspended shard too, while it delivers).
     pub serving: bool,
-    /// This pod holds the shard through a cluster-wide store outage: connections kept,
-    /// nothing delivered until the lease is confirmed again.
+    /// This pod holds the shard past its lease deadline through a store outage, its
+    /// connections kept: delivering while `serving` (the cluster-wide verdict stands),
+    /// parked otherwise, until the lease is confirmed again.
     pub suspended: bool,
 }

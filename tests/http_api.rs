@@ -15,6 +15,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use posgate::core::membership::Member;
+use posgate::core::reconciler::Outage;
 use posgate::core::PodId;
 use posgate::credentials::{ClusterSecret, Credentials};
 use posgate::http::{router, serve, HttpState, ReadyLatch};
@@ -27,7 +28,7 @@ use posgate::peer::{
 use posgate::push::{NoTerminals, PushService, PushSettings};
 use posgate::serving::NoSessions;
 use posgate::serving::ServingTable;
-use posgate::status::{PodStatus, ShardStatus};
+use posgate::status::{PodStatus, ShardStatus, StoreStatus};
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
@@ -102,10 +103,18 @@ fn pod(id: &str) -> PodId {
 }
 
 fn status_of(id: &str, store_reachable: bool) -> PodStatus {
+    let store = if store_reachable {
+        StoreStatus::Reachable
+    } else {
+        StoreStatus::Unreachable {
+            since: Instant::now(),
+            outage: Outage::Unknown,
+        }
+    };
     PodStatus {
         pod: Some(pod(id)),
         registered: true,
-        store_reachable,
+        store,
         ..PodStatus::default()
     }
 }
@@ -252,6 +261,7 @@ async fn cluster_view_shape() {
     assert_eq!(code, StatusCode::OK);
     let expected = json!({
         "pod": "pod-a",
+        "store": {"verdict": "reachable", "unreachable_ms": null},
         "members": [{"pod": "pod-a", "url": "http://a:8080"}, {"pod": "pod-b", "url": "http://b:8080"}],
         "shards": [
             {"shard": 0, "assigned": "pod-a", "owner": "pod-a", "epoch": 7, "serving": true, "suspended": false, "terminals_connected": null},

@@ -19,6 +19,7 @@ mod https;
 mod k8s_manifests;
 mod observability;
 mod openapi_sync;
+mod outage_observability;
 mod pos_connections;
 mod pos_faults;
 mod push_api;

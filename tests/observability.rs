@@ -156,6 +156,11 @@ fn every_metric_used_by_dashboard_and_rules_is_documented() {
         "posgate_store_errors_total",
         "posgate_store_reachable",
         "posgate_members",
+        // Redis outages: what is held, whether pushes still flow, for how long.
+        "posgate_shards_suspended",
+        "posgate_pushes_on_suspended_shards_total",
+        "posgate_store_verdict",
+        "posgate_store_unreachable_seconds",
     ] {
         assert!(
             dashboard.contains(needed),
@@ -170,6 +175,8 @@ fn every_metric_used_by_dashboard_and_rules_is_documented() {
         "posgate_terminals",
         "posgate_push_requests_total",
         "posgate_store_reachable",
+        "posgate_store_verdict",
+        "posgate_store_unreachable_seconds",
     ] {
         assert!(rules.contains(needed), "alert rules do not use {needed}");
     }
@@ -446,6 +453,12 @@ async fn live_scrape_has_every_metric_the_dashboard_and_rules_use() {
         "posgate_lease_ops_total{op=\"renew\",outcome=\"missing\"}",
         "posgate_store_errors_total{op=\"renew\"}",
         "posgate_store_reachable 1",
+        "posgate_store_verdict{verdict=\"reachable\"} 1",
+        "posgate_store_verdict{verdict=\"cluster_wide\"} 0",
+        "posgate_store_unreachable_seconds 0",
+        "posgate_shards_suspended{delivery=\"delivering\"} 0",
+        "posgate_shards_suspended{delivery=\"parked\"} 0",
+        "posgate_pushes_on_suspended_shards_total 0",
         "posgate_push_requests_total{path=\"local\",result=\"ok\"}",
     ] {
         assert!(

@@ -257,25 +257,16 @@ async fn all_pods_cut_off_for_twice_the_ttl_disconnect_no_terminal() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let during = t.counters();
-    let suspended: usize = pods
-        .iter()
-        .map(|p| {
-            (0..SHARDS)
-                .filter(|&s| p.serving.suspended(s).is_some())
-                .count()
-        })
-        .sum();
-    let serving: usize = pods.iter().map(|p| served(p).len()).sum();
+    // Static stability: both pods agree the outage is cluster-wide, so past the lease
+    // deadline every shard is still served, by the same owner, on the same sessions.
+    let held: Vec<Vec<ShardId>> = pods.iter().map(served).collect();
     eprintln!(
-        "[{test}] after {:.1} s without Redis: {suspended} shards suspended, {serving} served; {}",
+        "[{test}] after {:.1} s without Redis: {} shards held and delivering; {}",
         secs(outage),
+        held.iter().map(Vec::len).sum::<usize>(),
         delta(&during, &before)
     );
-    assert_eq!(serving, 0, "shards still served without Redis past the TTL");
-    assert_eq!(
-        suspended, SHARDS as usize,
-        "every shard suspended, none given up"
-    );
+    assert_eq!(held, owners, "every shard still served by its owner");
     assert_eq!(during.connections_opened, before.connections_opened);
     assert_eq!(during.connections_closed, before.connections_closed);
     assert_eq!(during.terminals_connected, N);

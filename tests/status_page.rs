@@ -1,6 +1,8 @@
 //! The status page (`GET /`) rendered by a real browser: a pod on the embedded store,
 //! headless Chromium loading the page with a token in the URL fragment, and checks on
-//! the rendered DOM (members, 64 shard rows with owners and epochs). Chromium is the
+//! the rendered DOM (members, 64 shard rows with owners and epochs); and a pod over a
+//! real `redis-server` frozen with SIGSTOP past the lease TTL, whose page shows the
+//! cluster-wide verdict and every shard held and delivering, then Redis back. Chromium is the
 //! Debian package `chromium` (`scripts/test` installs it); without it the test says so
 //! and passes, as the browser is a test tool, not part of posgate, except under
 //! `CI=true`, where it fails (`support::tools`).
@@ -11,12 +13,15 @@
 use std::process::Command;
 use std::time::Duration;
 
+use posgate::core::CoreConfig;
 use posgate::credentials::ApiTokens;
 use posgate::pod::Pod;
 use posgate::store::memory::MemoryStore;
+use posgate::store::redis::RedisStore;
 
-use crate::support::pod;
-use crate::support::wait::wait_for;
+use crate::support::pod::{self, CLUSTER, SHARDS};
+use crate::support::wait::{secs, wait_for};
+use crate::support::RedisServer;
 
 const TOKEN: &str = "status-page-token-0123456789";
 
@@ -42,17 +47,43 @@ fn headless(bin: &str) -> Command {
     cmd
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_status_page_renders_the_ring() {
+/// The browser, or `None` (a "skipped" line; a failure under `CI=true`).
+fn browser() -> Option<&'static str> {
     let unchecked = "the status page not rendered";
     let install = "Debian package chromium; scripts/test installs it";
-    let Some(bin) = crate::support::tools::require(chromium(), "chromium", unchecked, install)
-    else {
+    crate::support::tools::require(chromium(), "chromium", unchecked, install)
+}
+
+/// The DOM of `page` after the browser ran its script.
+async fn dump_dom(bin: &str, page: &str) -> String {
+    let dump = tokio::task::spawn_blocking({
+        let (bin, page) = (bin.to_string(), page.to_string());
+        move || headless(&bin).arg("--dump-dom").arg(page).output().unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        dump.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dump.stderr)
+    );
+    String::from_utf8_lossy(&dump.stdout).into_owned()
+}
+
+/// A pod config with the page's API token.
+fn page_config(id: &str, url: &str) -> posgate::config::PodConfig {
+    let mut config = pod::config(id, url);
+    config.api_tokens = Some(ApiTokens::from_env_value(&format!("ops:{TOKEN}")).unwrap());
+    config
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_page_renders_the_ring() {
+    let Some(bin) = browser() else {
         return;
     };
     let (listener, url) = pod::listen().await;
-    let mut config = pod::config("page-pod", &url);
-    config.api_tokens = Some(ApiTokens::from_env_value(&format!("ops:{TOKEN}")).unwrap());
+    let config = page_config("page-pod", &url);
     let mut pod = Pod::start(config, MemoryStore::new(), listener, ()).unwrap();
     wait_for("the pod to be ready", Duration::from_secs(20), || {
         pod.status.borrow().ready
@@ -60,18 +91,7 @@ async fn the_status_page_renders_the_ring() {
     .await;
 
     let page = format!("{url}/#token={TOKEN}");
-    let dump = tokio::task::spawn_blocking({
-        let (bin, page) = (bin.to_string(), page.clone());
-        move || headless(&bin).arg("--dump-dom").arg(page).output().unwrap()
-    })
-    .await
-    .unwrap();
-    let dom = String::from_utf8_lossy(&dump.stdout);
-    assert!(
-        dump.status.success(),
-        "{}",
-        String::from_utf8_lossy(&dump.stderr)
-    );
+    let dom = dump_dom(bin, &page).await;
     let rows = dom.matches("<tr").count();
     eprintln!(
         "[page] rendered {rows} table rows, {} bytes of DOM",
@@ -82,17 +102,15 @@ async fn the_status_page_renders_the_ring() {
     assert!(dom.contains("as seen by page-pod"), "{dom}");
     assert!(dom.contains("1 members"), "{dom}");
     assert!(!dom.contains("class=\"error\""), "{dom}");
+    assert!(
+        dom.contains("<div id=\"store\" class=\"reachable\">Redis reachable</div>"),
+        "{dom}"
+    );
     // Every shard is served by the only pod: its name fills the owner column.
     assert!(dom.matches("<td>page-pod</td>").count() >= 128, "{dom}");
 
     // Without the token the page asks for one instead of showing data.
-    let bare = tokio::task::spawn_blocking({
-        let (bin, page) = (bin.to_string(), format!("{url}/"));
-        move || headless(&bin).arg("--dump-dom").arg(page).output().unwrap()
-    })
-    .await
-    .unwrap();
-    let bare = String::from_utf8_lossy(&bare.stdout);
+    let bare = dump_dom(bin, &format!("{url}/")).await;
     assert!(
         bare.contains("class=\"error\">this pod needs an API token"),
         "{bare}"
@@ -109,6 +127,69 @@ async fn the_status_page_renders_the_ring() {
         assert!(shot.status.success());
         eprintln!("[page] screenshot saved to {path}");
     }
+    pod.shutdown();
+    pod.wait().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_page_shows_shards_held_through_a_redis_outage() {
+    let Some(bin) = browser() else {
+        return;
+    };
+    let redis = RedisServer::start();
+    let (listener, url) = pod::listen().await;
+    let store = RedisStore::connect_lazy(&redis.url(), CLUSTER, pod::store_options()).unwrap();
+    let mut pod = Pod::start(page_config("held-pod", &url), store, listener, ()).unwrap();
+    wait_for("the pod to be ready", Duration::from_secs(20), || {
+        pod.status.borrow().ready
+    })
+    .await;
+    let page = format!("{url}/#token={TOKEN}");
+
+    redis.freeze();
+    let held = || {
+        let status = pod.status.borrow();
+        status.shards.iter().all(|s| s.suspended && s.serving)
+    };
+    let took = wait_for(
+        "every shard held and delivering",
+        CoreConfig::fast().lease_ttl * 3,
+        held,
+    )
+    .await;
+    let dom = dump_dom(bin, &page).await;
+    eprintln!(
+        "[page] every shard held {:.2} s after Redis froze",
+        secs(took)
+    );
+    assert!(held(), "the outage ended while the page rendered");
+    assert!(dom.contains("<div id=\"store\" class=\"outage\">"), "{dom}");
+    for text in [
+        "Redis unreachable for the whole cluster for ",
+        "(verdict: cluster_wide): 64 shards held past their lease keep delivering, 0 parked.",
+        "Pushes still flow; ownership cannot change until Redis is back.",
+    ] {
+        assert!(dom.contains(text), "{text:?} missing: {dom}");
+    }
+    assert_eq!(
+        dom.matches("<td>held</td>").count(),
+        SHARDS as usize,
+        "{dom}"
+    );
+
+    redis.thaw();
+    wait_for("the store reachable again", Duration::from_secs(20), || {
+        let status = pod.status.borrow();
+        status.store.reachable() && status.shards.iter().all(|s| s.serving && !s.suspended)
+    })
+    .await;
+    let dom = dump_dom(bin, &page).await;
+    assert!(dom.contains(">Redis reachable</div>"), "{dom}");
+    assert_eq!(dom.matches("<td>held</td>").count(), 0, "{dom}");
+    assert!(
+        dom.matches("<td>yes</td>").count() >= SHARDS as usize,
+        "{dom}"
+    );
     pod.shutdown();
     pod.wait().await.unwrap();
 }

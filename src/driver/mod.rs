@@ -241,14 +241,14 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
                 let me = self.rec.pod();
                 let from = self.rec.leases()[shard as usize].as_ref().map(|l| &l.owner);
                 match self.slots[shard as usize] {
-                    Slot::Suspended { epoch: held } if held == epoch => {
+                    Slot::Parked { epoch: held } if held == epoch => {
                         info!(shard, epoch, "shard serving resumed")
                     }
                     Slot::Idle => info!(
                         shard, epoch, from = %name(from), to = %me, reason = %"acquired",
                         "shard ownership changed"
                     ),
-                    Slot::Serving { .. } | Slot::Suspended { .. } => info!(
+                    Slot::Serving { .. } | Slot::Held { .. } | Slot::Parked { .. } => info!(
                         shard, epoch, from = %me, to = %me, reason = %"reclaimed",
                         "shard ownership changed"
                     ),
@@ -360,14 +360,13 @@ async fn sleep_until(at: Option<Instant>) {
 }
 
 /// What the serving table records for `shard`: the epoch and the instant delivery must
-/// stop by (a lease deadline, or the lapse of a cluster-wide verdict for a held shard),
-/// a held shard not delivering, or nothing.
+/// stop by (a lease deadline, or for a shard held past it the lapse of the cluster-wide
+/// verdict), a held shard not delivering, or nothing.
 fn slot_of(rec: &Reconciler, shard: ShardId) -> Slot {
-    if let Some((epoch, deadline)) = rec.serve_until(shard) {
-        return Slot::Serving { epoch, deadline };
-    }
-    match rec.shard_state(shard) {
-        Some(ShardState::Suspended { epoch }) => Slot::Suspended { epoch },
-        _ => Slot::Idle,
+    match (rec.shard_state(shard), rec.serve_until(shard)) {
+        (Some(ShardState::Suspended { .. }), Some((epoch, until))) => Slot::Held { epoch, until },
+        (Some(ShardState::Suspended { epoch }), None) => Slot::Parked { epoch },
+        (_, Some((epoch, deadline))) => Slot::Serving { epoch, deadline },
+        (_, None) => Slot::Idle,
     }
 }

@@ -13,7 +13,7 @@ use tracing::{info, warn};
 use crate::core::reconciler::{Outage, Reconciler, ShardState};
 use crate::core::ring::Assignment;
 use crate::core::{PodId, ShardId};
-use crate::status::{PodStatus, ShardStatus};
+use crate::status::{PodStatus, ShardStatus, StoreStatus};
 
 /// The status of the pod behind `rec` at `now`.
 pub(super) fn pod_status(rec: &Reconciler, now: Instant) -> PodStatus {
@@ -34,9 +34,18 @@ pub(super) fn pod_status(rec: &Reconciler, now: Instant) -> PodStatus {
         pod: Some(rec.pod().clone()),
         registered: rec.registered(),
         ready: rec.ready(),
-        store_reachable: rec.store_reachable(),
+        store: store_status(rec),
         members: rec.members().to_vec(),
         shards,
+    }
+}
+
+/// The store as `rec` sees it.
+fn store_status(rec: &Reconciler) -> StoreStatus {
+    match (rec.store_failing_since(), rec.outage()) {
+        (Some(since), Some(outage)) => StoreStatus::Unreachable { since, outage },
+        _ if rec.store_reachable() => StoreStatus::Reachable,
+        _ => StoreStatus::Untried,
     }
 }
 

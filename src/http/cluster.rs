@@ -4,7 +4,8 @@
 //! `/v1/cluster` answers from this pod's latest status, plus connected-terminal counts
 //! for the shards it serves; with `?include=terminals` it also asks every other member
 //! for theirs (signed, 500 ms each, in parallel), so one request shows the whole ring.
-//! A member that does not answer leaves its shards' counts `null`.
+//! A member that does not answer leaves its shards' counts `null`. The view also says
+//! what this pod makes of the store (`store.verdict`, and how long it has failed).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -18,9 +19,10 @@ use futures::future::join_all;
 use serde::{Deserialize, Serialize};
 
 use super::HttpState;
+use crate::clock::now;
 use crate::core::{PodId, ShardId};
 use crate::peer::{PeerTarget, ShardTerminals};
-use crate::status::ShardStatus;
+use crate::status::{ShardStatus, StoreStatus};
 
 /// How long a peer gets to report its counts.
 const PEER_COUNTS_TIMEOUT: Duration = Duration::from_millis(500);
@@ -28,8 +30,18 @@ const PEER_COUNTS_TIMEOUT: Duration = Duration::from_millis(500);
 #[derive(Serialize)]
 struct ClusterView<'a> {
     pod: Option<&'a PodId>,
+    store: StoreView,
     members: Vec<MemberView<'a>>,
     shards: Vec<ShardView<'a>>,
+}
+
+/// The coordination store as the answering pod sees it.
+#[derive(Serialize)]
+struct StoreView {
+    /// One of `crate::status::VERDICTS`.
+    verdict: &'static str,
+    /// Since the first failed call of the current failure; `null` while it answers.
+    unreachable_ms: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -87,6 +99,11 @@ pub(super) async fn cluster(
     let status = state.status.borrow();
     let view = ClusterView {
         pod: status.pod.as_ref(),
+        store: StoreView {
+            verdict: status.store.verdict(),
+            unreachable_ms: matches!(status.store, StoreStatus::Unreachable { .. })
+                .then(|| status.store.unreachable_for(now()).as_millis() as u64),
+        },
         members: status
             .members
             .iter()

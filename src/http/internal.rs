@@ -217,7 +217,7 @@ pub(super) async fn store_reachable(State(state): State<Arc<HttpState>>) -> Resp
         Some(pod) => {
             let answer = PeerAnswer {
                 pod: pod.clone(),
-                store_reachable: status.store_reachable,
+                store_reachable: status.store.reachable(),
             };
             Json(answer).into_response()
         }

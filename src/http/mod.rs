@@ -238,7 +238,7 @@ fn not_ready_reason(state: &HttpState) -> Option<String> {
             None
         } else if status.pod.is_none() {
             Some("pod is starting")
-        } else if !status.store_reachable {
+        } else if !status.store.reachable() {
             Some("coordination store unreachable")
         } else if !status.registered {
             Some("not registered in the coordination store yet")

@@ -12,6 +12,7 @@
 
 pub mod sampler;
 
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use prometheus_client::encoding::text::encode;
@@ -107,6 +108,11 @@ impl Drop for GaugeUnit {
     }
 }
 
+/// The `delivery` values of `posgate_shards_suspended`: held past the lease deadline and
+/// delivering (the cluster-wide verdict stands) or parked (connections kept, nothing
+/// delivered).
+pub const SUSPENDED_DELIVERY: [&str; 2] = ["delivering", "parked"];
+
 /// The `reason` values of `posgate_peer_requests_refused_total` (`AuthError::reason`).
 pub const PEER_REFUSAL_REASONS: [&str; 10] = [
     "unsigned",
@@ -131,7 +137,7 @@ pub struct Metrics {
     pub rebalance_duration: Histogram,
     pub shards_assigned: Gauge,
     pub shards_served: Gauge,
-    pub shards_suspended: Gauge,
+    pub shards_suspended: Family<Label, Gauge>,
     pub shards_without_owner: Gauge,
     pub shard_served: Family<ShardLabel, Gauge>,
     pub shard_epoch: Family<ShardLabel, Gauge>,
@@ -141,6 +147,8 @@ pub struct Metrics {
     pub store_op_duration: Hist,
     pub store_errors: Family<Label, Counter>,
     pub store_reachable: Gauge,
+    pub store_unreachable_seconds: Gauge<f64, AtomicU64>,
+    pub store_verdict: Family<Label, Gauge>,
     pub peers_reaching_store: Gauge,
     // Connections.
     pub terminals: Family<Label, Gauge>,
@@ -156,6 +164,7 @@ pub struct Metrics {
     pub pushes_waiting_for_owner: Gauge,
     pub push_owner_wait: Histogram,
     pub push_replays: Counter,
+    pub pushes_on_suspended: Counter,
     // Operations.
     pub reloads: Family<Label, Counter>,
     pub peer_refusals: Family<Label, Counter>,
@@ -184,7 +193,7 @@ impl Metrics {
             rebalance_duration: rebalance_buckets(),
             shards_assigned: Gauge::default(),
             shards_served: Gauge::default(),
-            shards_suspended: Gauge::default(),
+            shards_suspended: Family::default(),
             shards_without_owner: Gauge::default(),
             shard_served: Family::default(),
             shard_epoch: Family::default(),
@@ -193,6 +202,8 @@ impl Metrics {
             store_op_duration: Family::new_with_constructor(latency_buckets),
             store_errors: Family::default(),
             store_reachable: Gauge::default(),
+            store_unreachable_seconds: Gauge::default(),
+            store_verdict: Family::default(),
             peers_reaching_store: Gauge::default(),
             terminals: Family::default(),
             dials: Family::default(),
@@ -206,6 +217,7 @@ impl Metrics {
             pushes_waiting_for_owner: Gauge::default(),
             push_owner_wait: latency_buckets(),
             push_replays: Counter::default(),
+            pushes_on_suspended: Counter::default(),
             reloads: Family::default(),
             peer_refusals: Family::default(),
             peer_legacy_accepted: Counter::default(),
@@ -229,6 +241,14 @@ impl Metrics {
             "shutdown",
         ] {
             let _ = self.shard_stops.get_or_create(&[("reason", reason)]);
+        }
+        for delivery in SUSPENDED_DELIVERY {
+            let _ = self
+                .shards_suspended
+                .get_or_create(&[("delivery", delivery)]);
+        }
+        for verdict in crate::status::VERDICTS {
+            let _ = self.store_verdict.get_or_create(&[("verdict", verdict)]);
         }
         for op in STORE_OPS {
             let _ = self.store_errors.get_or_create(&[("op", op)]);
@@ -295,7 +315,7 @@ impl Metrics {
         );
         r.register(
             "posgate_shards_suspended",
-            "Shards held through a cluster-wide store outage (connections kept, no delivery)",
+            "Shards held past their lease deadline through a store outage, by delivery (delivering: the cluster-wide verdict stands; parked: connections kept, nothing delivered)",
             self.shards_suspended.clone(),
         );
         r.register(
@@ -329,6 +349,16 @@ impl Metrics {
             "posgate_store_reachable",
             "1 when the last store call succeeded",
             self.store_reachable.clone(),
+        );
+        r.register(
+            "posgate_store_unreachable_seconds",
+            "Seconds since the store last answered this pod (since the first failed call of the current failure); 0 while it answers",
+            self.store_unreachable_seconds.clone(),
+        );
+        r.register(
+            "posgate_store_verdict",
+            "1 for this pod's verdict on the store (reachable, unknown, isolated, cluster_wide), 0 for the others",
+            self.store_verdict.clone(),
         );
         r.register(
             "posgate_peers_reaching_store",
@@ -382,6 +412,11 @@ impl Metrics {
             "posgate_push_replays",
             "Pushes answered from the idempotency cache",
             self.push_replays.clone(),
+        );
+        r.register(
+            "posgate_pushes_on_suspended_shards",
+            "Pushes delivered (the terminal answered 2xx) on shards held past their lease deadline through a cluster-wide store outage",
+            self.pushes_on_suspended.clone(),
         );
         r.register(
             "posgate_reloads",

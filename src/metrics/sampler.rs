@@ -42,7 +42,7 @@ pub async fn run(
             return;
         }
         let snapshot = status.borrow_and_update().clone();
-        sampler.sample(&metrics, &snapshot, &*sessions, Instant::now());
+        sampler.sample(&metrics, &snapshot, &*sessions, crate::clock::now());
     }
 }
 
@@ -63,7 +63,15 @@ impl Sampler {
             m.membership_changes.inc();
         }
         self.members = Some(members);
-        m.store_reachable.set(i64::from(status.store_reachable));
+        m.store_reachable.set(i64::from(status.store.reachable()));
+        m.store_unreachable_seconds
+            .set(status.store.unreachable_for(now).as_secs_f64());
+        let verdict = status.store.verdict();
+        for v in crate::status::VERDICTS {
+            m.store_verdict
+                .get_or_create(&[("verdict", v)])
+                .set(i64::from(v == verdict));
+        }
 
         let assigned: BTreeSet<ShardId> = status
             .shards
@@ -74,8 +82,17 @@ impl Sampler {
         let served = status.shards.iter().filter(|s| s.serving).count();
         m.shards_assigned.set(assigned.len() as i64);
         m.shards_served.set(served as i64);
-        m.shards_suspended
-            .set(status.shards.iter().filter(|s| s.suspended).count() as i64);
+        // A suspended shard delivers exactly while it is served (the verdict stands).
+        for (delivery, serving) in [("delivering", true), ("parked", false)] {
+            let n = status
+                .shards
+                .iter()
+                .filter(|s| s.suspended && s.serving == serving)
+                .count();
+            m.shards_suspended
+                .get_or_create(&[("delivery", delivery)])
+                .set(n as i64);
+        }
         m.shards_without_owner
             .set(status.shards.iter().filter(|s| s.owner.is_none()).count() as i64);
         for s in &status.shards {
@@ -120,9 +137,10 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
+    use crate::core::reconciler::Outage;
     use crate::core::PodId;
     use crate::serving::TerminalCounts;
-    use crate::status::ShardStatus;
+    use crate::status::{ShardStatus, StoreStatus};
 
     /// Sessions whose undialed count the test sets.
     #[derive(Default)]
@@ -150,7 +168,7 @@ mod tests {
     fn status(me: &PodId, assigned: &[ShardId], serving: &[ShardId]) -> PodStatus {
         PodStatus {
             pod: Some(me.clone()),
-            store_reachable: true,
+            store: StoreStatus::Reachable,
             shards: (0..4)
                 .map(|s| ShardStatus {
                     shard: s,
@@ -207,5 +225,49 @@ mod tests {
         assert!(text.contains("posgate_shard_served{shard=\"1\"} 1"));
         assert!(text.contains("posgate_terminals{state=\"connected\"} 5"));
         assert!(text.contains("posgate_dial_queue_depth 3"));
+    }
+
+    #[test]
+    fn a_store_outage_shows_its_verdict_duration_and_suspended_shards() {
+        let (m, fake, me) = (Metrics::new(), Fake::default(), PodId::new("p").unwrap());
+        let mut sampler = Sampler::default();
+        let t0 = Instant::now();
+        sampler.sample(&m, &status(&me, &[0, 1, 2], &[0, 1, 2]), &fake, t0);
+        let text = m.encode();
+        assert!(
+            text.contains("posgate_store_verdict{verdict=\"reachable\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("posgate_store_verdict{verdict=\"cluster_wide\"} 0"));
+        assert!(
+            text.contains("posgate_store_unreachable_seconds 0.0"),
+            "{text}"
+        );
+        assert!(text.contains("posgate_shards_suspended{delivery=\"delivering\"} 0"));
+
+        // 12.5 s into a cluster-wide outage: shards 0 and 1 are held and deliver, shard 2
+        // is held but parked.
+        let mut outage = status(&me, &[0, 1, 2], &[0, 1]);
+        outage.store = StoreStatus::Unreachable {
+            since: t0,
+            outage: Outage::ClusterWide { confirmed: t0 },
+        };
+        for s in &mut outage.shards[..3] {
+            s.suspended = true;
+        }
+        sampler.sample(&m, &outage, &fake, t0 + Duration::from_millis(12_500));
+        let text = m.encode();
+        for line in [
+            "posgate_store_reachable 0",
+            "posgate_store_unreachable_seconds 12.5",
+            "posgate_store_verdict{verdict=\"cluster_wide\"} 1",
+            "posgate_store_verdict{verdict=\"reachable\"} 0",
+            "posgate_store_verdict{verdict=\"isolated\"} 0",
+            "posgate_store_verdict{verdict=\"unknown\"} 0",
+            "posgate_shards_suspended{delivery=\"delivering\"} 2",
+            "posgate_shards_suspended{delivery=\"parked\"} 1",
+        ] {
+            assert!(text.contains(line), "{line} missing:\n{text}");
+        }
     }
 }

@@ -6,10 +6,12 @@
 //! directory (`404`); the idempotency key is reserved (replay or `409`); the push then
 //! waits, bounded by the deadline and a per-terminal cap, for a session whose hello was
 //! accepted with the shard's current epoch; right before sending, the lease is checked
-//! again, so nothing goes out past the lease deadline. A refused epoch drops the shard
-//! and sends the caller to the new owner (the push was not processed); a connection
-//! that closed before the request left is waited out; a request that may have left
-//! without an answer is `504` with `"delivery": "unknown"` and is never re-sent here.
+//! again, so nothing goes out past the lease deadline (for a shard held past it through a
+//! cluster-wide store outage: past the verdict; such deliveries are counted in
+//! `posgate_pushes_on_suspended_shards_total`). A refused epoch drops the shard and
+//! sends the caller to the new owner (the push was not processed); a connection that
+//! closed before the request left is waited out; a request that may have left without
+//! an answer is `504` with `"delivery": "unknown"` and is never re-sent here.
 //!
 //! Not for: finding the owner or forwarding (`route`), or parsing HTTP (`crate::http`).
 
@@ -26,6 +28,7 @@ use crate::core::shard::shard_of;
 use crate::pos::manager::Lookup;
 use crate::pos::push::{self as pos_push, PushFailure};
 use crate::pos::wire::PosPush;
+use crate::serving::Grant;
 
 /// How often a push re-checks while the shard's terminal list loads.
 const LOADING_POLL: Duration = Duration::from_millis(10);
@@ -116,9 +119,13 @@ impl PushService {
                 }
             };
             // Fence: the lease must still be ours, with the epoch the session carries.
-            if self.serving.serving(shard, now()) != Some(epoch) {
+            let Some(grant) = self
+                .serving
+                .grant(shard, now())
+                .filter(|g| g.epoch() == epoch)
+            else {
                 continue;
-            }
+            };
             let remaining = deadline.saturating_duration_since(now());
             if remaining < MIN_SEND_BUDGET {
                 // Sent now, the terminal could take the push and its answer come back
@@ -143,6 +150,9 @@ impl PushService {
             match pos_push::send(&mut sender, wire, remaining).await {
                 Ok(status) => {
                     let answer = if status.is_success() {
+                        if let Grant::Held(_) = grant {
+                            self.metrics.pushes_on_suspended.inc();
+                        }
                         Answer::delivered(&Delivered {
                             terminal: push.terminal.clone(),
                             idempotency_key: push.key.clone(),

@@ -29,17 +29,41 @@ use crate::core::{Epoch, ShardId};
 pub(crate) enum Slot {
     Idle,
     /// Delivered on with `epoch` while `now < deadline` (local monotonic time): the lease
-    /// deadline, or for a shard held through a cluster-wide outage the lapse of the
-    /// verdict.
+    /// deadline.
     Serving {
         epoch: Epoch,
         deadline: Instant,
     },
-    /// Held, its connections kept, but not delivering: a store outage whose verdict is
-    /// not (or no longer) cluster-wide.
-    Suspended {
+    /// Suspended and delivering: held past its lease deadline through a cluster-wide
+    /// store outage (nobody can acquire), delivered on with `epoch` while `now < until`,
+    /// the lapse of the verdict.
+    Held {
+        epoch: Epoch,
+        until: Instant,
+    },
+    /// Suspended and parked: held, its connections kept, but not delivering: a store
+    /// outage whose verdict is not (or no longer) cluster-wide.
+    Parked {
         epoch: Epoch,
     },
+}
+
+/// On what footing this pod may deliver on a shard now, with which epoch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Grant {
+    /// Within the lease's local deadline.
+    Leased(Epoch),
+    /// Past the lease deadline, held through a cluster-wide store outage (static
+    /// stability: the held lease is still the newest, since nobody can acquire).
+    Held(Epoch),
+}
+
+impl Grant {
+    pub fn epoch(self) -> Epoch {
+        match self {
+            Grant::Leased(epoch) | Grant::Held(epoch) => epoch,
+        }
+    }
 }
 
 /// Which shards this pod serves, with which epoch, until when. Cheap to clone and to
@@ -61,18 +85,25 @@ impl ServingTable {
     /// deliver on it. `now` is monotonic time as the driver sees it:
     /// `crate::clock::now()`.
     pub fn serving(&self, shard: ShardId, now: Instant) -> Option<Epoch> {
+        self.grant(shard, now).map(Grant::epoch)
+    }
+
+    /// Like [`ServingTable::serving`], also saying whether the epoch is delivered on
+    /// within its lease or held past it.
+    pub fn grant(&self, shard: ShardId, now: Instant) -> Option<Grant> {
         match self.read(shard)? {
-            Slot::Serving { epoch, deadline } if now < deadline => Some(epoch),
+            Slot::Serving { epoch, deadline } if now < deadline => Some(Grant::Leased(epoch)),
+            Slot::Held { epoch, until } if now < until => Some(Grant::Held(epoch)),
             _ => None,
         }
     }
 
-    /// The epoch of a shard that is held but suspended (cluster-wide store outage: keep
-    /// its connections, deliver nothing), if it is.
+    /// The epoch of a shard held past its lease deadline through a store outage
+    /// (suspended: delivering or parked), if it is.
     pub fn suspended(&self, shard: ShardId) -> Option<Epoch> {
         match self.read(shard)? {
-            Slot::Suspended { epoch } => Some(epoch),
-            _ => None,
+            Slot::Held { epoch, .. } | Slot::Parked { epoch } => Some(epoch),
+            Slot::Idle | Slot::Serving { .. } => None,
         }
     }
 
@@ -121,5 +152,44 @@ impl ServingHook for () {
         _reason: StopReason,
     ) -> impl Future<Output = ()> + Send + 'static {
         std::future::ready(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The table's answers for each kind of slot.
+
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn a_held_shard_is_delivered_on_until_the_verdict_lapses() {
+        let t = Instant::now();
+        let table = ServingTable::new(4);
+        table.set(&[
+            Slot::Idle,
+            Slot::Serving {
+                epoch: 3,
+                deadline: t + Duration::from_secs(1),
+            },
+            Slot::Held {
+                epoch: 5,
+                until: t + Duration::from_secs(2),
+            },
+            Slot::Parked { epoch: 7 },
+        ]);
+        let grants = |at| (0..4).map(|s| table.grant(s, at)).collect::<Vec<_>>();
+        assert_eq!(
+            grants(t),
+            [None, Some(Grant::Leased(3)), Some(Grant::Held(5)), None]
+        );
+        let later = t + Duration::from_millis(1500);
+        assert_eq!(grants(later), [None, None, Some(Grant::Held(5)), None]);
+        assert_eq!(table.serving(2, later), Some(5));
+        assert_eq!(grants(t + Duration::from_secs(2)), [None; 4]);
+        // Held and parked shards are both suspended, whatever the time.
+        let suspended: Vec<_> = (0..4).map(|s| table.suspended(s)).collect();
+        assert_eq!(suspended, [None, None, Some(5), Some(7)]);
     }
 }

@@ -280,8 +280,21 @@ async fn status_504_delivery_unknown_then_409_in_flight_then_a_retry_delivers() 
         query: "?timeout_ms=700",
         ..keyed("slow-1")
     };
+    // The second attempt goes out once the first is in flight at pod a (not after a
+    // fixed sleep, which a loaded machine can outrun).
     let (first, second) = tokio::join!(push(&http, a, &t, timed()), async {
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        let waited = Instant::now();
+        while !api::metrics(&http, a)
+            .await
+            .lines()
+            .any(|l| l.starts_with("posgate_pushes_in_flight ") && !l.ends_with(" 0"))
+        {
+            assert!(
+                waited.elapsed() < Duration::from_secs(5),
+                "first push never in flight"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         push(&http, b, &t, timed()).await
     });
     assert_eq!(

@@ -1,6 +1,6 @@
 //! A pod's HTTP API from an integration test, over one HTTP/1 client: pushes
 //! (`POST /v1/terminals/{id}/push`, [`Push`]), GETs with a bearer token, any other
-//! request ([`send`]; answers read as JSON), and the `/metrics` text.
+//! request ([`send`]; answers read as JSON), and the `/metrics` text and its values.
 //!
 //! Not for: requests to a `posgate serve` process that may be frozen (raw HTTP/1.1 with a
 //! time limit: [`super::binary::request`]).
@@ -54,6 +54,15 @@ pub async fn metrics(http: &Http, base: &str) -> String {
     assert_eq!(response.status(), StatusCode::OK);
     let body = response.into_body().collect().await.unwrap().to_bytes();
     String::from_utf8(body.to_vec()).expect("a UTF-8 scrape")
+}
+
+/// The value of `series` (its name and labels exactly as scraped, e.g.
+/// `posgate_store_verdict{verdict="reachable"}`) in the `/metrics` text `scrape`.
+pub fn value(scrape: &str, series: &str) -> Option<f64> {
+    scrape.lines().find_map(|line| {
+        let rest = line.strip_prefix(series)?.strip_prefix(' ')?;
+        rest.split(' ').next()?.parse().ok()
+    })
 }
 
 /// A push request; `None` fields are left out (a request may lack them on purpose).

@@ -90,15 +90,30 @@ pub fn served(pod: &PodHandle) -> Vec<ShardId> {
         .collect()
 }
 
-/// Every shard is served by exactly one of `pods`.
+/// Every shard is served by exactly one of `pods`, and every pod's status names that
+/// pod as the shard's owner (so routing and terminal views agree from any entry pod).
 pub fn settled<'a>(pods: impl IntoIterator<Item = &'a PodHandle>) -> bool {
-    let mut count = vec![0; SHARDS as usize];
-    for pod in pods {
+    let pods: Vec<&PodHandle> = pods.into_iter().collect();
+    let mut server: Vec<Vec<PodId>> = vec![Vec::new(); SHARDS as usize];
+    for pod in &pods {
+        let Some(id) = pod.status.borrow().pod.clone() else {
+            return false;
+        };
         for shard in served(pod) {
-            count[shard as usize] += 1;
+            server[shard as usize].push(id.clone());
         }
     }
-    count.iter().all(|&n| n == 1)
+    server.iter().enumerate().all(|(shard, by)| {
+        by.len() == 1
+            && pods.iter().all(|p| {
+                p.status
+                    .borrow()
+                    .shards
+                    .get(shard)
+                    .and_then(|s| s.owner.as_ref())
+                    == Some(&by[0])
+            })
+    })
 }
 
 /// Shuts `pods` down gracefully, all at once, each given 10 s to finish.

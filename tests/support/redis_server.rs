@@ -1,5 +1,6 @@
 //! `RedisServer`: one `redis-server` child process on a free loopback port, with no
-//! persistence, killed on drop; optionally also serving TLS on a second port.
+//! persistence, killed on drop; optionally also serving TLS on a second port; it can be
+//! frozen (SIGSTOP) and thawed, or restarted empty.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -213,6 +214,28 @@ impl RedisServer {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// Freezes the server with SIGSTOP until [`Self::thaw`]: its connections stay open
+    /// and nothing is answered, like a Redis whose host stalls. Clients see timeouts,
+    /// not errors.
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a frozen server run again (SIGCONT); it answers what was sent meanwhile.
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        let child = self.child.as_ref().expect("redis-server is running");
+        let pid = child.id().to_string();
+        let status = Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {sig} {pid}");
     }
 
     /// Kills the server (SIGKILL: nothing is saved). Idempotent.

@@ -361,6 +361,11 @@ impl Reconciler {
     pub fn store_reachable(&self) -> bool {
         self.store.reachable()
     }
+    /// When the store failure this pod experiences began (its first failed call), if
+    /// the store fails.
+    pub fn store_failing_since(&self) -> Option<Instant> {
+        self.store.failing_since()
+    }
     pub fn generation(&self) -> Option<&str> {
         self.generation.as_deref()
     }

@@ -79,6 +79,14 @@ impl StoreView {
         matches!(self.inner, Reach::Failing { .. })
     }
 
+    /// When the current failure began (the first failed call), if the store fails.
+    pub fn failing_since(&self) -> Option<Instant> {
+        match self.inner {
+            Reach::Failing { since, .. } => Some(since),
+            Reach::Untried | Reach::Reachable => None,
+        }
+    }
+
     /// The judgement of the current failure, if the store fails.
     pub fn outage(&self) -> Option<Outage> {
         match self.inner {

@@ -31,7 +31,13 @@ fn suspended_in_a_cluster_wide_outage() -> (Reconciler, Instant, Vec<ShardId>) {
     let (mut r, t) = serving_pod("a", &["a", "b"]);
     let t = t + Duration::from_secs(1);
     let shards = renewal_due(&mut r, t);
+    assert_eq!(r.store_failing_since(), None);
     r.handle_renew(t, &shards, Err(OpFailed));
+    assert_eq!(
+        r.store_failing_since(),
+        Some(t),
+        "the failure began with this call"
+    );
     let unreachable = PeerReport {
         answered: 1,
         reaching: 0,
