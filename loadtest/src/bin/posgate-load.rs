@@ -33,8 +33,9 @@ use posgate_loadtest::load::{
 #[command(version)]
 struct Args {
     /// Scenarios to run in order: cold-start, scale-out, scale-in, rolling-restart, kill,
-    /// pause, redis-restart, redis-outage, pod-partition, or all (those nine); and, only
-    /// when named, rolling-upgrade (needs --old-posgate).
+    /// pause, redis-restart, redis-outage, pod-partition, partial-partition,
+    /// single-pod-outage, or all (those eleven); and, only when named, rolling-upgrade
+    /// (needs --old-posgate).
     #[arg(required = true)]
     scenarios: Vec<String>,
     /// 5 pods, 5,000 terminals, TTL 3 s (CI).
@@ -71,27 +72,73 @@ struct Args {
     no_reimport: bool,
 }
 
-/// The scenarios named on the command line, checked: cold-start only first, and
-/// rolling-upgrade only with the previous release's binary.
-fn scenarios(names: &[String], old_posgate: Option<&Path>) -> Result<Vec<Scenario>> {
-    let mut out = Vec::new();
+/// Most connections one pod may hold: one process can open at most ~19,000 sockets here.
+const MAX_CONNECTIONS_PER_POD: u64 = 17_000;
+
+/// Why `sc` cannot run with `profile` here, if it cannot: a pod holds one socket per
+/// terminal of its shards, and the terminals are spread over the fewest pods the
+/// scenario leaves holding them (N - 1 while one is down, one in single-pod-outage).
+fn misfit(profile: &Profile, sc: Scenario) -> Option<String> {
+    let fewest = sc.fewest_holding(profile.pods);
+    let worst = profile.terminals.div_ceil(fewest as u64);
+    (worst > MAX_CONNECTIONS_PER_POD).then(|| {
+        format!(
+            "{}: {} terminals over {fewest} of {} pods means up to {worst} connections in one \
+             pod; one process can hold at most ~19,000 sockets here (--terminals {} or fewer)",
+            sc.name(),
+            profile.terminals,
+            profile.pods,
+            MAX_CONNECTIONS_PER_POD * fewest as u64
+        )
+    })
+}
+
+/// The scenarios to run, and those `all` left out with why.
+#[derive(Debug, PartialEq)]
+struct Plan {
+    list: Vec<Scenario>,
+    left_out: Vec<String>,
+}
+
+/// The scenarios named on the command line, checked: cold-start only first,
+/// rolling-upgrade only with the previous release's binary, and every pod able to hold
+/// its terminals ([`misfit`]). `all` leaves out a scenario that does not fit (the summary
+/// says so: single-pod-outage in the full profile); a named one that does not fit, or an
+/// `all` that leaves nothing, stops the run.
+fn scenarios(names: &[String], old_posgate: Option<&Path>, profile: &Profile) -> Result<Plan> {
+    let mut plan = Plan {
+        list: Vec::new(),
+        left_out: Vec::new(),
+    };
     for n in names {
         if n == "all" {
-            out.extend(Scenario::ALL);
-        } else {
-            out.push(Scenario::parse(n).with_context(|| format!("unknown scenario {n:?}"))?);
+            for sc in Scenario::ALL {
+                match misfit(profile, sc) {
+                    None => plan.list.push(sc),
+                    Some(why) => plan.left_out.push(format!("left out of all: {why}")),
+                }
+            }
+            continue;
         }
+        let sc = Scenario::parse(n).with_context(|| format!("unknown scenario {n:?}"))?;
+        if let Some(why) = misfit(profile, sc) {
+            bail!("{why}");
+        }
+        plan.list.push(sc);
     }
-    if out.iter().skip(1).any(|s| *s == Scenario::ColdStart) {
+    if plan.list.is_empty() {
+        bail!("no scenario fits: {}", plan.left_out.join("; "));
+    }
+    if plan.list.iter().skip(1).any(|s| *s == Scenario::ColdStart) {
         bail!("cold-start can only be the first scenario");
     }
-    if out.contains(&Scenario::RollingUpgrade) && old_posgate.is_none() {
+    if plan.list.contains(&Scenario::RollingUpgrade) && old_posgate.is_none() {
         bail!(
             "rolling-upgrade needs --old-posgate PATH: the previous release's posgate binary \
              (e.g. built from the previous main)"
         );
     }
-    Ok(out)
+    Ok(plan)
 }
 
 fn machine() -> String {
@@ -111,7 +158,14 @@ fn write(path: &Path, text: &str) -> Result<()> {
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
 
-async fn run(args: &Args, dir: &Path, reports: &mut Vec<ScenarioReport>) -> Result<()> {
+/// Runs the plan; `reports` and `left_out` (scenarios `all` left out, with why) are
+/// filled as it goes, so a failed run still reports what it did.
+async fn run(
+    args: &Args,
+    dir: &Path,
+    reports: &mut Vec<ScenarioReport>,
+    left_out: &mut Vec<String>,
+) -> Result<()> {
     let mut profile = if args.full {
         Profile::full()
     } else {
@@ -127,20 +181,12 @@ async fn run(args: &Args, dir: &Path, reports: &mut Vec<ScenarioReport>) -> Resu
         profile.push_rate = r;
     }
     profile.reimport_directory = !args.no_reimport;
-    // One pod process holds one socket per terminal of its shards (and more while a
-    // neighbour is down): it must fit the ~19,000 sockets a process may open here.
-    let worst = profile
-        .terminals
-        .div_ceil(profile.pods.saturating_sub(1).max(1) as u64);
-    if worst > 17_000 {
-        bail!(
-            "{} terminals over {} pods means up to {worst} connections in one pod; \
-             one process can hold at most ~19,000 sockets here",
-            profile.terminals,
-            profile.pods
-        );
+    let plan = scenarios(&args.scenarios, args.old_posgate.as_deref(), &profile)?;
+    for why in &plan.left_out {
+        eprintln!("{why}");
     }
-    let list = scenarios(&args.scenarios, args.old_posgate.as_deref())?;
+    left_out.extend(plan.left_out);
+    let list = plan.list;
     let upgrading = list.contains(&Scenario::RollingUpgrade);
     let pos_sim = match &args.pos_sim {
         Some(p) => p.clone(),
@@ -202,6 +248,7 @@ async fn main() -> ExitCode {
     }
     let started = Instant::now();
     let mut reports = Vec::new();
+    let mut left_out = Vec::new();
     let outcome = {
         let mut term =
             match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
@@ -213,14 +260,14 @@ async fn main() -> ExitCode {
             };
         // Dropping the run future drops the cluster, whose guards kill every child.
         tokio::select! {
-            r = run(&args, &dir, &mut reports) => r,
+            r = run(&args, &dir, &mut reports, &mut left_out) => r,
             _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted (Ctrl-C)")),
             _ = term.recv() => Err(anyhow::anyhow!("interrupted (SIGTERM)")),
         }
     };
     let command: Vec<String> = std::env::args().collect();
     let header = format!(
-        "## posgate-load, {profile} profile\n\nCommand: `{}`  \nMachine: {}  \nTotal run time: {:.0} s  \nCharts: {}{}",
+        "## posgate-load, {profile} profile\n\nCommand: `{}`  \nMachine: {}  \nTotal run time: {:.0} s  \nCharts: {}{}{}",
         command.join(" "),
         machine(),
         started.elapsed().as_secs_f64(),
@@ -229,6 +276,10 @@ async fn main() -> ExitCode {
         } else {
             charts::ChartError::Disabled.to_string()
         },
+        left_out
+            .iter()
+            .map(|why| format!("  \n**Not run:** {why}"))
+            .collect::<String>(),
         match &outcome {
             Ok(()) => String::new(),
             Err(e) => format!("  \n**Harness error:** {e:#}"),
@@ -256,17 +307,62 @@ mod tests {
         list.iter().map(|s| s.to_string()).collect()
     }
 
+    fn list(names_: &[&str], old: Option<&Path>) -> Result<Vec<Scenario>> {
+        scenarios(&names(names_), old, &Profile::quick()).map(|p| p.list)
+    }
+
     #[test]
     fn rolling_upgrade_runs_only_when_named_and_given_the_old_binary() {
-        let all = scenarios(&names(&["all"]), None).unwrap();
-        assert_eq!(all.len(), 9);
+        let all = list(&["all"], None).unwrap();
+        assert_eq!(all.len(), 11);
+        assert_eq!(all.last(), Some(&Scenario::SinglePodOutage));
         assert!(!all.contains(&Scenario::RollingUpgrade));
-        let err = scenarios(&names(&["rolling-upgrade"]), None).unwrap_err();
+        let err = list(&["rolling-upgrade"], None).unwrap_err();
         assert!(err.to_string().contains("--old-posgate PATH"), "{err}");
         let old = Path::new("/old/posgate");
-        let list = scenarios(&names(&["rolling-upgrade", "kill"]), Some(old)).unwrap();
-        assert_eq!(list, [Scenario::RollingUpgrade, Scenario::Kill]);
-        assert!(scenarios(&names(&["kill", "cold-start"]), None).is_err());
-        assert!(scenarios(&names(&["rolling-update"]), Some(old)).is_err());
+        let both = list(&["rolling-upgrade", "kill"], Some(old)).unwrap();
+        assert_eq!(both, [Scenario::RollingUpgrade, Scenario::Kill]);
+        assert!(list(&["kill", "cold-start"], None).is_err());
+        assert!(list(&["rolling-update"], Some(old)).is_err());
+    }
+
+    #[test]
+    fn all_leaves_out_what_one_pod_cannot_hold_and_says_so() {
+        let quick = scenarios(&names(&["all"]), None, &Profile::quick()).unwrap();
+        assert!(quick.left_out.is_empty(), "{:?}", quick.left_out);
+        // Full: 50,000 over 19 pods (one down) and over 10 (half cut off) fit; on one
+        // pod they do not.
+        let full = scenarios(&names(&["all"]), None, &Profile::full()).unwrap();
+        assert_eq!(full.list.len(), 10);
+        assert!(!full.list.contains(&Scenario::SinglePodOutage));
+        assert_eq!(full.left_out.len(), 1);
+        assert!(
+            full.left_out[0].starts_with("left out of all: single-pod-outage: 50000 terminals")
+                && full.left_out[0].contains("--terminals 17000 or fewer"),
+            "{:?}",
+            full.left_out
+        );
+        // Named, it stops the run instead.
+        let named = ["single-pod-outage"];
+        assert!(scenarios(&names(&named), None, &Profile::full()).is_err());
+        let fits = Profile {
+            terminals: 17_000,
+            ..Profile::full()
+        };
+        assert!(scenarios(&names(&named), None, &fits).is_ok());
+        let over = Profile {
+            terminals: 17_001,
+            ..Profile::full()
+        };
+        assert!(scenarios(&names(&named), None, &over).is_err());
+        // A profile no scenario fits stops the run rather than running nothing.
+        let two = Profile {
+            pods: 2,
+            ..Profile::full()
+        };
+        assert!(scenarios(&names(&["all"]), None, &two).is_err());
+        assert_eq!(Scenario::PartialPartition.fewest_holding(3), 2);
+        assert_eq!(Scenario::PartialPartition.fewest_holding(20), 10);
+        assert_eq!(Scenario::Kill.fewest_holding(1), 1);
     }
 }

@@ -35,6 +35,10 @@ pub struct Profile {
     pub dial_rate: u64,
     pub push_rate: f64,
     pub push_timeout_ms: u64,
+    /// How long redis-outage, single-pod-outage and partial-partition cut pods off from
+    /// Redis: 4x the lease TTL in both profiles, so every lease runs out during the cut
+    /// (deliveries past the lease are the point of those scenarios).
+    pub outage: Duration,
     /// Limit for a scenario to converge after its event.
     pub converge_limit: Duration,
     /// redis-restart: import the terminal directory again right after Redis restarts
@@ -43,7 +47,7 @@ pub struct Profile {
 }
 
 impl Profile {
-    /// 5 pods, 5,000 terminals, TTL 3 s.
+    /// 5 pods, 5,000 terminals, TTL 3 s, outages of 12 s.
     pub fn quick() -> Self {
         let flags = [
             "--lease-ttl",
@@ -73,12 +77,14 @@ impl Profile {
             dial_rate: 200,
             push_rate: 50.0,
             push_timeout_ms: 5_000,
+            outage: Duration::from_secs(12),
             converge_limit: Duration::from_secs(90),
             reimport_directory: true,
         }
     }
 
-    /// 20 pods, 50,000 terminals, default timings (TTL 15 s), dial rate 200.
+    /// 20 pods, 50,000 terminals, default timings (TTL 15 s), dial rate 200, outages of
+    /// 60 s.
     pub fn full() -> Self {
         Profile {
             name: "full".into(),
@@ -90,6 +96,7 @@ impl Profile {
             dial_rate: 200,
             push_rate: 100.0,
             push_timeout_ms: 5_000,
+            outage: Duration::from_secs(60),
             converge_limit: Duration::from_secs(420),
             reimport_directory: true,
         }

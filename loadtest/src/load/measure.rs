@@ -16,6 +16,7 @@ use super::{
     duplicates,
     handover::{self, Verdict},
     observe::{Owners, Sample, Sampler, SAMPLE_EVERY},
+    outage,
     pods::TENANT,
     procs::CLOCK_TICKS,
     push_summary,
@@ -242,6 +243,14 @@ pub async fn run_scenario(c: &mut Cluster, sc: Scenario) -> Result<ScenarioRepor
         let rss: u64 = r.rss_kib.values().sum();
         r.rss_per_connection_kib = Some(rss as f64 / c.profile.terminals.max(1) as f64);
     }
+    if let Some(cut) = &action.cut {
+        r.push_windows = outage::push_windows(sc, cut, &c.profile, &pushes, t1);
+        if sc == Scenario::PartialPartition {
+            r.takeover = before_owners
+                .as_ref()
+                .map(|before| outage::takeover(before, &samples, cut));
+        }
+    }
     let opens: Vec<(u64, u64)> = samples
         .iter()
         .map(|s| (s.at_unix_ms, s.connections_open))
@@ -342,7 +351,10 @@ fn checks(c: &Cluster, sc: Scenario, r: &mut ScenarioReport) {
             format!("{so} session overlaps"),
         );
     }
-    if matches!(sc, Scenario::Pause | Scenario::PodPartition) {
+    if matches!(
+        sc,
+        Scenario::Pause | Scenario::PodPartition | Scenario::PartialPartition
+    ) {
         let n = r.accepted_after_deadline;
         let d = format!("{n} pushes accepted under its epochs after its deadline");
         r.check(
@@ -389,6 +401,7 @@ fn checks(c: &Cluster, sc: Scenario, r: &mut ScenarioReport) {
         d,
     );
     upgrade::checks(r);
+    outage::checks(r, sc);
     match sc {
         Scenario::ScaleOut
         | Scenario::ScaleIn
@@ -432,11 +445,6 @@ fn checks(c: &Cluster, sc: Scenario, r: &mut ScenarioReport) {
                 ok,
                 d,
             );
-        }
-        Scenario::RedisOutage => {
-            let closed = r.connections_closed;
-            let d = format!("{closed} connections closed");
-            r.check("no terminal disconnected", false, closed == 0, d);
         }
         Scenario::RedisRestart => {
             let m = r.shard_moves;

@@ -1,9 +1,9 @@
 //! The load and fault harness behind `posgate-load`: it starts a private `redis-server`,
 //! `pos-sim` processes, the terminal directory import and N `posgate serve` processes (each
 //! behind its own cuttable TCP proxy to Redis), sends pushes at a set rate, injects one
-//! event per scenario (scale, SIGTERM, kill -9, SIGSTOP, Redis restart or outage, one pod
-//! cut off; or, for `rolling-upgrade`, every pod replaced from the previous release's
-//! binary by this one) and reports what the terminals and the push callers saw. Pushes that were not
+//! event per scenario (scale, SIGTERM, kill -9, SIGSTOP, Redis restart, every pod cut off
+//! from Redis, one pod or half of them cut off, a one-pod cluster cut off; or, for
+//! `rolling-upgrade`, every pod replaced from the previous release's binary by this one) and reports what the terminals and the push callers saw. Pushes that were not
 //! answered 200 are retried with the same key, as a real sender would, so keys delivered
 //! twice are counted for real (and classified by cause).
 //!
@@ -20,6 +20,7 @@ pub mod handover;
 pub mod http;
 pub mod measure;
 pub mod observe;
+pub mod outage;
 pub mod pods;
 pub mod procs;
 pub mod proxy;

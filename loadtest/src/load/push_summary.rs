@@ -117,19 +117,7 @@ pub fn summarize(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::load::pushgen::testing::push;
-
-    fn attempt(pod: &str, sent: u64, status: u16, outcome: &str) -> Attempt {
-        Attempt {
-            sent_unix_ms: sent,
-            entry_pod: pod.into(),
-            status,
-            outcome: outcome.into(),
-            latency_ms: 3,
-            unanswered: status == 0,
-            delivered_by: None,
-        }
-    }
+    use crate::load::pushgen::testing::{attempt, push};
 
     #[test]
     fn first_and_final_outcomes_and_unanswered_attempts() {

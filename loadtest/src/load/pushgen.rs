@@ -296,6 +296,19 @@ pub(crate) mod testing {
 
     use super::{Attempt, PushRecord};
 
+    /// An attempt through `pod` sent at `sent`; status 0 is "no answer".
+    pub(crate) fn attempt(pod: &str, sent: u64, status: u16, outcome: &str) -> Attempt {
+        Attempt {
+            sent_unix_ms: sent,
+            entry_pod: pod.into(),
+            status,
+            outcome: outcome.into(),
+            latency_ms: 3,
+            unanswered: status == 0,
+            delivered_by: None,
+        }
+    }
+
     /// A push to terminal "t" whose key names its first attempt's send time.
     pub(crate) fn push(first: Attempt, retries: Vec<Attempt>) -> PushRecord {
         PushRecord {

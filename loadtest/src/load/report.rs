@@ -10,6 +10,7 @@ use super::{
     duplicates::DuplicateSummary,
     handover::{HandoverSummary, StaleCheck, Verdict},
     observe::Sample,
+    outage::{PushWindow, Takeover},
     push_summary::PushSummary,
     redis::CommandStats,
     upgrade::{self, UpgradeReport},
@@ -66,8 +67,9 @@ pub struct ScenarioReport {
     pub stale_hellos_refused: u64,
     pub stale_pushes_refused: u64,
     pub pushes_without_session: u64,
-    /// Pause / pod-partition: pushes terminals accepted under the faulted pod's epochs
-    /// more than one lease TTL after the fault began (sampled terminals of moved shards).
+    /// Pause / pod-partition / partial-partition: pushes terminals accepted under the
+    /// faulted pods' epochs more than one lease TTL after the fault began (sampled
+    /// terminals of moved shards).
     pub accepted_after_deadline: u64,
     /// Per shard whose serving pod changed: old owner stopped -> new owner serving, from
     /// every pod's own `/v1/cluster`, sampled.
@@ -76,6 +78,11 @@ pub struct ScenarioReport {
     /// that shard within 1 s (sampled).
     pub stale_check: StaleCheck,
     pub pushes: PushSummary,
+    /// The outage scenarios: pushes by the span they were first sent in (during the
+    /// outage, after the takeover, ...), some gated.
+    pub push_windows: Vec<PushWindow>,
+    /// partial-partition: the cut-off pods' shards taken over by the rest.
+    pub takeover: Option<Takeover>,
     /// Push latency per second of send time (the latency chart's data).
     pub push_latency_per_s: Vec<LatencyBucket>,
     pub dial_limit_per_s: u64,
@@ -130,16 +137,16 @@ pub fn markdown(header: &str, reports: &[ScenarioReport]) -> String {
     md.push_str(
         "| scenario | converged | moved (ideal) | gap p50/p99/max ms | handover gap p50/p99/max ms | \
          raw ovl | session ovl | keys twice (defect) | dup inherent (by cause) | \
-         stale refused | pushes sent | retried | 200 first/final | unanswered | \
-         latency p50/p99/max ms | max dials/s/pod | gate |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+         stale refused | pushes sent | retried | 200 first/final | 200 in gated window first/final | \
+         unanswered | latency p50/p99/max ms | max dials/s/pod | gate |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in reports {
         let ideal = r.ideal_moved.map_or("-".into(), |i| i.to_string());
         let dials = r.dial_rate_max_per_pod.values().max().copied().unwrap_or(0);
         let _ = writeln!(
             md,
-            "| {} | {} | {} ({}) | {}/{}/{} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2}%/{:.2}% | {} (+{} entry pod faulted) | {}/{}/{} | {} | {} |",
+            "| {} | {} | {} ({}) | {}/{}/{} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2}%/{:.2}% | {} | {} (+{} entry pod faulted) | {}/{}/{} | {} | {} |",
             r.name,
             opt(r.converged_after_s),
             r.terminals_moved,
@@ -157,6 +164,7 @@ pub fn markdown(header: &str, reports: &[ScenarioReport]) -> String {
             r.pushes.retried,
             r.pushes.ok_ratio * 100.0,
             r.pushes.final_ok_ratio * 100.0,
+            window_cell(&r.push_windows),
             r.pushes.unanswered,
             r.pushes.unanswered_entry_faulted,
             r.pushes.latency_ms.p50,
@@ -203,6 +211,17 @@ pub fn markdown(header: &str, reports: &[ScenarioReport]) -> String {
              outcomes per attempt {:?}; final outcomes {:?}; every attempt unanswered: {}",
             p.sent, p.attempts, p.retried, p.by_outcome, p.by_final_outcome, p.gave_up_unanswered
         );
+        for w in &r.push_windows {
+            let _ = writeln!(md, "- {}", w.figures());
+        }
+        if let Some(t) = &r.takeover {
+            let _ = writeln!(
+                md,
+                "- takeover: {} of the {} shards the cut-off pods held taken over by the rest \
+                 under a higher epoch while the cut stood; not taken over {:?}",
+                t.taken_over, t.shards, t.not_taken_over
+            );
+        }
         let d = &r.duplicates;
         let _ = writeln!(
             md,
@@ -256,6 +275,21 @@ pub fn markdown(header: &str, reports: &[ScenarioReport]) -> String {
         chart_lines(&mut md, r);
     }
     md
+}
+
+/// The gated push window's share of 200s at the first attempt / after retries, or a dash.
+fn window_cell(windows: &[PushWindow]) -> String {
+    windows
+        .iter()
+        .find(|w| w.gate_min.is_some())
+        .map_or("-".into(), |w| {
+            format!(
+                "{:.2}%/{:.2}% {}",
+                w.first_ok_ratio * 100.0,
+                w.final_ok_ratio * 100.0,
+                w.name
+            )
+        })
 }
 
 fn handover_cell(h: &HandoverSummary) -> String {
@@ -352,6 +386,27 @@ mod tests {
             md.contains("| 0/0/0 | - |"),
             "no handover: a dash, not zeros"
         );
+        assert!(
+            !md.contains("pushes first sent"),
+            "no window, no window line"
+        );
+        r.push_windows = vec![PushWindow {
+            name: "during the outage".into(),
+            rule: "from the cut to the restore".into(),
+            sent: 1_000,
+            ok_first: 990,
+            ok_final: 1_000,
+            first_ok_ratio: 0.99,
+            final_ok_ratio: 1.0,
+            gate_min: Some(0.999),
+            ..PushWindow::default()
+        }];
+        let md = markdown("# run", std::slice::from_ref(&r));
+        assert!(md.contains("| 99.00%/100.00% during the outage |"), "{md}");
+        assert!(md.contains(
+            "- 1000 pushes first sent during the outage (from the cut to the restore): 200 at \
+             the first attempt 990 (99.000%), after retries 1000 (100.000%)\n"
+        ));
         r.charts.clear();
         r.charts_note = Some(super::super::charts::ChartError::Disabled.to_string());
         let md = markdown("# run", &[r]);

@@ -24,6 +24,11 @@ pub enum Scenario {
     RedisRestart,
     RedisOutage,
     PodPartition,
+    /// Half the pods (rounded down) cut off from Redis for the profile's outage length;
+    /// they keep their terminals and peers.
+    PartialPartition,
+    /// A cluster of one pod cut off from Redis for the profile's outage length.
+    SinglePodOutage,
     /// Every pod on the previous release, replaced one by one by this one (needs the
     /// previous release's binary, so not part of `all`).
     RollingUpgrade,
@@ -31,7 +36,7 @@ pub enum Scenario {
 
 impl Scenario {
     /// Every scenario, in the order `all` runs them.
-    pub const ALL: [Scenario; 9] = [
+    pub const ALL: [Scenario; 11] = [
         Scenario::ColdStart,
         Scenario::ScaleOut,
         Scenario::ScaleIn,
@@ -41,6 +46,10 @@ impl Scenario {
         Scenario::RedisRestart,
         Scenario::RedisOutage,
         Scenario::PodPartition,
+        Scenario::PartialPartition,
+        // Last: the one-pod cluster costs a rebalance onto one pod (its dial rate), and a
+        // scenario after it would pay another one back to N pods.
+        Scenario::SinglePodOutage,
     ];
 
     /// Scenarios run only when named (they need something CI does not have).
@@ -57,6 +66,8 @@ impl Scenario {
             Scenario::RedisRestart => "redis-restart",
             Scenario::RedisOutage => "redis-outage",
             Scenario::PodPartition => "pod-partition",
+            Scenario::PartialPartition => "partial-partition",
+            Scenario::SinglePodOutage => "single-pod-outage",
             Scenario::RollingUpgrade => "rolling-upgrade",
         }
     }
@@ -78,6 +89,29 @@ impl Scenario {
                 | Scenario::RollingRestart
                 | Scenario::RollingUpgrade
         )
+    }
+
+    /// How many pods the scenario starts from in a profile of `pods`.
+    pub fn starting_pods(self, pods: usize) -> usize {
+        match self {
+            Scenario::ColdStart => 0,
+            Scenario::ScaleIn => pods + 1,
+            Scenario::SinglePodOutage => 1,
+            _ => pods,
+        }
+    }
+
+    /// The fewest pods that hold every terminal at some point of the scenario, in a
+    /// profile of `pods` (what one pod's connection count is sized by).
+    pub fn fewest_holding(self, pods: usize) -> usize {
+        let fewest = match self {
+            Scenario::SinglePodOutage => 1,
+            // The cut-off half gives its shards to the rest.
+            Scenario::PartialPartition => pods - pods / 2,
+            // One pod killed, stopped, cut off or being replaced.
+            _ => pods.saturating_sub(1),
+        };
+        fewest.max(1)
     }
 
     /// The release every pod runs when the scenario's event begins.
@@ -107,6 +141,37 @@ pub struct Action {
     pub notes: Vec<String>,
     /// rolling-upgrade: each replacement step and every pod's release.
     pub upgrade: Option<UpgradeTrace>,
+    /// The pods cut off from Redis and when (redis-outage, single-pod-outage,
+    /// partial-partition, pod-partition).
+    pub cut: Option<Cut>,
+}
+
+/// Pods cut off from Redis (not from their terminals or peers) and when.
+#[derive(Debug, Clone, Default)]
+pub struct Cut {
+    pub pods: Vec<String>,
+    /// Every listed pod's proxy cut by then, unix ms.
+    pub from_unix_ms: u64,
+    /// Every listed pod's proxy forwarding again by then, unix ms.
+    pub to_unix_ms: u64,
+}
+
+/// Cuts the pods at `which` off from Redis for `span`, then restores them. They stay in
+/// service: connected to their terminals and peers, and push targets.
+async fn cut_off(c: &Cluster, which: &[usize], span: Duration) -> Cut {
+    for &i in which {
+        c.pods[i].proxy.cut();
+    }
+    let from_unix_ms = unix_ms();
+    tokio::time::sleep(span).await;
+    for &i in which {
+        c.pods[i].proxy.restore();
+    }
+    Cut {
+        pods: which.iter().map(|&i| c.pods[i].id.clone()).collect(),
+        from_unix_ms,
+        to_unix_ms: unix_ms(),
+    }
 }
 
 async fn start_ready(c: &mut Cluster, n: usize, release: Release) -> Result<(), LoadError> {
@@ -122,13 +187,14 @@ async fn start_ready(c: &mut Cluster, n: usize, release: Release) -> Result<(), 
 }
 
 /// Brings the cluster into the state `scenario` starts from (N pods, N + 1 for
-/// scale-in, all on the scenario's starting release, converged).
+/// scale-in, 1 for single-pod-outage, all on the scenario's starting release,
+/// converged). Pods beyond that are stopped gracefully; missing ones are started, so the
+/// scenario after single-pod-outage gets its N pods back here.
 pub async fn prepare(c: &mut Cluster, scenario: Scenario) -> Result<(), LoadError> {
-    let want = match scenario {
-        Scenario::ColdStart => return Ok(()),
-        Scenario::ScaleIn => c.profile.pods + 1,
-        _ => c.profile.pods,
-    };
+    if scenario == Scenario::ColdStart {
+        return Ok(());
+    }
+    let want = scenario.starting_pods(c.profile.pods);
     let release = scenario.starting_release();
     while let Some(i) = c.pods.iter().position(|p| p.release != release) {
         stop_gracefully(c, i).await?;
@@ -204,6 +270,7 @@ pub async fn act(c: &mut Cluster, scenario: Scenario) -> Result<Action, LoadErro
     let t = c.profile.terminals;
     let n = c.pods.len() as u64;
     let fault_for = c.profile.lease_ttl * 2;
+    let outage = c.profile.outage;
     let mut a = Action {
         event_unix_ms: unix_ms(),
         ..Action::default()
@@ -285,32 +352,51 @@ pub async fn act(c: &mut Cluster, scenario: Scenario) -> Result<Action, LoadErro
             }
             a.settle = c.profile.lease_ttl + c.profile.member_ttl + Duration::from_secs(1);
         }
-        Scenario::RedisOutage => {
-            for p in &c.pods {
-                p.proxy.cut();
+        Scenario::RedisOutage | Scenario::SinglePodOutage => {
+            let every: Vec<usize> = (0..c.pods.len()).collect();
+            let cut = cut_off(c, &every, outage).await;
+            a.notes.push(format!(
+                "all {} pods cut off from Redis for {} s ({:.1}x the lease TTL)",
+                cut.pods.len(),
+                outage.as_secs(),
+                outage.as_secs_f64() / c.profile.lease_ttl.as_secs_f64()
+            ));
+            a.cut = Some(cut);
+            a.settle = c.profile.lease_ttl;
+        }
+        Scenario::PartialPartition => {
+            let n = c.pods.len();
+            if n < 2 {
+                return Err(LoadError::Plan(
+                    "partial-partition needs at least 2 pods".into(),
+                ));
             }
-            tokio::time::sleep(fault_for).await;
-            for p in &c.pods {
-                p.proxy.restore();
+            let half: Vec<usize> = (n - n / 2..n).collect();
+            let cut = cut_off(c, &half, outage).await;
+            for pod in &cut.pods {
+                a.deadline_faults.push((pod.clone(), cut.from_unix_ms));
             }
             a.notes.push(format!(
-                "all pods cut off from Redis for {} s",
-                fault_for.as_secs()
+                "{} of {n} pods ({}) cut off from Redis for {} s, still connected to their \
+                 terminals and peers and push targets",
+                cut.pods.len(),
+                cut.pods.join(", "),
+                outage.as_secs()
             ));
+            a.cut = Some(cut);
             a.settle = c.profile.lease_ttl;
         }
         Scenario::PodPartition => {
-            let i = c.pods.len() - 1;
-            c.pods[i].proxy.cut();
-            a.deadline_faults.push((c.pods[i].id.clone(), unix_ms()));
+            let cut = cut_off(c, &[c.pods.len() - 1], fault_for).await;
+            a.deadline_faults
+                .extend(cut.pods.iter().map(|p| (p.clone(), cut.from_unix_ms)));
             a.settle = c.profile.lease_ttl;
-            tokio::time::sleep(fault_for).await;
-            c.pods[i].proxy.restore();
             a.notes.push(format!(
                 "{} cut off from Redis for {} s (stays in service for pushes)",
-                c.pods[i].id,
+                cut.pods.join(", "),
                 fault_for.as_secs()
             ));
+            a.cut = Some(cut);
         }
     }
     Ok(a)
