@@ -197,18 +197,7 @@ async fn redis_restarted_empty_changes_no_owner_and_raises_epochs() {
         "[{test}] redis restarted empty in {:.3} s",
         secs(restarted.elapsed())
     );
-    let recovered = wait_for(
-        "every shard re-claimed with a higher epoch",
-        Duration::from_secs(15),
-        || {
-            let now = cluster.owners();
-            now.len() == before.len()
-                && now
-                    .iter()
-                    .all(|(s, (pod, epoch))| before[s].0 == *pod && *epoch > before[s].1)
-        },
-    )
-    .await;
+    let recovered = cluster.wait_reclaimed_by_owners(&before).await;
     eprintln!(
         "[{test}] all 64 shards re-claimed by their owners with higher epochs after {:.3} s",
         secs(recovered)

@@ -121,18 +121,7 @@ async fn read_only_redis_holds_every_shard(pods: usize, test: &str) {
     assert!(stops.is_empty(), "shards given up: {stops:?}");
 
     assert_eq!(cluster.redis.command(&["REPLICAOF", "NO", "ONE"]), "+OK");
-    let took = wait_for(
-        "every shard re-claimed by its owner with a higher epoch",
-        Duration::from_secs(15),
-        || {
-            let now = cluster.owners();
-            now.len() == before.len()
-                && now
-                    .iter()
-                    .all(|(s, (p, epoch))| before[s].0 == *p && *epoch > before[s].1)
-        },
-    )
-    .await;
+    let took = cluster.wait_reclaimed_by_owners(&before).await;
     eprintln!(
         "[{test}] all shards re-claimed {:.3} s after REPLICAOF NO ONE",
         secs(took)

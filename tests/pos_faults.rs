@@ -29,7 +29,7 @@ use posgate::pos::backoff::BackoffPolicy;
 use posgate::pos::manager::ManagerConfig;
 use posgate::store::directory::{DirectoryAdmin, Terminal};
 use posgate::store::redis::RedisStore;
-use posgate_loadtest::pos_sim::{FarmCounters, FaultConfig};
+use posgate_loadtest::pos_sim::FaultConfig;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpListener;
 
@@ -59,16 +59,24 @@ async fn start_pod(
 
 /// Two pods, each behind its own proxy to one Redis, over a farm of `n` terminals.
 struct ProxiedPods {
-    redis: RedisServer,
+    /// Kept for the test's length: Redis stops when this drops.
+    _redis: RedisServer,
     t: Farm,
     proxies: [RedisProxy; 2],
     pods: Vec<PodHandle>,
+    /// When the test began, for the closing figure.
+    started: Instant,
 }
+
+/// How many terminals [`ProxiedPods`] serve.
+const PROXIED: u64 = 400;
 
 impl ProxiedPods {
     /// Starts them and waits until every terminal holds a current session (and prints
     /// how long that took).
-    async fn start(n: u64, test: &str) -> ProxiedPods {
+    async fn start(test: &str) -> ProxiedPods {
+        let started = Instant::now();
+        let n = PROXIED;
         let redis = RedisServer::start();
         let t = Farm::with_directory(&redis, farm::config(n)).await;
         let proxies = [
@@ -81,10 +89,11 @@ impl ProxiedPods {
             pods.push(start_pod(i, &proxy.url(), &t, backoff, DIAL_RATE).await);
         }
         let pair = ProxiedPods {
-            redis,
+            _redis: redis,
             t,
             proxies,
             pods,
+            started,
         };
         let took = wait_for(
             "every terminal current with 2 pods",
@@ -111,80 +120,60 @@ fn both_current(t: &Farm, pods: &[PodHandle]) -> bool {
 /// The dial rate of the in-process pods (`--dial-rate`).
 const DIAL_RATE: u32 = 1_000;
 
-fn delta(after: &FarmCounters, before: &FarmCounters) -> String {
-    format!(
-        "opened +{}, closed +{}, dropped +{}, sessions +{}, superseded +{}, raw overlaps +{}, \
-         session overlaps +{}, stale hellos +{}, offline refused +{}",
-        after.connections_opened - before.connections_opened,
-        after.connections_closed - before.connections_closed,
-        after.connections_dropped - before.connections_dropped,
-        after.sessions_accepted - before.sessions_accepted,
-        after.sessions_superseded - before.sessions_superseded,
-        after.raw_overlaps - before.raw_overlaps,
-        after.session_overlaps - before.session_overlaps,
-        after.stale_hellos_refused - before.stale_hellos_refused,
-        after.offline_refused - before.offline_refused,
-    )
-}
-
 // ----- 1. one pod cut off from Redis -------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_pod_cut_off_from_redis_closes_its_terminals_before_another_pod_dials_them() {
-    const N: u64 = 400;
     let test = "cut-one";
-    let test_started = Instant::now();
-    let ProxiedPods {
-        redis: _redis,
-        t,
-        proxies,
-        pods,
-    } = ProxiedPods::start(N, test).await;
-    let before = t.counters();
+    let c = ProxiedPods::start(test).await;
+    let before = c.t.counters();
     assert_eq!(before.raw_overlaps, 0);
 
     let (victim, survivor) = (0, 1);
-    let theirs = served(&pods[victim]);
-    let their_terminals = t
-        .ids
-        .iter()
-        .filter(|id| theirs.contains(&shard_of(id, SHARDS)))
-        .count();
+    let theirs = served(&c.pods[victim]);
+    let their_terminals =
+        c.t.ids
+            .iter()
+            .filter(|id| theirs.contains(&shard_of(id, SHARDS)))
+            .count();
     let cut = Instant::now();
-    proxies[victim].cut();
+    c.proxies[victim].cut();
     let stopped = wait_for(
         "the cut-off pod to stop serving",
         Duration::from_secs(10),
-        || served(&pods[victim]).is_empty(),
+        || served(&c.pods[victim]).is_empty(),
     )
     .await;
     let survivor_took = wait_for(
         "every terminal current at the surviving pod",
         Duration::from_secs(20),
         || {
-            served(&pods[survivor]).len() == SHARDS as usize
-                && t.all_sessions_current(&[&pods[survivor]])
+            served(&c.pods[survivor]).len() == SHARDS as usize
+                && c.t.all_sessions_current(&[&c.pods[survivor]])
         },
     )
     .await;
-    let after = t.counters();
+    let after = c.t.counters();
     eprintln!(
         "[{test}] cut-off pod stopped serving its {} shards ({their_terminals} terminals) {:.3} s \
-         after the cut; all {N} terminals current at the survivor {:.3} s after the cut",
+         after the cut; all {PROXIED} terminals current at the survivor {:.3} s after the cut",
         theirs.len(),
         secs(stopped),
         secs(cut.elapsed()),
     );
     let _ = survivor_took;
-    eprintln!("[{test}] during the cut: {}", delta(&after, &before));
+    eprintln!("[{test}] during the cut: {}", after.changes_since(&before));
     eprintln!("[{test}] counters: {after:?}");
     assert_eq!(
         after.raw_overlaps, 0,
         "a terminal was dialed by the survivor while the cut-off pod still held it"
     );
     assert_eq!(after.session_overlaps, 0, "session overlaps");
-    assert_eq!(after.terminals_connected, N);
-    assert_eq!(after.connections_open, N, "one connection per terminal");
+    assert_eq!(after.terminals_connected, PROXIED);
+    assert_eq!(
+        after.connections_open, PROXIED,
+        "one connection per terminal"
+    );
     assert!(
         after.connections_opened - before.connections_opened >= their_terminals as u64,
         "the survivor dialed the cut-off pod's terminals"
@@ -192,21 +181,21 @@ async fn a_pod_cut_off_from_redis_closes_its_terminals_before_another_pod_dials_
 
     // Healed: the pod rejoins, shards move back gracefully (close before release).
     let healed = Instant::now();
-    proxies[victim].restore();
+    c.proxies[victim].restore();
     let took = wait_for(
         "both pods serving and every terminal current after the heal",
         Duration::from_secs(25),
-        || !served(&pods[victim]).is_empty() && both_current(&t, &pods),
+        || !served(&c.pods[victim]).is_empty() && both_current(&c.t, &c.pods),
     )
     .await;
-    let end = t.counters();
+    let end = c.t.counters();
     eprintln!(
         "[{test}] after the heal: both pods serve ({} + {} shards), every terminal current in \
          {:.3} s; {}",
-        served(&pods[0]).len(),
-        served(&pods[1]).len(),
+        served(&c.pods[0]).len(),
+        served(&c.pods[1]).len(),
         secs(took),
-        delta(&end, &after)
+        end.changes_since(&after)
     );
     let _ = healed;
     assert_eq!(end.raw_overlaps, 0, "raw overlaps while moving back");
@@ -214,85 +203,78 @@ async fn a_pod_cut_off_from_redis_closes_its_terminals_before_another_pod_dials_
         end.session_overlaps, 0,
         "session overlaps while moving back"
     );
-    pod::stop(pods).await;
-    eprintln!("[{test}] test took {:.3} s", secs(test_started.elapsed()));
+    pod::stop(c.pods).await;
+    eprintln!("[{test}] test took {:.3} s", secs(c.started.elapsed()));
 }
 
 // ----- 2. every pod cut off from Redis -----------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn all_pods_cut_off_for_twice_the_ttl_disconnect_no_terminal() {
-    const N: u64 = 400;
     let test = "cut-all";
-    let test_started = Instant::now();
-    let ProxiedPods {
-        redis: _redis,
-        t,
-        proxies,
-        pods,
-    } = ProxiedPods::start(N, test).await;
-    let owners: Vec<Vec<ShardId>> = pods.iter().map(served).collect();
-    let before = t.counters();
+    let c = ProxiedPods::start(test).await;
+    let owners: Vec<Vec<ShardId>> = c.pods.iter().map(served).collect();
+    let before = c.t.counters();
 
     let cut = Instant::now();
-    for proxy in &proxies {
+    for proxy in &c.proxies {
         proxy.cut();
     }
     let outage = CoreConfig::fast().lease_ttl * 2;
     // Sample the farm through the outage: not one connection may close.
     while cut.elapsed() < outage {
-        let now = t.counters();
+        let now = c.t.counters();
         assert_eq!(
             now.connections_closed,
             before.connections_closed,
             "a terminal connection closed {:.3} s into the outage: {}",
             secs(cut.elapsed()),
-            delta(&now, &before)
+            now.changes_since(&before)
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let during = t.counters();
+    let during = c.t.counters();
     // Static stability: both pods agree the outage is cluster-wide, so past the lease
     // deadline every shard is still served, by the same owner, on the same sessions.
-    let held: Vec<Vec<ShardId>> = pods.iter().map(served).collect();
+    let held: Vec<Vec<ShardId>> = c.pods.iter().map(served).collect();
     eprintln!(
         "[{test}] after {:.1} s without Redis: {} shards held and delivering; {}",
         secs(outage),
         held.iter().map(Vec::len).sum::<usize>(),
-        delta(&during, &before)
+        during.changes_since(&before)
     );
     assert_eq!(held, owners, "every shard still served by its owner");
     assert_eq!(during.connections_opened, before.connections_opened);
     assert_eq!(during.connections_closed, before.connections_closed);
-    assert_eq!(during.terminals_connected, N);
+    assert_eq!(during.terminals_connected, PROXIED);
 
     let restored = Instant::now();
-    for proxy in &proxies {
+    for proxy in &c.proxies {
         proxy.restore();
     }
     let took = wait_for(
         "every terminal current again after the outage",
         Duration::from_secs(20),
-        || both_current(&t, &pods),
+        || both_current(&c.t, &c.pods),
     )
     .await;
-    let back = t.counters();
+    let back = c.t.counters();
     eprintln!(
         "[{test}] shards served again and every terminal current (new epochs) {:.3} s after \
          Redis came back; {}",
         secs(took),
-        delta(&back, &before)
+        back.changes_since(&before)
     );
     // Past the generation hold and a debounce: nothing moves afterwards either.
-    let c = CoreConfig::fast();
-    tokio::time::sleep(c.member_ttl + c.debounce).await;
-    let end = t.counters();
+    let fast = CoreConfig::fast();
+    tokio::time::sleep(fast.member_ttl + fast.debounce).await;
+    let end = c.t.counters();
     eprintln!(
         "[{test}] {:.1} s after restore: {}",
         secs(restored.elapsed()),
-        delta(&end, &before)
+        end.changes_since(&before)
     );
-    assert!(t.all_sessions_current(&[&pods[0], &pods[1]]));
+    assert!(c.t.all_sessions_current(&[&c.pods[0], &c.pods[1]]));
     assert_eq!(
         end.connections_closed, before.connections_closed,
         "terminal connections closed because Redis blinked"
@@ -302,17 +284,21 @@ async fn all_pods_cut_off_for_twice_the_ttl_disconnect_no_terminal() {
         "terminals redialed because Redis blinked"
     );
     assert!(
-        end.sessions_accepted >= before.sessions_accepted + N,
+        end.sessions_accepted >= before.sessions_accepted + PROXIED,
         "the re-claimed shards said hello with their new epochs"
     );
     assert_eq!(end.sessions_superseded, before.sessions_superseded);
     assert_eq!(end.raw_overlaps, 0);
     assert_eq!(end.session_overlaps, 0);
     for (i, shards) in owners.iter().enumerate() {
-        assert_eq!(&served(&pods[i]), shards, "pod {i} serves other shards now");
+        assert_eq!(
+            &served(&c.pods[i]),
+            shards,
+            "pod {i} serves other shards now"
+        );
     }
-    pod::stop(pods).await;
-    eprintln!("[{test}] test took {:.3} s", secs(test_started.elapsed()));
+    pod::stop(c.pods).await;
+    eprintln!("[{test}] test took {:.3} s", secs(c.started.elapsed()));
 }
 
 // ----- 3. dropped connections and refusing terminals --------------------------------------
@@ -359,7 +345,7 @@ async fn dropped_connections_are_redialed_once_and_refusals_back_off() {
     eprintln!(
         "[{test}] dropped {dropped} connections; all back {:.3} s later; {}",
         secs(took),
-        delta(&after, &before)
+        after.changes_since(&before)
     );
     let _ = dropped_at;
     assert_eq!(
@@ -395,7 +381,7 @@ async fn dropped_connections_are_redialed_once_and_refusals_back_off() {
         "[{test}] dropped all {N}: every terminal current again {:.3} s later ({rate:.0} \
          redials/s at --dial-rate 1000); {}",
         secs(took),
-        delta(&after, &before)
+        after.changes_since(&before)
     );
     assert_eq!(after.connections_opened - before.connections_opened, N);
     assert_eq!(after.raw_overlaps, 0);
@@ -435,7 +421,7 @@ async fn dropped_connections_are_redialed_once_and_refusals_back_off() {
          half, {second} in the second: {per_terminal:.2} per terminal (expected ~6-7 with \
          this backoff); {}",
         secs(refused_from.elapsed()),
-        delta(&full, &before)
+        full.changes_since(&before)
     );
     assert!(
         per_terminal >= 3.0,
@@ -468,7 +454,7 @@ async fn dropped_connections_are_redialed_once_and_refusals_back_off() {
     eprintln!(
         "[{test}] back online: every terminal current again {:.3} s later; {}",
         secs(healed.elapsed()),
-        delta(&end, &full)
+        end.changes_since(&full)
     );
     assert_eq!(
         end.connections_opened - full.connections_opened,
@@ -580,7 +566,10 @@ async fn a_wiped_directory_disconnects_no_terminal() {
     // Longer than the directory poll (4 s) and the re-claim after the wipe.
     tokio::time::sleep(Duration::from_secs(6)).await;
     let wiped = t.counters();
-    eprintln!("[{test}] 6 s after FLUSHALL: {}", delta(&wiped, &before));
+    eprintln!(
+        "[{test}] 6 s after FLUSHALL: {}",
+        wiped.changes_since(&before)
+    );
     assert_eq!(
         wiped.connections_closed, before.connections_closed,
         "terminals were disconnected"
@@ -604,7 +593,10 @@ async fn a_wiped_directory_disconnects_no_terminal() {
     import(&redis, &t.entries()).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let after = t.counters();
-    eprintln!("[{test}] after the re-import: {}", delta(&after, &before));
+    eprintln!(
+        "[{test}] after the re-import: {}",
+        after.changes_since(&before)
+    );
     assert_eq!(after.connections_closed, before.connections_closed);
     assert_eq!(after.raw_overlaps, 0);
     assert_eq!(after.session_overlaps, 0);
@@ -620,6 +612,26 @@ async fn serving_of(pods: &[&BinPod]) -> Vec<Option<Vec<(ShardId, u64)>>> {
         out.push(pod.serving().await);
     }
     out
+}
+
+/// Waits until the two binary pods `a` and `b` both serve shards, together all of them,
+/// and every terminal of `t` is settled; how long it took.
+async fn both_serving_and_settled(
+    a: &BinPod,
+    b: &BinPod,
+    t: &Farm,
+    what: &str,
+    limit: Duration,
+) -> Duration {
+    wait_for_async(what, limit, || async {
+        let views = serving_of(&[a, b]).await;
+        let counts: Vec<usize> = views.iter().flatten().map(Vec::len).collect();
+        counts.len() == 2
+            && counts.iter().all(|&c| c > 0)
+            && counts.iter().sum::<usize>() == SHARDS as usize
+            && t.all_settled()
+    })
+    .await
 }
 
 // ----- 4. a certificate for the wrong name -----------------------------------------------
@@ -795,17 +807,12 @@ async fn a_pod_stopped_past_its_ttl_and_resumed_causes_no_session_overlap() {
         b.assert_running();
         panic!("no /v1/cluster answer; logs:\n{}\n{}", a.log(), b.log());
     }
-    let took = wait_for_async(
+    let took = both_serving_and_settled(
+        &a,
+        &b,
+        &t,
         "both pods serving and every terminal settled",
         connect_limit() + Duration::from_secs(5),
-        || async {
-            let views = serving_of(&[&a, &b]).await;
-            let counts: Vec<usize> = views.iter().flatten().map(Vec::len).collect();
-            counts.len() == 2
-                && counts.iter().all(|&c| c > 0)
-                && counts.iter().sum::<usize>() == SHARDS as usize
-                && t.all_settled()
-        },
     )
     .await;
     a.assert_running();
@@ -849,7 +856,7 @@ async fn a_pod_stopped_past_its_ttl_and_resumed_causes_no_session_overlap() {
         "[{test}] pod a frozen: pod b serves all shards, every terminal settled {:.3} s after \
          SIGSTOP; {}",
         secs(took_over),
-        delta(&during, &before)
+        during.changes_since(&before)
     );
     for (id, old) in &a_terminals {
         let report = t.terminal_report(id).unwrap();
@@ -872,17 +879,12 @@ async fn a_pod_stopped_past_its_ttl_and_resumed_causes_no_session_overlap() {
             tokio::spawn(async move { binary::push(port, &id, &format!("resume-{id}")).await })
         })
         .collect();
-    let took = wait_for_async(
+    let took = both_serving_and_settled(
+        &a,
+        &b,
+        &t,
         "both pods serving again and every terminal settled",
         Duration::from_secs(30),
-        || async {
-            let views = serving_of(&[&a, &b]).await;
-            let counts: Vec<usize> = views.iter().flatten().map(Vec::len).collect();
-            counts.len() == 2
-                && counts.iter().all(|&c| c > 0)
-                && counts.iter().sum::<usize>() == SHARDS as usize
-                && t.all_settled()
-        },
     )
     .await;
     let mut statuses = std::collections::BTreeMap::<String, usize>::new();
@@ -922,7 +924,7 @@ async fn a_pod_stopped_past_its_ttl_and_resumed_causes_no_session_overlap() {
         end.stale_hellos_refused,
         end.stale_pushes_refused,
         end.max_session_overlap_ms,
-        delta(&end, &before)
+        end.changes_since(&before)
     );
     eprintln!("[{test}] counters: {end:?}");
     assert_eq!(end.session_overlaps, 0, "session overlaps");

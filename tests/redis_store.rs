@@ -181,14 +181,7 @@ async fn changes_resubscribe_after_restart() {
         .expect("no bump after resubscribing")
         .unwrap();
     let g = until_ok(&store, Duration::from_secs(5)).await;
-    let a = pod("a");
-    acquired(store.acquire(&g, &a, &[0], TTL).await.unwrap());
-    rx.borrow_and_update();
-    store.release(&a, &[0]).await.unwrap();
-    tokio::time::timeout(Duration::from_secs(1), rx.changed())
-        .await
-        .expect("no change after resubscribing")
-        .unwrap();
+    a_release_is_seen(&store, &g, &mut rx, "after resubscribing").await;
 }
 
 #[tokio::test]
@@ -208,22 +201,7 @@ async fn cut_network_fails_within_the_response_timeout_and_recovers() {
     let proxy = RedisProxy::start(server.addr()).await.unwrap();
     let store = answering(&proxy.url()).await;
     proxy.cut();
-    for _ in 0..5 {
-        let t = Instant::now();
-        let err = store
-            .snapshot(4)
-            .await
-            .expect_err("a cut network must fail");
-        assert!(
-            matches!(err, StoreError::Timeout(_) | StoreError::Unavailable(_)),
-            "{err}"
-        );
-        assert!(
-            t.elapsed() < FAST.response_timeout + Duration::from_millis(300),
-            "took {:?}: {err}",
-            t.elapsed()
-        );
-    }
+    fails_fast(&store, 5, "a cut network must fail").await;
     proxy.restore();
     until_ok(&store, Duration::from_secs(5)).await;
 }
@@ -357,9 +335,24 @@ async fn lazy_store_starts_before_redis_and_catches_up() {
         .expect("starting must not need Redis");
     let mut rx = store.changes();
     rx.borrow_and_update();
-    for _ in 0..3 {
+    fails_fast(&store, 3, "nothing listens yet").await;
+
+    let _server = RedisServer::start_on(port);
+    let g = until_ok(&store, Duration::from_secs(5)).await;
+    // The background subscription bumps the counter once it is in place.
+    tokio::time::timeout(Duration::from_secs(10), rx.changed())
+        .await
+        .expect("no bump after the first subscription")
+        .unwrap();
+    a_release_is_seen(&store, &g, &mut rx, "after the first subscription").await;
+}
+
+/// `times` snapshots in a row fail as unreachable, each within the response timeout
+/// (plus 300 ms of slack): `why` says why they must fail.
+async fn fails_fast(store: &RedisStore, times: usize, why: &str) {
+    for _ in 0..times {
         let t = Instant::now();
-        let err = store.snapshot(4).await.expect_err("nothing listens yet");
+        let err = store.snapshot(4).await.expect_err(why);
         assert!(
             matches!(err, StoreError::Timeout(_) | StoreError::Unavailable(_)),
             "{err}"
@@ -370,20 +363,22 @@ async fn lazy_store_starts_before_redis_and_catches_up() {
             t.elapsed()
         );
     }
+}
 
-    let _server = RedisServer::start_on(port);
-    let g = until_ok(&store, Duration::from_secs(5)).await;
-    // The background subscription bumps the counter once it is in place.
-    tokio::time::timeout(Duration::from_secs(10), rx.changed())
-        .await
-        .expect("no bump after the first subscription")
-        .unwrap();
+/// A lease taken and released in generation `g` is seen on `rx` (the store's
+/// `changes()`) within 1 s.
+async fn a_release_is_seen(
+    store: &RedisStore,
+    g: &str,
+    rx: &mut tokio::sync::watch::Receiver<u64>,
+    when: &str,
+) {
     let a = pod("a");
-    acquired(store.acquire(&g, &a, &[0], TTL).await.unwrap());
+    acquired(store.acquire(g, &a, &[0], TTL).await.unwrap());
     rx.borrow_and_update();
     store.release(&a, &[0]).await.unwrap();
     tokio::time::timeout(Duration::from_secs(1), rx.changed())
         .await
-        .expect("a release must be seen on changes()")
+        .unwrap_or_else(|_| panic!("a release not seen on changes() {when}"))
         .unwrap();
 }

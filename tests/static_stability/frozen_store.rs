@@ -10,7 +10,7 @@ use posgate_loadtest::load::pushgen::PushRecord;
 use posgate_loadtest::load::unix_ms;
 use posgate_loadtest::pos_sim::FarmCounters;
 
-use super::{assert_no_key_twice, delta, fast, RATE, TERMINALS};
+use super::{assert_no_key_twice, fast, RATE, TERMINALS};
 use crate::support::farm::{self, Farm};
 use crate::support::gateway::{moved, open_loop, sent_between, summary, Gateway};
 use crate::support::pod::{served, SHARDS};
@@ -29,7 +29,7 @@ fn assert_connections_kept(farm: &Farm, before: &FarmCounters, when: &str, test:
         now.connections_closed == before.connections_closed
             && now.connections_opened == before.connections_opened,
         "[{test}] terminal connections changed {when}: {}",
-        delta(&now, before)
+        now.changes_since(before)
     );
 }
 
@@ -49,7 +49,7 @@ fn assert_terminals_kept(farm: &Farm, before: &FarmCounters, pushes: &[PushRecor
     let after = farm.counters();
     eprintln!(
         "[{test}] farm since the start of the load: {}",
-        delta(&after, before)
+        after.changes_since(before)
     );
     let disconnected = after.connections_closed - before.connections_closed;
     eprintln!("[{test}] terminals disconnected: {disconnected}");

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use posgate_loadtest::load::unix_ms;
 
-use super::{assert_no_key_twice, delta, fast, RATE, TERMINALS};
+use super::{assert_no_key_twice, fast, RATE, TERMINALS};
 use crate::support::farm::{self, Farm};
 use crate::support::gateway::{open_loop, sent_between, summary, Gateway};
 use crate::support::pod;
@@ -144,7 +144,7 @@ async fn half_the_pods_cut_off_from_redis_give_up_and_the_rest_take_over() {
         through_kept.by_outcome
     );
     let end = gw.farm.counters();
-    eprintln!("[{test}] farm: {}", delta(&end, &before));
+    eprintln!("[{test}] farm: {}", end.changes_since(&before));
     assert_eq!(end.session_overlaps, 0, "session overlaps");
     assert_eq!(end.terminals_connected, TERMINALS);
     assert_no_key_twice(&gw.farm, &pushes, test);

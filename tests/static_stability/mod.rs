@@ -28,7 +28,7 @@ mod pause_then_outage;
 use posgate::core::CoreConfig;
 use posgate_loadtest::load::pods::TENANT;
 use posgate_loadtest::load::pushgen::PushRecord;
-use posgate_loadtest::pos_sim::{Duplicate, FarmCounters};
+use posgate_loadtest::pos_sim::Duplicate;
 
 use crate::support::farm::Farm;
 
@@ -39,23 +39,6 @@ const RATE: f64 = 100.0;
 
 fn fast() -> CoreConfig {
     CoreConfig::fast()
-}
-
-/// What the farm saw between two snapshots, for the printed figures.
-fn delta(after: &FarmCounters, before: &FarmCounters) -> String {
-    format!(
-        "connections opened +{}, closed +{}, sessions +{}, superseded +{}, session overlaps \
-         +{}, stale hellos +{}, stale pushes +{}, pushes accepted +{}, keys twice +{}",
-        after.connections_opened - before.connections_opened,
-        after.connections_closed - before.connections_closed,
-        after.sessions_accepted - before.sessions_accepted,
-        after.sessions_superseded - before.sessions_superseded,
-        after.session_overlaps - before.session_overlaps,
-        after.stale_hellos_refused - before.stale_hellos_refused,
-        after.stale_pushes_refused - before.stale_pushes_refused,
-        after.pushes_accepted - before.pushes_accepted,
-        after.keys_delivered_twice - before.keys_delivered_twice,
-    )
 }
 
 /// No key accepted twice by a terminal; otherwise fails with the duplicates and what

@@ -11,7 +11,7 @@ use posgate::core::shard::shard_of;
 use posgate::core::ShardId;
 use posgate_loadtest::load::unix_ms;
 
-use super::{assert_no_silent_duplicate, delta, fast, RATE, TERMINALS};
+use super::{assert_no_silent_duplicate, fast, RATE, TERMINALS};
 use crate::support::binary::{self, BinPod};
 use crate::support::farm::{self, connect_limit, Farm};
 use crate::support::gateway::{open_loop, summary};
@@ -161,7 +161,7 @@ async fn a_pod_frozen_past_its_ttl_and_woken_into_an_outage_delivers_nothing() {
         delivered_by_a.len(),
         refused_a.len(),
         paused_lines.len(),
-        delta(&end, &before_wake)
+        end.changes_since(&before_wake)
     );
     summary(test, "through pod b, in all", &records);
     assert!(

@@ -23,7 +23,7 @@ use posgate::store::CoordStore;
 use tokio::task::JoinHandle;
 
 use super::pod::{self, store_options, CLUSTER, SHARDS};
-use super::wait::{secs, wait_for_async};
+use super::wait::{secs, wait_for, wait_for_async};
 use super::{RedisProxy, RedisServer};
 
 const SAMPLE_EVERY: Duration = Duration::from_millis(20);
@@ -346,6 +346,23 @@ impl Cluster {
         self.live()
             .flat_map(|p| p.served().into_iter().map(|(s, e)| (s, (p.id.clone(), e))))
             .collect()
+    }
+
+    /// Waits (15 s at most) until every shard of `before` is served by the same pod with
+    /// a higher epoch (a re-claim after Redis lost or refused the leases); how long it took.
+    pub async fn wait_reclaimed_by_owners(
+        &self,
+        before: &BTreeMap<ShardId, (PodId, Epoch)>,
+    ) -> Duration {
+        let what = "every shard re-claimed by its owner with a higher epoch";
+        wait_for(what, Duration::from_secs(15), || {
+            let now = self.owners();
+            now.len() == before.len()
+                && now
+                    .iter()
+                    .all(|(s, (pod, epoch))| before[s].0 == *pod && *epoch > before[s].1)
+        })
+        .await
     }
 
     pub async fn wait_converged(&self, what: &str, limit: Duration) -> Duration {

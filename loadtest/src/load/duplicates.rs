@@ -8,9 +8,10 @@
 //!   next copy came from another pod: the killed owner's idempotency cache died with it,
 //!   so the sender's retry (its answer was lost with the pod) is delivered again by the
 //!   shard's next owner;
-//! - the same pod delivered it again after the sender had been answered `504` (delivery
-//!   unknown): the owner's attempt reached the terminal but its answer did not come back
-//!   in time, and the owner frees a key after a `504`, so the retry is delivered again.
+//! - the sender had been answered `504` (delivery unknown) and retried: the owner's
+//!   attempt reached the terminal but its answer did not come back in time (the owner was
+//!   slow, paused or cut off), and the retry is delivered again — by the same pod, which
+//!   frees a key after a `504`, or by the shard's next owner, whose cache never saw it.
 //!
 //! Every other repeat is a defect: the same pod delivering a key twice without a `504`
 //! before (its cache did not replay), or another pod while the first one lived or was
@@ -30,21 +31,27 @@ use crate::pos_sim::Duplicate;
 /// excuse a delivery made after the kill.
 pub const KILL_SLACK_MS: u64 = 1_000;
 
-/// Why a key was accepted again.
+/// Why a key was accepted again. Inherent causes come first: a key's worst repeat (the
+/// greatest) decides whether it counts as a defect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Cause {
     /// Inherent today: the pod that delivered the copy before was killed before this
     /// copy, which another pod delivered; the killed pod's idempotency cache died with it.
     OwnerKilledCacheLost,
-    /// Defect: one pod delivered the key twice; its idempotency cache did not replay.
-    SamePod,
     /// Inherent today: one pod delivered the key twice, and the sender had been answered
     /// `504` (delivery unknown) before retrying: the owner's attempt had reached the
     /// terminal but ended without its answer, and the owner frees the key after a `504`.
     SamePodAfterUnknown,
+    /// Inherent today: another pod delivered it after the sender had been answered `504`
+    /// (delivery unknown) and retried: the first owner's attempt reached the terminal
+    /// without its answer coming back (e.g. it was paused), and the shard's next owner's
+    /// cache never saw the key.
+    OtherPodAfterUnknown,
+    /// Defect: one pod delivered the key twice; its idempotency cache did not replay.
+    SamePod,
     /// Defect: another pod delivered it while the first lived (or after it stopped
-    /// gracefully).
+    /// gracefully), with no `504` before the retry.
     OtherPodFirstNotKilled,
 }
 
@@ -53,7 +60,7 @@ impl Cause {
     pub fn is_defect(self) -> bool {
         !matches!(
             self,
-            Cause::OwnerKilledCacheLost | Cause::SamePodAfterUnknown
+            Cause::OwnerKilledCacheLost | Cause::SamePodAfterUnknown | Cause::OtherPodAfterUnknown
         )
     }
 
@@ -62,6 +69,7 @@ impl Cause {
             Cause::OwnerKilledCacheLost => "owner killed, cache lost",
             Cause::SamePod => "same pod delivered twice",
             Cause::SamePodAfterUnknown => "same pod again after a 504 delivery unknown",
+            Cause::OtherPodAfterUnknown => "another pod after a 504 delivery unknown",
             Cause::OtherPodFirstNotKilled => "another pod, the first not killed",
         }
     }
@@ -91,6 +99,8 @@ pub fn cause(d: &Duplicate, e: &Evidence) -> Cause {
     });
     if killed_between {
         Cause::OwnerKilledCacheLost
+    } else if e.retried_after_unknown.contains(&d.key) {
+        Cause::OtherPodAfterUnknown
     } else {
         Cause::OtherPodFirstNotKilled
     }
@@ -229,6 +239,20 @@ mod tests {
             cause(&d, &Evidence::default()),
             Cause::OtherPodFirstNotKilled
         );
+    }
+
+    #[test]
+    fn another_pod_after_a_504_is_told_apart_and_inherent() {
+        // The owner delivered, was paused before its answer came back (504 to the
+        // sender), and the shard's next owner delivered the retry.
+        let mut e = kills();
+        e.retried_after_unknown.insert("load:k".into());
+        let d = dup("k", 2, ("pod-2", 1_000), ("pod-1", 6_000));
+        assert_eq!(cause(&d, &e), Cause::OtherPodAfterUnknown);
+        assert!(!Cause::OtherPodAfterUnknown.is_defect());
+        // Without the 504 before the retry it stays a defect.
+        let d = dup("other", 2, ("pod-2", 1_000), ("pod-1", 6_000));
+        assert_eq!(cause(&d, &e), Cause::OtherPodFirstNotKilled);
     }
 
     #[test]

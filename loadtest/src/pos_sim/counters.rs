@@ -24,6 +24,26 @@ macro_rules! counters {
             $($(#[$doc])* pub $name: u64,)*
         }
 
+        impl FarmCounters {
+            /// What changed since `before`, as `name +n` (a gauge may go `-n`), for the
+            /// figures a test or harness prints; every counter that did not change is
+            /// left out.
+            pub fn changes_since(&self, before: &FarmCounters) -> String {
+                let mut out = Vec::new();
+                $(
+                    let d = i128::from(self.$name) - i128::from(before.$name);
+                    if d != 0 {
+                        out.push(format!("{} {d:+}", stringify!($name)));
+                    }
+                )*
+                if out.is_empty() {
+                    "no change".to_string()
+                } else {
+                    out.join(", ")
+                }
+            }
+        }
+
         impl Counters {
             pub(crate) fn snapshot(&self, terminals: u64) -> FarmCounters {
                 FarmCounters {

@@ -37,6 +37,16 @@ fn drain(r: &mut Reconciler) -> Vec<Action> {
     std::iter::from_fn(|| r.poll_action()).collect()
 }
 
+/// Asserts that `actions` stop serving `shard` (held with epoch 7) for a rebalance.
+fn assert_rebalanced_away(actions: &[Action], shard: ShardId) {
+    let stop = Action::StopServing {
+        shard,
+        epoch: 7,
+        reason: StopReason::Rebalance,
+    };
+    assert!(actions.contains(&stop), "shard {shard}: {actions:?}");
+}
+
 /// Drains the actions, answering every placement write as stored at `now`; returns all
 /// actions, the writes included.
 fn settle(r: &mut Reconciler, now: Instant) -> Vec<Action> {
@@ -202,14 +212,7 @@ fn a_gained_shard_is_not_claimed_until_a_lost_one_is_released() {
     snap.placement = Some(swapped);
     r.handle_snapshot(t, Ok(snap));
     let actions = drain(&mut r);
-    assert!(
-        actions.contains(&Action::StopServing {
-            shard: lost,
-            epoch: 7,
-            reason: StopReason::Rebalance
-        }),
-        "{actions:?}"
-    );
+    assert_rebalanced_away(&actions, lost);
     assert!(
         acquires(&actions).is_empty(),
         "claimed shard {gained} while shard {lost} was still served: {actions:?}"
