@@ -81,11 +81,9 @@ impl Reconciler {
     /// shards start or stop delivering with it: they deliver exactly while a cluster-wide
     /// verdict stands.
     pub(super) fn change_verdict(&mut self, change: impl FnOnce(&mut StoreView)) {
-        let cluster_wide =
-            |store: &StoreView| matches!(store.outage(), Some(Outage::ClusterWide { .. }));
-        let was = cluster_wide(&self.store);
+        let was = self.store.judged_cluster_wide();
         change(&mut self.store);
-        let is = cluster_wide(&self.store);
+        let is = self.store.judged_cluster_wide();
         if was == is {
             return;
         }

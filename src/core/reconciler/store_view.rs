@@ -145,6 +145,12 @@ impl StoreView {
         };
     }
 
+    /// Whether the last verdict taken is cluster-wide (standing or lapsed: time is not
+    /// asked; see [`StoreView::cluster_wide`] for whether it stands at a given moment).
+    pub fn judged_cluster_wide(&self) -> bool {
+        matches!(self.outage(), Some(Outage::ClusterWide { .. }))
+    }
+
     /// Whether the store fails under a cluster-wide verdict that still stands at `now`.
     pub fn cluster_wide(&self, now: Instant, life: std::time::Duration) -> bool {
         self.verdict_lapses_at(life).is_some_and(|t| now < t)
