@@ -46,6 +46,7 @@ impl Reconciler {
                 self.members = snap.members;
                 self.leases = snap.leases;
                 self.leases.resize(self.cfg.shards as usize, None);
+                self.stop_superseded();
             }
         }
         self.reconcile(now);

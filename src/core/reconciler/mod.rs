@@ -11,7 +11,8 @@
 //! 1. A shard is served only while its local deadline (`sent + serve_window`) lies ahead.
 //! 2. Shards the placement no longer assigns to this pod are stopped and released **before**
 //!    any newly assigned shard is claimed.
-//! 3. A lost renewal (missing key, other owner) stops serving at once.
+//! 3. A lost renewal (missing key, other owner) stops serving at once; so does a snapshot
+//!    that shows a held shard leased to another pod with a higher epoch (a newer owner).
 //! 4. The pod follows the placement stored in the store; a membership change that is
 //!    stable for `debounce` makes the pods write the next placement with a
 //!    compare-and-set ([`placing`]).

@@ -132,6 +132,28 @@ impl Reconciler {
         }
     }
 
+    /// Rule 3, from a snapshot: a held shard (served or suspended) that the store shows
+    /// leased to another pod with a higher epoch has a newer owner, whose hello fences
+    /// ours at the terminals. Stop now rather than at the next renewal or re-claim: a
+    /// suspended shard would otherwise stay held, and if the store failed again before
+    /// its re-claim was answered, a new cluster-wide verdict would resume it on the
+    /// superseded epoch (simulation seed 2295: a pod that believed itself alone while
+    /// the pod it had outlived came back and took its shards). A lower epoch is a
+    /// snapshot read before our own acquisition, not a newer owner.
+    pub(super) fn stop_superseded(&mut self) {
+        for s in 0..self.cfg.shards {
+            let Some(held) = self.shards[s as usize].held_epoch() else {
+                continue;
+            };
+            let newer = self.leases[s as usize]
+                .as_ref()
+                .is_some_and(|l| l.owner != self.me && l.epoch > held);
+            if newer {
+                self.stop(s, StopReason::Stolen, AfterStop::Forget);
+            }
+        }
+    }
+
     /// Rule 2, first half: stop serving what the ring gave to someone else.
     pub(super) fn stop_unassigned(&mut self) {
         for s in 0..self.cfg.shards {

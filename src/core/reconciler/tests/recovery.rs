@@ -409,3 +409,57 @@ fn an_unconfirmed_verdict_lapses_and_held_shards_stop_delivering() {
     }));
     assert_eq!(r.serving(shards[0], t), Some(7));
 }
+
+#[test]
+fn a_snapshot_showing_a_newer_owner_stops_a_held_shard() {
+    let (mut r, past, shards) = suspended_in_a_cluster_wide_outage();
+    let (taken, kept) = (shards[0], shards[1]);
+    // The store answers again: b took `taken` with a higher epoch (it reached Redis while
+    // a held on a verdict b was not part of); `kept` shows an older lease of b's, a read
+    // from before a's own acquisition, which proves nothing.
+    let mut leases = vec![None; 8];
+    for &s in &shards {
+        leases[s as usize] = Some(Lease {
+            owner: pod("a"),
+            epoch: 7,
+        });
+    }
+    leases[taken as usize] = Some(Lease {
+        owner: pod("b"),
+        epoch: 9,
+    });
+    leases[kept as usize] = Some(Lease {
+        owner: pod("b"),
+        epoch: 5,
+    });
+    r.handle_snapshot(past, Ok(snapshot(&r, "g", &["a", "b"], leases)));
+    let actions = drain(&mut r);
+    let stop = Action::StopServing {
+        shard: taken,
+        epoch: 7,
+        reason: StopReason::Stolen,
+    };
+    assert!(actions.contains(&stop), "{actions:?}");
+    assert!(
+        !actions
+            .iter()
+            .any(|a| matches!(a, Action::StopServing { shard, .. } if *shard == kept)),
+        "{actions:?}"
+    );
+    // The store fails again before any re-claim is answered and the peers agree it is
+    // cluster-wide: the superseded shard is not resumed on its old epoch.
+    let unreachable = PeerReport {
+        answered: 1,
+        reaching: 0,
+    };
+    r.handle_snapshot(past, Err(OpFailed));
+    r.handle_peer_report(past, unreachable);
+    let later = outage(&mut r, past, past + cfg().lease_ttl, unreachable);
+    assert!(
+        !later
+            .iter()
+            .any(|a| matches!(a, Action::StartServing { shard, .. } if *shard == taken)),
+        "{later:?}"
+    );
+    assert_eq!(r.serving(taken, past + cfg().lease_ttl), None);
+}
