@@ -15,7 +15,17 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::time::Duration;
 
+use crate::core::membership::Lease;
 use crate::core::{Epoch, PodId, ShardId};
+
+/// What the terminals did with a pod's hello.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hello {
+    Accepted,
+    /// Stale: a newer hello was there first. The pod is told (`409` and
+    /// `posgate-stale-epoch` in the real protocol) and drops the shard.
+    Refused,
+}
 
 /// An invariant that did not hold, with the recent history that led to it.
 #[derive(Clone, Debug)]
@@ -55,6 +65,8 @@ pub struct Checker {
     last_start: Vec<Option<(PodId, Epoch)>>,
     /// Checks that found two pods holding a shard, one of them fenced by epoch.
     pub fenced_overlaps: u64,
+    /// Hellos the terminals refused as stale (see [`Checker::started`]).
+    pub refused_hellos: u64,
     recent: VecDeque<String>,
     /// `POSGATE_SIM_TRACE=1` prints every history line as it happens (for replays).
     trace: bool,
@@ -71,6 +83,7 @@ impl Checker {
             last_start: vec![None; shards as usize],
             recent: VecDeque::new(),
             fenced_overlaps: 0,
+            refused_hellos: 0,
             trace: std::env::var_os("POSGATE_SIM_TRACE").is_some(),
             checks: 0,
         }
@@ -113,30 +126,50 @@ impl Checker {
         Ok(())
     }
 
-    /// A pod started serving: epochs seen by terminals must only grow, strictly on a
-    /// change of pod.
+    /// A pod started serving `shard` on `epoch` and says hello to its terminals. The
+    /// terminal takes it if it is newer than the newest hello it has (or the same pod's
+    /// again); otherwise it refuses it as stale ([`Hello::Refused`]): the pod held the
+    /// shard through a verdict it could not know was wrong, and another pod (outside its
+    /// quorum) acquired meanwhile. That is the fence at work, not a violation — unless
+    /// the pod could have known: `known` is the lease its own last snapshot or answer
+    /// showed for the shard, and resuming on an epoch older than another pod's lease it
+    /// has seen is a violation. A pod going back on its own epochs is one too.
     pub fn started(
         &mut self,
         at: Duration,
         pod: &PodId,
         shard: ShardId,
         epoch: Epoch,
-    ) -> Result<(), Violation> {
+        known: Option<&Lease>,
+    ) -> Result<Hello, Violation> {
         self.checks += 1;
-        let bad = match &self.last_start[shard as usize] {
-            Some((p, e)) if p == pod => epoch < *e,
-            Some((_, e)) => epoch <= *e,
-            None => false,
+        let Some((p, e)) = self.last_start[shard as usize].clone() else {
+            self.last_start[shard as usize] = Some((pod.clone(), epoch));
+            return Ok(Hello::Accepted);
         };
-        if bad {
-            let (p, e) = self.last_start[shard as usize].clone().unwrap();
+        let taken = if p == *pod { epoch >= e } else { epoch > e };
+        if taken {
+            self.last_start[shard as usize] = Some((pod.clone(), epoch));
+            return Ok(Hello::Accepted);
+        }
+        let knew = known.is_some_and(|l| l.owner != *pod && l.epoch > epoch);
+        if p == *pod || knew {
+            let why = if knew {
+                " (it had seen the newer lease)"
+            } else {
+                ""
+            };
             return Err(self.violation(
                 at,
-                format!("shard {shard}: {pod} serves epoch {epoch} after {p} served {e}"),
+                format!("shard {shard}: {pod} serves epoch {epoch} after {p} served {e}{why}"),
             ));
         }
-        self.last_start[shard as usize] = Some((pod.clone(), epoch));
-        Ok(())
+        self.refused_hellos += 1;
+        self.log(
+            at,
+            format_args!("shard {shard}: terminals refuse {pod}'s hello on {epoch}, {p} said {e}"),
+        );
+        Ok(Hello::Refused)
     }
 
     /// `servers` are the pods that may deliver on `shard` right now, with their epochs:
@@ -169,5 +202,52 @@ impl Checker {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::testing::pod;
+
+    #[test]
+    fn an_older_hello_is_refused_unless_the_pod_could_have_known() {
+        let at = Duration::ZERO;
+        let mut c = Checker::new(1, 4);
+        assert_eq!(
+            c.started(at, &pod("a"), 0, 5, None).unwrap(),
+            Hello::Accepted
+        );
+        assert_eq!(
+            c.started(at, &pod("b"), 0, 9, None).unwrap(),
+            Hello::Accepted
+        );
+        // a held through a verdict while b acquired: the terminals refuse a's hello.
+        assert_eq!(
+            c.started(at, &pod("a"), 0, 5, None).unwrap(),
+            Hello::Refused
+        );
+        assert_eq!(c.refused_hellos, 1);
+        // ... but a that had seen b's newer lease must not have tried.
+        let seen = Lease {
+            owner: pod("b"),
+            epoch: 9,
+        };
+        assert!(c.started(at, &pod("a"), 0, 5, Some(&seen)).is_err());
+        // A lease of its own, or an older one, proves nothing.
+        let old = Lease {
+            owner: pod("b"),
+            epoch: 3,
+        };
+        assert_eq!(
+            c.started(at, &pod("a"), 0, 5, Some(&old)).unwrap(),
+            Hello::Refused
+        );
+        // A pod going back on its own epochs is always a violation.
+        assert!(c.started(at, &pod("b"), 0, 8, None).is_err());
+        assert_eq!(
+            c.started(at, &pod("b"), 0, 9, None).unwrap(),
+            Hello::Accepted
+        );
     }
 }

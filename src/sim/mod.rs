@@ -70,6 +70,9 @@ pub struct SimStats {
     /// a cluster-wide verdict: static stability at work (zero would mean an outage longer
     /// than the lease stops the data plane).
     pub served_in_outage: u64,
+    /// Hellos the terminals refused as stale: a pod resumed a shard it held through a
+    /// verdict while a pod outside its quorum acquired it (the fence at work).
+    pub refused_hellos: u64,
 }
 
 impl SimStats {
@@ -81,6 +84,7 @@ impl SimStats {
         self.invariant_checks += other.invariant_checks;
         self.fenced_overlaps += other.fenced_overlaps;
         self.served_in_outage += other.served_in_outage;
+        self.refused_hellos += other.refused_hellos;
     }
 }
 

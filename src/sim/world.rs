@@ -19,7 +19,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use self::store_calls::failed;
-use super::checks::{Checker, Violation};
+use super::checks::{Checker, Hello, Violation};
 use super::faults::{self, Fault};
 use super::{SimConfig, SimStats};
 use crate::core::lease::{AcquireOutcome, Checked, RenewOutcome};
@@ -68,6 +68,8 @@ enum Ev {
     Notify(usize),
     Peers(usize, PeerReport),
     StopAck(usize, ShardId),
+    /// The terminals refused the pod's hello on this epoch as stale.
+    Stale(usize, ShardId, Epoch),
     Fault(Fault),
     Resume(usize),
     Heal(usize),
@@ -158,6 +160,7 @@ impl<'a> World<'a> {
         self.converged()?;
         self.stats.invariant_checks = self.check.checks;
         self.stats.fenced_overlaps = self.check.fenced_overlaps;
+        self.stats.refused_hellos = self.check.refused_hellos;
         Ok(self.stats)
     }
 
@@ -235,7 +238,9 @@ impl<'a> World<'a> {
                 Ok(())
             }
             Ev::Start(pod) | Ev::Wake(pod) | Ev::Notify(pod) => self.deliver(pod, ev),
-            Ev::Reply(pod, _) | Ev::Peers(pod, _) | Ev::StopAck(pod, _) => self.deliver(pod, ev),
+            Ev::Reply(pod, _) | Ev::Peers(pod, _) | Ev::StopAck(pod, _) | Ev::Stale(pod, ..) => {
+                self.deliver(pod, ev)
+            }
         }
     }
 
@@ -274,6 +279,7 @@ impl<'a> World<'a> {
             Ev::Notify(_) => rec.handle_change_notification(now),
             Ev::Peers(_, report) => rec.handle_peer_report(now, report),
             Ev::StopAck(_, shard) => rec.handle_serving_stopped(now, shard),
+            Ev::Stale(_, shard, epoch) => rec.handle_stale_epoch(now, shard, epoch),
             Ev::Reply(_, reply) => match reply {
                 Reply::Heartbeat(r) => rec.handle_heartbeat(now, r),
                 Reply::Snapshot(r) => rec.handle_snapshot(now, r),
@@ -320,7 +326,17 @@ impl<'a> World<'a> {
                     let id = self.pods[pod].id.clone();
                     self.check
                         .log(self.now, format_args!("{id} serves {shard} epoch {epoch}"));
-                    self.check.started(self.now, &id, shard, epoch)?;
+                    let known = self.pods[pod]
+                        .rec
+                        .as_ref()
+                        .and_then(|r| r.leases().get(shard as usize).cloned().flatten());
+                    let hello = self
+                        .check
+                        .started(self.now, &id, shard, epoch, known.as_ref())?;
+                    if hello == Hello::Refused {
+                        let at = self.now + self.latency();
+                        self.schedule(at, Ev::Stale(pod, shard, epoch));
+                    }
                     self.stats.handovers += 1;
                 }
                 Action::SuspendServing { shard, epoch } => {

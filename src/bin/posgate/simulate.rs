@@ -75,13 +75,14 @@ pub fn main(args: &SimulateArgs) -> ExitCode {
 }
 
 /// `<n> seeds in <t>s, <r> seeds/s, <e> events, <r> events/s, <f> faults, <a> acquisitions,
-/// <h> handovers, <o> fenced overlaps, <s> served in outages`.
+/// <h> handovers, <o> fenced overlaps, <s> served in outages, <r> refused hellos`.
 fn sim_line(seeds: u64, total: &SimStats, elapsed: Duration) -> String {
     let secs = elapsed.as_secs_f64();
     let rate = |n: u64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
     format!(
         "{seeds} seeds in {secs:.1}s, {:.1} seeds/s, {} events, {:.0} events/s, {} faults, \
-         {} acquisitions, {} handovers, {} fenced overlaps, {} served in outages",
+         {} acquisitions, {} handovers, {} fenced overlaps, {} served in outages, \
+         {} refused hellos",
         rate(seeds),
         total.events,
         rate(total.events),
@@ -90,5 +91,6 @@ fn sim_line(seeds: u64, total: &SimStats, elapsed: Duration) -> String {
         total.handovers,
         total.fenced_overlaps,
         total.served_in_outage,
+        total.refused_hellos,
     )
 }
