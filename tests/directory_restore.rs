@@ -10,28 +10,26 @@
 //!   imported, each written by the pod holding the shard's lease with that epoch.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use posgate::core::lease::{AcquireOutcome, Checked};
 use posgate::core::shard::shard_of;
 use posgate::core::{CoreConfig, Epoch, PodId, ShardId};
-use posgate::credentials::ApiTokens;
 use posgate::pod::PodHandle;
 use posgate::store::directory::{Directory, DirectoryAdmin, Refusal, Restore, Restored, Terminal};
 use posgate::store::redis::RedisStore;
 use posgate::store::CoordStore;
 use serde_json::Value;
-use tokio::task::JoinSet;
 
-use crate::support::api::{self, Push};
+use posgate_loadtest::load::pods::{TENANT, TOKEN};
+use posgate_loadtest::load::pushgen::Targets;
+
 use crate::support::farm::{self, connect_limit, Farm};
+use crate::support::gateway::{open_loop, summary};
 use crate::support::pod::{self, store_options, CLUSTER, SHARDS};
 use crate::support::wait::{secs, wait_for};
 use crate::support::RedisServer;
-
-const TOKEN: &str = "restore-token-0123456789";
 
 async fn connect(redis: &RedisServer) -> RedisStore {
     RedisStore::connect(&redis.url(), CLUSTER, store_options())
@@ -217,84 +215,20 @@ async fn the_script_writes_only_a_lost_shard_for_its_current_epoch_holder() {
 
 // ----- end to end ----------------------------------------------------------------------
 
-/// Pod `restore-pod-{i}` with the push API open to [`TOKEN`].
+/// Pod `restore-pod-{i}` with the push API open to the load harness's token (the push
+/// generator's).
 async fn start_pod(i: usize, redis: &RedisServer, farm: &Farm) -> (PodHandle, String) {
-    let (listener, url) = pod::listen().await;
-    let mut config = pod::config(&format!("restore-pod-{i}"), &url);
-    config.api_tokens = Some(ApiTokens::from_env_value(&format!("restore:{TOKEN}")).unwrap());
-    config.pos = pod::pos(&farm.ca_file, 1_000);
-    (
-        pod::start_with_terminals(config, &redis.url(), listener),
-        url,
-    )
-}
-
-/// What the open-loop pushes got: status -> error codes (or "ok") -> count; and the
-/// slowest answer.
-#[derive(Debug, Default)]
-struct Outcomes {
-    by_status: BTreeMap<u16, BTreeMap<String, u64>>,
-    slowest: Duration,
-}
-
-/// Sends one push every `every` until `stop` is set, alternating over `urls`, to the
-/// terminals in turn, each with its own key and `timeout_ms=3000`; waits for the answers.
-async fn push_open_loop(
-    urls: Vec<String>,
-    ids: Vec<String>,
-    every: Duration,
-    stop: Arc<AtomicBool>,
-) -> Outcomes {
-    let http = api::client();
-    let mut sent = JoinSet::new();
-    let mut tick = tokio::time::interval(every);
-    let mut n = 0usize;
-    while !stop.load(Ordering::Relaxed) {
-        tick.tick().await;
-        let (http, url, id) = (
-            http.clone(),
-            urls[n % urls.len()].clone(),
-            ids[n % ids.len()].clone(),
-        );
-        let key = format!("restore-{n}");
-        sent.spawn(async move {
-            let started = Instant::now();
-            let push = Push {
-                key: Some(&key),
-                query: "?timeout_ms=3000",
-                ..Push::new(TOKEN)
-            };
-            let (status, _, body) = api::push(&http, &url, &id, push).await;
-            let code = body["error"].as_str().unwrap_or("ok").to_string();
-            (status.as_u16(), code, started.elapsed())
-        });
-        n += 1;
-    }
-    let mut out = Outcomes::default();
-    while let Some(answer) = sent.join_next().await {
-        let (status, code, took) = answer.unwrap();
-        *out.by_status
-            .entry(status)
-            .or_default()
-            .entry(code)
-            .or_default() += 1;
-        out.slowest = out.slowest.max(took);
-    }
-    out
+    let name = format!("restore-pod-{i}");
+    let tokens = format!("{TENANT}:{TOKEN}");
+    pod::start_with_api(&name, &redis.url(), farm, 1_000, &tokens).await
 }
 
 /// The shard's lease holder and epoch, as the pods serve it now.
 fn holders(pods: &[PodHandle]) -> BTreeMap<ShardId, (String, Epoch)> {
-    let now = Instant::now();
-    let mut out = BTreeMap::new();
-    for (i, p) in pods.iter().enumerate() {
-        for shard in 0..SHARDS {
-            if let Some(epoch) = p.serving.serving(shard, now) {
-                out.insert(shard, (format!("restore-pod-{i}"), epoch));
-            }
-        }
-    }
-    out
+    let names: Vec<String> = (0..pods.len())
+        .map(|i| format!("restore-pod-{i}"))
+        .collect();
+    pod::owners(names.iter().zip(pods))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -327,13 +261,14 @@ async fn redis_restarted_empty_gets_the_directory_back_and_no_push_404s() {
         m
     };
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let pusher = tokio::spawn(push_open_loop(
-        urls.clone(),
-        t.ids.clone(),
-        Duration::from_millis(25),
-        stop.clone(),
+    // A push every 25 ms through either pod, to random terminals, a key each.
+    let targets: Targets = Arc::new(RwLock::new(
+        urls.iter()
+            .enumerate()
+            .map(|(i, url)| (format!("restore-pod-{i}"), url.clone()))
+            .collect(),
     ));
+    let load = open_loop(targets, 40.0, N, test);
     tokio::time::sleep(Duration::from_secs(1)).await;
     // Killed for twice the lease TTL (the pods hold their shards: both cannot reach it),
     // then back without its data.
@@ -365,23 +300,20 @@ async fn redis_restarted_empty_gets_the_directory_back_and_no_push_404s() {
     );
     // Pushes keep flowing a while after the write-back.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    stop.store(true, Ordering::Relaxed);
-    let outcomes = pusher.await.unwrap();
+    let pushes = load.stop().await;
     let after = t.counters();
-    let by_status = &outcomes.by_status;
-    eprintln!(
-        "[{test}] pushes by status and code: {by_status:?}; slowest answer {:.3} s",
-        secs(outcomes.slowest)
-    );
-
-    let total: u64 = by_status.values().flat_map(BTreeMap::values).sum();
-    let ok = by_status.get(&200).map_or(0, |c| c.values().sum());
-    assert!(total > 300, "only {total} pushes were sent");
+    let sent = summary(test, "in all", &pushes);
+    let by_outcome = &sent.by_outcome;
+    assert!(sent.sent > 300, "only {} pushes were sent", sent.sent);
     assert!(
-        !by_status.contains_key(&404),
-        "pushes answered 404: {by_status:?}"
+        !by_outcome.keys().any(|k| k.starts_with("404")),
+        "pushes answered 404: {by_outcome:?}"
     );
-    assert_eq!(ok, total, "pushes not answered 200: {by_status:?}");
+    assert_eq!(
+        by_outcome.get("200 ok"),
+        Some(&sent.attempts),
+        "pushes not answered 200: {by_outcome:?}"
+    );
     assert_eq!(
         after.connections_closed, before.connections_closed,
         "terminals were disconnected"

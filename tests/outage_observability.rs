@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 
 use http::StatusCode;
 use posgate::core::CoreConfig;
-use posgate::credentials::ApiTokens;
 use posgate::pod::PodHandle;
 
 use crate::support::api::{self, Http, Push};
@@ -87,14 +86,8 @@ async fn push_for(
 }
 
 async fn start(redis: &RedisServer, farm: &Farm) -> (PodHandle, String) {
-    let (listener, base) = pod::listen().await;
-    let mut config = pod::config("outage-pod", &base);
-    config.api_tokens = Some(ApiTokens::from_env_value(&format!("acme:{TOKEN}")).unwrap());
-    config.pos = pod::pos(&farm.ca_file, 2_000);
-    (
-        pod::start_with_terminals(config, &redis.url(), listener),
-        base,
-    )
+    let tokens = format!("acme:{TOKEN}");
+    pod::start_with_api("outage-pod", &redis.url(), farm, 2_000, &tokens).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

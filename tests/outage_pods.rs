@@ -17,7 +17,6 @@
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
-use posgate::credentials::ApiTokens;
 use posgate::pod::PodHandle;
 
 use crate::support::api::{self, Push};
@@ -139,14 +138,8 @@ const TOKEN: &str = "outage-pods-token-0123456789";
 
 /// A pod with terminals from `farm` and the push API, against `redis`.
 async fn start_pod(name: &str, redis: &RedisServer, farm: &Farm) -> (PodHandle, String) {
-    let (listener, url) = pod::listen().await;
-    let mut config = pod::config(name, &url);
-    config.api_tokens = Some(ApiTokens::from_env_value(&format!("outage:{TOKEN}")).unwrap());
-    config.pos = pod::pos(&farm.ca_file, 1_000);
-    (
-        pod::start_with_terminals(config, &redis.url(), listener),
-        url,
-    )
+    let tokens = format!("outage:{TOKEN}");
+    pod::start_with_api(name, &redis.url(), farm, 1_000, &tokens).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -15,7 +15,6 @@
 
 use std::time::{Duration, Instant};
 
-use posgate::credentials::ApiTokens;
 use posgate::pod::PodHandle;
 use posgate::store::directory::DirectoryAdmin;
 use posgate::store::redis::RedisStore;
@@ -33,11 +32,9 @@ const PUSHED: usize = 100;
 
 /// A pod dialing at most 1,000 terminals per second, and the base URL of its HTTP API.
 async fn start_pod(i: usize, redis_url: &str, farm: &Farm) -> (PodHandle, String) {
-    let (listener, url) = pod::listen().await;
-    let mut config = pod::config(&format!("pos-pod-{i}"), &url);
-    config.api_tokens = Some(ApiTokens::from_env_value(&format!("e2e:{API_TOKEN}")).unwrap());
-    config.pos = pod::pos(&farm.ca_file, 1_000);
-    (pod::start_with_terminals(config, redis_url, listener), url)
+    let name = format!("pos-pod-{i}");
+    let tokens = format!("e2e:{API_TOKEN}");
+    pod::start_with_api(&name, redis_url, farm, 1_000, &tokens).await
 }
 
 /// Pushes to each of `terminals` with its own key `{tag}-{i}` through `first[i % 2]`,

@@ -234,7 +234,15 @@ mod tests {
             epoch: 9,
         };
         assert!(c.started(at, &pod("a"), 0, 5, Some(&seen)).is_err());
-        // A lease of its own, or an older one, proves nothing.
+        // Its own lease, or another pod's older one, proves nothing.
+        let own = Lease {
+            owner: pod("a"),
+            epoch: 9,
+        };
+        assert_eq!(
+            c.started(at, &pod("a"), 0, 5, Some(&own)).unwrap(),
+            Hello::Refused
+        );
         let old = Lease {
             owner: pod("b"),
             epoch: 3,

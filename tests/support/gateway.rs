@@ -13,7 +13,6 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
 use posgate::core::{Epoch, PodId, ShardId};
-use posgate::credentials::ApiTokens;
 use posgate::pod::PodHandle;
 use posgate_loadtest::load::pods::{TENANT, TOKEN};
 use posgate_loadtest::load::push_summary::{summarize, PushSummary};
@@ -58,17 +57,14 @@ impl Gateway {
     pub async fn start(pods: usize, farm: FarmConfig, test: &str) -> Gateway {
         let redis = RedisServer::start();
         let farm = Farm::with_directory(&redis, farm).await;
-        let tokens = ApiTokens::from_env_value(&format!("{TENANT}:{TOKEN}")).unwrap();
+        let tokens = format!("{TENANT}:{TOKEN}");
         let sampler = Sampler::start();
         let mut started = Vec::new();
         for i in 0..pods {
             let name = format!("gw-pod-{i}");
             let proxy = RedisProxy::start(redis.addr()).await.unwrap();
-            let (listener, url) = pod::listen().await;
-            let mut config = pod::config(&name, &url);
-            config.api_tokens = Some(tokens.clone());
-            config.pos = pod::pos(&farm.ca_file, DIAL_RATE);
-            let handle = pod::start_with_terminals(config, &proxy.url(), listener);
+            let (handle, url) =
+                pod::start_with_api(&name, &proxy.url(), &farm, DIAL_RATE, &tokens).await;
             let id = PodId::new(&name).unwrap();
             sampler.watch(id.clone(), handle.serving.clone());
             started.push(GatewayPod {
@@ -111,16 +107,7 @@ impl Gateway {
 
     /// Who serves each shard now, with which epoch.
     pub fn owners(&self) -> BTreeMap<ShardId, (PodId, Epoch)> {
-        let now = std::time::Instant::now();
-        let mut owners = BTreeMap::new();
-        for p in &self.pods {
-            for shard in 0..SHARDS {
-                if let Some(epoch) = p.handle.serving.serving(shard, now) {
-                    owners.insert(shard, (p.id.clone(), epoch));
-                }
-            }
-        }
-        owners
+        pod::owners(self.pods.iter().map(|p| (&p.id, &p.handle)))
     }
 
     /// The pods of `indices` as push entry points.

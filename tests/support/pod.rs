@@ -7,17 +7,20 @@
 //! Not for: `posgate serve` processes ([`super::binary`]) or a cluster with observers
 //! ([`super::cluster`]).
 
+use std::collections::BTreeMap;
 use std::num::NonZeroU32;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use posgate::config::{PodConfig, PosSettings};
-use posgate::core::{CoreConfig, PodId, ShardId};
-use posgate::credentials::ClusterSecret;
+use posgate::core::{CoreConfig, Epoch, PodId, ShardId};
+use posgate::credentials::{ApiTokens, ClusterSecret};
 use posgate::pod::{Pod, PodHandle};
 use posgate::pos::tls::TlsFiles;
 use posgate::store::redis::{RedisOptions, RedisStore};
 use tokio::net::TcpListener;
+
+use super::farm::Farm;
 
 /// The shard count of every test cluster (the default).
 pub const SHARDS: u32 = 64;
@@ -80,6 +83,39 @@ pub fn start_with_terminals(
 ) -> PodHandle {
     let store = RedisStore::connect_lazy(redis_url, CLUSTER, store_options()).unwrap();
     Pod::start_with_terminals(config, store, listener).unwrap()
+}
+
+/// Pod `name` against the Redis at `redis_url`, dialing the terminals of `farm` at most
+/// `dial_rate` per second, with the push API open to `tokens` (`tenant:token,...`): its
+/// handle and base URL.
+pub async fn start_with_api(
+    name: &str,
+    redis_url: &str,
+    farm: &Farm,
+    dial_rate: u32,
+    tokens: &str,
+) -> (PodHandle, String) {
+    let (listener, url) = listen().await;
+    let mut config = config(name, &url);
+    config.api_tokens = Some(ApiTokens::from_env_value(tokens).unwrap());
+    config.pos = pos(&farm.ca_file, dial_rate);
+    (start_with_terminals(config, redis_url, listener), url)
+}
+
+/// Who serves each shard now, with which epoch, of `pods` (each named).
+pub fn owners<'a, N: Clone + 'a>(
+    pods: impl IntoIterator<Item = (&'a N, &'a PodHandle)>,
+) -> BTreeMap<ShardId, (N, Epoch)> {
+    let now = Instant::now();
+    let mut owners = BTreeMap::new();
+    for (name, handle) in pods {
+        for shard in 0..SHARDS {
+            if let Some(epoch) = handle.serving.serving(shard, now) {
+                owners.insert(shard, (name.clone(), epoch));
+            }
+        }
+    }
+    owners
 }
 
 /// The shards `pod` serves now.

@@ -44,4 +44,5 @@ redis.call('HSET', KEYS[5], shard, version)
 redis.call('HSET', KEYS[6], shard, string.format(
   '{"pod":%s,"epoch":%s,"generation":%s,"read_in":%s,"version":%s,"terminals":%d}',
   cjson.encode(pod), epoch, cjson.encode(ARGV[1]), cjson.encode(read_in), version, n))
+-- `now` itself, not `version` (its decimal string): a Lua number is an integer reply.
 return {'ok', {'written', now}}

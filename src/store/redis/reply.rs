@@ -127,7 +127,6 @@ pub(super) fn renew_outcome(v: Value) -> Result<RenewOutcome, StoreError> {
     }
 }
 
-/// One `0`/`1` per shard, exactly `shards` of them.
 /// One outcome of `directory_restore.lua`: `{'written', version}`, `{'same_generation'}`,
 /// `{'not_holder', owner|nil, epoch|nil}` (the epoch as the decimal string the epochs
 /// hash holds) or `{'present'}`.
@@ -158,6 +157,7 @@ pub(super) fn restore_outcome(v: Value) -> Result<Restored, StoreError> {
     }
 }
 
+/// One `0`/`1` per shard, exactly `shards` of them.
 pub(super) fn released(reply: Value, shards: usize) -> Result<Vec<bool>, StoreError> {
     let deleted = items(reply)?;
     if deleted.len() != shards {
