@@ -386,9 +386,19 @@ async fn errors_below_the_handlers_are_json() {
             "uri_too_long",
         ),
         (
-            "a head over hyper's buffer (hyper)",
+            "a head over hyper's buffer (hyper; the pod's limit when it arrives whole)",
             format!("GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\nx-big: {big_header}\r\n\r\n")
                 .into_bytes(),
+            431,
+            "headers_too_large",
+        ),
+        (
+            "headers over the pod's limit",
+            format!(
+                "GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\nx-big: {}\r\n\r\n",
+                "a".repeat(70_000)
+            )
+            .into_bytes(),
             431,
             "headers_too_large",
         ),

@@ -18,6 +18,11 @@ use crate::push::answer::{Answer, ErrorCode};
 
 /// Longest request target (path and query) any route accepts; `414` above.
 pub const MAX_URI_BYTES: usize = 8 * 1024;
+/// Largest header section any route accepts, counted as on an HTTP/1.1 line (name,
+/// value and 4 bytes of `: ` and CRLF each); `431` above. hyper's own buffer limit
+/// (~400 KiB) is not a head limit: a head that arrives whole in one read past it is
+/// parsed, so how big a head passes would depend on the network.
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
 /// Largest body of a plain-text error that is turned into a JSON message.
 const MAX_TEXT_ERROR: usize = 4 * 1024;
 
@@ -41,7 +46,8 @@ pub fn json_error(code: ErrorCode, message: impl Into<String>) -> Response {
     respond(Answer::error(code, message))
 }
 
-/// Limits shared by every route, checked before routing: the request target's length.
+/// Limits shared by every route, checked before routing: the request target's length
+/// and the header section's size.
 pub async fn check_head(request: Request, next: Next) -> Response {
     let target = request
         .uri()
@@ -51,6 +57,19 @@ pub async fn check_head(request: Request, next: Next) -> Response {
         return json_error(
             ErrorCode::UriTooLong,
             format!("the request target is {target} bytes; at most {MAX_URI_BYTES} are accepted"),
+        );
+    }
+    let headers: usize = request
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum();
+    if headers > MAX_HEADER_BYTES {
+        return json_error(
+            ErrorCode::HeadersTooLarge,
+            format!(
+                "the request headers are {headers} bytes; at most {MAX_HEADER_BYTES} are accepted"
+            ),
         );
     }
     next.run(request).await
