@@ -76,6 +76,15 @@ async fn start_pod(
 }
 
 impl Cluster {
+    /// The index of the pod serving `terminal`'s shard now.
+    pub fn owner_index(&self, terminal: &str) -> usize {
+        let shard = shard_of(terminal, SHARDS);
+        self.pods
+            .iter()
+            .position(|p| pod::served(p).contains(&shard))
+            .expect("a settled cluster serves every shard")
+    }
+
     /// `pods` pods over `terminals` farm terminals, plus directory entries for
     /// `extra` (id, addr) terminals outside the farm; waits until every farm terminal
     /// has a session.

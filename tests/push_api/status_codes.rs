@@ -270,7 +270,10 @@ async fn status_502_pos_rejected_is_stored_and_replayed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn status_504_delivery_unknown_then_409_in_flight_then_a_retry_delivers() {
     let (c, http, t) = cluster().await;
-    let (a, b) = (&c.urls[0], &c.urls[1]);
+    // The first attempt enters at the owner, where the key is reserved, the second at
+    // the other pod, which forwards it there.
+    let owner = c.owner_index(&t);
+    let (a, b) = (&c.urls[owner], &c.urls[1 - owner]);
     let late = FaultConfig {
         response_latency_ms: 1_500,
         ..FaultConfig::default()
@@ -280,8 +283,9 @@ async fn status_504_delivery_unknown_then_409_in_flight_then_a_retry_delivers() 
         query: "?timeout_ms=700",
         ..keyed("slow-1")
     };
-    // The second attempt goes out once the first is in flight at pod a (not after a
-    // fixed sleep, which a loaded machine can outrun).
+    // The second attempt goes out once the first is in flight at the owner (not after a
+    // fixed sleep, which a loaded machine can outrun; and not through a forward that
+    // could still be on its way when the second one reserves the key).
     let (first, second) = tokio::join!(push(&http, a, &t, timed()), async {
         let waited = Instant::now();
         while !api::metrics(&http, a)

@@ -6,24 +6,13 @@
 use std::time::Duration;
 
 use http::StatusCode;
-use posgate::core::shard::shard_of;
 use posgate::push::PushSettings;
 
 use super::{acme, start_pod, Cluster};
 use crate::support::api::{self, client, push, Push};
-use crate::support::pod::{self, SHARDS};
 use crate::support::wait::wait_for;
 
 const KEY: &str = "order-dup";
-
-/// The index of the pod serving `terminal`'s shard now.
-fn owner_index(c: &Cluster, terminal: &str) -> usize {
-    let shard = shard_of(terminal, SHARDS);
-    c.pods
-        .iter()
-        .position(|p| pod::served(p).contains(&shard))
-        .expect("a settled cluster serves every shard")
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_key_retried_after_the_owner_restarted_is_answered_as_a_duplicate() {
@@ -36,7 +25,7 @@ async fn a_key_retried_after_the_owner_restarted_is_answered_as_a_duplicate() {
     };
 
     // First attempt, through the pod that does not own the terminal: delivered, new.
-    let owner = owner_index(&c, &t);
+    let owner = c.owner_index(&t);
     let (status, _, body) = push(&http, &c.urls[1 - owner], &t, keyed()).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["duplicate"], false, "{body}");
@@ -62,7 +51,7 @@ async fn a_key_retried_after_the_owner_restarted_is_answered_as_a_duplicate() {
     // The caller retries the same key through the pod that does not own the terminal now.
     // No cache knows the key, so it reaches the terminal again, which does not take it
     // twice and says so; the forwarder relays the mark.
-    let owner = owner_index(&c, &t);
+    let owner = c.owner_index(&t);
     let (status, _, body) = push(&http, &c.urls[1 - owner], &t, keyed()).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["duplicate"], true, "{body}");
