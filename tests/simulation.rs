@@ -30,6 +30,16 @@ fn many_seeds_keep_the_invariants() {
         total.served_in_outage >= seeds,
         "outages stopped the data plane: {total:?}"
     );
+    // Pushes: retries after lost answers reached terminals again, also from another pod
+    // (what the key invariant is about), and the keys got through.
+    assert!(
+        total.deduplicated_across_pods >= seeds / 2,
+        "too few retries reached a terminal from a second pod: {total:?}"
+    );
+    assert!(
+        total.keys_delivered * 100 >= total.pushes * 99,
+        "fewer than 99% of keys delivered: {total:?}"
+    );
 }
 
 #[test]

@@ -15,6 +15,7 @@ pub mod membership;
 pub mod placement;
 pub mod reconciler;
 pub mod ring;
+pub mod route;
 pub mod shard;
 #[cfg(test)]
 pub(crate) mod testing;

@@ -19,6 +19,7 @@ use super::forward::Forwarded;
 use super::owner::{unavailable, with_key, Owned};
 use super::{PushRequest, PushService};
 use crate::clock::now;
+use crate::core::route::{self, Miss, Target};
 use crate::core::shard::shard_of;
 use crate::core::{Epoch, PodId, ShardId};
 use crate::metrics::{GaugeUnit, Metrics};
@@ -39,12 +40,6 @@ pub struct TerminalView {
     pub connected: bool,
 }
 
-enum Target {
-    Here,
-    Peer(PeerTarget),
-    Nobody,
-}
-
 impl PushService {
     /// Delivers `push` through whichever pod serves its shard, answering by `deadline`.
     /// Also says which path the answer took: `local`, `forwarded`, or `none` (no owner
@@ -55,29 +50,37 @@ impl PushService {
         let mut status = self.status.clone();
         loop {
             status.borrow_and_update();
-            match self.target(shard) {
+            let miss = match self.target(shard) {
                 Target::Here => match self.deliver_here(&push, deadline).await {
                     Owned::Answer(answer) => return (answer, "local"),
-                    Owned::NotHere => debug!(shard, "shard left this pod; looking again"),
+                    Owned::NotHere => {
+                        debug!(shard, "shard left this pod; looking again");
+                        Some(Miss::NotHere)
+                    }
                 },
                 Target::Peer(owner) => match self.forward.push(&owner, &push, deadline).await {
                     Forwarded::Answer(answer) => {
                         return (with_total_latency(answer, &push), "forwarded")
                     }
                     Forwarded::Moved => {
-                        debug!(shard, peer = %owner.pod, "owner moved; looking again")
+                        debug!(shard, peer = %owner.pod, "owner moved; looking again");
+                        Some(Miss::Moved)
                     }
                     Forwarded::NotSent(why) => {
-                        debug!(shard, peer = %owner.pod, %why, "owner unreachable; looking again")
+                        debug!(shard, peer = %owner.pod, %why, "owner unreachable; looking again");
+                        Some(Miss::NotSent)
                     }
                     Forwarded::Unknown(why) => {
                         debug!(shard, peer = %owner.pod, %why, "forwarded push outcome unknown");
-                        let mut body = with_key(&push, "no answer from the owner pod; the terminal may have received the push: retry with the same idempotency key");
-                        body.delivery = Some("unknown".into());
-                        return (Answer::error_with(ErrorCode::PosTimeout, body), "forwarded");
+                        Some(Miss::Unknown)
                     }
                 },
-                Target::Nobody => {}
+                Target::Nobody => None,
+            };
+            if miss.is_some_and(|m| !m.may_look_again()) {
+                let mut body = with_key(&push, "no answer from the owner pod; the terminal may have received the push: retry with the same idempotency key");
+                body.delivery = Some("unknown".into());
+                return (Answer::error_with(ErrorCode::PosTimeout, body), "forwarded");
             }
             waiting.start();
             let until = deadline.min(now() + RESOLVE_PAUSE);
@@ -92,25 +95,19 @@ impl PushService {
         }
     }
 
-    fn target(&self, shard: ShardId) -> Target {
-        if self.serving.serving(shard, now()).is_some() {
-            return Target::Here;
-        }
+    /// Where to send a push for `shard` now ([`route::target`] on this pod's status),
+    /// with the peer resolved to an address.
+    fn target(&self, shard: ShardId) -> Target<PeerTarget> {
+        let serving_here = self.serving.serving(shard, now()).is_some();
         let status = self.status.borrow();
-        let Some(owner) = status
+        let owner = status
             .shards
             .get(shard as usize)
-            .and_then(|s| s.owner.as_ref())
-        else {
-            return Target::Nobody;
-        };
-        if *owner == self.pod {
-            // Our lease, but not serving (yet, or any more): wait for it to settle.
-            return Target::Nobody;
-        }
-        match status.members.iter().find(|m| m.pod == *owner) {
-            Some(member) => Target::Peer(PeerTarget::from(member)),
-            None => Target::Nobody,
+            .and_then(|s| s.owner.as_ref());
+        match route::target(&self.pod, serving_here, owner, &status.members) {
+            Target::Here => Target::Here,
+            Target::Peer(member) => Target::Peer(PeerTarget::from(member)),
+            Target::Nobody => Target::Nobody,
         }
     }
 

@@ -172,6 +172,13 @@ impl Checker {
         Ok(Hello::Refused)
     }
 
+    /// The terminals' current session on `shard`: the newest hello they accepted.
+    pub fn newest_hello(&self, shard: ShardId) -> Option<(&PodId, Epoch)> {
+        self.last_start[shard as usize]
+            .as_ref()
+            .map(|(pod, epoch)| (pod, *epoch))
+    }
+
     /// `servers` are the pods that may deliver on `shard` right now, with their epochs:
     /// at most one with the terminals' newest epoch; the others are fenced.
     pub fn exclusive(

@@ -9,13 +9,19 @@
 //! `posgate simulate --seed <SEED>`.
 //!
 //! After every event the invariants in [`checks`] are verified: no two pods serve one
-//! shard at the same instant, epochs per shard only grow, and once faults stop and
-//! `max(lease TTL, member TTL) + 3 s` pass, every shard is served by its assigned pod.
+//! shard at the same instant unless the older is fenced by epoch, epochs per shard only
+//! grow, and once faults stop and `max(lease TTL, member TTL) + 3 s` pass, every shard is
+//! served by its assigned pod. Pushes run through the same cluster (callers retrying
+//! keys whose answers were lost, the real routing rule and idempotency cache, a terminal
+//! that fences and dedupes), and [`keys`] checks that a key reaches a terminal again
+//! only after an answer was lost.
 //!
-//! What it does not simulate: terminals, HTTP, or the contents of pushes.
+//! What it does not simulate: HTTP, TLS, request bodies, or the terminals' sessions
+//! (a terminal of a served shard is taken to be connected to its newest hello).
 
 mod checks;
 mod faults;
+mod keys;
 mod world;
 
 use std::time::Duration;
@@ -73,6 +79,16 @@ pub struct SimStats {
     /// Hellos the terminals refused as stale: a pod resumed a shard it held through a
     /// verdict while a pod outside its quorum acquired it (the fence at work).
     pub refused_hellos: u64,
+    /// Keys the callers sent, attempts (first sends and retries), keys answered `200`.
+    pub pushes: u64,
+    pub push_attempts: u64,
+    pub keys_delivered: u64,
+    /// Attempts the entry pod answered "delivery unknown".
+    pub push_answers_unknown: u64,
+    /// Copies of a key the terminal deduplicated (a retry after a lost answer), and of
+    /// those, the ones from another pod than the copy before (across a handover).
+    pub deduplicated: u64,
+    pub deduplicated_across_pods: u64,
 }
 
 impl SimStats {
@@ -85,6 +101,12 @@ impl SimStats {
         self.fenced_overlaps += other.fenced_overlaps;
         self.served_in_outage += other.served_in_outage;
         self.refused_hellos += other.refused_hellos;
+        self.pushes += other.pushes;
+        self.push_attempts += other.push_attempts;
+        self.keys_delivered += other.keys_delivered;
+        self.push_answers_unknown += other.push_answers_unknown;
+        self.deduplicated += other.deduplicated;
+        self.deduplicated_across_pods += other.deduplicated_across_pods;
     }
 }
 

@@ -9,24 +9,28 @@
 
 mod converge;
 mod inject;
+mod pushes;
 mod store_calls;
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap};
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use self::pushes::{Caller, Flight, PushEv};
 use self::store_calls::failed;
 use super::checks::{Checker, Hello, Violation};
 use super::faults::{self, Fault};
+use super::keys::{Heard, Keys};
 use super::{SimConfig, SimStats};
 use crate::core::lease::{AcquireOutcome, Checked, RenewOutcome};
 use crate::core::membership::{Member, Snapshot};
 use crate::core::placement::Placement;
 use crate::core::reconciler::{Action, OpFailed, OpResult, PeerReport, Reconciler, ShardState};
 use crate::core::{Epoch, PodId, ShardId};
+use crate::push::idempotency::{IdempotencyCache, Reservation};
 use crate::store::memory::MemoryState;
 use crate::store::ClusterMeta;
 
@@ -76,6 +80,15 @@ enum Ev {
     StoreUp,
     /// The store comes back, empty.
     StoreUpWiped,
+    /// A caller sends the next attempt of a key; its timeout for an attempt; an answer
+    /// reaching it.
+    CallerSend(usize),
+    CallerTimeout(usize, u32),
+    CallerHears(usize, u32, Heard),
+    /// A push event at a pod.
+    Push(usize, PushEv),
+    /// A copy of a flight's look reaches the terminal, from a pod on an epoch.
+    AtTerminal(usize, u32, usize, Epoch),
 }
 
 struct SimPod {
@@ -89,6 +102,8 @@ struct SimPod {
     partitioned: bool,
     deferred: Vec<Ev>,
     wake_at: Option<Duration>,
+    /// The pod's idempotency cache (the real one); lost when the pod dies.
+    cache: IdempotencyCache,
 }
 
 pub struct World<'a> {
@@ -105,6 +120,13 @@ pub struct World<'a> {
     pods: Vec<SimPod>,
     check: Checker,
     stats: SimStats,
+    callers: Vec<Caller>,
+    flights: Vec<Flight>,
+    /// Keys reserved in an owner's cache while its copy is out, per (flight, look).
+    reservations: HashMap<(usize, u32), Reservation>,
+    keys: Keys,
+    /// Callers stop retrying here, so every attempt ends before the run does.
+    retry_until: Duration,
 }
 
 impl<'a> World<'a> {
@@ -124,6 +146,11 @@ impl<'a> World<'a> {
             pods: Vec::new(),
             check: Checker::new(seed, cfg.core.shards),
             stats: SimStats::default(),
+            callers: Vec::new(),
+            flights: Vec::new(),
+            reservations: HashMap::new(),
+            keys: Keys::default(),
+            retry_until: cfg.fault_end + settle(cfg),
             rng,
         };
         for _ in 0..cfg.initial_pods {
@@ -133,12 +160,12 @@ impl<'a> World<'a> {
         for (at, fault) in faults::plan(&mut w.rng, cfg) {
             w.schedule(at, Ev::Fault(fault));
         }
+        w.plan_pushes(Duration::from_secs(2), cfg.fault_end);
         w
     }
 
     pub fn run(mut self) -> Result<SimStats, Violation> {
-        let settle = self.cfg.core.lease_ttl.max(self.cfg.core.member_ttl) + Duration::from_secs(3);
-        let end = self.cfg.fault_end + settle;
+        let end = self.cfg.fault_end + settle(self.cfg);
         while let Some(Reverse((at, _, idx))) = self.queue.pop() {
             if at > end {
                 break;
@@ -161,6 +188,9 @@ impl<'a> World<'a> {
         self.stats.invariant_checks = self.check.checks;
         self.stats.fenced_overlaps = self.check.fenced_overlaps;
         self.stats.refused_hellos = self.check.refused_hellos;
+        self.stats.pushes = self.callers.len() as u64;
+        self.stats.deduplicated = self.keys.deduplicated;
+        self.stats.deduplicated_across_pods = self.keys.from_another_pod;
         Ok(self.stats)
     }
 
@@ -198,6 +228,7 @@ impl<'a> World<'a> {
             partitioned: false,
             deferred: Vec::new(),
             wake_at: None,
+            cache: IdempotencyCache::new(Duration::from_secs(600), 100_000),
         });
         self.schedule(at, Ev::Start(idx));
     }
@@ -241,6 +272,14 @@ impl<'a> World<'a> {
             Ev::Reply(pod, _) | Ev::Peers(pod, _) | Ev::StopAck(pod, _) | Ev::Stale(pod, ..) => {
                 self.deliver(pod, ev)
             }
+            Ev::Push(pod, _) => self.deliver(pod, ev),
+            Ev::CallerSend(key) => {
+                self.caller_send(key);
+                Ok(())
+            }
+            Ev::CallerTimeout(key, attempt) => self.caller_hears(key, attempt, Heard::Unknown),
+            Ev::CallerHears(key, attempt, heard) => self.caller_hears(key, attempt, heard),
+            Ev::AtTerminal(flight, look, pod, epoch) => self.at_terminal(flight, look, pod, epoch),
         }
     }
 
@@ -265,6 +304,9 @@ impl<'a> World<'a> {
         if self.check.tracing() && !matches!(ev, Ev::Wake(_)) {
             self.check
                 .log(self.now, format_args!("pod-{pod} <- {ev:?}"));
+        }
+        if let Ev::Push(_, push) = ev {
+            return self.push_event(pod, push);
         }
         let now = self.local(pod);
         let p = &mut self.pods[pod];
@@ -448,4 +490,10 @@ impl<'a> World<'a> {
         }
         Ok(())
     }
+}
+
+/// How long a run goes on after the faults end: long enough for every shard to settle
+/// on its assigned pod.
+fn settle(cfg: &SimConfig) -> Duration {
+    cfg.core.lease_ttl.max(cfg.core.member_ttl) + Duration::from_secs(3)
 }

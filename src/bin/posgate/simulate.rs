@@ -75,14 +75,17 @@ pub fn main(args: &SimulateArgs) -> ExitCode {
 }
 
 /// `<n> seeds in <t>s, <r> seeds/s, <e> events, <r> events/s, <f> faults, <a> acquisitions,
-/// <h> handovers, <o> fenced overlaps, <s> served in outages, <r> refused hellos`.
+/// <h> handovers, <o> fenced overlaps, <s> served in outages, <r> refused hellos, <k> keys
+/// (<d> delivered), <a> attempts, <u> answered unknown, <d> deduplicated by the terminal
+/// (<x> across pods)`.
 fn sim_line(seeds: u64, total: &SimStats, elapsed: Duration) -> String {
     let secs = elapsed.as_secs_f64();
     let rate = |n: u64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
     format!(
         "{seeds} seeds in {secs:.1}s, {:.1} seeds/s, {} events, {:.0} events/s, {} faults, \
          {} acquisitions, {} handovers, {} fenced overlaps, {} served in outages, \
-         {} refused hellos",
+         {} refused hellos, {} keys ({} delivered), {} attempts, {} answered unknown, \
+         {} deduplicated by the terminal ({} across pods)",
         rate(seeds),
         total.events,
         rate(total.events),
@@ -92,5 +95,11 @@ fn sim_line(seeds: u64, total: &SimStats, elapsed: Duration) -> String {
         total.fenced_overlaps,
         total.served_in_outage,
         total.refused_hellos,
+        total.pushes,
+        total.keys_delivered,
+        total.push_attempts,
+        total.push_answers_unknown,
+        total.deduplicated,
+        total.deduplicated_across_pods,
     )
 }
