@@ -23,13 +23,14 @@ const LAYERS: &[(&str, u32)] = &[
     // The one seam between ownership and delivery.
     ("serving", 2),
     ("metrics", 3),
-    ("sim", 3),
     // Wire contracts and the two halves of a pod's work.
     ("peer", 4),
     ("pos", 4),
     ("driver", 5),
     ("push", 5),
     ("http", 6),
+    // Over the reconciler, the store and the push layer's routing rule and cache.
+    ("sim", 6),
     // The edge: configuration parsed from flags, reloads, and the composition root.
     ("config", 7),
     ("reload", 8),

@@ -34,6 +34,7 @@ use crate::peer::{PeerClient, PeerReceiver, PeerTls};
 use crate::pos::dialer::{Dialer, DialerConfig};
 use crate::pos::manager::{ConnectionManager, ManagerConfig};
 use crate::pos::tls;
+use crate::push::handoff::{self, Handoffs, HANDOFF_LINGER};
 use crate::push::{NoTerminals, PushService, Sessions};
 pub use crate::reload::Reloader;
 use crate::serving::{NoSessions, SessionStats};
@@ -118,16 +119,18 @@ impl Pod {
         let store = Arc::new(store);
         let metrics = Arc::new(Metrics::new());
         let credentials = config.credentials();
+        let (handoff, handoffs) = handoff::channel();
         let driver = Driver::new(
             config.driver(),
             credentials.clone(),
             store.clone(),
-            hook,
+            (hook, handoff),
             metrics.clone(),
         )?;
         let (server_cert, peer_tls) = tls_parts(&config)?;
         let parts = Parts {
             credentials,
+            handoffs,
             sessions: Arc::new(NoTerminals),
             stats: Arc::new(NoSessions),
             metrics,
@@ -188,17 +191,19 @@ impl Pod {
         let sessions = Arc::new(manager.clone());
         let stats = Arc::new(manager.clone());
         let credentials = config.credentials();
+        let (handoff, handoffs) = handoff::channel();
         let driver = Driver::new(
             config.driver(),
             credentials.clone(),
             store.clone(),
-            manager,
+            (manager, handoff),
             metrics.clone(),
         )?
         .with_stale_epochs(stale_rx);
         let (server_cert, peer_tls) = tls_parts(&config)?;
         let parts = Parts {
             credentials,
+            handoffs,
             sessions,
             stats,
             metrics,
@@ -225,6 +230,8 @@ fn tls_parts(config: &PodConfig) -> Result<(Option<ServerCert>, PeerTls), PodErr
 /// of the peer client (both reloadable).
 struct Parts {
     credentials: Credentials,
+    /// The other end of the serving hook that moves kept push answers with their shards.
+    handoffs: Handoffs,
     sessions: Arc<dyn Sessions>,
     stats: Arc<dyn SessionStats>,
     metrics: Arc<Metrics>,
@@ -243,6 +250,7 @@ fn spawn_pod<S: CoordStore, H: ServingHook>(
 ) -> Result<PodHandle, PodError> {
     let Parts {
         credentials,
+        handoffs,
         sessions,
         stats,
         metrics,
@@ -268,7 +276,11 @@ fn spawn_pod<S: CoordStore, H: ServingHook>(
         config.push.clone(),
         metrics.clone(),
     )
-    .with_peer_tls(peer_tls.clone());
+    .with_peer_tls(peer_tls.clone())
+    .with_handoffs(&handoffs);
+    let push = Arc::new(push);
+    // Ends when the driver (holding the hook) does.
+    tokio::spawn(push.clone().run_handoffs(handoffs));
     let metrics_handle = metrics.clone();
     let sampler = sampler::run(metrics.clone(), status.clone(), stats.clone());
     let peers = PeerClient::new(
@@ -280,7 +292,7 @@ fn spawn_pod<S: CoordStore, H: ServingHook>(
     let http_state = HttpState {
         status: status.clone(),
         credentials: credentials.clone(),
-        push: Arc::new(push),
+        push,
         stats,
         metrics,
         peers,
@@ -385,6 +397,7 @@ async fn run_pod<S: CoordStore, H: ServingHook>(
     sampler: impl Future<Output = ()>,
 ) -> Result<(), PodError> {
     let (stop_http, http_stopped) = oneshot::channel::<()>();
+    let push = http_state.push.clone();
     let router = http::router(http_state);
     let http_stopped = async move {
         let _ = http_stopped.await;
@@ -419,6 +432,15 @@ async fn run_pod<S: CoordStore, H: ServingHook>(
     tokio::select! {
         () = sampler => unreachable!("the sampler future never completes"),
         owned = &mut ownership => {
+            if owned.is_ok() && !push.kept_nothing() {
+                // The new owners of the shards just released ask for their kept push
+                // answers (`push::handoff`): keep answering peers a moment longer.
+                if let Ok(served) = tokio::time::timeout(HANDOFF_LINGER, &mut http).await {
+                    return Err(PodError::Http(served.err().unwrap_or_else(|| {
+                        io::Error::other("HTTP server stopped unexpectedly")
+                    })));
+                }
+            }
             let _ = stop_http.send(());
             let served = tokio::time::timeout(HTTP_DRAIN, http).await.unwrap_or_else(|_| {
                 warn!("HTTP requests still running after the drain period; dropping them");

@@ -3,8 +3,8 @@
 //! - every `POSGATE_*` variable named in a manifest is a real `posgate serve` flag
 //!   variable (from the binary's `serve --help`, `[env: POSGATE_X=]`) or one of the
 //!   documented secret variables, and secret variables are never set as plain values;
-//! - the shutdown timeline fits: preStop sleep + `--shutdown-budget` + HTTP drain <=
-//!   `terminationGracePeriodSeconds`;
+//! - the shutdown timeline fits: preStop sleep + `--shutdown-budget` + the kept-answers
+//!   linger + HTTP drain <= `terminationGracePeriodSeconds`;
 //! - the Redis ACL examples grant exactly the commands posgate sends (client side plus
 //!   the commands the Lua scripts call) on the cluster's own keys;
 //! - the Dockerfile's user is the one the Deployment runs as;
@@ -20,6 +20,8 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use posgate::push::handoff::HANDOFF_LINGER;
 
 /// Secrets are read from these variables (or from the `*_FILE` flags); they are not flags
 /// themselves, so `serve --help` does not list them as `[env: ...]`.
@@ -240,8 +242,8 @@ fn default_shutdown_budget(help: &str) -> u64 {
     parse_secs(&tail[start..end])
 }
 
-/// preStop sleep + shutdown budget + HTTP drain must fit in the grace period of the
-/// posgate Deployment in `text` (one YAML document or a file).
+/// preStop sleep + shutdown budget + kept-answers linger + HTTP drain must fit in the
+/// grace period of the posgate Deployment in `text` (one YAML document or a file).
 fn check_shutdown_timing(source: &str, text: &str, default_budget: u64) {
     let lines: Vec<&str> = text.lines().collect();
     let (_, grace) = scalar_after(&lines, 0, "terminationGracePeriodSeconds")
@@ -259,16 +261,18 @@ fn check_shutdown_timing(source: &str, text: &str, default_budget: u64) {
         .position(|l| l.trim().trim_start_matches("- ") == "name: POSGATE_SHUTDOWN_BUDGET")
         .and_then(|i| scalar_after(&lines, i + 1, "value"))
         .map_or(default_budget, |(_, v)| parse_secs(&v));
-    let needed = sleep + budget + HTTP_DRAIN_SECS;
+    let linger = HANDOFF_LINGER.as_secs_f64().ceil() as u64;
+    let needed = sleep + budget + linger + HTTP_DRAIN_SECS;
     println!(
-        "{source}: preStop {sleep}s + shutdown budget {budget}s + HTTP drain \
-         {HTTP_DRAIN_SECS}s = {needed}s <= terminationGracePeriodSeconds {grace}s"
+        "{source}: preStop {sleep}s + shutdown budget {budget}s + kept-answers linger \
+         {linger}s + HTTP drain {HTTP_DRAIN_SECS}s = {needed}s <= \
+         terminationGracePeriodSeconds {grace}s"
     );
     assert!(
         needed <= grace,
         "{source}: terminationGracePeriodSeconds {grace} is shorter than preStop {sleep}s + \
-         shutdown budget {budget}s + HTTP drain {HTTP_DRAIN_SECS}s: pods would be killed \
-         before releasing their leases"
+         shutdown budget {budget}s + kept-answers linger {linger}s + HTTP drain \
+         {HTTP_DRAIN_SECS}s: pods would be killed before releasing their leases"
     );
 }
 

@@ -244,10 +244,15 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
                     Slot::Parked { epoch: held } if held == epoch => {
                         info!(shard, epoch, "shard serving resumed")
                     }
-                    Slot::Idle => info!(
-                        shard, epoch, from = %name(from), to = %me, reason = %"acquired",
-                        "shard ownership changed"
-                    ),
+                    Slot::Idle => {
+                        info!(
+                            shard, epoch, from = %name(from), to = %me, reason = %"acquired",
+                            "shard ownership changed"
+                        );
+                        if let Some(last) = self.rec.last_holder(shard) {
+                            self.hook.taken_over(shard, epoch, last);
+                        }
+                    }
                     Slot::Serving { .. } | Slot::Held { .. } | Slot::Parked { .. } => info!(
                         shard, epoch, from = %me, to = %me, reason = %"reclaimed",
                         "shard ownership changed"

@@ -29,6 +29,7 @@ use super::errors::respond;
 use super::{check_announced, read_body, HttpState};
 use crate::api::valid_terminal_id;
 use crate::clock;
+use crate::core::ShardId;
 use crate::credentials::ClusterSecret;
 use crate::credentials::Tenant;
 use crate::peer::replay::{RequestKey, Reserved};
@@ -289,5 +290,19 @@ pub(super) async fn terminal(
     match state.push.terminal_here(&terminal) {
         Owned::Answer(answer) => respond(answer),
         Owned::NotHere => moved(),
+    }
+}
+
+/// `GET /internal/v1/kept-answers/{id}`: the final push answers this pod keeps for one
+/// shard's terminals, for the pod that acquired the shard from it (`push::handoff`).
+pub(super) async fn kept_answers(
+    State(state): State<Arc<HttpState>>,
+    Path(shard): Path<String>,
+) -> Response {
+    match shard.parse::<ShardId>() {
+        Ok(shard) if shard < state.push.shards() => {
+            Json(state.push.kept_answers(shard)).into_response()
+        }
+        _ => bad_forward("invalid shard"),
     }
 }

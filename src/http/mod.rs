@@ -85,6 +85,7 @@ pub fn router(state: HttpState) -> Router {
         .route(wire::PUSH_ROUTE, post(internal::push))
         .route(wire::TERMINAL_ROUTE, get(internal::terminal))
         .route(wire::SHARD_TERMINALS_ROUTE, get(cluster::shard_terminals))
+        .route(wire::KEPT_ANSWERS_ROUTE, get(internal::kept_answers))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             internal::authenticate,

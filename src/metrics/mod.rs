@@ -166,6 +166,8 @@ pub struct Metrics {
     pub push_replays: Counter,
     pub pushes_on_suspended: Counter,
     pub push_duplicates: Counter,
+    pub kept_answers_handoffs: Family<Label, Counter>,
+    pub kept_answers_taken: Counter,
     // Operations.
     pub reloads: Family<Label, Counter>,
     pub peer_refusals: Family<Label, Counter>,
@@ -220,6 +222,8 @@ impl Metrics {
             push_replays: Counter::default(),
             pushes_on_suspended: Counter::default(),
             push_duplicates: Counter::default(),
+            kept_answers_handoffs: Family::default(),
+            kept_answers_taken: Counter::default(),
             reloads: Family::default(),
             peer_refusals: Family::default(),
             peer_legacy_accepted: Counter::default(),
@@ -243,6 +247,11 @@ impl Metrics {
             "shutdown",
         ] {
             let _ = self.shard_stops.get_or_create(&[("reason", reason)]);
+        }
+        for outcome in ["taken", "unsupported", "failed", "refused"] {
+            let _ = self
+                .kept_answers_handoffs
+                .get_or_create(&[("outcome", outcome)]);
         }
         for delivery in SUSPENDED_DELIVERY {
             let _ = self
@@ -424,6 +433,16 @@ impl Metrics {
             "posgate_push_duplicates",
             "Pushes a terminal answered with the duplicate marker: it had the idempotency key already and did not take the push again",
             self.push_duplicates.clone(),
+        );
+        r.register(
+            "posgate_kept_answers_handoffs",
+            "Shards taken over whose previous owner was asked for its kept push answers, by outcome (taken, unsupported: an older release, failed: unreachable or too slow, refused: a malformed answer)",
+            self.kept_answers_handoffs.clone(),
+        );
+        r.register(
+            "posgate_kept_answers_taken",
+            "Kept push answers taken into this pod's idempotency cache from a shard's previous owner",
+            self.kept_answers_taken.clone(),
         );
         r.register(
             "posgate_reloads",

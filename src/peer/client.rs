@@ -16,11 +16,11 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use super::signing::{self, legacy, PEER_PROTOCOL};
 use super::tls::PeerConnector;
 use super::wire::{
-    self, ForwardedPush, PeerAnswer, ShardTerminals, SHARD_TERMINALS_ROUTE, STORE_REACHABLE_ROUTE,
-    TERMINAL_ROUTE,
+    self, ForwardedPush, PeerAnswer, ShardTerminals, KEPT_ANSWERS_ROUTE, MAX_HANDED_OVER_BYTES,
+    SHARD_TERMINALS_ROUTE, STORE_REACHABLE_ROUTE, TERMINAL_ROUTE,
 };
 use super::{PeerTarget, PeerTls, MAX_INTERNAL_BODY};
-use crate::core::PodId;
+use crate::core::{PodId, ShardId};
 use crate::credentials::Credentials;
 
 /// Why a peer request produced no answer.
@@ -92,7 +92,13 @@ impl PeerClient {
     /// Asks `peer` whether it reaches the coordination store.
     pub async fn store_reachable(&self, peer: &PeerTarget) -> Result<PeerAnswer, PeerError> {
         let body = self
-            .call(Method::POST, peer, STORE_REACHABLE_ROUTE, self.timeout)
+            .call(
+                Method::POST,
+                peer,
+                STORE_REACHABLE_ROUTE,
+                self.timeout,
+                MAX_INTERNAL_BODY,
+            )
             .await?;
         serde_json::from_slice(&body).map_err(|e| PeerError::Decode(e.to_string()))
     }
@@ -104,9 +110,28 @@ impl PeerClient {
         timeout: Duration,
     ) -> Result<ShardTerminals, PeerError> {
         let body = self
-            .call(Method::GET, peer, SHARD_TERMINALS_ROUTE, timeout)
+            .call(
+                Method::GET,
+                peer,
+                SHARD_TERMINALS_ROUTE,
+                timeout,
+                MAX_INTERNAL_BODY,
+            )
             .await?;
         serde_json::from_slice(&body).map_err(|e| PeerError::Decode(e.to_string()))
+    }
+
+    /// Asks `peer` for the final push answers it keeps for `shard`'s terminals: the body
+    /// of its `200` (`wire::HandedOver`, decoded by the caller, which knows the shards).
+    pub async fn kept_answers(
+        &self,
+        peer: &PeerTarget,
+        shard: ShardId,
+        timeout: Duration,
+    ) -> Result<Bytes, PeerError> {
+        let path = wire::path_of(KEPT_ANSWERS_ROUTE, &shard.to_string());
+        self.call(Method::GET, peer, &path, timeout, MAX_HANDED_OVER_BYTES)
+            .await
     }
 
     /// Asks `owner` for its view of `terminal`: the status and JSON body it answers.
@@ -123,7 +148,7 @@ impl PeerClient {
             &path,
             Bytes::new(),
             HeaderMap::new(),
-            timeout,
+            (timeout, MAX_INTERNAL_BODY),
         )
         .await
     }
@@ -142,21 +167,24 @@ impl PeerClient {
             &path,
             push.body.clone(),
             headers,
-            timeout,
+            (timeout, MAX_INTERNAL_BODY),
         )
         .await
     }
 
-    /// Sends a signed, empty request and returns the body of a `200` answer.
+    /// Sends a signed, empty request and returns the body (at most `limit` bytes) of a
+    /// `200` answer.
     async fn call(
         &self,
         method: Method,
         peer: &PeerTarget,
         path: &str,
         timeout: Duration,
+        limit: usize,
     ) -> Result<Bytes, PeerError> {
+        let (empty, no_headers) = (Bytes::new(), HeaderMap::new());
         let sent = self
-            .send(method, peer, path, Bytes::new(), HeaderMap::new(), timeout)
+            .send(method, peer, path, empty, no_headers, (timeout, limit))
             .await;
         let (status, body) = sent.map_err(|e| match e {
             SendError::Url(reason) => PeerError::Url {
@@ -178,7 +206,7 @@ impl PeerClient {
 
     /// Sends `method path` with `body` and `headers` to `peer`, signed with the current
     /// cluster secret for the protocol `peer` speaks, and returns the status and (at
-    /// most [`MAX_INTERNAL_BODY`] of) the body of whatever it answers, within `timeout`.
+    /// most `limit` bytes of) the body of whatever it answers, within `timeout`.
     /// The one transport of every pod-to-pod call (probes, forwarded pushes, lookups).
     async fn send(
         &self,
@@ -187,7 +215,7 @@ impl PeerClient {
         path: &str,
         body: Bytes,
         headers: HeaderMap,
-        timeout: Duration,
+        (timeout, limit): (Duration, usize),
     ) -> Result<(StatusCode, Bytes), SendError> {
         let base = peer.url.trim_end_matches('/');
         if !(base.starts_with("http://") || base.starts_with("https://")) {
@@ -238,7 +266,7 @@ impl PeerClient {
                 }
             })?;
             let status = response.status();
-            let body = Limited::new(response.into_body(), MAX_INTERNAL_BODY)
+            let body = Limited::new(response.into_body(), limit)
                 .collect()
                 .await
                 .map_err(|e| SendError::Transport(format!("reading the answer: {e}")))?

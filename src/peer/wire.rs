@@ -26,6 +26,14 @@ pub const PUSH_ROUTE: &str = "/internal/v1/push/{id}";
 pub const TERMINAL_ROUTE: &str = "/internal/v1/terminals/{id}";
 /// `GET`: connected terminals per shard served -> [`ShardTerminals`].
 pub const SHARD_TERMINALS_ROUTE: &str = "/internal/v1/shard-terminals";
+/// `GET`: the final push answers a pod keeps for one shard's terminals (`{id}` is the
+/// shard) -> [`HandedOver`]. Asked by the pod that acquired the shard from it.
+pub const KEPT_ANSWERS_ROUTE: &str = "/internal/v1/kept-answers/{id}";
+/// Most bytes of a [`HandedOver`] answer: the pod answering stops adding keys (newest
+/// first) before it and says `truncated`.
+pub const MAX_HANDED_OVER_BYTES: usize = 4 * 1024 * 1024;
+/// Most bytes of one kept answer's body (the pod's own JSON answers are far smaller).
+const MAX_KEPT_BODY: usize = 16 * 1024;
 
 /// Milliseconds left of the caller's deadline when the push was forwarded.
 pub const DEADLINE_HEADER: &str = "posgate-deadline-ms";
@@ -116,9 +124,117 @@ pub struct ShardTerminals {
     pub shards: Vec<(ShardId, usize)>,
 }
 
+/// A peer's answer on [`KEPT_ANSWERS_ROUTE`]: its final answers for the shard's keys.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HandedOver {
+    pub shard: ShardId,
+    pub keys: Vec<KeptAnswer>,
+    /// Keys were left out to stay within [`MAX_HANDED_OVER_BYTES`] (the oldest).
+    pub truncated: bool,
+}
+
+/// One key's final answer as it moves between pods.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeptAnswer {
+    pub tenant: String,
+    pub terminal: String,
+    pub key: String,
+    /// SHA-256 of the push body, lowercase hex.
+    pub digest: String,
+    pub status: u16,
+    /// The answer's JSON body, as the pod answered it.
+    pub body: String,
+    /// How much longer the key is kept, ms.
+    pub ttl_left_ms: u64,
+}
+
+impl HandedOver {
+    /// The answer `body` from a peer asked for `shard`, every key checked: it must be
+    /// for a terminal of that shard (`shard_of`), with a valid id, key, digest, status
+    /// and a bounded body. One bad key refuses the whole answer: a peer that lies about
+    /// one may lie about the others.
+    pub fn decode(
+        body: &[u8],
+        shard: ShardId,
+        shard_of: impl Fn(&str) -> ShardId,
+    ) -> Result<Self, String> {
+        let handed: HandedOver =
+            serde_json::from_slice(body).map_err(|e| format!("not a kept-answers answer: {e}"))?;
+        if handed.shard != shard {
+            return Err(format!("asked for shard {shard}, got {}", handed.shard));
+        }
+        for k in &handed.keys {
+            let why = if k.tenant.is_empty() {
+                "empty tenant"
+            } else if !valid_terminal_id(&k.terminal) || shard_of(&k.terminal) != shard {
+                "terminal not of the shard"
+            } else if !valid_key(&k.key) {
+                "invalid idempotency key"
+            } else if k.digest.len() != 64 || hex::decode(&k.digest).is_err() {
+                "digest is not 64 hex digits"
+            } else if !(200..=599).contains(&k.status) {
+                "status out of range"
+            } else if k.body.len() > MAX_KEPT_BODY {
+                "answer body too large"
+            } else {
+                continue;
+            };
+            return Err(format!(
+                "key {:?} of terminal {:?}: {why}",
+                k.key, k.terminal
+            ));
+        }
+        Ok(handed)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn kept(terminal: &str) -> KeptAnswer {
+        KeptAnswer {
+            tenant: "acme".into(),
+            terminal: terminal.into(),
+            key: "order-1".into(),
+            digest: "ab".repeat(32),
+            status: 200,
+            body: "{}".into(),
+            ttl_left_ms: 1_000,
+        }
+    }
+
+    #[test]
+    fn kept_answers_decode_only_when_every_key_is_for_the_shard_and_well_formed() {
+        let shard_of = |t: &str| u32::from(t == "pos-2");
+        let good = HandedOver {
+            shard: 0,
+            keys: vec![kept("pos-1")],
+            truncated: false,
+        };
+        let bytes = serde_json::to_vec(&good).unwrap();
+        assert_eq!(HandedOver::decode(&bytes, 0, shard_of), Ok(good.clone()));
+        assert!(
+            HandedOver::decode(&bytes, 1, shard_of).is_err(),
+            "other shard"
+        );
+        let spoil: [fn(&mut KeptAnswer); 6] = [
+            |k| k.terminal = "pos-2".into(),
+            |k| k.key = "has space".into(),
+            |k| k.digest = "zz".repeat(32),
+            |k| k.status = 99,
+            |k| k.body = "x".repeat(MAX_KEPT_BODY + 1),
+            |k| k.tenant.clear(),
+        ];
+        for (i, spoil) in spoil.iter().enumerate() {
+            let mut bad = good.clone();
+            bad.keys.push(kept("pos-1"));
+            spoil(&mut bad.keys[1]);
+            let bytes = serde_json::to_vec(&bad).unwrap();
+            assert!(HandedOver::decode(&bytes, 0, shard_of).is_err(), "case {i}");
+        }
+        assert!(HandedOver::decode(b"{", 0, shard_of).is_err());
+    }
 
     fn push() -> ForwardedPush {
         ForwardedPush {

@@ -61,6 +61,11 @@ impl ForwardClient {
         }
     }
 
+    /// The transport, for the peer calls that are not pushes.
+    pub fn peers(&self) -> &PeerClient {
+        &self.peers
+    }
+
     /// Forwards `push` to `owner`, answering by `deadline` + grace.
     pub async fn push(
         &self,

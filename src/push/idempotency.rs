@@ -14,8 +14,14 @@
 //!
 //! Limits (documented in `docs/design.md`): entries live `ttl` (default 10 min) and at
 //! most `capacity` (default 100,000) per pod, oldest evicted first; the cache is per
-//! pod, so after a shard moves the new owner does not know the old owner's keys — the
-//! key and epoch still reach the terminal, which dedupes across handovers.
+//! pod, so a new owner that could not take the old owner's answers over (below) does not
+//! know its keys — the key and epoch still reach the terminal, which dedupes across
+//! handovers.
+//!
+//! A shard's final answers move with it: the pod that takes a shard over asks the pod
+//! that had it for them ([`IdempotencyCache::export`], [`IdempotencyCache::import`];
+//! the transfer is `super::handoff`), so a retry across a planned move is answered
+//! from the cache rather than reaching the terminal again.
 //!
 //! Time is passed in (`now`), so the rules are tested without sleeping.
 
@@ -66,6 +72,18 @@ pub enum Reserve {
     Replay(Answer),
     /// Same key in flight, or reused with another body; the reason says which.
     Conflict(&'static str),
+}
+
+/// A final answer as it moves to another pod: what it answers, for which key, and how
+/// much longer it is kept.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Kept {
+    pub tenant: Tenant,
+    pub terminal: String,
+    pub key: String,
+    pub digest: [u8; 32],
+    pub answer: Answer,
+    pub ttl_left: Duration,
 }
 
 /// The cache, shared by the pod's pushes.
@@ -138,6 +156,71 @@ impl IdempotencyCache {
             cache: self.clone(),
             key: Some((k, serial)),
         })
+    }
+
+    /// The final answers kept for terminals `wanted` selects, newest first, at most
+    /// `max` of them; keys in flight are not included (their outcome is not known).
+    pub fn export(&self, wanted: impl Fn(&str) -> bool, max: usize, now: Instant) -> Vec<Kept> {
+        let mut cache = self.lock();
+        cache.expire(now);
+        let mut out = Vec::new();
+        for (k, serial) in cache.order.iter().rev() {
+            if out.len() == max {
+                break;
+            }
+            let Some(e) = cache.entries.get(k).filter(|e| e.serial == *serial) else {
+                continue;
+            };
+            if let (Outcome::Done(answer), true) = (&e.slot, wanted(&k.terminal)) {
+                out.push(Kept {
+                    tenant: k.tenant.clone(),
+                    terminal: k.terminal.clone(),
+                    key: k.key.clone(),
+                    digest: e.digest,
+                    answer: answer.clone(),
+                    ttl_left: e.expires.saturating_duration_since(now),
+                });
+            }
+        }
+        out
+    }
+
+    /// Takes answers another pod kept: each key this cache does not hold yet is stored
+    /// as answered, for what was left of its time there (at most this cache's TTL). A
+    /// key held here is left alone: this pod's own state is newer. Capacity bounds the
+    /// import as it bounds reservations (oldest evicted first). Returns how many were
+    /// taken.
+    pub fn import(&self, kept: Vec<Kept>, now: Instant) -> usize {
+        let mut cache = self.lock();
+        cache.expire(now);
+        let mut taken = 0;
+        for entry in kept {
+            let k = Key {
+                tenant: entry.tenant,
+                terminal: entry.terminal,
+                key: entry.key,
+            };
+            if entry.ttl_left.is_zero() || cache.entries.contains_key(&k) {
+                continue;
+            }
+            while cache.entries.len() >= self.capacity {
+                if !cache.evict_oldest() {
+                    break;
+                }
+            }
+            let serial = cache.next_serial;
+            cache.next_serial += 1;
+            cache.order.push_back((k.clone(), serial));
+            let entry = Entry {
+                digest: entry.digest,
+                slot: Outcome::Done(entry.answer),
+                expires: now + entry.ttl_left.min(self.ttl),
+                serial,
+            };
+            cache.entries.insert(k, entry);
+            taken += 1;
+        }
+        taken
     }
 
     /// Entries held now (expired ones included until the next call).
@@ -281,6 +364,55 @@ mod tests {
         assert!(matches!(
             cache.reserve(&tenant("x"), "t1", "order-1", [1; 32], t0),
             Reserve::Replay(_)
+        ));
+    }
+
+    #[test]
+    fn final_answers_move_to_another_cache_and_are_replayed_there() {
+        let (old, new) = (
+            IdempotencyCache::new(Duration::from_secs(600), 100),
+            IdempotencyCache::new(Duration::from_secs(60), 100),
+        );
+        let t0 = Instant::now();
+        for (terminal, key) in [("t1", "a"), ("t2", "b"), ("t1", "c")] {
+            let Reserve::Reserved(r) = old.reserve(&tenant("x"), terminal, key, [1; 32], t0) else {
+                panic!("reserved");
+            };
+            r.complete(&ok_answer());
+        }
+        // In flight: its outcome is unknown, so it does not move.
+        let Reserve::Reserved(_flying) = old.reserve(&tenant("x"), "t1", "d", [1; 32], t0) else {
+            panic!("reserved");
+        };
+        let later = t0 + Duration::from_secs(100);
+        let kept = old.export(|t| t == "t1", 10, later);
+        let keys: Vec<&str> = kept.iter().map(|k| k.key.as_str()).collect();
+        assert_eq!(keys, ["c", "a"], "t1's final answers, newest first");
+        assert_eq!(kept[0].ttl_left, Duration::from_secs(500));
+        assert_eq!(
+            old.export(|t| t == "t1", 1, later).len(),
+            1,
+            "bounded by max"
+        );
+        // A key the new cache holds already keeps its own state.
+        let Reserve::Reserved(own) = new.reserve(&tenant("x"), "t1", "a", [7; 32], later) else {
+            panic!("reserved");
+        };
+        assert_eq!(new.import(kept, later), 1);
+        match new.reserve(&tenant("x"), "t1", "c", [1; 32], later) {
+            Reserve::Replay(answer) => assert_eq!(answer, ok_answer()),
+            other => panic!("expected the moved answer, got {other:?}"),
+        }
+        assert!(matches!(
+            new.reserve(&tenant("x"), "t1", "a", [7; 32], later),
+            Reserve::Conflict(_)
+        ));
+        drop(own);
+        // Kept for at most the importing cache's own TTL (60 s, not the 500 s left).
+        let after_ttl = later + Duration::from_secs(61);
+        assert!(matches!(
+            new.reserve(&tenant("x"), "t1", "c", [1; 32], after_ttl),
+            Reserve::Reserved(_)
         ));
     }
 

@@ -4,14 +4,15 @@
 //! delivers here ([`PushService::deliver_here`], in `owner`) or forwards one hop to the
 //! owner (`forward`), retrying only what provably reached no terminal, until the
 //! caller's deadline. Answers (`answer`) are JSON with the documented codes; the owner's
-//! idempotency cache (`idempotency`) turns retries into replays; `auth` maps bearer
-//! tokens to tenants.
+//! idempotency cache (`idempotency`) turns retries into replays, and its answers for a
+//! shard move with the shard (`handoff`); `auth` maps bearer tokens to tenants.
 //!
 //! Not for: HTTP parsing and validation (`crate::http::push`), or sessions themselves
 //! (`crate::pos`).
 
 pub mod answer;
 mod forward;
+pub mod handoff;
 pub mod idempotency;
 mod owner;
 mod route;
@@ -119,6 +120,8 @@ pub struct PushService {
     status: watch::Receiver<PodStatus>,
     sessions: Arc<dyn Sessions>,
     cache: IdempotencyCache,
+    /// Shards whose kept answers are being taken over (see `handoff`).
+    fetching: watch::Receiver<handoff::Fetching>,
     forward: forward::ForwardClient,
     settings: PushSettings,
     inflight: Arc<Semaphore>,
@@ -156,6 +159,7 @@ impl PushService {
             status,
             sessions,
             cache: IdempotencyCache::new(settings.idempotency_ttl, settings.idempotency_capacity),
+            fetching: watch::channel(handoff::Fetching::new()).1,
             inflight: Arc::new(Semaphore::new(settings.max_inflight.max(1))),
             settings,
             metrics,
@@ -166,6 +170,11 @@ impl PushService {
     pub fn with_peer_tls(mut self, tls: crate::peer::PeerTls) -> Self {
         self.forward = self.forward.using_tls(tls);
         self
+    }
+
+    /// How many shards the cluster has.
+    pub fn shards(&self) -> u32 {
+        self.shards
     }
 
     pub fn settings(&self) -> &PushSettings {

@@ -80,6 +80,9 @@ impl PushService {
                 }
             }
         };
+        // A shard just taken over: its kept answers may be on their way (`handoff`).
+        let until = deadline.checked_sub(MIN_SEND_BUDGET).unwrap_or(deadline);
+        self.kept_answers_in(shard, until).await;
         let digest: [u8; 32] = Sha256::digest(&push.body).into();
         let reservation =
             match self

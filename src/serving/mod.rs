@@ -21,6 +21,7 @@ use std::future::Future;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Instant;
 
+use crate::core::membership::Member;
 use crate::core::reconciler::StopReason;
 use crate::core::{Epoch, ShardId};
 
@@ -123,6 +124,12 @@ impl ServingTable {
 /// What the driver tells the connection layer about serving transitions. The table is
 /// already updated when a method is called.
 pub trait ServingHook: Send + Sync + 'static {
+    /// `shard` was acquired while another pod, `from`, held it last as far as this pod
+    /// saw (a planned move or a takeover); called right before [`ServingHook::start`].
+    /// For what moves with a shard besides its connections (the push layer's kept
+    /// answers); the connection layer needs nothing more than `start`.
+    fn taken_over(&self, _shard: ShardId, _epoch: Epoch, _from: &Member) {}
+
     /// `shard` is served with `epoch` from now on (new, resumed or re-claimed).
     fn start(&self, shard: ShardId, epoch: Epoch);
 
@@ -137,6 +144,39 @@ pub trait ServingHook: Send + Sync + 'static {
         epoch: Epoch,
         reason: StopReason,
     ) -> impl Future<Output = ()> + Send + 'static;
+}
+
+/// Two hooks told the same transitions, in order; a stop resolves when both have.
+impl<A: ServingHook, B: ServingHook> ServingHook for (A, B) {
+    fn taken_over(&self, shard: ShardId, epoch: Epoch, from: &Member) {
+        self.0.taken_over(shard, epoch, from);
+        self.1.taken_over(shard, epoch, from);
+    }
+
+    fn start(&self, shard: ShardId, epoch: Epoch) {
+        self.0.start(shard, epoch);
+        self.1.start(shard, epoch);
+    }
+
+    fn suspend(&self, shard: ShardId, epoch: Epoch) {
+        self.0.suspend(shard, epoch);
+        self.1.suspend(shard, epoch);
+    }
+
+    fn stop(
+        &self,
+        shard: ShardId,
+        epoch: Epoch,
+        reason: StopReason,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let (a, b) = (
+            self.0.stop(shard, epoch, reason),
+            self.1.stop(shard, epoch, reason),
+        );
+        async move {
+            tokio::join!(a, b);
+        }
+    }
 }
 
 /// No connection layer: nothing to dial or close, so a stop is acknowledged at once.

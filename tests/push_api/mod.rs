@@ -10,12 +10,16 @@
 //!   altered;
 //! - `lifecycle`: readiness waits for the first dials; callers that go away leave no push
 //!   in flight;
-//! - `terminal_dedup`: a key retried after the owner restarted (its idempotency cache
-//!   gone) reaches the terminal again and is answered and counted as a duplicate.
+//! - `terminal_dedup`: a key retried after the owner crashed and restarted (its
+//!   idempotency cache gone) reaches the terminal again and is answered and counted as a
+//!   duplicate;
+//! - `kept_answers`: a key retried after its shard moved in a planned move is answered
+//!   from the cache of the new owner, which took the old owner's kept answers over.
 //!
 //! Timings are `CoreConfig::fast()`; measured figures are printed (`--nocapture`).
 
 mod delivery;
+mod kept_answers;
 mod lifecycle;
 mod peer_replay;
 mod status_codes;

@@ -46,6 +46,11 @@ impl Reconciler {
                 self.members = snap.members;
                 self.leases = snap.leases;
                 self.leases.resize(self.cfg.shards as usize, None);
+                for s in 0..self.cfg.shards {
+                    if let Some(lease) = self.leases[s as usize].clone() {
+                        self.note_holder(s, &lease.owner);
+                    }
+                }
                 self.stop_superseded();
             }
         }

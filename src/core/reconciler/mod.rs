@@ -177,6 +177,10 @@ pub struct Reconciler {
     debounce: Debounce,
     members: Vec<Member>,
     leases: Vec<Option<Lease>>,
+    /// Per shard, the last other pod this pod saw holding its lease, as the member it
+    /// was then: where a shard this pod acquires comes from (history: kept when the
+    /// lease disappears on release and the pod from the members when it leaves).
+    last_holders: Vec<Option<Member>>,
     registered: bool,
     ready: bool,
     shards: Vec<Shard>,
@@ -199,6 +203,7 @@ impl Reconciler {
         let shards = (0..cfg.shards).map(|_| Shard::new()).collect();
         Reconciler {
             leases: vec![None; cfg.shards as usize],
+            last_holders: vec![None; cfg.shards as usize],
             placement: Placement::none(cfg.shards),
             stored: Stored::Unknown,
             place_sent: false,
@@ -347,6 +352,22 @@ impl Reconciler {
     /// Lease holders from the last snapshot, index = shard.
     pub fn leases(&self) -> &[Option<Lease>] {
         &self.leases
+    }
+    /// The last pod other than this one seen holding `shard`'s lease while a member, if
+    /// any: the pod a shard acquired now comes from (by then its lease is usually gone,
+    /// released, and the pod itself may have left the members).
+    pub fn last_holder(&self, shard: ShardId) -> Option<&Member> {
+        self.last_holders.get(shard as usize)?.as_ref()
+    }
+    /// Records the shard's holder `owner`, when it is another pod and a member, as the
+    /// shard's last holder.
+    pub(super) fn note_holder(&mut self, shard: ShardId, owner: &PodId) {
+        if *owner == self.me {
+            return;
+        }
+        if let Some(m) = self.members.iter().find(|m| m.pod == *owner) {
+            self.last_holders[shard as usize] = Some(m.clone());
+        }
     }
     pub fn shard_state(&self, shard: ShardId) -> Option<ShardState> {
         self.shards.get(shard as usize).map(Shard::view)

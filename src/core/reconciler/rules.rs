@@ -257,9 +257,11 @@ impl Reconciler {
                 }
             }
             AcquireOutcome::HeldBy { owner, epoch } => {
-                self.leases[s as usize] = Some(Lease { owner, epoch });
                 sh.end_claim(ClaimEnd::Answered);
-                if sh.held_epoch().is_some() {
+                let held = sh.held_epoch().is_some();
+                self.note_holder(s, &owner);
+                self.leases[s as usize] = Some(Lease { owner, epoch });
+                if held {
                     self.stop(s, StopReason::Stolen, AfterStop::Forget);
                 }
             }

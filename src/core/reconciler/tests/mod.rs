@@ -389,3 +389,31 @@ fn stale_epoch_from_a_terminal_drops_the_shard() {
         reason: StopReason::StaleEpoch
     }));
 }
+
+#[test]
+fn a_shard_acquired_names_the_member_that_held_it_last() {
+    let (mut r, t) = serving_pod("a", &["a", "b"]);
+    let theirs = (0..8).find(|&s| r.serving(s, t).is_none()).unwrap();
+    let mine = (0..8).find(|&s| r.serving(s, t).is_some()).unwrap();
+    let mut leases = vec![None; 8];
+    let held_by = |owner: &str| {
+        Some(Lease {
+            owner: pod(owner),
+            epoch: 9,
+        })
+    };
+    leases[theirs as usize] = held_by("b");
+    leases[mine as usize] = held_by("a");
+    r.handle_snapshot(t, Ok(snapshot(&r, "g", &["a", "b"], leases)));
+    assert_eq!(r.last_holder(theirs), Some(&member("b")));
+    // This pod's own lease is not where a shard comes from.
+    assert_eq!(r.last_holder(mine), None);
+    // b releases and leaves the members: it is still where the shard came from.
+    r.handle_snapshot(t, Ok(snapshot(&r, "g", &["a"], vec![None; 8])));
+    assert_eq!(r.last_holder(theirs), Some(&member("b")));
+    // A holder that is not a member (its record expired) names nobody new.
+    let mut leases = vec![None; 8];
+    leases[theirs as usize] = held_by("c");
+    r.handle_snapshot(t, Ok(snapshot(&r, "g", &["a"], leases)));
+    assert_eq!(r.last_holder(theirs), Some(&member("b")));
+}
