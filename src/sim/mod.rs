@@ -89,6 +89,8 @@ pub struct SimStats {
     /// those, the ones from another pod than the copy before (across a handover).
     pub deduplicated: u64,
     pub deduplicated_across_pods: u64,
+    /// Kept answers a new owner took over from a shard's last holder.
+    pub answers_handed_over: u64,
 }
 
 impl SimStats {
@@ -107,6 +109,7 @@ impl SimStats {
         self.push_answers_unknown += other.push_answers_unknown;
         self.deduplicated += other.deduplicated;
         self.deduplicated_across_pods += other.deduplicated_across_pods;
+        self.answers_handed_over += other.answers_handed_over;
     }
 }
 

@@ -379,6 +379,7 @@ impl<'a> World<'a> {
                         let at = self.now + self.latency();
                         self.schedule(at, Ev::Stale(pod, shard, epoch));
                     }
+                    self.take_over_answers(pod, shard);
                     self.stats.handovers += 1;
                 }
                 Action::SuspendServing { shard, epoch } => {

@@ -77,7 +77,7 @@ pub fn main(args: &SimulateArgs) -> ExitCode {
 /// `<n> seeds in <t>s, <r> seeds/s, <e> events, <r> events/s, <f> faults, <a> acquisitions,
 /// <h> handovers, <o> fenced overlaps, <s> served in outages, <r> refused hellos, <k> keys
 /// (<d> delivered), <a> attempts, <u> answered unknown, <d> deduplicated by the terminal
-/// (<x> across pods)`.
+/// (<x> across pods), <h> answers handed over`.
 fn sim_line(seeds: u64, total: &SimStats, elapsed: Duration) -> String {
     let secs = elapsed.as_secs_f64();
     let rate = |n: u64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
@@ -85,7 +85,7 @@ fn sim_line(seeds: u64, total: &SimStats, elapsed: Duration) -> String {
         "{seeds} seeds in {secs:.1}s, {:.1} seeds/s, {} events, {:.0} events/s, {} faults, \
          {} acquisitions, {} handovers, {} fenced overlaps, {} served in outages, \
          {} refused hellos, {} keys ({} delivered), {} attempts, {} answered unknown, \
-         {} deduplicated by the terminal ({} across pods)",
+         {} deduplicated by the terminal ({} across pods), {} answers handed over",
         rate(seeds),
         total.events,
         rate(total.events),
@@ -101,5 +101,6 @@ fn sim_line(seeds: u64, total: &SimStats, elapsed: Duration) -> String {
         total.push_answers_unknown,
         total.deduplicated,
         total.deduplicated_across_pods,
+        total.answers_handed_over,
     )
 }

@@ -2,8 +2,9 @@
 //! they did not get; entry pods route each attempt by the real rule
 //! ([`crate::core::route`]) from their reconciler's view; owners deliver only while
 //! their reconciler serves the shard, through the real idempotency cache
-//! ([`IdempotencyCache`]); the terminal fences by epoch and deduplicates by key
-//! ([`crate::sim::keys`], which also holds the invariant).
+//! ([`crate::push::idempotency::IdempotencyCache`]), whose kept answers move with a
+//! shard to its next owner (as `push::handoff` does); the terminal fences by epoch and
+//! deduplicates by key ([`crate::sim::keys`], which also holds the invariant).
 //!
 //! Timings follow the real pod at the simulation's faster lease: a deadline per
 //! attempt, a re-look pause after each miss, the owner's least send budget. Answers are
@@ -319,6 +320,32 @@ impl World<'_> {
         };
         self.reply(pod, flight, look, tried);
         Ok(())
+    }
+
+    /// `pod` starts serving `shard`: it takes the kept answers of the shard's last other
+    /// holder over, as `push::handoff` does (at once here; a holder that is dead or
+    /// frozen answers nothing).
+    pub(super) fn take_over_answers(&mut self, pod: usize, shard: ShardId) {
+        let Some(last) = self.pods[pod]
+            .rec
+            .as_ref()
+            .and_then(|r| r.last_holder(shard))
+        else {
+            return;
+        };
+        let Some(from) = self.pods.iter().position(|p| p.id == last.pod) else {
+            return;
+        };
+        if !self.pods[from].alive || self.pods[from].paused_until.is_some() {
+            return;
+        }
+        let terminal = format!("term-{shard}");
+        let kept = self.pods[from]
+            .cache
+            .export(|t| t == terminal, usize::MAX, self.local(from));
+        self.stats.answers_handed_over += kept.len() as u64;
+        let now = self.local(pod);
+        self.pods[pod].cache.import(kept, now);
     }
 
     fn serving_epoch(&self, pod: usize, shard: ShardId) -> Option<Epoch> {
