@@ -11,7 +11,7 @@
 use std::{collections::BTreeMap, time::Duration, time::Instant};
 
 use super::{
-    analysis::{self, dist},
+    analysis,
     cluster::{Cluster, SHARDS},
     duplicates,
     handover::{self, Verdict},
@@ -27,7 +27,10 @@ use super::{
     sims::Counters,
     unix_ms, upgrade, LoadError,
 };
-use crate::pos_sim::{Duplicate, Refusal, Refusals};
+use crate::{
+    dist::dist,
+    pos_sim::{Duplicate, Refusal, Refusals},
+};
 
 /// Most terminals whose reports are fetched for gaps in one scenario.
 const GAP_SAMPLE: usize = 5_000;

@@ -6,7 +6,7 @@ use std::{collections::BTreeMap, fmt::Write as _};
 use serde::Serialize;
 
 use super::{
-    analysis::{Dist, LatencyBucket},
+    analysis::LatencyBucket,
     duplicates::DuplicateSummary,
     handover::{HandoverSummary, StaleCheck, Verdict},
     observe::Sample,
@@ -15,6 +15,7 @@ use super::{
     redis::CommandStats,
     upgrade::{self, UpgradeReport},
 };
+use crate::dist::Dist;
 
 /// One pass/fail line: `gate` lines decide the exit code, the others are the issue's
 /// targets, reported but not enforced.
