@@ -11,6 +11,7 @@ mod support;
 mod cli;
 mod cli_terminals;
 mod cluster_redis;
+mod dark_time;
 mod demo;
 mod directory;
 mod directory_restore;

@@ -1,6 +1,6 @@
 //! The simulator against the wire contract of `docs/pos-protocol.md`, driven by a minimal
 //! independent client (`common`): sessions, supersession, stale epochs, duplicate keys,
-//! overlaps, refused SNI, faults and the admin endpoint.
+//! overlaps, refused SNI, faults, dark intervals and the admin endpoint.
 
 mod common;
 
@@ -11,8 +11,8 @@ use common::{connect, connect_to, Conn};
 use http::StatusCode;
 use http_body_util::{channel::Channel, BodyExt};
 use posgate_loadtest::pos_sim::{
-    Duplicates, FarmConfig, FarmCounters, FaultConfig, PosFarm, Refusals, H_DUPLICATE,
-    H_IDEMPOTENCY_KEY, H_STALE_EPOCH,
+    DarkIntervals, Duplicates, FarmConfig, FarmCounters, FaultConfig, PosFarm, Refusals,
+    H_DUPLICATE, H_IDEMPOTENCY_KEY, H_STALE_EPOCH,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -386,6 +386,39 @@ async fn admin_endpoint_serves_counters_faults_and_reports() {
         "{body}"
     );
     assert_eq!(admin_call(addr, "GET", "/terminals/pos-1", "").await.0, 404);
+
+    // T0 was dropped: dark until it connects again, then one ended interval in /dark.
+    assert!(a.closed_within(Duration::from_secs(2)).await);
+    for _ in 0..100 {
+        if farm.counters().connections_open == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (_, body) = admin_call(addr, "GET", "/dark", "").await;
+    let dark: DarkIntervals = serde_json::from_str(&body).unwrap();
+    assert_eq!((dark.intervals.len(), dark.dark_now), (0, 1), "{body}");
+    assert_eq!(dark.not_yet_dialed, 3, "{body}");
+    let mut b = connect(&farm, T0).await.unwrap();
+    assert_eq!(status_of(&mut b, 4).await, StatusCode::OK);
+    let (status, body) = admin_call(addr, "GET", "/dark?since=0", "").await;
+    assert_eq!(status, 200);
+    let dark: DarkIntervals = serde_json::from_str(&body).unwrap();
+    assert_eq!(dark.intervals.len(), 1, "{body}");
+    let i = &dark.intervals[0];
+    assert_eq!(i.terminal, T0);
+    assert!(i.end_unix_ms >= i.start_unix_ms, "{body}");
+    assert_eq!((dark.summary.count, dark.summary.max), (1, i.ms()));
+    assert_eq!(
+        (dark.dark_now, dark.dropped, dark.incomplete),
+        (0, 0, false)
+    );
+    assert_eq!(dark, farm.dark_intervals(0));
+    let later = format!("/dark?since={}", i.end_unix_ms + 1);
+    let (_, body) = admin_call(addr, "GET", &later, "").await;
+    let dark: DarkIntervals = serde_json::from_str(&body).unwrap();
+    assert!(dark.intervals.is_empty(), "ended before since: {body}");
+    assert_eq!(admin_call(addr, "GET", "/dark?since=soon", "").await.0, 400);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

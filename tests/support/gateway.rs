@@ -4,13 +4,15 @@
 //! load harness's token, over a farm of simulated terminals; the overlap sampler of
 //! [`super::cluster`] watching every pod's serving table; and the load harness's
 //! open-loop push generator ([`open_loop`]: a fixed rate, a key of its own per push,
-//! retries with the same key through another entry pod) pointed at the pods.
+//! retries with the same key through another entry pod) pointed at the pods. Pods can be
+//! added (a join) and stopped gracefully (a leave) after the start.
 //!
 //! Not for: `posgate serve` processes ([`super::binary`]), pods without terminals
 //! ([`super::cluster`]), or judging a scenario (the test files do; the farm counts).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use posgate::core::{Epoch, PodId, ShardId};
 use posgate::pod::PodHandle;
@@ -48,6 +50,8 @@ pub struct Gateway {
     pub farm: Farm,
     pub pods: Vec<GatewayPod>,
     sampler: Sampler,
+    /// Pods started so far: names stay unique after a pod is stopped.
+    started: usize,
 }
 
 impl Gateway {
@@ -57,29 +61,16 @@ impl Gateway {
     pub async fn start(pods: usize, farm: FarmConfig, test: &str) -> Gateway {
         let redis = RedisServer::start();
         let farm = Farm::with_directory(&redis, farm).await;
-        let tokens = format!("{TENANT}:{TOKEN}");
-        let sampler = Sampler::start();
-        let mut started = Vec::new();
-        for i in 0..pods {
-            let name = format!("gw-pod-{i}");
-            let proxy = RedisProxy::start(redis.addr()).await.unwrap();
-            let (handle, url) =
-                pod::start_with_api(&name, &proxy.url(), &farm, DIAL_RATE, &tokens).await;
-            let id = PodId::new(&name).unwrap();
-            sampler.watch(id.clone(), handle.serving.clone());
-            started.push(GatewayPod {
-                id,
-                url,
-                proxy,
-                handle,
-            });
-        }
-        let gateway = Gateway {
+        let mut gateway = Gateway {
             redis,
             farm,
-            pods: started,
-            sampler,
+            pods: Vec::new(),
+            sampler: Sampler::start(),
+            started: 0,
         };
+        for _ in 0..pods {
+            gateway.add_pod().await;
+        }
         let took = wait_for(
             "every shard served once and every terminal current",
             connect_limit(),
@@ -92,6 +83,50 @@ impl Gateway {
             secs(took)
         );
         gateway
+    }
+
+    /// Starts one more pod (`gw-pod-<n>`, n counting every pod started) and watches its
+    /// serving table; returns at once, before it joined. Its index in `pods`.
+    pub async fn add_pod(&mut self) -> usize {
+        let name = format!("gw-pod-{}", self.started);
+        self.started += 1;
+        let tokens = format!("{TENANT}:{TOKEN}");
+        let proxy = RedisProxy::start(self.redis.addr()).await.unwrap();
+        let (handle, url) =
+            pod::start_with_api(&name, &proxy.url(), &self.farm, DIAL_RATE, &tokens).await;
+        let id = PodId::new(&name).unwrap();
+        self.sampler.watch(id.clone(), handle.serving.clone());
+        self.pods.push(GatewayPod {
+            id,
+            url,
+            proxy,
+            handle,
+        });
+        self.pods.len() - 1
+    }
+
+    /// Shuts pod `i` down gracefully (10 s at most) and takes it out of `pods`; the
+    /// overlap sampler keeps watching its serving table.
+    pub async fn stop_pod(&mut self, i: usize) -> PodId {
+        let mut gone = self.pods.remove(i);
+        gone.handle.shutdown();
+        tokio::time::timeout(Duration::from_secs(10), gone.handle.wait())
+            .await
+            .expect("graceful shutdown ends in time")
+            .unwrap();
+        gone.id
+    }
+
+    /// Every shard is served by exactly one pod, each pod serves its even share
+    /// (`floor` or `ceil` of shards / pods), and every terminal is current: a join or a
+    /// leave has been rebalanced.
+    pub fn balanced(&self) -> bool {
+        let n = self.pods.len().max(1);
+        let (lo, hi) = (SHARDS as usize / n, (SHARDS as usize).div_ceil(n));
+        self.pods
+            .iter()
+            .all(|p| (lo..=hi).contains(&pod::served(&p.handle).len()))
+            && self.current()
     }
 
     pub fn handles(&self) -> Vec<&PodHandle> {

@@ -1,4 +1,4 @@
-//! Turning raw observations into numbers: percentiles, shard moves, per-terminal session
+//! Turning raw observations into numbers: shard moves, per-terminal session
 //! gaps (from the simulators' connection events) and dial rates per pod.
 
 use std::collections::{BTreeMap, HashMap};
@@ -6,33 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde::Serialize;
 
 use super::{observe::Owners, pushgen::PushRecord, sims::TerminalView};
-
-/// Count, p50, p99 and max of a set of values.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Dist {
-    pub count: usize,
-    pub p50: u64,
-    pub p99: u64,
-    pub max: u64,
-}
-
-/// Nearest-rank percentiles.
-pub fn dist(mut values: Vec<u64>) -> Dist {
-    if values.is_empty() {
-        return Dist::default();
-    }
-    values.sort_unstable();
-    let at = |q: f64| {
-        let rank = ((q * values.len() as f64).ceil() as usize).clamp(1, values.len());
-        values[rank - 1]
-    };
-    Dist {
-        count: values.len(),
-        p50: at(0.50),
-        p99: at(0.99),
-        max: values[values.len() - 1],
-    }
-}
+use crate::dist::dist;
 
 /// Per shard, how many times its owner pod changed across the observations (in order),
 /// ignoring gaps where it had no owner.
@@ -277,12 +251,6 @@ mod tests {
             None,
             "wall clock behind: no jump"
         );
-    }
-
-    #[test]
-    fn percentiles() {
-        let d = dist((1..=100).collect());
-        assert_eq!((d.p50, d.p99, d.max), (50, 99, 100));
     }
 
     #[test]

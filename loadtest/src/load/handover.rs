@@ -10,11 +10,11 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::Serialize;
 
-use super::{
-    analysis::{dist, Dist},
-    observe::Sample,
+use super::observe::Sample;
+use crate::{
+    dist::{dist, Dist},
+    pos_sim::Refusal,
 };
-use crate::pos_sim::Refusal;
 
 /// One owner change of one shard.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

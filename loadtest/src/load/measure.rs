@@ -1,5 +1,6 @@
 //! Running one scenario under load and measuring it: counters, Redis stats and CPU before
-//! and after, the sampler and the push generator throughout, then the analysis into a
+//! and after, the sampler and the push generator throughout, the simulators' logs
+//! (refusals, duplicates, dark intervals) after, then the analysis into a
 //! [`ScenarioReport`].
 //!
 //! Session gaps come from the simulators' per-terminal connection events (the cheapest
@@ -8,12 +9,15 @@
 //! They are fetched for the terminals of shards whose owner changed (at most 5,000, a
 //! random sample beyond), and for up to 20,000 terminals at cold start (dial rates).
 
-use std::{collections::BTreeMap, time::Duration, time::Instant};
+use std::{
+    collections::{BTreeMap, HashSet},
+    time::{Duration, Instant},
+};
 
 use super::{
-    analysis::{self, dist},
+    analysis,
     cluster::{Cluster, SHARDS},
-    duplicates,
+    dark, duplicates,
     handover::{self, Verdict},
     observe::{Owners, Sample, Sampler, SAMPLE_EVERY},
     outage,
@@ -27,7 +31,10 @@ use super::{
     sims::Counters,
     unix_ms, upgrade, LoadError,
 };
-use crate::pos_sim::{Duplicate, Refusal, Refusals};
+use crate::{
+    dist::dist,
+    pos_sim::{Duplicate, Refusal, Refusals},
+};
 
 /// Most terminals whose reports are fetched for gaps in one scenario.
 const GAP_SAMPLE: usize = 5_000;
@@ -93,6 +100,7 @@ pub async fn run_scenario(c: &mut Cluster, sc: Scenario) -> Result<ScenarioRepor
     let samples = sampler.stop().await;
     let t1 = unix_ms();
     let refusals = c.sims.refusals().await;
+    let dark_log = c.sims.dark_intervals(t0).await;
     let dup_log = c.sims.duplicates().await;
     let after_owners = c.owners().await;
     let c1 = c.sims.counters().await?;
@@ -132,6 +140,11 @@ pub async fn run_scenario(c: &mut Cluster, sc: Scenario) -> Result<ScenarioRepor
             r.terminal_moves += terms.len() as u64 * u64::from(n);
             moved_terminals.extend_from_slice(terms);
         }
+    }
+    let moved_ids: HashSet<String> = moved_terminals.iter().map(|&n| c.sims.id(n)).collect();
+    match &dark_log {
+        Ok(log) => r.dark = dark::summarize(log, &moved_ids, t0, t1),
+        Err(e) => r.notes.push(format!("dark intervals not read: {e}")),
     }
 
     // Per-terminal gaps and dial rates.
@@ -402,6 +415,7 @@ fn checks(c: &Cluster, sc: Scenario, r: &mut ScenarioReport) {
     );
     upgrade::checks(r);
     outage::checks(r, sc);
+    dark::check(r, sc);
     match sc {
         Scenario::ScaleOut
         | Scenario::ScaleIn

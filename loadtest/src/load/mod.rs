@@ -14,6 +14,7 @@
 pub mod analysis;
 pub mod charts;
 pub mod cluster;
+pub mod dark;
 pub mod duplicates;
 mod error;
 pub mod handover;

@@ -11,10 +11,8 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::{
-    analysis::{dist, Dist},
-    pushgen::{Attempt, PushRecord},
-};
+use super::pushgen::{Attempt, PushRecord};
+use crate::dist::{dist, Dist};
 
 /// Pushes sent during a scenario and their outcomes. A push is one idempotency key; its
 /// attempts are the first send and the sender's retries (`pushgen`).

@@ -6,7 +6,8 @@ use std::{collections::BTreeMap, fmt::Write as _};
 use serde::Serialize;
 
 use super::{
-    analysis::{Dist, LatencyBucket},
+    analysis::LatencyBucket,
+    dark::DarkTime,
     duplicates::DuplicateSummary,
     handover::{HandoverSummary, StaleCheck, Verdict},
     observe::Sample,
@@ -15,6 +16,7 @@ use super::{
     redis::CommandStats,
     upgrade::{self, UpgradeReport},
 };
+use crate::dist::Dist;
 
 /// One pass/fail line: `gate` lines decide the exit code, the others are the issue's
 /// targets, reported but not enforced.
@@ -52,6 +54,9 @@ pub struct ScenarioReport {
     /// Per moved terminal: time without any connection (ms).
     pub gap_ms: Dist,
     pub gap_terminals_sampled: usize,
+    /// Every interval in which a moved terminal had no connection at all, terminal-side
+    /// (pos-sim's dark-interval logs): reported, never gated.
+    pub dark: DarkTime,
     pub still_without_session: usize,
     pub connections_opened: u64,
     pub connections_closed: u64,
@@ -136,17 +141,17 @@ pub fn markdown(header: &str, reports: &[ScenarioReport]) -> String {
     let _ = writeln!(md, "{header}\n");
     md.push_str(
         "| scenario | converged | moved (ideal) | gap p50/p99/max ms | handover gap p50/p99/max ms | \
-         raw ovl | session ovl | keys twice (defect) | dup inherent (by cause) | \
+         dark p50/p99/max ms (intervals) | raw ovl | session ovl | keys twice (defect) | dup inherent (by cause) | \
          stale refused | pushes sent | retried | 200 first/final | 200 in gated window first/final | \
          unanswered | latency p50/p99/max ms | max dials/s/pod | gate |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in reports {
         let ideal = r.ideal_moved.map_or("-".into(), |i| i.to_string());
         let dials = r.dial_rate_max_per_pod.values().max().copied().unwrap_or(0);
         let _ = writeln!(
             md,
-            "| {} | {} | {} ({}) | {}/{}/{} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2}%/{:.2}% | {} | {} (+{} entry pod faulted) | {}/{}/{} | {} | {} |",
+            "| {} | {} | {} ({}) | {}/{}/{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2}%/{:.2}% | {} | {} (+{} entry pod faulted) | {}/{}/{} | {} | {} |",
             r.name,
             opt(r.converged_after_s),
             r.terminals_moved,
@@ -155,6 +160,7 @@ pub fn markdown(header: &str, reports: &[ScenarioReport]) -> String {
             r.gap_ms.p99,
             r.gap_ms.max,
             handover_cell(&r.handover),
+            r.dark.cell(),
             r.raw_overlaps,
             r.session_overlaps,
             r.duplicates.keys_defect,
@@ -230,6 +236,7 @@ pub fn markdown(header: &str, reports: &[ScenarioReport]) -> String {
             d.keys, d.keys_inherent, d.keys_defect, d.keys_unexplained, d.repeats_by_cause
         );
         handover_lines(&mut md, r);
+        let _ = writeln!(md, "- {}", r.dark.figures());
         let _ = writeln!(
             md,
             "- dial rate max per pod over 1-s windows (limit {}/s): {:?}",
@@ -383,9 +390,13 @@ mod tests {
         assert!(md.contains("\n![kill: sessions per pod](kill/sessions-per-pod.png)\n"));
         assert!(md.contains("sampled every 250 ms"), "{md}");
         assert!(
-            md.contains("| 0/0/0 | - |"),
-            "no handover: a dash, not zeros"
+            md.contains("| 0/0/0 | - | - | 0 | 0 |"),
+            "no handover, no dark interval: dashes, not zeros; then the overlaps"
         );
+        r.dark.per_interval_ms = crate::dist::dist(vec![5, 7]);
+        let md = markdown("# run", std::slice::from_ref(&r));
+        assert!(md.contains("| - | 5/7/7 (2) | 0 | 0 |"), "{md}");
+        assert!(md.contains("\n- dark time per moved terminal "), "{md}");
         assert!(
             !md.contains("pushes first sent"),
             "no window, no window line"

@@ -1,6 +1,7 @@
 //! The `pos-sim` processes of a run: as many as the open-file limit needs (at most
 //! 12,500 terminals each, on distinct listener addresses), their merged terminal CSV and
-//! CA bundle, summed counters, and per-terminal reports.
+//! CA bundle, summed counters, merged logs (refusals, duplicates, dark intervals), and
+//! per-terminal reports.
 
 use std::{
     collections::BTreeMap,
@@ -13,7 +14,10 @@ use std::{
 use serde::Deserialize;
 use tokio::{process::Command, sync::Semaphore, task::JoinSet};
 
-use crate::pos_sim::{Duplicates, Refusals};
+use crate::{
+    dist::dist,
+    pos_sim::{DarkIntervals, Duplicates, Refusals},
+};
 
 use super::{
     http::{self, HttpClient},
@@ -220,6 +224,29 @@ impl SimFarm {
             all.dropped += one.dropped;
         }
         all.duplicates.sort_by_key(|d| d.this.at_unix_ms);
+        Ok(all)
+    }
+
+    /// Dark intervals of every simulator that ended at or after `since` (each keeps its
+    /// newest [`crate::pos_sim::DARK_KEPT`]), merged in the order they ended, summarised
+    /// again; `dropped` and the gauges are summed, `incomplete` if any one is.
+    pub async fn dark_intervals(&self, since: u64) -> Result<DarkIntervals, LoadError> {
+        let mut all = DarkIntervals {
+            since_unix_ms: since,
+            ..DarkIntervals::default()
+        };
+        for sim in &self.sims {
+            let url = format!("http://{}/dark?since={since}", sim.admin);
+            let one: DarkIntervals =
+                http::get_json(&self.client, &url, None, Duration::from_secs(30)).await?;
+            all.intervals.extend(one.intervals);
+            all.dropped += one.dropped;
+            all.incomplete |= one.incomplete;
+            all.dark_now += one.dark_now;
+            all.not_yet_dialed += one.not_yet_dialed;
+        }
+        all.intervals.sort_by_key(|i| i.end_unix_ms);
+        all.summary = dist(all.intervals.iter().map(|i| i.ms()).collect());
         Ok(all)
     }
 

@@ -2,6 +2,7 @@
 //!
 //! `GET /counters`, `GET /terminals/{id}`, `GET /refusals` (stale-epoch refusals with pod
 //! and time), `GET /duplicates` (keys accepted again, with the pods of both copies),
+//! `GET /dark?since=<unix_ms>` (dark intervals that ended since then, summarised),
 //! `GET /faults`, `POST /faults` (a whole
 //! [`FaultConfig`]), `POST /drop` (a [`DropRequest`]). It is for loopback use: no TLS, no
 //! authentication, and it never talks to terminals' clients.
@@ -105,10 +106,38 @@ async fn read_json<T: DeserializeOwned>(
     serde_json::from_slice(&body).map_err(|e| error(StatusCode::BAD_REQUEST, e.to_string()))
 }
 
+/// The `since` of `GET /dark?since=<unix_ms>`: 0 (everything kept) when absent; `Err`
+/// for anything but one unsigned integer.
+fn since_param(query: Option<&str>) -> Result<u64, String> {
+    let mut since = None;
+    for pair in query
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if name != "since" {
+            return Err(format!("unknown parameter {name:?}; only since=<unix_ms>"));
+        }
+        if since.is_some() {
+            return Err("since given twice".into());
+        }
+        let ms = value
+            .parse::<u64>()
+            .map_err(|_| format!("since={value:?} is not a unix time in ms"))?;
+        since = Some(ms);
+    }
+    Ok(since.unwrap_or(0))
+}
+
 async fn route(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>> {
     let path = req.uri().path().to_owned();
     match (req.method(), path.as_str()) {
         (&Method::GET, "/counters") => json(StatusCode::OK, &shared.counters()),
+        (&Method::GET, "/dark") => match since_param(req.uri().query()) {
+            Ok(since) => json(StatusCode::OK, &shared.dark_intervals(since)),
+            Err(why) => error(StatusCode::BAD_REQUEST, why),
+        },
         (&Method::GET, "/refusals") => json(StatusCode::OK, &shared.refusals.refusals()),
         (&Method::GET, "/duplicates") => json(StatusCode::OK, &shared.duplicates.duplicates()),
         (&Method::GET, "/faults") => json(StatusCode::OK, &*shared.faults()),
@@ -133,5 +162,29 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>>
             }
         }
         _ => error(StatusCode::NOT_FOUND, "no such endpoint"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::since_param;
+
+    #[test]
+    fn since_is_one_unsigned_integer_or_absent() {
+        assert_eq!(since_param(None), Ok(0));
+        assert_eq!(since_param(Some("")), Ok(0));
+        assert_eq!(
+            since_param(Some("since=1700000000123")),
+            Ok(1_700_000_000_123)
+        );
+        for bad in [
+            "since=-1",
+            "since=",
+            "since=1&since=2",
+            "from=1",
+            "since=1.5",
+        ] {
+            assert!(since_param(Some(bad)).is_err(), "{bad}");
+        }
     }
 }

@@ -1,24 +1,34 @@
-//! A bounded, shared log of records (stale-epoch refusals, duplicate deliveries): the
-//! newest [`CAPACITY`] kept, with a count of the older ones dropped, so a reader knows
-//! when what it reads is incomplete.
+//! A bounded, shared log of records (stale-epoch refusals, duplicate deliveries, dark
+//! intervals): the newest [`CAPACITY`] (or another capacity) kept, with a count of the
+//! older ones dropped, so a reader knows when what it reads is incomplete.
 //!
 //! Not a queue to drain: readers take snapshots, the log keeps its records.
 
-use std::sync::Mutex;
+use std::{collections::VecDeque, sync::Mutex};
 
-/// Most records kept per log; older ones are dropped (and counted).
+/// Most records kept per log unless it says otherwise; older ones are dropped (and
+/// counted).
 pub const CAPACITY: usize = 10_000;
 
 /// The kept records, oldest first, and how many older ones were dropped.
 #[derive(Debug)]
 pub(crate) struct BoundedLog<T> {
-    inner: Mutex<(Vec<T>, u64)>,
+    capacity: usize,
+    inner: Mutex<(VecDeque<T>, u64)>,
 }
 
 impl<T> Default for BoundedLog<T> {
     fn default() -> Self {
+        BoundedLog::with_capacity(CAPACITY)
+    }
+}
+
+impl<T> BoundedLog<T> {
+    /// A log keeping the newest `capacity` records (at least 1).
+    pub(crate) fn with_capacity(capacity: usize) -> Self {
         BoundedLog {
-            inner: Mutex::new((Vec::new(), 0)),
+            capacity: capacity.max(1),
+            inner: Mutex::new((VecDeque::new(), 0)),
         }
     }
 }
@@ -26,20 +36,18 @@ impl<T> Default for BoundedLog<T> {
 impl<T: Clone> BoundedLog<T> {
     pub(crate) fn record(&self, item: T) {
         let mut log = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        if log.0.len() >= CAPACITY {
-            // Draining the oldest half at once keeps the cost amortised O(1) per record
-            // while the snapshot stays a plain Vec (these records are rare: none in a
-            // healthy handover).
-            let drop = CAPACITY / 2;
-            log.0.drain(..drop);
-            log.1 += drop as u64;
+        if log.0.len() >= self.capacity {
+            // A ring: the oldest goes, O(1), and exactly the newest `capacity` stay.
+            log.0.pop_front();
+            log.1 += 1;
         }
-        log.0.push(item);
+        log.0.push_back(item);
     }
 
     /// The kept records, oldest first, and how many were dropped.
     pub(crate) fn snapshot(&self) -> (Vec<T>, u64) {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        let log = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        (log.0.iter().cloned().collect(), log.1)
     }
 }
 
@@ -54,9 +62,18 @@ mod tests {
             log.record(n);
         }
         let (kept, dropped) = log.snapshot();
-        assert_eq!(dropped, (CAPACITY / 2) as u64);
-        assert_eq!(kept.len() + dropped as usize, CAPACITY + 1);
-        assert_eq!(kept.first(), Some(&((CAPACITY / 2) as u64)));
+        assert_eq!(dropped, 1);
+        assert_eq!(kept.len(), CAPACITY);
+        assert_eq!(kept.first(), Some(&1));
         assert_eq!(kept.last(), Some(&(CAPACITY as u64)));
+    }
+
+    #[test]
+    fn another_capacity_is_respected() {
+        let log = BoundedLog::with_capacity(4);
+        for n in 0..7u64 {
+            log.record(n);
+        }
+        assert_eq!(log.snapshot(), (vec![3, 4, 5, 6], 3));
     }
 }

@@ -1,7 +1,7 @@
 //! The terminal side of one connection: TCP accept, faults, SNI routing, the TLS handshake,
 //! HTTP/2 serving of `POST /hello` and `POST <push path>` (answering a repeated key with
-//! the duplicate marker and logging it with the pods of both copies), and closing on
-//! request.
+//! the duplicate marker and logging it with the pods of both copies), logging the dark
+//! interval a new connection ends, and closing on request.
 //!
 //! Which terminal a connection belongs to is decided by the SNI of the ClientHello, read
 //! before the handshake completes, so unknown and offline terminals are refused without
@@ -106,9 +106,13 @@ async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr) {
     };
     let conn = shared.next_conn_id();
     let (ctl_tx, mut ctl) = watch::channel(CloseCmd::Keep);
-    shared
+    let ended = shared
         .terminal(index)
         .open(conn, peer, ctl_tx, &shared.counters);
+    if let Some(span) = ended {
+        // Logged outside the terminal's lock: the log is farm-wide.
+        shared.dark.ended(shared.number_of_index(index), span);
+    }
     let _guard = CloseGuard {
         shared: shared.clone(),
         index,

@@ -1,7 +1,7 @@
 //! Farm-wide counters: lock-free atomics bumped by the connection code, and the
 //! [`FarmCounters`] snapshot served as JSON (`GET /counters`, `counters.json`).
 //!
-//! The counters are totals since start (plus four gauges). They are what a load test
+//! The counters are totals since start (plus five gauges). They are what a load test
 //! asserts on; per-terminal details live in [`super::record`].
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -75,6 +75,12 @@ counters! {
     connections_open,
     /// Gauge: terminals with at least one open connection now.
     terminals_connected,
+    /// Gauge: terminals with no open connection now that had one before (dark; the
+    /// terminals never connected are neither this nor `terminals_connected`).
+    terminals_dark,
+    /// Dark intervals that ended: a connection opened while its terminal, connected
+    /// before, had none open (`GET /dark` lists them with their times).
+    dark_intervals,
     /// Connections that opened while the same terminal already had another open.
     raw_overlaps,
     /// Connections closed by the terminal on purpose (fault: drop, offline).

@@ -1,7 +1,8 @@
 //! POS terminal simulator: a [`PosFarm`] plays the terminal side of
 //! `docs/pos-protocol.md` for a range of terminals in one process, records what the pods do
 //! to them (connection overlaps, superseded sessions, stale epochs, duplicate deliveries,
-//! which it answers with the duplicate marker), and misbehaves on request (faults).
+//! which it answers with the duplicate marker, and the intervals each terminal spent with
+//! no connection at all), and misbehaves on request (faults).
 //!
 //! All terminals share a few TLS listeners and are told apart by SNI, so a farm costs about
 //! one file descriptor per connection. The farm does not dial anyone, does not persist
@@ -12,6 +13,7 @@ mod bounded;
 mod certs;
 mod conn;
 mod counters;
+mod dark;
 mod dedup;
 mod duplicates;
 mod error;
@@ -39,6 +41,7 @@ pub use admin::AdminServer;
 pub use bounded::CAPACITY as LOG_KEPT;
 pub use conn::{H_DUPLICATE, H_EPOCH, H_IDEMPOTENCY_KEY, H_POD, H_STALE_EPOCH, H_TERMINAL};
 pub use counters::FarmCounters;
+pub use dark::{DarkInterval, DarkIntervals, DARK_KEPT};
 pub use dedup::DedupWindow;
 pub use duplicates::{Delivery, Duplicate, Duplicates};
 pub use error::SimError;
@@ -48,6 +51,7 @@ pub use record::{ConnEvent, OpenConnReport, PushRecord, TerminalReport, Terminal
 pub use refusals::{Refusal, Refusals};
 
 use counters::Counters;
+use dark::DarkLog;
 use duplicates::DuplicateLog;
 use record::TerminalState;
 use refusals::RefusalLog;
@@ -142,6 +146,7 @@ pub(crate) struct Shared {
     counters: Counters,
     refusals: RefusalLog,
     duplicates: DuplicateLog,
+    dark: DarkLog,
     faults: RwLock<Arc<FaultConfig>>,
     tls: Arc<ServerConfig>,
     next_conn: AtomicU64,
@@ -204,6 +209,12 @@ impl Shared {
 
     fn counters(&self) -> FarmCounters {
         self.counters.snapshot(self.terminals.len() as u64)
+    }
+
+    fn dark_intervals(&self, since_unix_ms: u64) -> DarkIntervals {
+        let naming = &self.config.naming;
+        self.dark
+            .since(since_unix_ms, |n| naming.id(n), &self.counters())
     }
 
     fn report(&self, id: &str) -> Option<TerminalReport> {
@@ -307,6 +318,7 @@ impl PosFarm {
             counters: Counters::default(),
             refusals: RefusalLog::default(),
             duplicates: DuplicateLog::default(),
+            dark: DarkLog::new(),
             faults: RwLock::default(),
             tls: tls.server_config,
             next_conn: AtomicU64::new(1),
@@ -390,6 +402,12 @@ impl PosFarm {
         self.shared.duplicates.duplicates()
     }
 
+    /// The dark intervals kept (the newest [`DARK_KEPT`]) that ended at or after
+    /// `since_unix_ms`, summarised, with the terminals dark and never connected now.
+    pub fn dark_intervals(&self, since_unix_ms: u64) -> DarkIntervals {
+        self.shared.dark_intervals(since_unix_ms)
+    }
+
     /// The fault settings in force.
     pub fn faults(&self) -> FaultConfig {
         (*self.shared.faults()).clone()
@@ -407,9 +425,8 @@ impl PosFarm {
     }
 
     /// Serves `GET /counters`, `GET /terminals/{id}`, `GET /refusals`, `GET /duplicates`,
-    /// `GET|POST /faults`
-    /// and `POST /drop`
-    /// over plain HTTP/1 on `addr`.
+    /// `GET /dark?since=<unix_ms>`, `GET|POST /faults` and `POST /drop` over plain HTTP/1
+    /// on `addr`.
     pub async fn serve_admin(&self, addr: SocketAddr) -> Result<AdminServer, SimError> {
         AdminServer::start(self.shared.clone(), addr).await
     }

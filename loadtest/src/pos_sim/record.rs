@@ -1,7 +1,8 @@
 //! One terminal's state and bookkeeping: its open connections, the highest epoch it has
 //! seen, its current session, the idempotency keys it accepted within the dedup window
 //! (`dedup`, with the last delivery of each, so a repeat says who delivered the copy
-//! before it), and a short history.
+//! before it), since when it has been dark (no open connection, after it had one), and a
+//! short history.
 //!
 //! This is the protocol's decision core (hello and push rules of `docs/pos-protocol.md`):
 //! pure functions of the state, called with the terminal's lock held, with no I/O and no
@@ -19,6 +20,7 @@ use tokio::sync::watch;
 
 use super::{
     counters::Counters,
+    dark::Ended,
     dedup::{DedupWindow, KeyMemory, Seen},
     duplicates::Delivery,
 };
@@ -121,6 +123,7 @@ pub struct OpenConnReport {
 pub struct TerminalStats {
     pub connections_opened: u64,
     pub raw_overlaps: u64,
+    pub dark_intervals: u64,
     pub sessions_accepted: u64,
     pub session_overlaps: u64,
     pub max_session_overlap_ms: u64,
@@ -140,6 +143,8 @@ pub struct TerminalReport {
     pub addr: SocketAddr,
     pub offline: bool,
     pub highest_epoch: Option<u64>,
+    /// When its last open connection closed, if it has none open now but had one.
+    pub dark_since_unix_ms: Option<u64>,
     pub open_connections: Vec<OpenConnReport>,
     pub stats: TerminalStats,
     /// Last connection events, oldest first.
@@ -153,6 +158,9 @@ pub struct TerminalReport {
 pub(crate) struct TerminalState {
     highest_epoch: Option<u64>,
     open: BTreeMap<ConnId, OpenConn>,
+    /// When the last open connection closed; `None` while one is open and before the
+    /// first (a terminal never connected is not dark, it is not yet dialed).
+    dark_since_ms: Option<u64>,
     dedup: DedupWindow,
     keys: KeyMemory,
     history: VecDeque<ConnEvent>,
@@ -179,6 +187,7 @@ impl TerminalState {
         TerminalState {
             highest_epoch: None,
             open: BTreeMap::new(),
+            dark_since_ms: None,
             dedup,
             keys: KeyMemory::default(),
             history: VecDeque::new(),
@@ -187,24 +196,36 @@ impl TerminalState {
         }
     }
 
-    /// Records a new TLS connection; counts a raw overlap if another one is open.
+    /// Records a new TLS connection; counts a raw overlap if another one is open. Returns
+    /// the dark interval this open ended, if the terminal had been connected before and
+    /// had no connection open until now (for the farm's [`super::dark`] log).
     pub(crate) fn open(
         &mut self,
         conn: ConnId,
         peer: SocketAddr,
         ctl: watch::Sender<CloseCmd>,
         c: &Counters,
-    ) {
+    ) -> Option<Ended> {
         Counters::bump(&c.connections_opened);
         Counters::bump(&c.connections_open);
         self.stats.connections_opened += 1;
+        let opened_ms = unix_ms();
         if self.open.is_empty() {
             Counters::bump(&c.terminals_connected);
         } else {
             Counters::bump(&c.raw_overlaps);
             self.stats.raw_overlaps += 1;
         }
-        let opened_ms = unix_ms();
+        let ended = self.dark_since_ms.take().map(|since| {
+            Counters::drop_one(&c.terminals_dark);
+            Counters::bump(&c.dark_intervals);
+            self.stats.dark_intervals += 1;
+            Ended {
+                start_unix_ms: since,
+                // The wall clock may step back; an interval is never negative.
+                end_unix_ms: opened_ms.max(since),
+            }
+        });
         self.open.insert(
             conn,
             OpenConn {
@@ -221,6 +242,7 @@ impl TerminalState {
             at_unix_ms: opened_ms,
         };
         push_bounded(&mut self.history, event);
+        ended
     }
 
     /// Records the end of a connection; measures the session overlap if it was superseded.
@@ -230,8 +252,12 @@ impl TerminalState {
         };
         Counters::bump(&c.connections_closed);
         Counters::drop_one(&c.connections_open);
+        let closed_ms = unix_ms();
         if self.open.is_empty() {
+            // The last open connection: dark from now until the next one opens.
             Counters::drop_one(&c.terminals_connected);
+            Counters::bump(&c.terminals_dark);
+            self.dark_since_ms = Some(closed_ms);
         }
         if let Session::Superseded { since, .. } = entry.session {
             Counters::drop_one(&c.session_overlaps_open);
@@ -248,7 +274,7 @@ impl TerminalState {
             conn,
             peer: entry.peer,
             event: "closed",
-            at_unix_ms: unix_ms(),
+            at_unix_ms: closed_ms,
         };
         push_bounded(&mut self.history, event);
     }
@@ -385,6 +411,7 @@ impl TerminalState {
             addr,
             offline,
             highest_epoch: self.highest_epoch,
+            dark_since_unix_ms: self.dark_since_ms,
             open_connections,
             stats: self.stats.clone(),
             recent_connections: self.history.iter().cloned().collect(),

@@ -1,4 +1,5 @@
-//! The hello and push rules of [`super::TerminalState`], without sockets.
+//! The hello and push rules of [`super::TerminalState`] and the dark intervals it hands
+//! over, without sockets.
 
 use std::{
     net::SocketAddr,
@@ -151,4 +152,75 @@ fn a_repeat_is_a_duplicate_within_the_window_and_the_fence_comes_first() {
     let after = t0 + Duration::from_secs(600);
     assert_eq!(t.push(2, 8, "b", "k", after, &c), PushOutcome::Accepted);
     assert_eq!(c.duplicate_deliveries.load(Relaxed), 1);
+}
+
+/// Opens connection `id` and returns the dark interval the open ended (the receiver of
+/// its close commands is dropped: these tests only open and close).
+fn open_ending(t: &mut TerminalState, id: ConnId, c: &Counters) -> Option<Ended> {
+    let (tx, _rx) = watch::channel(CloseCmd::Keep);
+    t.open(id, peer(), tx, c)
+}
+
+#[test]
+fn a_dark_interval_runs_from_the_last_close_to_the_next_open() {
+    let (mut t, c) = (
+        TerminalState::new(DedupWindow::default()),
+        Counters::default(),
+    );
+    assert_eq!(
+        open_ending(&mut t, 1, &c),
+        None,
+        "a first connection ends nothing"
+    );
+    assert_eq!(
+        c.terminals_dark.load(Relaxed),
+        0,
+        "never connected is not dark"
+    );
+    t.close(1, Duration::from_secs(1), &c);
+    assert_eq!(c.terminals_dark.load(Relaxed), 1);
+    let since = t.dark_since_ms.expect("dark after the last close");
+    let dark = open_ending(&mut t, 2, &c).expect("the reconnect ends the dark interval");
+    assert_eq!(t.dark_since_ms, None);
+    assert_eq!(c.terminals_dark.load(Relaxed), 0);
+    assert_eq!(c.dark_intervals.load(Relaxed), 1);
+    let report = t.report("pos-1".into(), "pos-1.t".into(), peer(), false);
+    assert_eq!(report.stats.dark_intervals, 1);
+    assert_eq!(report.dark_since_unix_ms, None);
+    // The interval is exactly the close of connection 1 to the open of connection 2.
+    let at = |conn, event| {
+        report
+            .recent_connections
+            .iter()
+            .find(|e| e.conn == conn && e.event == event)
+            .map(|e| e.at_unix_ms)
+    };
+    assert_eq!(Some(dark.start_unix_ms), at(1, "closed"));
+    assert_eq!(dark.start_unix_ms, since);
+    assert_eq!(Some(dark.end_unix_ms), at(2, "opened"));
+}
+
+#[test]
+fn overlapping_connections_leave_no_dark_time() {
+    let (mut t, c) = (
+        TerminalState::new(DedupWindow::default()),
+        Counters::default(),
+    );
+    open_ending(&mut t, 1, &c);
+    // Make before break: the second opens before the first closes.
+    assert_eq!(open_ending(&mut t, 2, &c), None);
+    t.close(1, Duration::from_secs(1), &c);
+    assert_eq!(t.dark_since_ms, None, "one connection still open");
+    assert_eq!(c.terminals_dark.load(Relaxed), 0);
+    assert_eq!(
+        open_ending(&mut t, 3, &c),
+        None,
+        "never dark, nothing ended"
+    );
+    t.close(2, Duration::from_secs(1), &c);
+    t.close(3, Duration::from_secs(1), &c);
+    assert!(t.dark_since_ms.is_some(), "both closed: dark");
+    assert!(open_ending(&mut t, 4, &c).is_some());
+    assert_eq!(c.dark_intervals.load(Relaxed), 1);
+    assert_eq!(c.raw_overlaps.load(Relaxed), 2);
 }

@@ -1,0 +1,125 @@
+//! Dark time per moved terminal (issue 15), measured terminal-side, as planned moves cost
+//! it today: three whole pods (in process, `support::gateway`) over 600 simulated
+//! terminals settle, then (a) a fourth pod joins and the shards rebalance, then (b) one
+//! of the original pods shuts down gracefully. For each step the farm's dark-interval log
+//! (`PosFarm::dark_intervals`) says how long each moved terminal had no connection at all;
+//! count, p50, p99 and max are printed (`--nocapture`) as the "before" of issue 15.
+//!
+//! Asserts behaviour only, never a time: every terminal of a moved shard went dark and
+//! came back (an interval that ended, none still dark), no terminal of a shard that kept
+//! its owner went dark, no raw overlap (so a move is always close-then-dial), and no shard
+//! served by two pods at once.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
+
+use posgate::core::shard::shard_of;
+use posgate::core::{Epoch, PodId, ShardId};
+use posgate_loadtest::load::unix_ms;
+use posgate_loadtest::pos_sim::DarkInterval;
+
+use crate::support::farm::{self, connect_limit};
+use crate::support::gateway::{moved, Gateway};
+use crate::support::pod::SHARDS;
+use crate::support::wait::{secs, wait_for};
+
+const TERMINALS: u64 = 600;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_join_and_a_graceful_leave_darken_exactly_the_moved_terminals() {
+    let test = "dark-time";
+    let mut gw = Gateway::start(3, farm::config(TERMINALS), test).await;
+    wait_for("3 pods balanced", connect_limit(), || gw.balanced()).await;
+
+    let step = Step::begin(&gw);
+    let joined = gw.add_pod().await;
+    wait_for("the join rebalanced", connect_limit(), || gw.balanced()).await;
+    let what = format!("join ({} started)", gw.pods[joined].id);
+    step.measure(&gw, test, &what);
+
+    let step = Step::begin(&gw);
+    let left = gw.stop_pod(0).await;
+    wait_for("the leave rebalanced", connect_limit(), || gw.balanced()).await;
+    step.measure(&gw, test, &format!("leave ({left} shut down gracefully)"));
+
+    gw.assert_no_overlap(test);
+}
+
+/// What a step starts from.
+struct Step {
+    started: Instant,
+    since_unix_ms: u64,
+    owners: BTreeMap<ShardId, (PodId, Epoch)>,
+    raw_overlaps: u64,
+}
+
+impl Step {
+    fn begin(gw: &Gateway) -> Step {
+        Step {
+            started: Instant::now(),
+            since_unix_ms: unix_ms(),
+            owners: gw.owners(),
+            raw_overlaps: gw.farm.counters().raw_overlaps,
+        }
+    }
+
+    /// Prints the dark time per moved terminal since the step began and asserts what a
+    /// planned move must do to the terminals.
+    fn measure(&self, gw: &Gateway, test: &str, what: &str) {
+        let shards: BTreeSet<ShardId> = moved(&self.owners, &gw.owners()).into_iter().collect();
+        let is_moved = |id: &str| shards.contains(&shard_of(id, SHARDS));
+        let dark = gw.farm.dark_intervals(self.since_unix_ms);
+        let (of_moved, of_unmoved): (Vec<&DarkInterval>, Vec<&DarkInterval>) =
+            dark.intervals.iter().partition(|i| is_moved(&i.terminal));
+        let moved_ids: BTreeSet<&str> = gw
+            .farm
+            .ids
+            .iter()
+            .map(String::as_str)
+            .filter(|id| is_moved(id))
+            .collect();
+        let went_dark: BTreeSet<&str> = of_moved.iter().map(|i| i.terminal.as_str()).collect();
+        let ms = posgate_loadtest::dist::dist(of_moved.iter().map(|i| i.ms()).collect());
+        let raw = gw.farm.counters().raw_overlaps - self.raw_overlaps;
+        eprintln!(
+            "[{test}] {what}: rebalanced, every terminal current, after {:.3} s; {} shards \
+             moved ({} terminals); dark time per moved terminal: \
+             {} intervals on {} terminals, p50 {} ms, p99 {} ms, max {} ms; {} intervals of \
+             terminals not moved; {} terminals dark now; raw overlaps {raw}",
+            secs(self.started.elapsed()),
+            shards.len(),
+            moved_ids.len(),
+            ms.count,
+            went_dark.len(),
+            ms.p50,
+            ms.p99,
+            ms.max,
+            of_unmoved.len(),
+            dark.dark_now
+        );
+        assert!(!shards.is_empty(), "{what}: no shard moved");
+        assert!(!dark.incomplete, "{what}: the farm dropped intervals");
+        assert_eq!(
+            dark.dark_now, 0,
+            "{what}: terminals left without a connection"
+        );
+        let not_dark: Vec<&&str> = moved_ids.difference(&went_dark).collect();
+        assert!(
+            not_dark.is_empty(),
+            "{what}: moved terminals with no dark interval (a new connection before the \
+             old one closed?): {not_dark:?}"
+        );
+        for i in &dark.intervals {
+            assert!(
+                i.start_unix_ms <= i.end_unix_ms && i.end_unix_ms >= self.since_unix_ms,
+                "{what}: {i:?}"
+            );
+        }
+        assert!(
+            of_unmoved.is_empty(),
+            "{what}: terminals whose shard kept its owner went dark: {:?}",
+            &of_unmoved[..of_unmoved.len().min(5)]
+        );
+        assert_eq!(raw, 0, "{what}: raw overlaps");
+    }
+}
