@@ -135,22 +135,12 @@ impl IdempotencyCache {
                 Outcome::Done(answer) => Reserve::Replay(answer.clone()),
             };
         }
-        while cache.entries.len() >= self.capacity {
-            if !cache.evict_oldest() {
-                break;
-            }
-        }
-        let serial = cache.next_serial;
-        cache.next_serial += 1;
-        cache.order.push_back((k.clone(), serial));
-        cache.entries.insert(
+        let serial = cache.insert(
             k.clone(),
-            Entry {
-                digest,
-                slot: Outcome::InFlight,
-                expires: now + self.ttl,
-                serial,
-            },
+            digest,
+            Outcome::InFlight,
+            now + self.ttl,
+            self.capacity,
         );
         Reserve::Reserved(Reservation {
             cache: self.clone(),
@@ -203,21 +193,9 @@ impl IdempotencyCache {
             if entry.ttl_left.is_zero() || cache.entries.contains_key(&k) {
                 continue;
             }
-            while cache.entries.len() >= self.capacity {
-                if !cache.evict_oldest() {
-                    break;
-                }
-            }
-            let serial = cache.next_serial;
-            cache.next_serial += 1;
-            cache.order.push_back((k.clone(), serial));
-            let entry = Entry {
-                digest: entry.digest,
-                slot: Outcome::Done(entry.answer),
-                expires: now + entry.ttl_left.min(self.ttl),
-                serial,
-            };
-            cache.entries.insert(k, entry);
+            let expires = now + entry.ttl_left.min(self.ttl);
+            let answered = Outcome::Done(entry.answer);
+            cache.insert(k, entry.digest, answered, expires, self.capacity);
             taken += 1;
         }
         taken
@@ -234,6 +212,34 @@ impl IdempotencyCache {
 }
 
 impl Cache {
+    /// Stores a new entry for `k` (which must be absent), after evicting the oldest
+    /// while the cache holds `capacity`; returns its serial.
+    fn insert(
+        &mut self,
+        k: Key,
+        digest: [u8; 32],
+        slot: Outcome,
+        expires: Instant,
+        capacity: usize,
+    ) -> u64 {
+        while self.entries.len() >= capacity {
+            if !self.evict_oldest() {
+                break;
+            }
+        }
+        let serial = self.next_serial;
+        self.next_serial += 1;
+        self.order.push_back((k.clone(), serial));
+        let entry = Entry {
+            digest,
+            slot,
+            expires,
+            serial,
+        };
+        self.entries.insert(k, entry);
+        serial
+    }
+
     fn expire(&mut self, now: Instant) {
         while let Some((key, serial)) = self.order.front() {
             match self.entries.get(key) {

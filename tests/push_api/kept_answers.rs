@@ -8,8 +8,8 @@ use std::time::Duration;
 use http::StatusCode;
 use posgate::push::PushSettings;
 
-use super::{acme, Cluster};
-use crate::support::api::{self, client, push, Push};
+use super::{acme_keyed, Cluster};
+use crate::support::api::{self, client, push};
 use crate::support::pod;
 use crate::support::wait::wait_for;
 
@@ -20,10 +20,7 @@ async fn a_key_retried_across_a_planned_move_is_answered_from_the_kept_answers()
     let mut c = Cluster::start(2, 50, &[], PushSettings::default()).await;
     let http = client();
     let t = c.ids()[0].clone();
-    let keyed = || Push {
-        key: Some(KEY),
-        ..acme()
-    };
+    let keyed = || acme_keyed(KEY);
     let owner = c.owner_index(&t);
     let other = 1 - owner;
     let (status, _, first) = push(&http, &c.urls[other], &t, keyed()).await;

@@ -183,6 +183,14 @@ fn acme() -> Push<'static> {
     Push::new(ACME)
 }
 
+/// An `acme` push with idempotency key `key`.
+fn acme_keyed(key: &str) -> Push<'_> {
+    Push {
+        key: Some(key),
+        ..acme()
+    }
+}
+
 fn error_of(body: &Value) -> &str {
     body["error"].as_str().unwrap_or("<none>")
 }

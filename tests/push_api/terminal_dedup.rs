@@ -8,8 +8,8 @@ use std::time::Duration;
 use http::StatusCode;
 use posgate::push::PushSettings;
 
-use super::{acme, start_pod, Cluster};
-use crate::support::api::{self, client, push, Push};
+use super::{acme_keyed, start_pod, Cluster};
+use crate::support::api::{self, client, push};
 use crate::support::wait::wait_for;
 
 const KEY: &str = "order-dup";
@@ -19,10 +19,7 @@ async fn a_key_retried_after_the_owner_crashed_is_answered_as_a_duplicate() {
     let mut c = Cluster::start(2, 50, &[], PushSettings::default()).await;
     let http = client();
     let t = c.ids()[0].clone();
-    let keyed = || Push {
-        key: Some(KEY),
-        ..acme()
-    };
+    let keyed = || acme_keyed(KEY);
 
     // First attempt, through the pod that does not own the terminal: delivered, new.
     let owner = c.owner_index(&t);
