@@ -34,7 +34,7 @@ use crate::peer::{PeerClient, PeerReceiver, PeerTls};
 use crate::pos::dialer::{Dialer, DialerConfig};
 use crate::pos::manager::{ConnectionManager, ManagerConfig};
 use crate::pos::tls;
-use crate::push::handoff::{self, Handoffs, HANDOFF_LINGER};
+use crate::push::handoff::{self, HandoffHook, Handoffs, HANDOFF_LINGER};
 use crate::push::{NoTerminals, PushService, Sessions};
 pub use crate::reload::Reloader;
 use crate::serving::{NoSessions, SessionStats};
@@ -118,15 +118,7 @@ impl Pod {
     ) -> Result<PodHandle, PodError> {
         let store = Arc::new(store);
         let metrics = Arc::new(Metrics::new());
-        let credentials = config.credentials();
-        let (handoff, handoffs) = handoff::channel();
-        let driver = Driver::new(
-            config.driver(),
-            credentials.clone(),
-            store.clone(),
-            (hook, handoff),
-            metrics.clone(),
-        )?;
+        let (driver, handoffs, credentials) = driver(&config, &store, hook, &metrics)?;
         let (server_cert, peer_tls) = tls_parts(&config)?;
         let parts = Parts {
             credentials,
@@ -190,16 +182,8 @@ impl Pod {
         let manager = ConnectionManager::new(directory, dialer.clone(), manager_config, stale_tx);
         let sessions = Arc::new(manager.clone());
         let stats = Arc::new(manager.clone());
-        let credentials = config.credentials();
-        let (handoff, handoffs) = handoff::channel();
-        let driver = Driver::new(
-            config.driver(),
-            credentials.clone(),
-            store.clone(),
-            (manager, handoff),
-            metrics.clone(),
-        )?
-        .with_stale_epochs(stale_rx);
+        let (driver, handoffs, credentials) = driver(&config, &store, manager, &metrics)?;
+        let driver = driver.with_stale_epochs(stale_rx);
         let (server_cert, peer_tls) = tls_parts(&config)?;
         let parts = Parts {
             credentials,
@@ -213,6 +197,30 @@ impl Pod {
         };
         spawn_pod(&config, driver, store, listener, parts)
     }
+}
+
+/// A pod's driver: it tells `hook` and the push layer's handoff hook about serving
+/// transitions.
+type PodDriver<S, H> = Driver<S, (H, HandoffHook)>;
+
+/// The pod's [`PodDriver`], the handoff hook's other end, and the credentials it signs
+/// with.
+fn driver<S: CoordStore, H: ServingHook>(
+    config: &PodConfig,
+    store: &Arc<S>,
+    hook: H,
+    metrics: &Arc<Metrics>,
+) -> Result<(PodDriver<S, H>, Handoffs, Credentials), PodError> {
+    let credentials = config.credentials();
+    let (handoff, handoffs) = handoff::channel();
+    let driver = Driver::new(
+        config.driver(),
+        credentials.clone(),
+        store.clone(),
+        (hook, handoff),
+        metrics.clone(),
+    )?;
+    Ok((driver, handoffs, credentials))
 }
 
 /// The listener's certificate (`None`: plain HTTP) and the peer client's TLS config, read
