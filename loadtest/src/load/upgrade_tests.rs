@@ -180,7 +180,10 @@ fn step(legacy: u64, refused: &[(&str, u64)]) -> Step {
     }
 }
 
-fn checked(mixed_end: Step, end: &[(&str, u64)]) -> Vec<(bool, bool)> {
+/// The checks' (gate, pass) for an upgrade whose last step ends the mixed phase with
+/// `mixed_end`, with `end` refusals at the end and `across` pushes forwarded between
+/// the releases.
+fn checked(mixed_end: Step, end: &[(&str, u64)], across: usize) -> Vec<(bool, bool)> {
     let mut r = ScenarioReport {
         upgrade: Some(UpgradeReport {
             end: PeerCounters {
@@ -188,6 +191,10 @@ fn checked(mixed_end: Step, end: &[(&str, u64)]) -> Vec<(bool, bool)> {
                 refused: end.iter().map(|(r, n)| (r.to_string(), *n)).collect(),
             },
             steps: vec![step(0, &[]), mixed_end],
+            mixed: MixedPushes {
+                across_releases: across,
+                ..MixedPushes::default()
+            },
             ..UpgradeReport::default()
         }),
         ..ScenarioReport::default()
@@ -197,18 +204,26 @@ fn checked(mixed_end: Step, end: &[(&str, u64)]) -> Vec<(bool, bool)> {
 }
 
 #[test]
-fn the_gate_needs_legacy_requests_by_the_end_of_the_mixed_phase() {
-    // Gate: legacy accepted at the last step; target: refusals.
-    assert_eq!(checked(step(3, &[]), &[]), [(true, true), (false, true)]);
-    assert_eq!(checked(step(0, &[]), &[]), [(true, false), (false, true)]);
+fn the_gate_needs_pushes_forwarded_between_the_releases() {
+    // Gate: pushes forwarded across the releases, whether or not the old release spoke
+    // protocol 1 (legacy requests); target: refusals.
+    assert_eq!(checked(step(3, &[]), &[], 5), [(true, true), (false, true)]);
+    assert_eq!(checked(step(0, &[]), &[], 5), [(true, true), (false, true)]);
+    assert_eq!(
+        checked(step(3, &[]), &[], 0),
+        [(true, false), (false, true)]
+    );
     // legacy_refused after the last old pod left is expected; during it is not.
     let after = [("legacy_refused", 2)];
-    assert_eq!(checked(step(3, &[]), &after), [(true, true), (false, true)]);
+    assert_eq!(
+        checked(step(3, &[]), &after, 5),
+        [(true, true), (false, true)]
+    );
     let during = step(3, &[("legacy_refused", 1)]);
-    assert_eq!(checked(during, &after), [(true, true), (false, false)]);
+    assert_eq!(checked(during, &after, 5), [(true, true), (false, false)]);
     let other = [("bad_signature", 1)];
     assert_eq!(
-        checked(step(3, &[]), &other),
+        checked(step(3, &[]), &other, 5),
         [(true, true), (false, false)]
     );
     // No upgrade part: no checks.
