@@ -239,18 +239,20 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
             Action::ProbePeers { peers } => ops::probe_peers(self.peers.clone(), peers),
             Action::StartServing { shard, epoch } => {
                 let me = self.rec.pod();
-                let from = self.rec.leases()[shard as usize].as_ref().map(|l| &l.owner);
+                // Where it comes from: the last other pod seen holding it (by now its
+                // lease is usually released, so the current view shows no holder).
+                let from = self.rec.last_holder(shard);
                 match self.slots[shard as usize] {
                     Slot::Parked { epoch: held } if held == epoch => {
                         info!(shard, epoch, "shard serving resumed")
                     }
                     Slot::Idle => {
                         info!(
-                            shard, epoch, from = %name(from), to = %me, reason = %"acquired",
-                            "shard ownership changed"
+                            shard, epoch, from = %name(from.map(|m| &m.pod)), to = %me,
+                            reason = %"acquired", "shard ownership changed"
                         );
-                        if let Some(last) = self.rec.last_holder(shard) {
-                            self.hook.taken_over(shard, epoch, last);
+                        if let Some(from) = from {
+                            self.hook.taken_over(shard, epoch, from);
                         }
                     }
                     Slot::Serving { .. } | Slot::Held { .. } | Slot::Parked { .. } => info!(

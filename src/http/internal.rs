@@ -20,7 +20,7 @@ use std::time::{Instant, SystemTime};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Request, State};
-use axum::http::{request::Parts, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, request::Parts, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -301,7 +301,8 @@ pub(super) async fn kept_answers(
 ) -> Response {
     match shard.parse::<ShardId>() {
         Ok(shard) if shard < state.push.shards() => {
-            Json(state.push.kept_answers(shard)).into_response()
+            let json = [(header::CONTENT_TYPE, "application/json")];
+            (json, state.push.kept_answers(shard)).into_response()
         }
         _ => bad_forward("invalid shard"),
     }

@@ -149,6 +149,33 @@ pub struct KeptAnswer {
 }
 
 impl HandedOver {
+    /// The answer for `shard` with `keys` (newest first), each serialised once and added
+    /// while the whole stays within [`MAX_HANDED_OVER_BYTES`]; `truncated` when a key was
+    /// left out, or when the sender already `capped` what it offers.
+    pub fn encode(shard: ShardId, keys: impl Iterator<Item = KeptAnswer>, capped: bool) -> Vec<u8> {
+        // Room for the envelope around the keys.
+        let room = MAX_HANDED_OVER_BYTES - 128;
+        let mut list = Vec::from(&b"["[..]);
+        let mut truncated = capped;
+        for key in keys {
+            let json = serde_json::to_vec(&key).expect("a kept answer serialises");
+            if list.len() + json.len() + 1 > room {
+                truncated = true;
+                break;
+            }
+            if list.len() > 1 {
+                list.push(b',');
+            }
+            list.extend_from_slice(&json);
+        }
+        list.push(b']');
+        let head = format!("{{\"shard\":{shard},\"truncated\":{truncated},\"keys\":");
+        let mut out = head.into_bytes();
+        out.extend_from_slice(&list);
+        out.push(b'}');
+        out
+    }
+
     /// The answer `body` from a peer asked for `shard`, every key checked: it must be
     /// for a terminal of that shard (`shard_of`), with a valid id, key, digest, status
     /// and a bounded body. One bad key refuses the whole answer: a peer that lies about
@@ -234,6 +261,42 @@ mod tests {
             assert!(HandedOver::decode(&bytes, 0, shard_of).is_err(), "case {i}");
         }
         assert!(HandedOver::decode(b"{", 0, shard_of).is_err());
+    }
+
+    #[test]
+    fn kept_answers_encode_within_the_bound_newest_first() {
+        let shard_of = |_: &str| 0;
+        let keys = || (0..3).map(|i| kept(&format!("pos-{i}")));
+        let all = HandedOver::encode(0, keys(), false);
+        let got = HandedOver::decode(&all, 0, shard_of).unwrap();
+        let terminals: Vec<&str> = got.keys.iter().map(|k| k.terminal.as_str()).collect();
+        assert_eq!(
+            (terminals, got.truncated),
+            (vec!["pos-0", "pos-1", "pos-2"], false)
+        );
+        let capped = HandedOver::decode(&HandedOver::encode(0, keys(), true), 0, shard_of);
+        assert!(capped.unwrap().truncated);
+        assert_eq!(
+            HandedOver::decode(
+                &HandedOver::encode(0, std::iter::empty(), false),
+                0,
+                shard_of
+            ),
+            Ok(HandedOver {
+                shard: 0,
+                keys: vec![],
+                truncated: false
+            })
+        );
+        // Keys of 1 MiB bodies: only what fits in the bound goes, and it says so.
+        let big = |i| KeptAnswer {
+            body: "x".repeat(1024 * 1024),
+            ..kept(&format!("pos-{i}"))
+        };
+        let bytes = HandedOver::encode(0, (0..8).map(big), false);
+        assert!(bytes.len() <= MAX_HANDED_OVER_BYTES);
+        let handed: HandedOver = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!((handed.keys.len(), handed.truncated), (3, true));
     }
 
     fn push() -> ForwardedPush {

@@ -14,8 +14,8 @@
 //! release (it answers `404`), or its answer refused as malformed — the shard is served
 //! without its answers, and a retry reaches the terminal, which deduplicates it by key
 //! (`docs/pos-protocol.md` §5): the answer is then `200` with `"duplicate": true`. The
-//! same holds past the transfer's bound ([`MAX_HANDED_OVER_BYTES`], the newest keys
-//! first) and for a push that completed at the old owner after the answers were taken.
+//! same holds past the transfer's bound (`peer::wire::MAX_HANDED_OVER_BYTES`, the
+//! newest keys first) and for a push that completed at the old owner after the answers were taken.
 //! Each handoff counts in `posgate_kept_answers_handoffs_total{outcome}`.
 //!
 //! Not for: the cache's rules (`idempotency`), or the transport (`crate::peer`).
@@ -38,7 +38,7 @@ use crate::core::reconciler::StopReason;
 use crate::core::shard::shard_of;
 use crate::core::{Epoch, ShardId};
 use crate::credentials::Tenant;
-use crate::peer::wire::{HandedOver, KeptAnswer, MAX_HANDED_OVER_BYTES};
+use crate::peer::wire::{HandedOver, KeptAnswer};
 use crate::peer::{PeerError, PeerTarget};
 use crate::serving::ServingHook;
 
@@ -152,6 +152,10 @@ impl PushService {
 
     /// Waits, until `until` at the latest, for the answers of `shard` to be in.
     pub(super) async fn kept_answers_in(&self, shard: ShardId, until: Instant) {
+        // Every push passes here; almost none finds its shard being taken over.
+        if !self.fetching.borrow().contains_key(&shard) {
+            return;
+        }
         let mut fetching = self.fetching.clone();
         let done = fetching.wait_for(|f| !f.contains_key(&shard));
         let _ = tokio::time::timeout_at(until.into(), done).await;
@@ -207,40 +211,25 @@ impl PushService {
         self.cache.is_empty()
     }
 
-    /// This pod's kept answers for `shard`, newest first, within the transfer's bounds.
-    pub fn kept_answers(&self, shard: ShardId) -> HandedOver {
+    /// This pod's kept answers for `shard`, newest first, encoded within the transfer's
+    /// bounds ([`HandedOver::encode`]).
+    pub fn kept_answers(&self, shard: ShardId) -> Vec<u8> {
         let kept = self.cache.export(
             |t| shard_of(t, self.shards) == shard,
             MAX_HANDED_OVER_KEYS,
             now(),
         );
-        let mut keys = Vec::new();
-        // Room for the envelope; each key's JSON size plus its comma.
-        let mut room = MAX_HANDED_OVER_BYTES - 256;
-        let mut truncated = kept.len() == MAX_HANDED_OVER_KEYS;
-        for k in kept {
-            let wire = KeptAnswer {
-                tenant: k.tenant.0,
-                terminal: k.terminal,
-                key: k.key,
-                digest: hex::encode(k.digest),
-                status: k.answer.status.as_u16(),
-                body: String::from_utf8_lossy(&k.answer.body).into_owned(),
-                ttl_left_ms: k.ttl_left.as_millis() as u64,
-            };
-            let size = serde_json::to_vec(&wire).map_or(usize::MAX, |v| v.len() + 1);
-            if size > room {
-                truncated = true;
-                break;
-            }
-            room -= size;
-            keys.push(wire);
-        }
-        HandedOver {
-            shard,
-            keys,
-            truncated,
-        }
+        let capped = kept.len() == MAX_HANDED_OVER_KEYS;
+        let keys = kept.into_iter().map(|k| KeptAnswer {
+            tenant: k.tenant.0,
+            terminal: k.terminal,
+            key: k.key,
+            digest: hex::encode(k.digest),
+            status: k.answer.status.as_u16(),
+            body: String::from_utf8_lossy(&k.answer.body).into_owned(),
+            ttl_left_ms: k.ttl_left.as_millis() as u64,
+        });
+        HandedOver::encode(shard, keys, capped)
     }
 }
 

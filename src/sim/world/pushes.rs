@@ -300,7 +300,7 @@ impl World<'_> {
             return Ok(());
         };
         let now = self.local(pod);
-        let (terminal, key_name) = (format!("term-{shard}"), format!("k{key}"));
+        let (terminal, key_name) = (terminal_of(shard), key_name(key));
         let tenant = Tenant("sim".into());
         let reserved = self.pods[pod]
             .cache
@@ -339,7 +339,7 @@ impl World<'_> {
         if !self.pods[from].alive || self.pods[from].paused_until.is_some() {
             return;
         }
-        let terminal = format!("term-{shard}");
+        let terminal = terminal_of(shard);
         let kept = self.pods[from]
             .cache
             .export(|t| t == terminal, usize::MAX, self.local(from));
@@ -387,8 +387,8 @@ impl World<'_> {
         let f = &self.flights[flight];
         let shard = self.callers[f.key].shard;
         Answer::delivered(&Delivered {
-            terminal: format!("term-{shard}"),
-            idempotency_key: format!("k{}", f.key),
+            terminal: terminal_of(shard),
+            idempotency_key: key_name(f.key),
             pod: self.pods[pod].id.clone(),
             shard,
             epoch,
@@ -397,4 +397,14 @@ impl World<'_> {
             duplicate: false,
         })
     }
+}
+
+/// The one terminal the simulation gives a shard, as the idempotency cache names it.
+fn terminal_of(shard: ShardId) -> String {
+    format!("term-{shard}")
+}
+
+/// A caller's key as the idempotency cache names it.
+fn key_name(key: usize) -> String {
+    format!("k{key}")
 }
