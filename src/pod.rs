@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::{JoinError, JoinHandle};
 use tracing::{info, warn, Instrument};
 
-use crate::config::PodConfig;
+use crate::config::{PodConfig, MAX_DRAIN_BUDGET};
 use crate::core::config::InvalidTimings;
 use crate::credentials::Credentials;
 use crate::driver::Driver;
@@ -32,9 +32,12 @@ use crate::http::{self, HttpState, ReadyLatch};
 use crate::metrics::{sampler, Metrics};
 use crate::peer::{PeerClient, PeerReceiver, PeerTls};
 use crate::pos::dialer::{Dialer, DialerConfig};
+use crate::pos::handover::WalkConfig;
 use crate::pos::manager::{ConnectionManager, ManagerConfig};
 use crate::pos::tls;
-use crate::push::handoff::{self, HandoffHook, Handoffs, HANDOFF_LINGER};
+use crate::push::handoff::{
+    self, HandoffHook, Handoffs, PeerPredecessor, HANDOFF_LINGER, RELEASE_TIMEOUT,
+};
 use crate::push::{NoTerminals, PushService, Sessions};
 pub use crate::reload::Reloader;
 use crate::serving::{NoSessions, SessionStats};
@@ -118,7 +121,8 @@ impl Pod {
     ) -> Result<PodHandle, PodError> {
         let store = Arc::new(store);
         let metrics = Arc::new(Metrics::new());
-        let (driver, handoffs, credentials) = driver(&config, &store, hook, &metrics)?;
+        let credentials = config.credentials();
+        let (driver, handoffs) = driver(&config, &store, hook, &credentials, &metrics)?;
         let (server_cert, peer_tls) = tls_parts(&config)?;
         let parts = Parts {
             credentials,
@@ -168,6 +172,19 @@ impl Pod {
             keepalive: pos.keepalive,
         });
         let metrics = Arc::new(Metrics::new());
+        let credentials = config.credentials();
+        let (server_cert, peer_tls) = tls_parts(&config)?;
+        // Planned moves per terminal (`pos::handover`), unless `--drain-budget 0`.
+        let walk = (!pos.drain_budget.is_zero()).then(|| {
+            let peers = PeerClient::new(
+                config.pod_id.clone(),
+                credentials.clone(),
+                PEER_CONNECT_TIMEOUT,
+            )
+            .using_tls(peer_tls.clone());
+            let predecessor = Arc::new(PeerPredecessor::new(peers));
+            WalkConfig::new(predecessor, pos.dial_rate.get(), RELEASE_TIMEOUT)
+        });
         let manager_config = ManagerConfig {
             dial_rate: pos.dial_rate,
             max_handshakes: pos.dial_concurrency,
@@ -175,6 +192,8 @@ impl Pod {
             backoff: pos.backoff,
             close_budget: config.core.close_budget,
             directory_poll: pos.directory_poll,
+            walk,
+            drain_budget: pos.drain_budget,
             metrics: metrics.clone(),
             ..ManagerConfig::default()
         };
@@ -182,9 +201,8 @@ impl Pod {
         let manager = ConnectionManager::new(directory, dialer.clone(), manager_config, stale_tx);
         let sessions = Arc::new(manager.clone());
         let stats = Arc::new(manager.clone());
-        let (driver, handoffs, credentials) = driver(&config, &store, manager, &metrics)?;
+        let (driver, handoffs) = driver(&config, &store, manager, &credentials, &metrics)?;
         let driver = driver.with_stale_epochs(stale_rx);
-        let (server_cert, peer_tls) = tls_parts(&config)?;
         let parts = Parts {
             credentials,
             handoffs,
@@ -203,15 +221,14 @@ impl Pod {
 /// transitions.
 type PodDriver<S, H> = Driver<S, (H, HandoffHook)>;
 
-/// The pod's [`PodDriver`], the handoff hook's other end, and the credentials it signs
-/// with.
+/// The pod's [`PodDriver`], signing with `credentials`, and the handoff hook's other end.
 fn driver<S: CoordStore, H: ServingHook>(
     config: &PodConfig,
     store: &Arc<S>,
     hook: H,
+    credentials: &Credentials,
     metrics: &Arc<Metrics>,
-) -> Result<(PodDriver<S, H>, Handoffs, Credentials), PodError> {
-    let credentials = config.credentials();
+) -> Result<(PodDriver<S, H>, Handoffs), PodError> {
     let (handoff, handoffs) = handoff::channel();
     let driver = Driver::new(
         config.driver(),
@@ -220,7 +237,7 @@ fn driver<S: CoordStore, H: ServingHook>(
         (hook, handoff),
         metrics.clone(),
     )?;
-    Ok((driver, handoffs, credentials))
+    Ok((driver, handoffs))
 }
 
 /// The listener's certificate (`None`: plain HTTP) and the peer client's TLS config, read
@@ -440,13 +457,24 @@ async fn run_pod<S: CoordStore, H: ServingHook>(
     tokio::select! {
         () = sampler => unreachable!("the sampler future never completes"),
         owned = &mut ownership => {
-            if owned.is_ok() && !push.kept_nothing() {
+            if owned.is_ok() {
                 // The new owners of the shards just released ask for their kept push
-                // answers (`push::handoff`): keep answering peers a moment longer.
-                if let Ok(served) = tokio::time::timeout(HANDOFF_LINGER, &mut http).await {
-                    return Err(PodError::Http(served.err().unwrap_or_else(|| {
-                        io::Error::other("HTTP server stopped unexpectedly")
-                    })));
+                // answers (`push::handoff`) and for each terminal of the shards that
+                // drain (`pos::handover`): keep answering peers until they have, the
+                // drains bounded by the drain budget (the manager closes the rest then).
+                let kept = if push.kept_nothing() { Duration::ZERO } else { HANDOFF_LINGER };
+                let linger = async {
+                    tokio::join!(tokio::time::sleep(kept), push.drained());
+                };
+                // Only a safety net: each drain ends by its budget.
+                let bounded = tokio::time::timeout(MAX_DRAIN_BUDGET + HTTP_DRAIN, linger);
+                tokio::select! {
+                    _ = bounded => {}
+                    served = &mut http => {
+                        return Err(PodError::Http(served.err().unwrap_or_else(|| {
+                            io::Error::other("HTTP server stopped unexpectedly")
+                        })));
+                    }
                 }
             }
             let _ = stop_http.send(());

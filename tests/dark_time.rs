@@ -1,14 +1,19 @@
-//! Dark time per moved terminal (issue 15), measured terminal-side, as planned moves cost
-//! it today: three whole pods (in process, `support::gateway`) over 600 simulated
-//! terminals settle, then (a) a fourth pod joins and the shards rebalance, then (b) one
-//! of the original pods shuts down gracefully. For each step the farm's dark-interval log
-//! (`PosFarm::dark_intervals`) says how long each moved terminal had no connection at all;
-//! count, p50, p99 and max are printed (`--nocapture`) as the "before" of issue 15.
+//! Dark time per moved terminal (issue 15), measured terminal-side, with planned moves
+//! handed over per terminal (`pos::handover`: the old owner drains, the new owner asks
+//! it to close each terminal right before dialing it): three whole pods (in process,
+//! `support::gateway`) over 600 simulated terminals settle, then (a) a fourth pod joins
+//! and the shards rebalance, then (b) one of the original pods shuts down gracefully.
+//! For each step the farm's dark-interval log (`PosFarm::dark_intervals`) says how long
+//! each moved terminal had no connection at all; count, p50, p99 and max are printed
+//! (`--nocapture`).
 //!
 //! Asserts behaviour only, never a time: every terminal of a moved shard went dark and
 //! came back (an interval that ended, none still dark), no terminal of a shard that kept
-//! its owner went dark, no raw overlap (so a move is always close-then-dial), and no shard
-//! served by two pods at once.
+//! its owner went dark, no raw overlap (so a move is always close-then-dial), no shard
+//! served by two pods at once, and every moved terminal went through the handover: its
+//! new owner asked the old one to close it and dialed it after the answer
+//! (`posgate_handover_dark_seconds` counts each such terminal), with no ask failed and
+//! no drain ended by its budget.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
@@ -18,6 +23,7 @@ use posgate::core::{Epoch, PodId, ShardId};
 use posgate_loadtest::load::unix_ms;
 use posgate_loadtest::pos_sim::DarkInterval;
 
+use crate::support::api::scraped;
 use crate::support::farm::{self, connect_limit};
 use crate::support::gateway::{moved, Gateway};
 use crate::support::pod::SHARDS;
@@ -51,6 +57,51 @@ struct Step {
     since_unix_ms: u64,
     owners: BTreeMap<ShardId, (PodId, Epoch)>,
     raw_overlaps: u64,
+    /// Per pod running at the start.
+    handed_over: BTreeMap<PodId, Handovers>,
+}
+
+/// The handover counters, summed over the pods running now.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Handovers {
+    /// Terminals dialed after their previous owner released them.
+    released: f64,
+    /// Asks that failed or found the shard not draining.
+    fallbacks: f64,
+    /// Drains ended by the drain budget.
+    budget_ended: f64,
+}
+
+impl Handovers {
+    /// Each running pod's counters.
+    fn of(gw: &Gateway) -> BTreeMap<PodId, Handovers> {
+        let mut pods = BTreeMap::new();
+        for pod in &gw.pods {
+            let text = pod.handle.metrics.encode();
+            let count = |series: &str| scraped(&text, series);
+            let counted = Handovers {
+                released: count("posgate_handover_dark_seconds_count"),
+                fallbacks: count("posgate_handover_releases_total{outcome=\"failed\"}")
+                    + count("posgate_handover_releases_total{outcome=\"not_draining\"}"),
+                budget_ended: count("posgate_drains_ended_total{how=\"budget\"}"),
+            };
+            pods.insert(pod.id.clone(), counted);
+        }
+        pods
+    }
+
+    /// What the pods running now counted since `before` (a pod that left takes its
+    /// counters with it; one that joined counted from zero).
+    fn since(gw: &Gateway, before: &BTreeMap<PodId, Handovers>) -> Handovers {
+        let mut sum = Handovers::default();
+        for (pod, now) in Handovers::of(gw) {
+            let was = before.get(&pod).copied().unwrap_or_default();
+            sum.released += now.released - was.released;
+            sum.fallbacks += now.fallbacks - was.fallbacks;
+            sum.budget_ended += now.budget_ended - was.budget_ended;
+        }
+        sum
+    }
 }
 
 impl Step {
@@ -60,6 +111,7 @@ impl Step {
             since_unix_ms: unix_ms(),
             owners: gw.owners(),
             raw_overlaps: gw.farm.counters().raw_overlaps,
+            handed_over: Handovers::of(gw),
         }
     }
 
@@ -121,5 +173,15 @@ impl Step {
             &of_unmoved[..of_unmoved.len().min(5)]
         );
         assert_eq!(raw, 0, "{what}: raw overlaps");
+        // Counted by the new owners, which are all still running.
+        let step = Handovers::since(gw, &self.handed_over);
+        assert!(
+            step.released >= moved_ids.len() as f64,
+            "{what}: {} moved terminals, {} dialed after a release ({step:?})",
+            moved_ids.len(),
+            step.released
+        );
+        assert_eq!(step.fallbacks, 0.0, "{what}: asks that fell back");
+        assert_eq!(step.budget_ended, 0.0, "{what}: drains ended by the budget");
     }
 }

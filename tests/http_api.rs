@@ -231,6 +231,7 @@ async fn cluster_view_shape() {
         ring_version: "test".to_string(),
         started_ms: 1,
         peer_protocol: 2,
+        handover: 0,
     };
     server.status.send_replace(PodStatus {
         members: vec![
@@ -616,6 +617,7 @@ async fn protocol_1_is_accepted_only_during_a_rolling_upgrade() {
         ring_version: "test".into(),
         started_ms: 1,
         peer_protocol: protocol,
+        handover: 0,
     };
     server.status.send_replace(PodStatus {
         members: vec![

@@ -44,6 +44,7 @@ fn member() -> Member {
         ring_version: "r1".into(),
         started_ms: 1,
         peer_protocol: 2,
+        handover: 0,
     }
 }
 

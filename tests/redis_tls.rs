@@ -54,6 +54,7 @@ async fn round_trip(store: &RedisStore) {
         ring_version: meta.ring.clone(),
         started_ms: 1,
         peer_protocol: 2,
+        handover: 0,
     };
     let beat = store.heartbeat(&generation.id, &member, &meta, TTL).await;
     assert!(matches!(beat, Ok(Checked::Ok(()))), "heartbeat: {beat:?}");

@@ -237,6 +237,7 @@ fn member(id: &str) -> Member {
         ring_version: "r1".into(),
         started_ms: 42,
         peer_protocol: 2,
+        handover: 0,
     }
 }
 

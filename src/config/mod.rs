@@ -41,7 +41,9 @@ use crate::http::tls::ServerTlsFiles;
 use crate::push::PushSettings;
 use crate::store::redis::{ClientCert, RedisOptions};
 
-pub use self::pos_args::{PosArgs, PosSettings, MAX_DIRECTORY_POLL};
+pub use self::pos_args::{
+    PosArgs, PosSettings, DEFAULT_DRAIN_BUDGET, MAX_DIRECTORY_POLL, MAX_DRAIN_BUDGET,
+};
 pub use self::push_args::{PushArgs, API_TOKENS_ENV, MAX_PUSH_BYTES};
 use self::secrets::redact_url;
 pub use self::serve_args::ServeArgs;

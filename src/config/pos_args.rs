@@ -18,6 +18,13 @@ use crate::pos::tls::{ClientIdentity, TlsFiles};
 /// be longer.
 pub const MAX_DIRECTORY_POLL: Duration = Duration::from_secs(5);
 
+/// `--drain-budget`'s default. A pod under SIGTERM stays up until its shards' new
+/// owners have asked for their terminals, at most this long from the start of its
+/// shutdown: `k8s/base/deployment.yaml`'s grace period covers it.
+pub const DEFAULT_DRAIN_BUDGET: Duration = Duration::from_secs(15);
+/// Longest `--drain-budget`: a draining session delivers nothing, so it must not last.
+pub const MAX_DRAIN_BUDGET: Duration = Duration::from_secs(120);
+
 /// How a pod connects to POS terminals.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PosSettings {
@@ -36,6 +43,9 @@ pub struct PosSettings {
     pub backoff: BackoffPolicy,
     /// How often the directory versions are polled.
     pub directory_poll: Duration,
+    /// How long a shard handed over keeps its sessions open for the new owner to ask
+    /// for each terminal before it dials it; zero turns the per-terminal handover off.
+    pub drain_budget: Duration,
 }
 
 impl Default for PosSettings {
@@ -50,6 +60,7 @@ impl Default for PosSettings {
             dial_timeout: Duration::from_secs(5),
             backoff: BackoffPolicy::default(),
             directory_poll: Duration::from_secs(4),
+            drain_budget: DEFAULT_DRAIN_BUDGET,
         }
     }
 }
@@ -105,6 +116,12 @@ pub struct PosArgs {
     /// How often the terminal directory is checked for changes (at most 5s)
     #[arg(long, env = "POSGATE_DIRECTORY_POLL", default_value = "4s", value_parser = parse_duration)]
     pub directory_poll: Duration,
+    /// Planned moves: how long a shard handed over keeps its terminal sessions open
+    /// (delivering nothing) for the new owner to close each one right before it dials
+    /// it; the rest close then. 0 closes whole shards before release instead (at most
+    /// 120s)
+    #[arg(long, env = "POSGATE_DRAIN_BUDGET", default_value = "15s", value_parser = parse_duration)]
+    pub drain_budget: Duration,
 }
 
 impl PosArgs {
@@ -148,6 +165,16 @@ impl PosArgs {
                 ),
             ));
         }
+        if self.drain_budget > MAX_DRAIN_BUDGET {
+            return Err(invalid(
+                "drain-budget",
+                format!(
+                    "must be at most {MAX_DRAIN_BUDGET:?}: a draining session delivers \
+                     nothing, got {:?}",
+                    self.drain_budget
+                ),
+            ));
+        }
         // clap's `requires` makes the two come together.
         let client = self
             .pos_client_cert
@@ -173,6 +200,7 @@ impl PosArgs {
                 base: self.dial_backoff_base,
                 cap: self.dial_backoff_cap,
             },
+            drain_budget: self.drain_budget,
             directory_poll: self.directory_poll,
         })
     }

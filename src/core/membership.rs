@@ -27,7 +27,17 @@ pub struct Member {
     /// of the release before it have none, which means protocol 1.
     #[serde(default = "protocol_1")]
     pub peer_protocol: u32,
+    /// The planned-move protocol the pod speaks: 0 (records of releases before it)
+    /// closes a whole shard before releasing it; [`HANDOVER_DRAIN`] keeps the sessions
+    /// open as draining and closes each terminal when the new owner asks, right before
+    /// it dials (`docs/design.md` "Planned moves, per terminal").
+    #[serde(default)]
+    pub handover: u32,
 }
+
+/// [`Member::handover`] of a pod that drains: it closes a moved shard's terminals one
+/// batch at a time, when the new owner asks, and asks its predecessor the same way.
+pub const HANDOVER_DRAIN: u32 = 1;
 
 fn protocol_1() -> u32 {
     1

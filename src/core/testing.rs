@@ -10,7 +10,8 @@ pub(crate) fn pod(name: &str) -> PodId {
     PodId::new(name).unwrap()
 }
 
-/// A member `name` reachable at `http://<name>`, of protocol 2.
+/// A member `name` reachable at `http://<name>`, of protocol 2, closing whole shards
+/// on a planned move (handover 0).
 pub(crate) fn member(name: &str) -> Member {
     Member {
         pod: pod(name),
@@ -19,6 +20,7 @@ pub(crate) fn member(name: &str) -> Member {
         ring_version: "t".into(),
         started_ms: 0,
         peer_protocol: 2,
+        handover: 0,
     }
 }
 

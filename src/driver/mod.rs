@@ -97,6 +97,7 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64),
             peer_protocol: PEER_PROTOCOL,
+            handover: hook.handover(),
         };
         let probe_timeout = core.renew_interval.min(MAX_PROBE_TIMEOUT);
         let (status, _) = watch::channel(report::pod_status(&rec, now()));
@@ -272,6 +273,7 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
                 shard,
                 epoch,
                 reason,
+                close,
             } => {
                 let me = self.rec.pod();
                 // Who takes over, as far as we know: the lease holder when it is someone
@@ -291,7 +293,7 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
                     .shard_stops
                     .get_or_create(&[("reason", reason.as_str())])
                     .inc();
-                let closed = self.hook.stop(shard, epoch, reason);
+                let closed = self.hook.stop(shard, epoch, reason, close);
                 async move {
                     closed.await;
                     Done::Stopped(shard)

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 use super::*;
-use crate::core::reconciler::StopReason;
+use crate::core::reconciler::{Close, StopReason};
 use crate::core::{CoreConfig, PodId};
 use crate::credentials::Credentials;
 use crate::store::memory::MemoryStore;
@@ -36,6 +36,7 @@ impl ServingHook for Recorder {
         shard: ShardId,
         epoch: Epoch,
         reason: StopReason,
+        _close: Close,
     ) -> impl Future<Output = ()> + Send + 'static {
         let _ = self.0.send(Event::Stop(shard, epoch, reason));
         std::future::ready(())

@@ -34,8 +34,9 @@ use crate::credentials::ClusterSecret;
 use crate::credentials::Tenant;
 use crate::peer::replay::{RequestKey, Reserved};
 use crate::peer::signing::{self, claimed, legacy, unix_seconds, AuthError, BodyDigest, Claimed};
-use crate::peer::wire::ForwardedPush;
+use crate::peer::wire::{ForwardedPush, ReleaseAnswer, ReleaseTerminals};
 use crate::peer::{PeerAnswer, PEER_PROTOCOL, SIGNATURE_HEADER, VERSION_HEADER};
+use crate::pos::handover::Released;
 use crate::push::answer::{Answer, ErrorCode};
 use crate::push::{Owned, PushRequest, MAX_TIMEOUT};
 
@@ -306,4 +307,32 @@ pub(super) async fn kept_answers(
         }
         _ => bad_forward("invalid shard"),
     }
+}
+
+/// `POST /internal/v1/release-terminals/{id}`: the pod that took shard `{id}` over asks
+/// this pod to close the draining sessions of the terminals named (`pos::handover`).
+pub(super) async fn release_terminals(
+    State(state): State<Arc<HttpState>>,
+    Path(shard): Path<String>,
+    body: Bytes,
+) -> Response {
+    let shard = match shard.parse::<ShardId>() {
+        Ok(shard) if shard < state.push.shards() => shard,
+        _ => return bad_forward("invalid shard"),
+    };
+    let request = match ReleaseTerminals::decode(&body) {
+        Ok(request) => request,
+        Err(why) => return bad_forward(why),
+    };
+    let answer = match state.push.release_terminals(shard, request.terminals).await {
+        Released::Closed { closed } => ReleaseAnswer {
+            draining: true,
+            closed,
+        },
+        Released::NotDraining => ReleaseAnswer {
+            draining: false,
+            closed: 0,
+        },
+    };
+    Json(answer).into_response()
 }

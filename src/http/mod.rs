@@ -86,6 +86,10 @@ pub fn router(state: HttpState) -> Router {
         .route(wire::TERMINAL_ROUTE, get(internal::terminal))
         .route(wire::SHARD_TERMINALS_ROUTE, get(cluster::shard_terminals))
         .route(wire::KEPT_ANSWERS_ROUTE, get(internal::kept_answers))
+        .route(
+            wire::RELEASE_TERMINALS_ROUTE,
+            post(internal::release_terminals),
+        )
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             internal::authenticate,

@@ -87,6 +87,14 @@ impl Metrics {
         ] {
             let _ = self.shard_stops.get_or_create(&[("reason", reason)]);
         }
+        for outcome in ["released", "not_draining", "failed"] {
+            let _ = self
+                .handover_releases
+                .get_or_create(&[("outcome", outcome)]);
+        }
+        for how in ["released", "budget", "resumed"] {
+            let _ = self.drains_ended.get_or_create(&[("how", how)]);
+        }
         for outcome in ["taken", "unsupported", "failed", "refused"] {
             let _ = self
                 .kept_answers_handoffs

@@ -94,6 +94,12 @@ pub struct Metrics {
     pub dial_wait: Histogram,
     pub dial_queue_depth: Gauge,
     pub connections_closed: Family<Label, Counter>,
+    // Planned moves, per terminal (`pos::handover`, the manager's drain).
+    pub handover_releases: Family<Label, Counter>,
+    pub handover_waiting: Gauge,
+    pub handover_dark: Histogram,
+    pub draining_sessions: Gauge,
+    pub drains_ended: Family<Label, Counter>,
     // Pushes.
     pub push_requests: Family<Labels2, Counter>,
     pub push_duration: Hist,
@@ -151,6 +157,11 @@ impl Metrics {
             dial_wait: latency_buckets(),
             dial_queue_depth: Gauge::default(),
             connections_closed: Family::default(),
+            handover_releases: Family::default(),
+            handover_waiting: Gauge::default(),
+            handover_dark: latency_buckets(),
+            draining_sessions: Gauge::default(),
+            drains_ended: Family::default(),
             push_requests: Family::default(),
             push_duration: Family::new_with_constructor(latency_buckets),
             pushes_in_flight: Gauge::default(),
@@ -269,6 +280,19 @@ impl Metrics {
             self.dial_queue_depth.clone(),
         );
         r.register("posgate_connections_closed", "Terminal connections that ended, by reason (lost: died under us; stopped: shard stopped or terminal removed; hello_failed)", self.connections_closed.clone());
+        r.register("posgate_handover_releases", "Requests to a shard's previous owner to close terminals before this pod dials them, by outcome (released; not_draining: it does not drain the shard; failed: unreachable, slow or refused; the last two make the rest of the shard dial normally)", self.handover_releases.clone());
+        r.register(
+            "posgate_handover_terminals_waiting",
+            "Terminals of shards taken over that wait for their previous owner to close them before their first dial",
+            self.handover_waiting.clone(),
+        );
+        r.register("posgate_handover_dark_seconds", "Per terminal moved by a planned handover: from asking the previous owner to close it until this pod's session to it is up (an upper bound of the time the terminal had no connection)", self.handover_dark.clone());
+        r.register(
+            "posgate_draining_sessions",
+            "Terminal sessions kept open without delivering, for shards handed over, until the new owner asks to close them",
+            self.draining_sessions.clone(),
+        );
+        r.register("posgate_drains_ended", "Shards handed over whose draining ended, by how (released: the new owner asked for every terminal; budget: the drain budget closed the rest; resumed: this pod serves the shard again)", self.drains_ended.clone());
         r.register(
             "posgate_push_requests",
             "Push API requests by path (local, forwarded, none) and result (ok or the error code)",

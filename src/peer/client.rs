@@ -16,8 +16,9 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use super::signing::{self, legacy, PEER_PROTOCOL};
 use super::tls::PeerConnector;
 use super::wire::{
-    self, ForwardedPush, PeerAnswer, ShardTerminals, KEPT_ANSWERS_ROUTE, MAX_HANDED_OVER_BYTES,
-    SHARD_TERMINALS_ROUTE, STORE_REACHABLE_ROUTE, TERMINAL_ROUTE,
+    self, ForwardedPush, PeerAnswer, ReleaseAnswer, ReleaseTerminals, ShardTerminals,
+    KEPT_ANSWERS_ROUTE, MAX_HANDED_OVER_BYTES, RELEASE_TERMINALS_ROUTE, SHARD_TERMINALS_ROUTE,
+    STORE_REACHABLE_ROUTE, TERMINAL_ROUTE,
 };
 use super::{PeerTarget, PeerTls, MAX_INTERNAL_BODY};
 use crate::core::{PodId, ShardId};
@@ -96,6 +97,7 @@ impl PeerClient {
                 Method::POST,
                 peer,
                 STORE_REACHABLE_ROUTE,
+                Bytes::new(),
                 self.timeout,
                 MAX_INTERNAL_BODY,
             )
@@ -114,6 +116,7 @@ impl PeerClient {
                 Method::GET,
                 peer,
                 SHARD_TERMINALS_ROUTE,
+                Bytes::new(),
                 timeout,
                 MAX_INTERNAL_BODY,
             )
@@ -130,8 +133,32 @@ impl PeerClient {
         timeout: Duration,
     ) -> Result<Bytes, PeerError> {
         let path = wire::path_of(KEPT_ANSWERS_ROUTE, &shard.to_string());
-        self.call(Method::GET, peer, &path, timeout, MAX_HANDED_OVER_BYTES)
-            .await
+        self.call(
+            Method::GET,
+            peer,
+            &path,
+            Bytes::new(),
+            timeout,
+            MAX_HANDED_OVER_BYTES,
+        )
+        .await
+    }
+
+    /// Asks `peer`, the previous owner of `shard`, to close the draining sessions of
+    /// `terminals` before this pod dials them.
+    pub async fn release_terminals(
+        &self,
+        peer: &PeerTarget,
+        shard: ShardId,
+        terminals: Vec<String>,
+        timeout: Duration,
+    ) -> Result<ReleaseAnswer, PeerError> {
+        let path = wire::path_of(RELEASE_TERMINALS_ROUTE, &shard.to_string());
+        let body = ReleaseTerminals { terminals }.encode();
+        let answer = self
+            .call(Method::POST, peer, &path, body, timeout, MAX_INTERNAL_BODY)
+            .await?;
+        serde_json::from_slice(&answer).map_err(|e| PeerError::Decode(e.to_string()))
     }
 
     /// Asks `owner` for its view of `terminal`: the status and JSON body it answers.
@@ -172,19 +199,19 @@ impl PeerClient {
         .await
     }
 
-    /// Sends a signed, empty request and returns the body (at most `limit` bytes) of a
-    /// `200` answer.
+    /// Sends a signed request with `body` and returns the body (at most `limit` bytes)
+    /// of a `200` answer.
     async fn call(
         &self,
         method: Method,
         peer: &PeerTarget,
         path: &str,
+        body: Bytes,
         timeout: Duration,
         limit: usize,
     ) -> Result<Bytes, PeerError> {
-        let (empty, no_headers) = (Bytes::new(), HeaderMap::new());
         let sent = self
-            .send(method, peer, path, empty, no_headers, (timeout, limit))
+            .send(method, peer, path, body, HeaderMap::new(), (timeout, limit))
             .await;
         let (status, body) = sent.map_err(|e| match e {
             SendError::Url(reason) => PeerError::Url {

@@ -29,6 +29,12 @@ pub const SHARD_TERMINALS_ROUTE: &str = "/internal/v1/shard-terminals";
 /// `GET`: the final push answers a pod keeps for one shard's terminals (`{id}` is the
 /// shard) -> [`HandedOver`]. Asked by the pod that acquired the shard from it.
 pub const KEPT_ANSWERS_ROUTE: &str = "/internal/v1/kept-answers/{id}";
+/// `POST`: the pod that took a shard over asks its previous owner to close the
+/// draining sessions of the terminals a [`ReleaseTerminals`] names (`{id}` is the
+/// shard), right before it dials them -> [`ReleaseAnswer`].
+pub const RELEASE_TERMINALS_ROUTE: &str = "/internal/v1/release-terminals/{id}";
+/// Most terminals one [`ReleaseTerminals`] may name.
+pub const MAX_RELEASE_TERMINALS: usize = 64;
 /// Most bytes of a [`HandedOver`] answer: the pod answering stops adding keys (newest
 /// first) before it and says `truncated`.
 pub const MAX_HANDED_OVER_BYTES: usize = 4 * 1024 * 1024;
@@ -124,6 +130,42 @@ pub struct ShardTerminals {
     pub shards: Vec<(ShardId, usize)>,
 }
 
+/// The body of a request on [`RELEASE_TERMINALS_ROUTE`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaseTerminals {
+    pub terminals: Vec<String>,
+}
+
+impl ReleaseTerminals {
+    pub fn encode(&self) -> Bytes {
+        Bytes::from(serde_json::to_vec(self).expect("strings serialise"))
+    }
+
+    /// The request `body` carries, or what is wrong with it: 1 to
+    /// [`MAX_RELEASE_TERMINALS`] valid terminal ids.
+    pub fn decode(body: &[u8]) -> Result<Self, &'static str> {
+        let request: ReleaseTerminals =
+            serde_json::from_slice(body).map_err(|_| "not a release-terminals request")?;
+        if request.terminals.is_empty() || request.terminals.len() > MAX_RELEASE_TERMINALS {
+            return Err("a release names 1 to 64 terminals");
+        }
+        if !request.terminals.iter().all(|t| valid_terminal_id(t)) {
+            return Err("invalid terminal id");
+        }
+        Ok(request)
+    }
+}
+
+/// A peer's answer on [`RELEASE_TERMINALS_ROUTE`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaseAnswer {
+    /// Whether the shard drains there; if not, nothing was closed and the asking pod
+    /// dials the rest of the shard without asking.
+    pub draining: bool,
+    /// How many of the named terminals had a session, now closed.
+    pub closed: usize,
+}
+
 /// A peer's answer on [`KEPT_ANSWERS_ROUTE`]: its final answers for the shard's keys.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HandedOver {
@@ -217,6 +259,23 @@ impl HandedOver {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_release_request_names_1_to_64_valid_terminals() {
+        let ok = ReleaseTerminals {
+            terminals: vec!["t-1".into(), "t-2".into()],
+        };
+        assert_eq!(ReleaseTerminals::decode(&ok.encode()), Ok(ok));
+        let of = |n: usize, id: &str| ReleaseTerminals {
+            terminals: vec![id.to_string(); n],
+        };
+        assert!(ReleaseTerminals::decode(&of(0, "t").encode()).is_err());
+        assert!(ReleaseTerminals::decode(&of(MAX_RELEASE_TERMINALS, "t").encode()).is_ok());
+        assert!(ReleaseTerminals::decode(&of(MAX_RELEASE_TERMINALS + 1, "t").encode()).is_err());
+        assert!(ReleaseTerminals::decode(&of(1, "bad id!").encode()).is_err());
+        assert!(ReleaseTerminals::decode(b"{\"terminals\": 3}").is_err());
+        assert!(ReleaseTerminals::decode(b"").is_err());
+    }
+
     use super::*;
 
     fn kept(terminal: &str) -> KeptAnswer {

@@ -26,6 +26,7 @@ use tracing::{debug, warn};
 
 use super::backoff::{Backoff, BackoffPolicy};
 use super::dialer::Dialer;
+use super::handover::{Gate, Opened};
 use super::pacer::Pacer;
 use super::session::{ConnEnd, RequestSender, Session};
 use super::wire::DialError;
@@ -143,8 +144,13 @@ impl LinkShared {
         self.dialed.load(Ordering::Acquire)
     }
 
-    fn urgent(&self) -> bool {
+    pub(super) fn urgent(&self) -> bool {
         self.waiting.load(Ordering::Acquire) > 0
+    }
+
+    /// Resolves when a push starts waiting (check [`LinkShared::urgent`] after).
+    pub(super) async fn woken(&self) {
+        self.wake.notified().await
     }
 }
 
@@ -208,6 +214,11 @@ pub(super) struct LinkTask {
     pub state: watch::Sender<LinkStatus>,
     pub shared: Arc<LinkShared>,
     pub rng: StdRng,
+    /// Shut until the shard's predecessor released the terminal (`handover`); `None`
+    /// when there is none to ask, and after the first dial.
+    pub gate: Option<Gate>,
+    /// Dropped with the task: tells the manager the link (and its socket) is gone.
+    pub _ended: tokio::sync::oneshot::Sender<()>,
 }
 
 impl LinkTask {
@@ -259,6 +270,14 @@ impl LinkTask {
     async fn connect(&mut self, link: &mut Link) -> Option<Session> {
         loop {
             self.publish(link, None);
+            // A planned move: the predecessor closes its session to the terminal first.
+            let opened = match self.gate.take() {
+                Some(gate) => tokio::select! {
+                    opened = gate.wait(&self.shared) => Some(opened),
+                    () = self.state.closed() => return None,
+                },
+                None => None,
+            };
             let delivering = self.mode.wait_for(|m| m.delivery == Delivery::Delivering);
             tokio::select! {
                 waited = delivering => waited.ok()?,
@@ -277,6 +296,12 @@ impl LinkTask {
                 slot = admitted => slot,
                 () = self.state.closed() => return None,
             };
+            // Admitted: the walk window's slot is free for the next terminal.
+            let released_at = match opened {
+                Some(Opened::Released { asked, .. }) => Some(asked),
+                Some(Opened::Fallback) | None => None,
+            };
+            drop(opened);
             let started = std::time::Instant::now();
             link.dialing();
             self.state.send_replace(LinkStatus {
@@ -304,6 +329,13 @@ impl LinkTask {
                     );
                     link.connected(epoch);
                     self.publish(link, Some(&session));
+                    if let Some(asked) = released_at {
+                        // From asking the predecessor to close, to our session: what
+                        // the terminal spent without one, at most.
+                        cx.metrics
+                            .handover_dark
+                            .observe(asked.elapsed().as_secs_f64());
+                    }
                     return Some(session);
                 }
                 Err(e) => self.back_off(link, &e, epoch).await?,

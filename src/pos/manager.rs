@@ -29,6 +29,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
+use futures::FutureExt;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use tokio::sync::{mpsc, watch};
@@ -36,16 +37,21 @@ use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
 mod directory_sync;
+mod drain;
 
 use self::directory_sync::poll_directory;
+use self::drain::Drained;
+pub use self::drain::Sending;
 use super::backoff::BackoffPolicy;
 use super::dialer::Dialer;
+use super::handover::{Released, Walk, WalkConfig};
 use super::link::{
     Delivery, LinkContext, LinkShared, LinkState, LinkStatus, LinkTask, Mode, WaitingPush,
 };
 use super::pacer::{Jitter, Pacer};
 use super::session::RequestSender;
-use crate::core::reconciler::StopReason;
+use crate::core::membership::{Member, HANDOVER_DRAIN};
+use crate::core::reconciler::{Close, StopReason};
 use crate::core::{Epoch, ShardId};
 use crate::metrics::Metrics;
 use crate::serving::ServingHook;
@@ -86,6 +92,12 @@ pub struct ManagerConfig {
     pub directory_poll: Duration,
     /// Seed of the backoff and dial jitter; `None` seeds from the OS.
     pub rng_seed: Option<u64>,
+    /// How a shard taken over from a pod that drains is walked (`handover`); `None`:
+    /// this pod neither asks predecessors nor drains (it advertises handover 0).
+    pub walk: Option<WalkConfig>,
+    /// How long a shard handed over keeps its sessions draining for the next owner to
+    /// ask for them (`--drain-budget`); the rest are closed then.
+    pub drain_budget: Duration,
     /// Where dials and closed connections are counted.
     pub metrics: Arc<Metrics>,
 }
@@ -101,6 +113,8 @@ impl Default for ManagerConfig {
             close_budget: Duration::from_secs(2),
             directory_poll: Duration::from_secs(2),
             rng_seed: None,
+            walk: None,
+            drain_budget: Duration::from_secs(20),
             metrics: Arc::new(Metrics::new()),
         }
     }
@@ -138,6 +152,16 @@ struct Inner<D> {
     /// Seeds each link's own backoff RNG.
     rng: Mutex<StdRng>,
     shards: Mutex<HashMap<ShardId, ShardEntry>>,
+    /// Shards handed over whose sessions stay open until the new owner asks (`drain`).
+    /// Locked after `shards` when both are.
+    draining: Mutex<HashMap<ShardId, Drained>>,
+    /// How many shards drain now (the pod's shutdown waits for 0).
+    draining_count: watch::Sender<usize>,
+    drain_budget: Duration,
+    walk: Option<WalkConfig>,
+    /// Shards about to start that were taken over from a pod that drains.
+    predecessors: Mutex<HashMap<ShardId, Member>>,
+    metrics: Arc<Metrics>,
     /// Tells a shard's entry from an earlier one of the same shard (stopped, restarted)
     /// when a directory load comes back.
     next_incarnation: AtomicU64,
@@ -153,6 +177,10 @@ struct ShardEntry {
     listing: Listing,
     /// A load (and maybe a write-back) is under way; the poller starts no other.
     loading: bool,
+    /// Pushes being sent on the shard's sessions now (see [`Sending`]).
+    sends: Arc<watch::Sender<usize>>,
+    /// Taken over from a pod that drains: new links wait at its gates.
+    walk: Option<Walk>,
 }
 
 /// What a shard's links reflect of the directory.
@@ -177,6 +205,8 @@ struct LinkHandle {
     terminal: Terminal,
     state: watch::Receiver<LinkStatus>,
     shared: Arc<LinkShared>,
+    /// Resolves (with an error) once the link task ended, its socket closed.
+    ended: tokio::sync::oneshot::Receiver<()>,
 }
 
 /// Where a terminal stands for a push, as [`ConnectionManager::lookup`] finds it.
@@ -199,6 +229,7 @@ pub struct TerminalLink {
     pub terminal: Terminal,
     state: watch::Receiver<LinkStatus>,
     shared: Arc<LinkShared>,
+    sends: Arc<watch::Sender<usize>>,
 }
 
 impl TerminalLink {
@@ -206,6 +237,13 @@ impl TerminalLink {
     /// unless `cap` pushes already wait. The guard stops counting when dropped.
     pub fn wait(&self, cap: usize) -> Option<WaitingPush> {
         self.shared.wait(cap)
+    }
+
+    /// Counts a push as being sent on the shard's sessions until the guard is dropped.
+    /// Taken before the push's last check that the shard is served: a shard handed
+    /// over waits for these before its lease is released (`drain`).
+    pub fn sending(&self) -> Sending {
+        Sending::new(self.sends.clone())
     }
 
     /// Whether a session with an accepted hello is up now (any epoch).
@@ -251,12 +289,18 @@ impl<D: Directory> ConnectionManager<D> {
                 backoff: cfg.backoff,
                 close_budget: cfg.close_budget,
                 stale,
-                metrics: cfg.metrics,
+                metrics: cfg.metrics.clone(),
             }),
             directory_poll: cfg.directory_poll,
             close_budget: cfg.close_budget,
             rng: Mutex::new(rng),
             shards: Mutex::new(HashMap::new()),
+            draining: Mutex::new(HashMap::new()),
+            draining_count: watch::channel(0).0,
+            drain_budget: cfg.drain_budget,
+            walk: cfg.walk,
+            predecessors: Mutex::new(HashMap::new()),
+            metrics: cfg.metrics.clone(),
             next_incarnation: AtomicU64::new(0),
         });
         tokio::spawn(poll_directory(Arc::downgrade(&inner), cfg.directory_poll));
@@ -290,6 +334,7 @@ impl<D: Directory> ConnectionManager<D> {
                 terminal: link.terminal.clone(),
                 state: link.state.clone(),
                 shared: link.shared.clone(),
+                sends: entry.sends.clone(),
             }),
             // Not read yet: only the first load can tell.
             None if entry.listing == Listing::Unread => Lookup::Loading,
@@ -361,9 +406,26 @@ impl<D: Directory> SessionStats for ConnectionManager<D> {
 }
 
 impl<D: Directory> ServingHook for ConnectionManager<D> {
+    fn taken_over(&self, shard: ShardId, _epoch: Epoch, from: &Member) {
+        if self.inner.walk.is_some() && from.handover >= HANDOVER_DRAIN {
+            lock(&self.inner.predecessors).insert(shard, from.clone());
+        }
+    }
+
     fn start(&self, shard: ShardId, epoch: Epoch) {
         let inner = &self.inner;
+        let predecessor = lock(&inner.predecessors).remove(&shard);
         let mut shards = lock(&inner.shards);
+        if let Some(entry) = inner.resume_drained(shard) {
+            // Handed over and back before the drain ended: its sessions say hello
+            // with the new epoch and deliver again.
+            entry.mode.send_replace(Mode {
+                epoch,
+                delivery: Delivery::Delivering,
+            });
+            shards.insert(shard, entry);
+            return;
+        }
         if let Some(entry) = shards.get(&shard) {
             // Resumed (same epoch) or re-claimed (new epoch): links re-send the hello
             // when the epoch changed.
@@ -387,6 +449,11 @@ impl<D: Directory> ServingHook for ConnectionManager<D> {
                 tasks: JoinSet::new(),
                 listing: Listing::Unread,
                 loading: true,
+                sends: Arc::new(watch::channel(0).0),
+                walk: predecessor.and_then(|from| {
+                    let cfg = inner.walk.clone()?;
+                    Some(Walk::start(cfg, shard, from, inner.metrics.clone()))
+                }),
             },
         );
         drop(shards);
@@ -407,7 +474,11 @@ impl<D: Directory> ServingHook for ConnectionManager<D> {
         shard: ShardId,
         epoch: Epoch,
         reason: StopReason,
+        close: Close,
     ) -> impl Future<Output = ()> + Send + 'static {
+        if close == Close::Drain && self.inner.walk.is_some() {
+            return self.inner.clone().drain(shard, epoch).boxed();
+        }
         // Dropping the entry's link handles (now, not when the future is first polled)
         // tells every link to close its session; the future waits for their tasks.
         let entry = lock(&self.inner.shards).remove(&shard);
@@ -441,6 +512,15 @@ impl<D: Directory> ServingHook for ConnectionManager<D> {
             if terminals > 0 && matches!(reason, StopReason::Rebalance | StopReason::Shutdown) {
                 tokio::time::sleep(HANDOVER_SETTLE).await;
             }
+        }
+        .boxed()
+    }
+
+    fn handover(&self) -> u32 {
+        if self.inner.walk.is_some() {
+            HANDOVER_DRAIN
+        } else {
+            0
         }
     }
 }

@@ -6,6 +6,7 @@
 
 pub mod backoff;
 pub mod dialer;
+pub mod handover;
 mod link;
 pub mod manager;
 mod pacer;

@@ -21,6 +21,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::FutureExt;
 use http::HeaderValue;
 use tokio::sync::{watch, Semaphore};
 
@@ -29,6 +31,7 @@ use crate::core::{Epoch, PodId, ShardId};
 use crate::credentials::Credentials;
 use crate::credentials::Tenant;
 use crate::metrics::Metrics;
+use crate::pos::handover::Released;
 use crate::pos::manager::{ConnectionManager, Lookup};
 use crate::serving::ServingTable;
 use crate::status::PodStatus;
@@ -88,6 +91,14 @@ pub trait Sessions: Send + Sync + 'static {
     fn lookup(&self, shard: ShardId, terminal: &str) -> Lookup;
     /// A terminal refused `epoch` on a push: the shard must be dropped.
     fn report_stale(&self, shard: ShardId, epoch: Epoch);
+    /// The pod that took `shard` over asks for `terminals` (`pos::handover`).
+    fn release_terminals(
+        &self,
+        shard: ShardId,
+        terminals: Vec<String>,
+    ) -> BoxFuture<'static, Released>;
+    /// Resolves once no shard handed over still drains here.
+    fn drained(&self) -> BoxFuture<'static, ()>;
 }
 
 impl<D: Directory> Sessions for ConnectionManager<D> {
@@ -97,6 +108,18 @@ impl<D: Directory> Sessions for ConnectionManager<D> {
 
     fn report_stale(&self, shard: ShardId, epoch: Epoch) {
         ConnectionManager::report_stale(self, shard, epoch)
+    }
+
+    fn release_terminals(
+        &self,
+        shard: ShardId,
+        terminals: Vec<String>,
+    ) -> BoxFuture<'static, Released> {
+        ConnectionManager::release_terminals(self, shard, terminals).boxed()
+    }
+
+    fn drained(&self) -> BoxFuture<'static, ()> {
+        ConnectionManager::drained(self).boxed()
     }
 }
 
@@ -110,6 +133,18 @@ impl Sessions for NoTerminals {
     }
 
     fn report_stale(&self, _shard: ShardId, _epoch: Epoch) {}
+
+    fn release_terminals(
+        &self,
+        _shard: ShardId,
+        _terminals: Vec<String>,
+    ) -> BoxFuture<'static, Released> {
+        std::future::ready(Released::NotDraining).boxed()
+    }
+
+    fn drained(&self) -> BoxFuture<'static, ()> {
+        std::future::ready(()).boxed()
+    }
 }
 
 /// See the module docs. Cheap to share behind an `Arc`.
@@ -179,6 +214,20 @@ impl PushService {
 
     pub fn settings(&self) -> &PushSettings {
         &self.settings
+    }
+
+    /// A pod that took `shard` over asks for `terminals` (the peer endpoint).
+    pub fn release_terminals(
+        &self,
+        shard: ShardId,
+        terminals: Vec<String>,
+    ) -> BoxFuture<'static, Released> {
+        self.sessions.release_terminals(shard, terminals)
+    }
+
+    /// Resolves once no shard handed over still drains here (the shutdown's wait).
+    pub fn drained(&self) -> BoxFuture<'static, ()> {
+        self.sessions.drained()
     }
 
     /// A slot of `--max-inflight`, or `None` when the pod is at its limit.

@@ -126,6 +126,9 @@ impl PushService {
                     ))
                 }
             };
+            // Counted as being sent before the last check: a shard handed over releases
+            // its lease only once no push passed that check (`pos::manager` drain).
+            let _sending = link.sending();
             // Fence: the lease must still be ours, with the epoch the session carries.
             let Some(grant) = self
                 .serving

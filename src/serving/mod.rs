@@ -22,7 +22,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Instant;
 
 use crate::core::membership::Member;
-use crate::core::reconciler::StopReason;
+use crate::core::reconciler::{Close, StopReason};
 use crate::core::{Epoch, ShardId};
 
 /// One shard as the table records it.
@@ -136,14 +136,23 @@ pub trait ServingHook: Send + Sync + 'static {
     /// Stop delivering on `shard` but keep its connections (cluster-wide store outage).
     fn suspend(&self, shard: ShardId, epoch: Epoch);
 
-    /// Close `shard`'s connections. The lease is released (or forgotten) only once the
-    /// returned future resolves, so the next owner cannot dial before they are closed.
+    /// Close `shard`'s connections, or with [`Close::Drain`] keep them open without
+    /// delivering until the next owner asks for each terminal. The lease is released (or
+    /// forgotten) only once the returned future resolves, so the next owner cannot dial
+    /// before they are closed (or drained: nothing is being sent on them any more).
     fn stop(
         &self,
         shard: ShardId,
         epoch: Epoch,
         reason: StopReason,
+        close: Close,
     ) -> impl Future<Output = ()> + Send + 'static;
+
+    /// The [`Member::handover`] protocol this hook speaks (advertised in the pod's
+    /// registration): whether it can drain a stopped shard and ask a predecessor.
+    fn handover(&self) -> u32 {
+        0
+    }
 }
 
 /// Two hooks told the same transitions, in order; a stop resolves when both have.
@@ -168,14 +177,20 @@ impl<A: ServingHook, B: ServingHook> ServingHook for (A, B) {
         shard: ShardId,
         epoch: Epoch,
         reason: StopReason,
+        close: Close,
     ) -> impl Future<Output = ()> + Send + 'static {
         let (a, b) = (
-            self.0.stop(shard, epoch, reason),
-            self.1.stop(shard, epoch, reason),
+            self.0.stop(shard, epoch, reason, close),
+            self.1.stop(shard, epoch, reason, close),
         );
         async move {
             tokio::join!(a, b);
         }
+    }
+
+    /// The one that keeps sessions decides (the other answers the default 0).
+    fn handover(&self) -> u32 {
+        self.0.handover().max(self.1.handover())
     }
 }
 
@@ -190,6 +205,7 @@ impl ServingHook for () {
         _shard: ShardId,
         _epoch: Epoch,
         _reason: StopReason,
+        _close: Close,
     ) -> impl Future<Output = ()> + Send + 'static {
         std::future::ready(())
     }

@@ -26,9 +26,11 @@ use super::faults::{self, Fault};
 use super::keys::{Heard, Keys};
 use super::{SimConfig, SimStats};
 use crate::core::lease::{AcquireOutcome, Checked, RenewOutcome};
-use crate::core::membership::{Member, Snapshot};
+use crate::core::membership::{Member, Snapshot, HANDOVER_DRAIN};
 use crate::core::placement::Placement;
-use crate::core::reconciler::{Action, OpFailed, OpResult, PeerReport, Reconciler, ShardState};
+use crate::core::reconciler::{
+    Action, Close, OpFailed, OpResult, PeerReport, Reconciler, ShardState,
+};
 use crate::core::{Epoch, PodId, ShardId};
 use crate::push::idempotency::{IdempotencyCache, Reservation};
 use crate::store::memory::MemoryState;
@@ -392,19 +394,22 @@ impl<'a> World<'a> {
                     shard,
                     epoch,
                     reason,
+                    close,
                 } => {
                     self.check.log(
                         self.now,
                         format_args!(
-                            "pod-{pod} stops {shard} epoch {epoch} ({})",
+                            "pod-{pod} stops {shard} epoch {epoch} ({}, {close:?})",
                             reason.as_str()
                         ),
                     );
-                    let close = self
-                        .cfg
-                        .core
-                        .close_budget
-                        .mul_f64(self.rng.random_range(0.0..0.5));
+                    // Closing takes part of the close budget; draining only waits for
+                    // the sends in flight, bounded by the least send budget's order.
+                    let share = match close {
+                        Close::Now => self.rng.random_range(0.0..0.5),
+                        Close::Drain => self.rng.random_range(0.0..0.05),
+                    };
+                    let close = self.cfg.core.close_budget.mul_f64(share);
                     self.schedule(self.now + close, Ev::StopAck(pod, shard));
                 }
                 Action::ProbePeers { peers } => {

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use posgate::core::membership::Snapshot;
-use posgate::core::reconciler::StopReason;
+use posgate::core::reconciler::{Close, StopReason};
 use posgate::core::ring::Assignment;
 use posgate::core::{CoreConfig, Epoch, PodId, ShardId};
 use posgate::pod::{Pod, PodHandle};
@@ -111,6 +111,7 @@ impl ServingHook for Recorder {
         shard: ShardId,
         epoch: Epoch,
         reason: StopReason,
+        _close: Close,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
         self.record(shard, epoch, Kind::Stop(reason));
         std::future::ready(())

@@ -81,11 +81,13 @@ pub enum Action {
     StartServing { shard: ShardId, epoch: Epoch },
     /// Stop delivering on the shard but keep its connections (cluster-wide outage).
     SuspendServing { shard: ShardId, epoch: Epoch },
-    /// Stop delivering and close the shard's connections, then acknowledge.
+    /// Stop delivering and close the shard's connections (or, with [`Close::Drain`],
+    /// keep them open without delivering), then acknowledge.
     StopServing {
         shard: ShardId,
         epoch: Epoch,
         reason: StopReason,
+        close: Close,
     },
     /// Ask these peers whether they reach the store -> [`Reconciler::handle_peer_report`].
     ProbePeers { peers: Vec<Member> },
@@ -133,6 +135,20 @@ impl StopReason {
             StopReason::Paused => "paused",
         }
     }
+}
+
+/// What becomes of a stopped shard's sessions. Either way nothing more is delivered on
+/// them from the moment the action is emitted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Close {
+    /// Close them all before the lease is released or forgotten (the acknowledgement
+    /// waits for it): the next owner may dial as soon as it holds the lease.
+    Now,
+    /// A planned move to pods that drain ([`crate::core::membership::HANDOVER_DRAIN`]):
+    /// keep them open, dial nothing, and close each terminal when the new owner asks,
+    /// right before it dials it (or when the drain budget runs out). Acknowledged once
+    /// no push is being sent on them, so the lease is released with every answer final.
+    Drain,
 }
 
 /// A store call failed or timed out; it may or may not have taken effect.

@@ -6,9 +6,9 @@ use std::time::Instant;
 
 use super::shard::{ClaimEnd, Shard, Stray};
 use super::store_view::StoreView;
-use super::{Action, AfterStop, Outage, Reconciler, ShardState, StopReason};
+use super::{Action, AfterStop, Close, Outage, Reconciler, ShardState, StopReason};
 use crate::core::lease::{AcquireOutcome, RenewOutcome};
-use crate::core::membership::Lease;
+use crate::core::membership::{Lease, HANDOVER_DRAIN};
 use crate::core::ShardId;
 
 impl Reconciler {
@@ -123,12 +123,31 @@ impl Reconciler {
     }
 
     pub(super) fn stop(&mut self, shard: ShardId, reason: StopReason, then: AfterStop) {
+        let close = self.close_for(reason);
         if let Some(epoch) = self.shards[shard as usize].move_to_stopping(then) {
             self.actions.push_back(Action::StopServing {
                 shard,
                 epoch,
                 reason,
+                close,
             });
+        }
+    }
+
+    /// How a shard stopped for `reason` leaves its sessions. Drained only on a move we
+    /// chose (rebalance, shutdown) and only when every other member drains too, so
+    /// whoever takes the shard asks before it dials: a pod of an earlier release would
+    /// dial at once, and the terminal would see two sessions (its epoch fence would
+    /// still drop ours). A lone pod has nobody to hand over to. Any other reason means
+    /// the lease is or may be another pod's already: close now, as before.
+    fn close_for(&self, reason: StopReason) -> Close {
+        let planned = matches!(reason, StopReason::Rebalance | StopReason::Shutdown);
+        let mut others = self.members.iter().filter(|m| m.pod != self.me).peekable();
+        let someone = others.peek().is_some();
+        if planned && someone && others.all(|m| m.handover >= HANDOVER_DRAIN) {
+            Close::Drain
+        } else {
+            Close::Now
         }
     }
 

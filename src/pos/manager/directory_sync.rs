@@ -218,6 +218,8 @@ impl<D: Directory> Inner<D> {
             let (state_tx, state) = watch::channel(LinkStatus::new());
             let shared = Arc::new(LinkShared::default());
             let rng = StdRng::from_rng(&mut *lock(&self.rng));
+            let (ended_tx, ended) = tokio::sync::oneshot::channel();
+            let gate = entry.walk.as_ref().map(|walk| walk.gate(&id));
             entry.tasks.spawn(
                 LinkTask {
                     cx: self.links.clone(),
@@ -227,6 +229,8 @@ impl<D: Directory> Inner<D> {
                     state: state_tx,
                     shared: shared.clone(),
                     rng,
+                    gate,
+                    _ended: ended_tx,
                 }
                 .run(),
             );
@@ -234,6 +238,7 @@ impl<D: Directory> Inner<D> {
                 terminal,
                 state,
                 shared,
+                ended,
             };
             entry.links.insert(id, handle);
         }

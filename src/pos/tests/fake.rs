@@ -2,6 +2,7 @@
 //! generated here, answering hellos like a terminal (accept an epoch at least as high
 //! as any seen, else `409` with `posgate-stale-epoch`), and a TCP proxy that can freeze.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -105,6 +106,9 @@ pub(super) struct FakeTerminal {
     pub highest: Arc<Mutex<u64>>,
     /// Connections currently open.
     pub open: Arc<AtomicUsize>,
+    /// Per terminal id (from its connections' hellos): connections open now, and the
+    /// most ever open at once.
+    per_terminal: Arc<Mutex<HashMap<String, (usize, usize)>>>,
 }
 
 impl FakeTerminal {
@@ -115,6 +119,7 @@ impl FakeTerminal {
             hellos: Arc::default(),
             highest: Arc::default(),
             open: Arc::default(),
+            per_terminal: Arc::default(),
         };
         let acceptor = TlsAcceptor::from(tls);
         let server = t.clone();
@@ -126,16 +131,23 @@ impl FakeTerminal {
                         return;
                     };
                     t.open.fetch_add(1, Ordering::SeqCst);
+                    // The terminal this connection said hello for, once it did.
+                    let of = Arc::new(Mutex::new(None::<String>));
                     let svc = {
-                        let t = t.clone();
+                        let (t, of) = (t.clone(), of.clone());
                         service_fn(move |req| {
-                            let t = t.clone();
-                            async move { Ok::<_, hyper::Error>(t.answer(req)) }
+                            let (t, of) = (t.clone(), of.clone());
+                            async move { Ok::<_, hyper::Error>(t.answer(req, &of)) }
                         })
                     };
                     let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
                         .serve_connection(TokioIo::new(tls), svc)
                         .await;
+                    if let Some(id) = of.lock().unwrap().take() {
+                        if let Some((open, _)) = t.per_terminal.lock().unwrap().get_mut(&id) {
+                            *open -= 1;
+                        }
+                    }
                     t.open.fetch_sub(1, Ordering::SeqCst);
                 });
             }
@@ -143,7 +155,7 @@ impl FakeTerminal {
         t
     }
 
-    fn answer(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    fn answer(&self, req: Request<Incoming>, of: &Mutex<Option<String>>) -> Response<Full<Bytes>> {
         let header = |name| {
             req.headers()
                 .get(name)
@@ -172,6 +184,14 @@ impl FakeTerminal {
                 .insert(HEADER_STALE_EPOCH, (*highest).into());
         } else {
             *highest = hello.epoch;
+            let mut of = of.lock().unwrap();
+            if of.is_none() {
+                *of = Some(hello.terminal.clone());
+                let mut per = self.per_terminal.lock().unwrap();
+                let (open, most) = per.entry(hello.terminal.clone()).or_default();
+                *open += 1;
+                *most = (*most).max(*open);
+            }
             self.hellos.lock().unwrap().push(hello);
         }
         response
@@ -183,6 +203,12 @@ impl FakeTerminal {
             addr: self.addr.to_string(),
             server_name: server_name.into(),
         }
+    }
+
+    /// The most connections any one terminal had open at once (after their hellos).
+    pub(super) fn most_at_once(&self) -> usize {
+        let per = self.per_terminal.lock().unwrap();
+        per.values().map(|(_, most)| *most).max().unwrap_or(0)
     }
 
     pub(super) fn hellos(&self) -> Vec<Hello> {

@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 
 use super::fake::{wait_until, FakeTerminal, Pki};
 use crate::core::lease::Checked;
-use crate::core::reconciler::StopReason;
+use crate::core::reconciler::{Close, StopReason};
 use crate::core::{Epoch, ShardId};
 use crate::pos::manager::{ConnectionManager, Lookup, ManagerConfig};
 use crate::pos::LinkState;
@@ -190,5 +190,5 @@ async fn a_lost_directory_keeps_the_links_and_is_written_back_even_mid_read() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(m.shard(0).unwrap().links.len(), 3);
     assert_eq!(directory.current().terminals(0).await.unwrap(), terminals);
-    m.stop(0, 11, StopReason::Shutdown).await;
+    m.stop(0, 11, StopReason::Shutdown, Close::Now).await;
 }

@@ -2,6 +2,7 @@
 //! sockets on localhost.
 
 mod fake;
+mod handover;
 mod lost_directory;
 mod manager;
 

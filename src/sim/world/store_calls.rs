@@ -25,6 +25,7 @@ impl World<'_> {
                     ring_version: crate::core::ring::RING_VERSION.into(),
                     started_ms: ms,
                     peer_protocol: 2,
+                    handover: HANDOVER_DRAIN,
                 };
                 let meta = ClusterMeta::current(core.shards);
                 let r = store

@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+mod handover;
 mod placing;
 mod recovery;
 
@@ -43,6 +44,7 @@ fn assert_rebalanced_away(actions: &[Action], shard: ShardId) {
         shard,
         epoch: 7,
         reason: StopReason::Rebalance,
+        close: Close::Now,
     };
     assert!(actions.contains(&stop), "shard {shard}: {actions:?}");
 }
@@ -272,12 +274,14 @@ fn a_lost_renewal_stops_serving_at_once() {
     assert!(actions.contains(&Action::StopServing {
         shard: shards[0],
         epoch: 7,
-        reason: StopReason::Lost
+        reason: StopReason::Lost,
+        close: Close::Now,
     }));
     assert!(actions.contains(&Action::StopServing {
         shard: shards[1],
         epoch: 7,
-        reason: StopReason::Stolen
+        reason: StopReason::Stolen,
+        close: Close::Now,
     }));
     assert_eq!(r.serving(shards[0], t), None);
     assert_eq!(r.serving(shards[2], t), Some(7));
@@ -386,7 +390,8 @@ fn stale_epoch_from_a_terminal_drops_the_shard() {
     assert!(drain(&mut r).contains(&Action::StopServing {
         shard: 3,
         epoch: 7,
-        reason: StopReason::StaleEpoch
+        reason: StopReason::StaleEpoch,
+        close: Close::Now,
     }));
 }
 

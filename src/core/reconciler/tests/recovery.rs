@@ -289,7 +289,8 @@ fn suspended_shards_survive_a_brief_isolated_verdict() {
     assert!(drain(&mut r).contains(&Action::StopServing {
         shard: shards[0],
         epoch: 7,
-        reason: StopReason::Isolated
+        reason: StopReason::Isolated,
+        close: Close::Now,
     }));
 }
 
@@ -344,7 +345,8 @@ fn a_pod_paused_past_its_deadline_gives_up_instead_of_holding() {
         actions.contains(&Action::StopServing {
             shard: shards[0],
             epoch: 7,
-            reason: StopReason::Paused
+            reason: StopReason::Paused,
+            close: Close::Now,
         }),
         "{actions:?}"
     );
@@ -438,6 +440,7 @@ fn a_snapshot_showing_a_newer_owner_stops_a_held_shard() {
         shard: taken,
         epoch: 7,
         reason: StopReason::Stolen,
+        close: Close::Now,
     };
     assert!(actions.contains(&stop), "{actions:?}");
     assert!(

@@ -1,0 +1,378 @@
+//! A planned move, per terminal, at the pod that takes a shard over: before it dials a
+//! terminal it asks the shard's previous owner (its *predecessor*, still holding the
+//! session as draining) to close it, and dials only once that is answered. So a moved
+//! terminal is without a connection for about one close and one dial, never for the
+//! whole shard's turn in the dial queue, and never has two sessions at once.
+//!
+//! The [`Walk`] task of a taken-over shard gets each new link's [`Gate`] in directory
+//! order and opens the gates a batch at a time: it takes one slot of the pod-wide walk
+//! window per terminal (held until the link's dial is admitted by the pacer, so the
+//! terminals closed ahead of their dial stay few, pod-wide), asks the predecessor to
+//! release the batch, and opens the gates with the answer. A push waiting for a
+//! terminal whose gate is shut makes it urgent: it goes in the next batch, ahead of the
+//! rest. Whatever goes wrong (the predecessor is unreachable, slow, of an earlier
+//! release, or not draining the shard), the walk falls back to today's path: every
+//! remaining gate opens and the terminals are dialed at the pacer's rate; a session the
+//! predecessor still has is then fenced by the terminal on our newer hello.
+//!
+//! Not for: the predecessor's side (the manager's `drain`), the peer call itself (a
+//! [`Predecessor`] made by the composition root), or pacing the dials (`pacer`).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tracing::{debug, info, warn};
+
+use super::link::LinkShared;
+use crate::core::membership::Member;
+use crate::core::ShardId;
+use crate::metrics::Metrics;
+
+/// Most terminals one release request names. Also bounds what a peer may ask a pod to
+/// close with one request (`peer::wire`).
+pub const MAX_RELEASE_BATCH: usize = 64;
+
+/// What a predecessor answered to a release request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Released {
+    /// It drains the shard and has closed the named terminals' sessions (`closed` of
+    /// them had one; the others had none to close).
+    Closed { closed: usize },
+    /// It does not drain the shard (never had it, closed it already, or still serves
+    /// it): nothing to wait for.
+    NotDraining,
+}
+
+/// Why a release request got no usable answer.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ReleaseFailed(pub String);
+
+/// How the pod asks a predecessor to release terminals: the signed peer call
+/// (`POST /internal/v1/release-terminals/{shard}`), made by the layer above.
+pub trait Predecessor: Send + Sync + 'static {
+    /// Asks `from` to close `terminals` of `shard`, answering within `timeout`.
+    fn release(
+        &self,
+        from: &Member,
+        shard: ShardId,
+        terminals: Vec<String>,
+        timeout: Duration,
+    ) -> BoxFuture<'static, Result<Released, ReleaseFailed>>;
+}
+
+/// Pod-wide settings of the walks.
+#[derive(Clone)]
+pub struct WalkConfig {
+    pub predecessor: Arc<dyn Predecessor>,
+    /// Terminals released but not yet admitted to a dial, pod-wide: about 50 ms of
+    /// dials, so a released terminal waits about that long for its turn.
+    pub window: Arc<Semaphore>,
+    /// Bound of one release request (the predecessor closes within its close budget).
+    pub timeout: Duration,
+}
+
+impl WalkConfig {
+    /// A window of `dial_rate / 20` (at least 1, at most a batch).
+    pub fn new(predecessor: Arc<dyn Predecessor>, dial_rate: u32, timeout: Duration) -> Self {
+        let window = (dial_rate as usize / 20).clamp(1, MAX_RELEASE_BATCH);
+        WalkConfig {
+            predecessor,
+            window: Arc::new(Semaphore::new(window)),
+            timeout,
+        }
+    }
+}
+
+impl std::fmt::Debug for WalkConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WalkConfig")
+            .field("window", &self.window.available_permits())
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A link's leave to dial for the first time, given by the walk.
+#[derive(Debug)]
+pub(super) struct Gate {
+    id: String,
+    open: oneshot::Receiver<Opened>,
+    walk: mpsc::UnboundedSender<Input>,
+}
+
+/// How a gate opened.
+#[derive(Debug)]
+pub(super) enum Opened {
+    /// The predecessor closed the terminal's session (asked at `asked`); the slot of
+    /// the walk window is held until the dial is admitted.
+    Released {
+        asked: Instant,
+        _slot: OwnedSemaphorePermit,
+    },
+    /// The walk fell back: dial as if there were no predecessor.
+    Fallback,
+}
+
+impl Gate {
+    /// Waits until the walk opens the gate; a push starting to wait meanwhile makes the
+    /// terminal urgent (once). A walk that is gone (its shard stopped) opens every gate
+    /// it held: the link is being removed anyway, or dials normally.
+    pub(super) async fn wait(mut self, shared: &LinkShared) -> Opened {
+        let mut told = false;
+        loop {
+            tokio::select! {
+                opened = &mut self.open => return opened.unwrap_or(Opened::Fallback),
+                () = shared.woken(), if !told => {
+                    if shared.urgent() {
+                        told = true;
+                        let _ = self.walk.send(Input::Urgent(self.id.clone()));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// What the walk task hears.
+#[derive(Debug)]
+pub(super) enum Input {
+    /// A new link waits at its gate, in directory order.
+    Add(String, oneshot::Sender<Opened>),
+    /// A push waits for this terminal.
+    Urgent(String),
+}
+
+/// The manager's handle on a taken-over shard's walk. Dropping it (the shard stopped)
+/// ends the walk.
+#[derive(Debug)]
+pub(super) struct Walk {
+    tx: mpsc::UnboundedSender<Input>,
+    /// Dropped with the handle: the walk asks for nothing more (gates hold `tx`).
+    _stop: oneshot::Sender<()>,
+}
+
+impl Walk {
+    /// Starts the walk of `shard` from `from`.
+    pub(super) fn start(
+        cfg: WalkConfig,
+        shard: ShardId,
+        from: Member,
+        metrics: Arc<Metrics>,
+    ) -> Walk {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (stop_tx, stop) = oneshot::channel();
+        tokio::spawn(
+            Walker {
+                cfg,
+                shard,
+                from,
+                metrics,
+                queue: VecDeque::new(),
+                urgent: VecDeque::new(),
+                gates: HashMap::new(),
+                fallen_back: None,
+            }
+            .run(rx, stop),
+        );
+        Walk { tx, _stop: stop_tx }
+    }
+
+    /// The gate of a new link for `id`.
+    pub(super) fn gate(&self, id: &str) -> Gate {
+        let (open_tx, open) = oneshot::channel();
+        let _ = self.tx.send(Input::Add(id.to_string(), open_tx));
+        Gate {
+            id: id.to_string(),
+            open,
+            walk: self.tx.clone(),
+        }
+    }
+}
+
+struct Walker {
+    cfg: WalkConfig,
+    shard: ShardId,
+    from: Member,
+    metrics: Arc<Metrics>,
+    /// Terminals not asked for yet, in directory order.
+    queue: VecDeque<String>,
+    /// Terminals a push waits for, first come first asked.
+    urgent: VecDeque<String>,
+    gates: HashMap<String, oneshot::Sender<Opened>>,
+    /// Why the walk gave up asking, once it did: every gate opens at once from then on.
+    fallen_back: Option<&'static str>,
+}
+
+impl Walker {
+    async fn run(self, rx: mpsc::UnboundedReceiver<Input>, mut stop: oneshot::Receiver<()>) {
+        let shard = self.shard;
+        tokio::select! {
+            () = self.walk(rx) => {}
+            _ = &mut stop => debug!(shard, "walk stopped with its shard"),
+        }
+    }
+
+    async fn walk(mut self, mut rx: mpsc::UnboundedReceiver<Input>) {
+        let started = Instant::now();
+        let mut released = 0usize;
+        loop {
+            while let Ok(input) = rx.try_recv() {
+                self.take(input);
+            }
+            if self.fallen_back.is_some() {
+                self.open_all();
+            }
+            if self.gates.is_empty() {
+                match rx.recv().await {
+                    Some(input) => {
+                        self.take(input);
+                        continue;
+                    }
+                    // The shard stopped (its walk handle and every gate are gone).
+                    None => break,
+                }
+            }
+            // One slot per terminal: the first is waited for, the rest taken if free.
+            let first = tokio::select! {
+                slot = self.cfg.window.clone().acquire_owned() => slot.expect("never closed"),
+                input = rx.recv() => match input {
+                    Some(input) => { self.take(input); continue; }
+                    None => break,
+                },
+            };
+            let mut slots = vec![first];
+            let batch = self.next_batch(&mut slots);
+            if batch.is_empty() {
+                continue;
+            }
+            let asked = Instant::now();
+            let answer = self
+                .cfg
+                .predecessor
+                .release(&self.from, self.shard, batch.clone(), self.cfg.timeout)
+                .await;
+            let outcome = match &answer {
+                Ok(Released::Closed { .. }) => "released",
+                Ok(Released::NotDraining) => "not_draining",
+                Err(_) => "failed",
+            };
+            self.metrics
+                .handover_releases
+                .get_or_create(&[("outcome", outcome)])
+                .inc();
+            match answer {
+                Ok(Released::Closed { closed }) => {
+                    released += closed;
+                    for (id, slot) in batch.into_iter().zip(slots) {
+                        self.open(&id, Opened::Released { asked, _slot: slot });
+                    }
+                }
+                Ok(Released::NotDraining) => {
+                    debug!(shard = self.shard, from = %self.from.pod, "predecessor does not drain the shard; dialing normally");
+                    self.fall_back("not_draining", batch);
+                }
+                Err(e) => {
+                    warn!(
+                        shard = self.shard, from = %self.from.pod, error = %e,
+                        "predecessor did not release terminals; dialing the rest normally"
+                    );
+                    self.fall_back("failed", batch);
+                }
+            }
+        }
+        info!(
+            shard = self.shard, from = %self.from.pod, released,
+            fallback = self.fallen_back.unwrap_or("none"),
+            secs = started.elapsed().as_secs_f64(), "handover walk ended"
+        );
+    }
+
+    fn take(&mut self, input: Input) {
+        match input {
+            Input::Add(id, gate) => {
+                // A replaced link (its address changed) has a new gate; its place in
+                // the queue stands for the new one (the old link is being removed).
+                if self.gates.insert(id.clone(), gate).is_none() {
+                    self.queue.push_back(id);
+                    self.metrics.handover_waiting.inc();
+                }
+            }
+            Input::Urgent(id) => {
+                if self.gates.contains_key(&id) {
+                    self.urgent.push_back(id);
+                }
+            }
+        }
+    }
+
+    /// Up to one terminal per slot in `slots` (taking more while the window has them),
+    /// urgent ones first; gates whose link is gone are dropped on the way.
+    fn next_batch(&mut self, slots: &mut Vec<OwnedSemaphorePermit>) -> Vec<String> {
+        let mut batch = Vec::new();
+        while batch.len() < MAX_RELEASE_BATCH {
+            let Some(id) = self.urgent.pop_front().or_else(|| self.queue.pop_front()) else {
+                break;
+            };
+            match self.gates.get(&id) {
+                // Asked for already (urgent, and still queued), or its link is gone.
+                None => continue,
+                _ if batch.contains(&id) => continue,
+                Some(gate) if gate.is_closed() => {
+                    self.gates.remove(&id);
+                    self.metrics.handover_waiting.dec();
+                    continue;
+                }
+                Some(_) => {}
+            }
+            if batch.len() == slots.len() {
+                match self.cfg.window.clone().try_acquire_owned() {
+                    Ok(slot) => slots.push(slot),
+                    Err(_) => {
+                        self.queue.push_front(id);
+                        break;
+                    }
+                }
+            }
+            batch.push(id);
+        }
+        slots.truncate(batch.len());
+        batch
+    }
+
+    fn open(&mut self, id: &str, opened: Opened) {
+        if let Some(gate) = self.gates.remove(id) {
+            self.metrics.handover_waiting.dec();
+            let _ = gate.send(opened);
+        }
+    }
+
+    fn fall_back(&mut self, why: &'static str, batch: Vec<String>) {
+        self.fallen_back.get_or_insert(why);
+        for id in batch {
+            self.open(&id, Opened::Fallback);
+        }
+        self.open_all();
+    }
+
+    fn open_all(&mut self) {
+        let ids: Vec<String> = self.gates.keys().cloned().collect();
+        for id in ids {
+            self.open(&id, Opened::Fallback);
+        }
+        self.queue.clear();
+        self.urgent.clear();
+    }
+}
+
+impl Drop for Walker {
+    fn drop(&mut self) {
+        // Gates still shut when the shard stopped: no longer waiting.
+        for _ in self.gates.drain() {
+            self.metrics.handover_waiting.dec();
+        }
+    }
+}

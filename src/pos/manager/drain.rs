@@ -1,0 +1,220 @@
+//! A shard handed over, at the pod that gives it up: its sessions stay open as
+//! *draining* (nothing is delivered or dialed on them) until the new owner asks for
+//! each terminal (`release`), right before it dials it; the drain budget closes what is
+//! left. The stop that begins a drain is acknowledged once no push is being sent on the
+//! shard ([`Sending`]), so the lease is released with every answer final: the kept
+//! answers the new owner takes over (`push::handoff`) are complete.
+//!
+//! What a terminal sees when two pods disagree: this pod delivers nothing on a draining
+//! session, and the new owner dials a terminal only after this pod closed it (or, if
+//! asking failed, with a newer epoch, which the terminal's fence prefers). A pod that
+//! takes a shard back while it drains resumes it with its new epoch.
+//!
+//! Not for: the new owner's side (`pos::handover`), or deciding to drain (the
+//! reconciler's `Close::Drain`).
+
+use std::time::Instant;
+
+use super::*;
+
+/// After closing released sessions, how long before answering: the terminal handles a
+/// closed connection asynchronously (like `HANDOVER_SETTLE`, for a handful of sockets
+/// rather than a shard, so far shorter), and the new owner dials once answered.
+const RELEASE_SETTLE: Duration = Duration::from_millis(30);
+
+/// A shard draining here.
+pub(super) struct Drained {
+    /// Tells this drain from a later one of the same shard (its budget timer).
+    id: u64,
+    entry: ShardEntry,
+    since: Instant,
+}
+
+/// A push being sent on a shard's sessions; see [`super::TerminalLink::sending`].
+#[derive(Debug)]
+pub struct Sending(Arc<watch::Sender<usize>>);
+
+impl Sending {
+    pub(super) fn new(sends: Arc<watch::Sender<usize>>) -> Self {
+        sends.send_modify(|n| *n += 1);
+        Sending(sends)
+    }
+}
+
+impl Drop for Sending {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n -= 1);
+    }
+}
+
+impl<D: Directory> Inner<D> {
+    /// Begins draining `shard` (served with `epoch`): resolves once nothing is being
+    /// sent on it, at most the close budget (a send that outlives it finds the shard
+    /// no longer served when it is checked, so it never goes out... unless it was
+    /// checked already, which the guard is taken before).
+    pub(super) fn drain(
+        self: Arc<Self>,
+        shard: ShardId,
+        epoch: Epoch,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let entry = lock(&self.shards).remove(&shard);
+        let mut sends = None;
+        if let Some(mut entry) = entry {
+            // A walk of our own still under way asks our predecessor for nothing more.
+            entry.walk = None;
+            entry.mode.send_replace(Mode {
+                epoch,
+                delivery: Delivery::Holding,
+            });
+            sends = Some(entry.sends.subscribe());
+            let terminals = entry.links.len();
+            self.metrics.draining_sessions.inc_by(terminals as i64);
+            let id = self.next_incarnation.fetch_add(1, Ordering::Relaxed);
+            let drained = Drained {
+                id,
+                entry,
+                since: Instant::now(),
+            };
+            lock(&self.draining).insert(shard, drained);
+            self.count_draining();
+            info!(
+                shard,
+                epoch,
+                terminals,
+                "shard handed over; its sessions drain until the new owner asks for them"
+            );
+            tokio::spawn(self.clone().drain_budget(shard, id));
+        }
+        let budget = self.close_budget;
+        async move {
+            if let Some(mut sends) = sends {
+                let idle = tokio::time::timeout(budget, sends.wait_for(|n| *n == 0)).await;
+                if idle.is_err() {
+                    warn!(
+                        shard,
+                        "pushes still being sent after the close budget; handing over anyway"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Closes what is left of drain `id` of `shard` once the drain budget ran out.
+    async fn drain_budget(self: Arc<Self>, shard: ShardId, id: u64) {
+        tokio::time::sleep(self.drain_budget).await;
+        let drained = {
+            let mut draining = lock(&self.draining);
+            match draining.get(&shard) {
+                Some(d) if d.id == id => draining.remove(&shard),
+                _ => None,
+            }
+        };
+        let Some(drained) = drained else {
+            return;
+        };
+        self.count_draining();
+        let left = drained.entry.links.len();
+        self.metrics.draining_sessions.dec_by(left as i64);
+        self.metrics
+            .drains_ended
+            .get_or_create(&[("how", "budget")])
+            .inc();
+        warn!(
+            shard,
+            terminals = left,
+            "drain budget ran out before the new owner asked for every terminal; closing the rest"
+        );
+        let handles: Vec<LinkHandle> = drained.entry.links.into_values().collect();
+        self.closed(handles).await;
+    }
+
+    /// The new owner asks for `terminals` of `shard`: closes their sessions and says
+    /// how many had one, or that the shard does not drain here.
+    pub(super) async fn release(&self, shard: ShardId, terminals: &[String]) -> Released {
+        let handles: Vec<LinkHandle> = {
+            let mut draining = lock(&self.draining);
+            let Some(drained) = draining.get_mut(&shard) else {
+                return Released::NotDraining;
+            };
+            let links = &mut drained.entry.links;
+            terminals.iter().filter_map(|id| links.remove(id)).collect()
+        };
+        self.metrics.draining_sessions.dec_by(handles.len() as i64);
+        let closed = handles
+            .iter()
+            .filter(|h| matches!(h.state.borrow().state, LinkState::Connected { .. }))
+            .count();
+        self.closed(handles).await;
+        if closed > 0 {
+            tokio::time::sleep(RELEASE_SETTLE).await;
+        }
+        let done = {
+            let mut draining = lock(&self.draining);
+            match draining.get(&shard) {
+                Some(d) if d.entry.links.is_empty() => draining.remove(&shard),
+                _ => None,
+            }
+        };
+        if let Some(done) = done {
+            self.count_draining();
+            self.metrics
+                .drains_ended
+                .get_or_create(&[("how", "released")])
+                .inc();
+            info!(
+                shard,
+                secs = done.since.elapsed().as_secs_f64(),
+                "every terminal of the shard handed over was released to the new owner"
+            );
+        }
+        Released::Closed { closed }
+    }
+
+    /// Takes `shard` back out of the drain, if it drains here.
+    pub(super) fn resume_drained(&self, shard: ShardId) -> Option<ShardEntry> {
+        let drained = lock(&self.draining).remove(&shard)?;
+        self.count_draining();
+        let left = drained.entry.links.len();
+        self.metrics.draining_sessions.dec_by(left as i64);
+        self.metrics
+            .drains_ended
+            .get_or_create(&[("how", "resumed")])
+            .inc();
+        info!(shard, terminals = left, "shard taken back while it drained");
+        Some(drained.entry)
+    }
+
+    /// Drops `handles` (each link closes its session) and waits until their tasks
+    /// ended, sockets included; a link stuck past the close budget is left to its task,
+    /// which drops the socket when it ends.
+    async fn closed(&self, handles: Vec<LinkHandle>) {
+        let ended: Vec<_> = handles.into_iter().map(|h| h.ended).collect();
+        let all = futures::future::join_all(ended);
+        let _ = tokio::time::timeout(self.close_budget + CLOSE_SLACK, all).await;
+    }
+
+    fn count_draining(&self) {
+        let n = lock(&self.draining).len();
+        self.draining_count.send_replace(n);
+    }
+}
+
+impl<D: Directory> ConnectionManager<D> {
+    /// A peer that took `shard` over asks for `terminals` (see the module docs).
+    pub fn release_terminals(
+        &self,
+        shard: ShardId,
+        terminals: Vec<String>,
+    ) -> impl Future<Output = Released> + Send + 'static {
+        let inner = self.inner.clone();
+        async move { inner.release(shard, &terminals).await }
+    }
+
+    /// Resolves once no shard drains here (the pod's shutdown waits for it, bounded).
+    pub fn drained(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut count = self.inner.draining_count.subscribe();
+        async move {
+            let _ = count.wait_for(|n| *n == 0).await;
+        }
+    }
+}

@@ -1,0 +1,260 @@
+//! A planned move per terminal between two managers over one fake terminal farm: the
+//! old owner drains, the new one asks for each terminal before dialing it (`handover`,
+//! `manager/drain.rs`), and the fallbacks when asking fails or nobody asks.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use tokio::sync::mpsc;
+
+use super::fake::{wait_until, FakeTerminal, Pki, LIMIT};
+use crate::core::membership::{Member, HANDOVER_DRAIN};
+use crate::core::reconciler::{Close, StopReason};
+use crate::core::ShardId;
+use crate::metrics::Metrics;
+use crate::pos::handover::{Predecessor, ReleaseFailed, Released, WalkConfig};
+use crate::pos::manager::{ConnectionManager, Lookup, ManagerConfig};
+use crate::pos::LinkState;
+use crate::serving::ServingHook;
+use crate::store::directory::{DirectoryAdmin, MemoryDirectory, Terminal};
+
+const TERMINALS: usize = 40;
+
+/// Asks another manager in this process, recording every batch.
+struct Local {
+    from: Mutex<Option<ConnectionManager<MemoryDirectory>>>,
+    batches: Mutex<Vec<Vec<String>>>,
+    fail: bool,
+}
+
+impl Local {
+    fn new(from: Option<ConnectionManager<MemoryDirectory>>, fail: bool) -> Arc<Local> {
+        Arc::new(Local {
+            from: Mutex::new(from),
+            batches: Mutex::default(),
+            fail,
+        })
+    }
+}
+
+impl Predecessor for Local {
+    fn release(
+        &self,
+        _from: &Member,
+        shard: ShardId,
+        terminals: Vec<String>,
+        _timeout: Duration,
+    ) -> BoxFuture<'static, Result<Released, ReleaseFailed>> {
+        self.batches.lock().unwrap().push(terminals.clone());
+        let from = self.from.lock().unwrap().clone();
+        let fail = self.fail;
+        async move {
+            match from {
+                _ if fail => Err(ReleaseFailed("unreachable".into())),
+                Some(m) => Ok(m.release_terminals(shard, terminals).await),
+                None => Ok(Released::NotDraining),
+            }
+        }
+        .boxed()
+    }
+}
+
+fn config(predecessor: Arc<Local>, metrics: Arc<Metrics>, drain: Duration) -> ManagerConfig {
+    ManagerConfig {
+        directory_poll: Duration::from_millis(100),
+        rng_seed: Some(1),
+        walk: Some(WalkConfig::new(predecessor, 200, Duration::from_secs(1))),
+        drain_budget: drain,
+        metrics,
+        ..ManagerConfig::default()
+    }
+}
+
+fn member_a() -> Member {
+    Member {
+        handover: HANDOVER_DRAIN,
+        ..crate::core::testing::member("pod-a")
+    }
+}
+
+async fn farm(pki: &Pki) -> (FakeTerminal, Arc<MemoryDirectory>, Vec<String>) {
+    let server = FakeTerminal::spawn(pki.server("pos-1.test", &[b"h2"])).await;
+    let directory = Arc::new(MemoryDirectory::new());
+    let ids: Vec<String> = (0..TERMINALS).map(|i| format!("t-{i:02}")).collect();
+    let terminals: Vec<Terminal> = ids
+        .iter()
+        .map(|id| server.terminal(id, "pos-1.test"))
+        .collect();
+    directory.upsert(1, &terminals).await.unwrap();
+    (server, directory, ids)
+}
+
+fn connected(m: &ConnectionManager<MemoryDirectory>, epoch: u64) -> bool {
+    m.shard(0).is_some_and(|v| {
+        v.links.len() == TERMINALS
+            && v.links
+                .values()
+                .all(|s| *s == LinkState::Connected { epoch })
+    })
+}
+
+fn count(metrics: &Metrics, outcome: &'static str) -> u64 {
+    metrics
+        .handover_releases
+        .get_or_create(&[("outcome", outcome)])
+        .get()
+}
+
+/// Manager A serving shard 0 with epoch 5, every terminal connected.
+async fn serving_a(
+    pki: &Pki,
+    directory: &Arc<MemoryDirectory>,
+    drain: Duration,
+) -> (ConnectionManager<MemoryDirectory>, Arc<Metrics>) {
+    let metrics = Arc::new(Metrics::new());
+    let cfg = config(Local::new(None, false), metrics.clone(), drain);
+    let (stale, _) = mpsc::unbounded_channel();
+    let a = ConnectionManager::new(directory.clone(), pki.dialer(), cfg, stale);
+    a.start(0, 5);
+    wait_until("A connected", || connected(&a, 5)).await;
+    (a, metrics)
+}
+
+#[tokio::test]
+async fn the_new_owner_dials_each_terminal_only_after_the_old_one_closed_it() {
+    let pki = Pki::new();
+    let (server, directory, ids) = farm(&pki).await;
+    let (a, a_metrics) = serving_a(&pki, &directory, LIMIT).await;
+    assert_eq!(a.handover(), HANDOVER_DRAIN);
+
+    // A drains: the stop resolves, nothing is served, every session stays open.
+    tokio::time::timeout(LIMIT, a.stop(0, 5, StopReason::Rebalance, Close::Drain))
+        .await
+        .expect("a drain is acknowledged without waiting for the terminals");
+    assert!(a.shard(0).is_none());
+    assert!(matches!(a.lookup(0, "t-00"), Lookup::NotServed));
+    assert_eq!(
+        server.open.load(std::sync::atomic::Ordering::SeqCst),
+        TERMINALS
+    );
+    assert_eq!(a_metrics.draining_sessions.get(), TERMINALS as i64);
+
+    // B takes the shard over from A and walks it.
+    let local = Local::new(Some(a.clone()), false);
+    let b_metrics = Arc::new(Metrics::new());
+    let (stale, _) = mpsc::unbounded_channel();
+    let b_cfg = config(local.clone(), b_metrics.clone(), LIMIT);
+    let b = ConnectionManager::new(directory.clone(), pki.dialer(), b_cfg, stale);
+    b.taken_over(0, 6, &member_a());
+    b.start(0, 6);
+    wait_until("B connected", || connected(&b, 6)).await;
+    tokio::time::timeout(LIMIT, a.drained())
+        .await
+        .expect("A's drain ended: every terminal was asked for");
+
+    // No terminal ever had two connections: A closed each before B dialed it.
+    assert_eq!(
+        server.most_at_once(),
+        1,
+        "a terminal had two sessions at once"
+    );
+    assert_eq!(
+        server.open.load(std::sync::atomic::Ordering::SeqCst),
+        TERMINALS
+    );
+    let batches = local.batches.lock().unwrap().clone();
+    let mut asked: Vec<String> = batches.iter().flatten().cloned().collect();
+    asked.sort();
+    assert_eq!(asked, ids, "each terminal asked for exactly once");
+    // The walk window (200 dials/s / 20) bounds each batch.
+    assert!(batches.iter().all(|b| b.len() <= 10), "{batches:?}");
+    assert!(batches.len() >= TERMINALS / 10);
+    assert_eq!(count(&b_metrics, "released"), batches.len() as u64);
+    assert_eq!(count(&b_metrics, "failed"), 0);
+    assert_eq!(b_metrics.handover_waiting.get(), 0);
+    assert_eq!(a_metrics.draining_sessions.get(), 0);
+    let ended = |how| a_metrics.drains_ended.get_or_create(&[("how", how)]).get();
+    assert_eq!(ended("released"), 1);
+    // Every terminal took B's hello after A's.
+    let hellos = server.hellos();
+    for id in &ids {
+        let epochs: Vec<u64> = hellos
+            .iter()
+            .filter(|h| &h.terminal == id)
+            .map(|h| h.epoch)
+            .collect();
+        assert_eq!(epochs, [5, 6], "{id}");
+    }
+    b.stop(0, 6, StopReason::Shutdown, Close::Now).await;
+}
+
+#[tokio::test]
+async fn an_unreachable_predecessor_falls_back_to_dialing_and_the_drain_budget_closes() {
+    let pki = Pki::new();
+    let (server, directory, _ids) = farm(&pki).await;
+    let (a, a_metrics) = serving_a(&pki, &directory, Duration::from_millis(300)).await;
+    a.stop(0, 5, StopReason::Rebalance, Close::Drain).await;
+
+    // B cannot reach A: after the first failed ask it dials the whole shard.
+    let local = Local::new(Some(a.clone()), true);
+    let b_metrics = Arc::new(Metrics::new());
+    let (stale, _) = mpsc::unbounded_channel();
+    let b_cfg = config(local.clone(), b_metrics.clone(), LIMIT);
+    let b = ConnectionManager::new(directory.clone(), pki.dialer(), b_cfg, stale);
+    b.taken_over(0, 6, &member_a());
+    b.start(0, 6);
+    wait_until("B connected", || connected(&b, 6)).await;
+    assert_eq!(
+        local.batches.lock().unwrap().len(),
+        1,
+        "asked once, then fell back"
+    );
+    assert_eq!(count(&b_metrics, "failed"), 1);
+
+    // Nobody asked A: its drain budget closes what it kept.
+    tokio::time::timeout(LIMIT, a.drained())
+        .await
+        .expect("drain budget");
+    let ended = |how| a_metrics.drains_ended.get_or_create(&[("how", how)]).get();
+    assert_eq!(ended("budget"), 1);
+    assert_eq!(a_metrics.draining_sessions.get(), 0);
+    wait_until("only B's sessions left", || {
+        server.open.load(std::sync::atomic::Ordering::SeqCst) == TERMINALS
+    })
+    .await;
+    b.stop(0, 6, StopReason::Shutdown, Close::Now).await;
+}
+
+#[tokio::test]
+async fn a_drain_waits_for_the_push_being_sent_and_a_shard_taken_back_resumes() {
+    let pki = Pki::new();
+    let (server, directory, _ids) = farm(&pki).await;
+    let (a, a_metrics) = serving_a(&pki, &directory, LIMIT).await;
+    let Lookup::Found(link) = a.lookup(0, "t-00") else {
+        panic!("t-00 is served")
+    };
+    let sending = link.sending();
+    let mut stop = a.stop(0, 5, StopReason::Rebalance, Close::Drain).boxed();
+    let early = tokio::time::timeout(Duration::from_millis(200), &mut stop).await;
+    assert!(early.is_err(), "acknowledged while a push was being sent");
+    drop(sending);
+    tokio::time::timeout(LIMIT, stop)
+        .await
+        .expect("acknowledged once the push ended");
+
+    // Handed back before anyone asked: the same sessions say hello with the new epoch.
+    a.start(0, 7);
+    wait_until("A serves again with epoch 7", || connected(&a, 7)).await;
+    assert_eq!(
+        server.open.load(std::sync::atomic::Ordering::SeqCst),
+        TERMINALS
+    );
+    assert_eq!(server.most_at_once(), 1);
+    let ended = |how| a_metrics.drains_ended.get_or_create(&[("how", how)]).get();
+    assert_eq!(ended("resumed"), 1);
+    assert_eq!(a_metrics.draining_sessions.get(), 0);
+    tokio::time::timeout(LIMIT, a.drained()).await.unwrap();
+    a.stop(0, 7, StopReason::Shutdown, Close::Now).await;
+}
