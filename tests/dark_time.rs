@@ -2,7 +2,9 @@
 //! handed over per terminal (`pos::handover`: the old owner drains, the new owner asks
 //! it to close each terminal right before dialing it): three whole pods (in process,
 //! `support::gateway`) over 600 simulated terminals settle, then (a) a fourth pod joins
-//! and the shards rebalance, then (b) one of the original pods shuts down gracefully.
+//! and the shards rebalance, (b) one of the original pods shuts down gracefully, and (c)
+//! the three left are replaced one by one like a Kubernetes rollout (a new pod joins,
+//! then an old one leaves).
 //! For each step the farm's dark-interval log (`PosFarm::dark_intervals`) says how long
 //! each moved terminal had no connection at all; count, p50, p99 and max are printed
 //! (`--nocapture`).
@@ -32,7 +34,7 @@ use crate::support::wait::{secs, wait_for};
 const TERMINALS: u64 = 600;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_join_and_a_graceful_leave_darken_exactly_the_moved_terminals() {
+async fn a_join_a_leave_and_a_rolling_restart_hand_each_moved_terminal_over_on_its_own() {
     let test = "dark-time";
     let mut gw = Gateway::start(3, farm::config(TERMINALS), test).await;
     wait_for("3 pods balanced", connect_limit(), || gw.balanced()).await;
@@ -47,6 +49,21 @@ async fn a_join_and_a_graceful_leave_darken_exactly_the_moved_terminals() {
     let left = gw.stop_pod(0).await;
     wait_for("the leave rebalanced", connect_limit(), || gw.balanced()).await;
     step.measure(&gw, test, &format!("leave ({left} shut down gracefully)"));
+
+    let step = Step::begin(&gw);
+    for _ in 0..gw.pods.len() {
+        gw.add_pod().await;
+        wait_for("the new pod took its share", connect_limit(), || {
+            gw.balanced()
+        })
+        .await;
+        gw.stop_pod(0).await;
+        wait_for("the old pod's leave rebalanced", connect_limit(), || {
+            gw.balanced()
+        })
+        .await;
+    }
+    step.measure(&gw, test, "rolling restart (3 pods replaced one by one)");
 
     gw.assert_no_overlap(test);
 }

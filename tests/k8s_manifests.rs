@@ -3,8 +3,9 @@
 //! - every `POSGATE_*` variable named in a manifest is a real `posgate serve` flag
 //!   variable (from the binary's `serve --help`, `[env: POSGATE_X=]`) or one of the
 //!   documented secret variables, and secret variables are never set as plain values;
-//! - the shutdown timeline fits: preStop sleep + `--shutdown-budget` + the kept-answers
-//!   linger + HTTP drain <= `terminationGracePeriodSeconds`;
+//! - the shutdown timeline fits: preStop sleep + the longer of (`--shutdown-budget` + the
+//!   kept-answers linger) and `--drain-budget` + HTTP drain <=
+//!   `terminationGracePeriodSeconds`;
 //! - the Redis ACL examples grant exactly the commands posgate sends (client side plus
 //!   the commands the Lua scripts call) on the cluster's own keys;
 //! - the Dockerfile's user is the one the Deployment runs as;
@@ -229,22 +230,22 @@ fn scalar_after(lines: &[&str], from: usize, key: &str) -> Option<(usize, String
 }
 
 /// The default of `--shutdown-budget` as `serve --help` prints it.
-fn default_shutdown_budget(help: &str) -> u64 {
-    let at = help
-        .find("--shutdown-budget")
-        .expect("--shutdown-budget in help");
+fn default_of(help: &str, flag: &str) -> u64 {
+    let at = help.find(flag).unwrap_or_else(|| panic!("{flag} in help"));
     let tail = &help[at..];
     let start = tail
         .find("[default: ")
-        .expect("default of --shutdown-budget")
+        .unwrap_or_else(|| panic!("default of {flag}"))
         + 10;
     let end = start + tail[start..].find(']').expect("closed default");
     parse_secs(&tail[start..end])
 }
 
-/// preStop sleep + shutdown budget + kept-answers linger + HTTP drain must fit in the
-/// grace period of the posgate Deployment in `text` (one YAML document or a file).
-fn check_shutdown_timing(source: &str, text: &str, default_budget: u64) {
+/// preStop sleep + the longer of (shutdown budget + kept-answers linger) and the drain
+/// budget (a pod lingers until its shards handed over drain, `src/pod.rs`) + HTTP drain
+/// must fit in the grace period of the posgate Deployment in `text` (one YAML document
+/// or a file). `defaults`: the shutdown and drain budgets' flag defaults.
+fn check_shutdown_timing(source: &str, text: &str, defaults: (u64, u64)) {
     let lines: Vec<&str> = text.lines().collect();
     let (_, grace) = scalar_after(&lines, 0, "terminationGracePeriodSeconds")
         .unwrap_or_else(|| panic!("{source}: no terminationGracePeriodSeconds"));
@@ -256,31 +257,40 @@ fn check_shutdown_timing(source: &str, text: &str, default_budget: u64) {
     let (_, sleep) = scalar_after(&lines, pre_stop, "seconds")
         .unwrap_or_else(|| panic!("{source}: preStop has no sleep seconds"));
     let sleep: u64 = sleep.parse().expect("preStop sleep seconds");
-    let budget = lines
-        .iter()
-        .position(|l| l.trim().trim_start_matches("- ") == "name: POSGATE_SHUTDOWN_BUDGET")
-        .and_then(|i| scalar_after(&lines, i + 1, "value"))
-        .map_or(default_budget, |(_, v)| parse_secs(&v));
+    let set = |name: &str, default: u64| {
+        lines
+            .iter()
+            .position(|l| l.trim().trim_start_matches("- ") == format!("name: {name}"))
+            .and_then(|i| scalar_after(&lines, i + 1, "value"))
+            .map_or(default, |(_, v)| parse_secs(&v))
+    };
+    let budget = set("POSGATE_SHUTDOWN_BUDGET", defaults.0);
+    let drain = set("POSGATE_DRAIN_BUDGET", defaults.1);
     let linger = HANDOFF_LINGER.as_secs_f64().ceil() as u64;
-    let needed = sleep + budget + linger + HTTP_DRAIN_SECS;
+    let needed = sleep + (budget + linger).max(drain) + HTTP_DRAIN_SECS;
     println!(
-        "{source}: preStop {sleep}s + shutdown budget {budget}s + kept-answers linger \
-         {linger}s + HTTP drain {HTTP_DRAIN_SECS}s = {needed}s <= \
+        "{source}: preStop {sleep}s + max(shutdown budget {budget}s + kept-answers linger \
+         {linger}s, drain budget {drain}s) + HTTP drain {HTTP_DRAIN_SECS}s = {needed}s <= \
          terminationGracePeriodSeconds {grace}s"
     );
     assert!(
         needed <= grace,
         "{source}: terminationGracePeriodSeconds {grace} is shorter than preStop {sleep}s + \
-         shutdown budget {budget}s + kept-answers linger {linger}s + HTTP drain \
-         {HTTP_DRAIN_SECS}s: pods would be killed before releasing their leases"
+         max(shutdown budget {budget}s + kept-answers linger {linger}s, drain budget \
+         {drain}s) + HTTP drain {HTTP_DRAIN_SECS}s: pods would be killed before releasing \
+         their leases or before the new owners took their terminals over"
     );
 }
 
 #[test]
 fn grace_period_covers_the_graceful_shutdown() {
-    let budget = default_shutdown_budget(&serve_help());
+    let help = serve_help();
+    let defaults = (
+        default_of(&help, "--shutdown-budget"),
+        default_of(&help, "--drain-budget"),
+    );
     let path = root().join("k8s/base/deployment.yaml");
-    check_shutdown_timing(&rel(&path), &read(&path), budget);
+    check_shutdown_timing(&rel(&path), &read(&path), defaults);
 }
 
 /// The commands the Lua scripts call (`redis.call('GET', ...)`), lowercase.
@@ -588,7 +598,11 @@ fn every_kustomization_renders() {
         return;
     };
     let allowed = allowed_vars();
-    let budget = default_shutdown_budget(&serve_help());
+    let help = serve_help();
+    let budget = (
+        default_of(&help, "--shutdown-budget"),
+        default_of(&help, "--drain-budget"),
+    );
     let mut problems = Vec::new();
     for dir in &dirs {
         let out = Command::new(&kubectl)

@@ -5,7 +5,7 @@
 //! whole shard's turn in the dial queue, and never has two sessions at once.
 //!
 //! The [`Walk`] task of a taken-over shard gets each new link's [`Gate`] in directory
-//! order and opens the gates a batch at a time: it takes one slot of the pod-wide walk
+//! order (by id) and opens the gates a batch at a time: it takes one slot of the pod-wide walk
 //! window per terminal (held until the link's dial is admitted by the pacer, so the
 //! terminals closed ahead of their dial stay few, pod-wide), asks the predecessor to
 //! release the batch, and opens the gates with the answer. A push waiting for a

@@ -214,7 +214,10 @@ impl<D: Directory> Inner<D> {
         let removed = before - entry.links.len();
         wanted.retain(|id, _| !entry.links.contains_key(id));
         let added = wanted.len();
-        for (id, terminal) in wanted {
+        // In id order: a walk (`handover`) asks for them in the order they come.
+        let mut new: Vec<(String, Terminal)> = wanted.into_iter().collect();
+        new.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        for (id, terminal) in new {
             let (state_tx, state) = watch::channel(LinkStatus::new());
             let shared = Arc::new(LinkShared::default());
             let rng = StdRng::from_rng(&mut *lock(&self.rng));

@@ -27,6 +27,8 @@ struct Local {
     from: Mutex<Option<ConnectionManager<MemoryDirectory>>>,
     batches: Mutex<Vec<Vec<String>>>,
     fail: bool,
+    /// While set, the first ask is held until it is notified.
+    hold_first: Option<Arc<tokio::sync::Notify>>,
 }
 
 impl Local {
@@ -35,6 +37,7 @@ impl Local {
             from: Mutex::new(from),
             batches: Mutex::default(),
             fail,
+            hold_first: None,
         })
     }
 }
@@ -47,10 +50,18 @@ impl Predecessor for Local {
         terminals: Vec<String>,
         _timeout: Duration,
     ) -> BoxFuture<'static, Result<Released, ReleaseFailed>> {
-        self.batches.lock().unwrap().push(terminals.clone());
+        let first = {
+            let mut batches = self.batches.lock().unwrap();
+            batches.push(terminals.clone());
+            batches.len() == 1
+        };
         let from = self.from.lock().unwrap().clone();
         let fail = self.fail;
+        let hold = self.hold_first.clone().filter(|_| first);
         async move {
+            if let Some(hold) = hold {
+                hold.notified().await;
+            }
             match from {
                 _ if fail => Err(ReleaseFailed("unreachable".into())),
                 Some(m) => Ok(m.release_terminals(shard, terminals).await),
@@ -257,4 +268,47 @@ async fn a_drain_waits_for_the_push_being_sent_and_a_shard_taken_back_resumes() 
     assert_eq!(a_metrics.draining_sessions.get(), 0);
     tokio::time::timeout(LIMIT, a.drained()).await.unwrap();
     a.stop(0, 7, StopReason::Shutdown, Close::Now).await;
+}
+
+#[tokio::test]
+async fn a_push_waiting_for_a_terminal_makes_it_the_next_one_asked_for() {
+    let pki = Pki::new();
+    let (server, directory, ids) = farm(&pki).await;
+    let (a, _) = serving_a(&pki, &directory, LIMIT).await;
+    a.stop(0, 5, StopReason::Rebalance, Close::Drain).await;
+
+    let hold = Arc::new(tokio::sync::Notify::new());
+    let local = Arc::new(Local {
+        hold_first: Some(hold.clone()),
+        ..Arc::into_inner(Local::new(Some(a.clone()), false)).unwrap()
+    });
+    let (stale, _) = mpsc::unbounded_channel();
+    let b_cfg = config(local.clone(), Arc::new(Metrics::new()), LIMIT);
+    let b = ConnectionManager::new(directory.clone(), pki.dialer(), b_cfg, stale);
+    b.taken_over(0, 6, &member_a());
+    b.start(0, 6);
+    // The first ask is out (and held); the last terminal in directory order is far
+    // behind it in the queue, until a push starts waiting for it.
+    wait_until("the first ask", || local.batches.lock().unwrap().len() == 1).await;
+    let last = ids.last().unwrap().clone();
+    assert!(!local.batches.lock().unwrap()[0].contains(&last));
+    let link = loop {
+        if let Lookup::Found(link) = b.lookup(0, &last) {
+            break link;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let waiting = link.wait(8).expect("admitted");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    hold.notify_one();
+    wait_until("the second ask", || {
+        local.batches.lock().unwrap().len() >= 2
+    })
+    .await;
+    let second = local.batches.lock().unwrap()[1].clone();
+    assert_eq!(second.first(), Some(&last), "{second:?}");
+    drop(waiting);
+    wait_until("B connected", || connected(&b, 6)).await;
+    assert_eq!(server.most_at_once(), 1);
+    b.stop(0, 6, StopReason::Shutdown, Close::Now).await;
 }
