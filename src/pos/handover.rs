@@ -153,6 +153,45 @@ pub(super) struct Walk {
     tx: mpsc::UnboundedSender<Input>,
     /// Dropped with the handle: the walk asks for nothing more (gates hold `tx`).
     _stop: oneshot::Sender<()>,
+    /// Who is asked, and how: kept for a drain that cuts the walk short.
+    cfg: WalkConfig,
+    from: Member,
+}
+
+impl Walk {
+    /// Ends the walk, keeping whom it asked: a shard handed on before its walk finished
+    /// still owes its predecessor's sessions a release ([`Chain::release`]).
+    pub(super) fn stop(self) -> Chain {
+        Chain {
+            cfg: self.cfg,
+            from: self.from,
+        }
+    }
+}
+
+/// The predecessor of a shard handed on before its walk finished. Terminals the walk
+/// had not reached have no session here, but may still have one at the predecessor:
+/// before saying they are released, the pod asks the predecessor to release them too,
+/// so the next owner never dials a terminal whose session is open two handovers back.
+#[derive(Clone, Debug)]
+pub(super) struct Chain {
+    cfg: WalkConfig,
+    from: Member,
+}
+
+impl Chain {
+    /// Asks the predecessor to release `terminals` of `shard`; failures only logged
+    /// (the next owner's newer epoch then fences whatever session is left).
+    pub(super) async fn release(&self, shard: ShardId, terminals: Vec<String>) {
+        let asked = self
+            .cfg
+            .predecessor
+            .release(&self.from, shard, terminals, self.cfg.timeout)
+            .await;
+        if let Err(e) = asked {
+            warn!(shard, from = %self.from.pod, error = %e, "could not pass a release on to the shard's previous owner");
+        }
+    }
 }
 
 impl Walk {
@@ -165,6 +204,7 @@ impl Walk {
     ) -> Walk {
         let (tx, rx) = mpsc::unbounded_channel();
         let (stop_tx, stop) = oneshot::channel();
+        let kept = (cfg.clone(), from.clone());
         tokio::spawn(
             Walker {
                 cfg,
@@ -178,7 +218,12 @@ impl Walk {
             }
             .run(rx, stop),
         );
-        Walk { tx, _stop: stop_tx }
+        Walk {
+            tx,
+            _stop: stop_tx,
+            cfg: kept.0,
+            from: kept.1,
+        }
     }
 
     /// The gate of a new link for `id`.

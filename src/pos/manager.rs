@@ -416,14 +416,27 @@ impl<D: Directory> ServingHook for ConnectionManager<D> {
         let inner = &self.inner;
         let predecessor = lock(&inner.predecessors).remove(&shard);
         let mut shards = lock(&inner.shards);
-        if let Some(entry) = inner.resume_drained(shard) {
+        if let Some(mut entry) = inner.resume_drained(shard) {
             // Handed over and back before the drain ended: its sessions say hello
-            // with the new epoch and deliver again.
+            // with the new epoch and deliver again. Terminals it released meanwhile
+            // are with the pod it takes the shard back from: read the directory again
+            // now, and walk them from that pod like any handover.
             entry.mode.send_replace(Mode {
                 epoch,
                 delivery: Delivery::Delivering,
             });
+            entry.walk = predecessor.and_then(|from| {
+                let cfg = inner.walk.clone()?;
+                Some(Walk::start(cfg, shard, from, inner.metrics.clone()))
+            });
+            let reload = !entry.loading;
+            entry.loading = true;
+            let incarnation = entry.incarnation;
             shards.insert(shard, entry);
+            drop(shards);
+            if reload {
+                tokio::spawn(inner.clone().load(shard, incarnation));
+            }
             return;
         }
         if let Some(entry) = shards.get(&shard) {

@@ -16,6 +16,7 @@
 use std::time::Instant;
 
 use super::*;
+use crate::pos::handover::Chain;
 
 /// After closing released sessions, how long before answering: the terminal handles a
 /// closed connection asynchronously (like `HANDOVER_SETTLE`, for a handful of sockets
@@ -28,6 +29,8 @@ pub(super) struct Drained {
     id: u64,
     entry: ShardEntry,
     since: Instant,
+    /// The shard was handed on before its own walk finished: whom that walk asked.
+    chain: Option<Chain>,
 }
 
 /// A push being sent on a shard's sessions; see [`super::TerminalLink::sending`].
@@ -60,8 +63,9 @@ impl<D: Directory> Inner<D> {
         let entry = lock(&self.shards).remove(&shard);
         let mut sends = None;
         if let Some(mut entry) = entry {
-            // A walk of our own still under way asks our predecessor for nothing more.
-            entry.walk = None;
+            // A walk of our own still under way asks our predecessor for nothing more
+            // by itself; releases of terminals it had not reached are passed on.
+            let chain = entry.walk.take().map(Walk::stop);
             entry.mode.send_replace(Mode {
                 epoch,
                 delivery: Delivery::Holding,
@@ -74,6 +78,7 @@ impl<D: Directory> Inner<D> {
                 id,
                 entry,
                 since: Instant::now(),
+                chain,
             };
             lock(&self.draining).insert(shard, drained);
             self.count_draining();
@@ -131,20 +136,32 @@ impl<D: Directory> Inner<D> {
     /// The new owner asks for `terminals` of `shard`: closes their sessions and says
     /// how many had one, or that the shard does not drain here.
     pub(super) async fn release(&self, shard: ShardId, terminals: &[String]) -> Released {
-        let handles: Vec<LinkHandle> = {
+        let (handles, chain) = {
             let mut draining = lock(&self.draining);
             let Some(drained) = draining.get_mut(&shard) else {
                 return Released::NotDraining;
             };
             let links = &mut drained.entry.links;
-            terminals.iter().filter_map(|id| links.remove(id)).collect()
+            let handles: Vec<LinkHandle> =
+                terminals.iter().filter_map(|id| links.remove(id)).collect();
+            (handles, drained.chain.clone())
         };
         self.metrics.draining_sessions.dec_by(handles.len() as i64);
         let closed = handles
             .iter()
             .filter(|h| matches!(h.state.borrow().state, LinkState::Connected { .. }))
             .count();
+        // Never dialed here: our own walk had not reached them, so their session may
+        // still be open at our predecessor.
+        let undialed: Vec<String> = handles
+            .iter()
+            .filter(|h| !h.shared.dialed())
+            .map(|h| h.terminal.id.clone())
+            .collect();
         self.closed(handles).await;
+        if let Some(chain) = chain.filter(|_| !undialed.is_empty()) {
+            chain.release(shard, undialed).await;
+        }
         if closed > 0 {
             tokio::time::sleep(RELEASE_SETTLE).await;
         }

@@ -118,18 +118,29 @@ fn count(metrics: &Metrics, outcome: &'static str) -> u64 {
         .get()
 }
 
-/// Manager A serving shard 0 with epoch 5, every terminal connected.
+/// Manager A serving shard 0 with epoch 5, every terminal connected; its own
+/// predecessor asks nobody until [`Local::from`] is set.
+async fn serving_a_with(
+    pki: &Pki,
+    directory: &Arc<MemoryDirectory>,
+    drain: Duration,
+) -> (ConnectionManager<MemoryDirectory>, Arc<Metrics>, Arc<Local>) {
+    let metrics = Arc::new(Metrics::new());
+    let asks = Local::new(None, false);
+    let cfg = config(asks.clone(), metrics.clone(), drain);
+    let (stale, _) = mpsc::unbounded_channel();
+    let a = ConnectionManager::new(directory.clone(), pki.dialer(), cfg, stale);
+    a.start(0, 5);
+    wait_until("A connected", || connected(&a, 5)).await;
+    (a, metrics, asks)
+}
+
 async fn serving_a(
     pki: &Pki,
     directory: &Arc<MemoryDirectory>,
     drain: Duration,
 ) -> (ConnectionManager<MemoryDirectory>, Arc<Metrics>) {
-    let metrics = Arc::new(Metrics::new());
-    let cfg = config(Local::new(None, false), metrics.clone(), drain);
-    let (stale, _) = mpsc::unbounded_channel();
-    let a = ConnectionManager::new(directory.clone(), pki.dialer(), cfg, stale);
-    a.start(0, 5);
-    wait_until("A connected", || connected(&a, 5)).await;
+    let (a, metrics, _) = serving_a_with(pki, directory, drain).await;
     (a, metrics)
 }
 
@@ -311,4 +322,92 @@ async fn a_push_waiting_for_a_terminal_makes_it_the_next_one_asked_for() {
     wait_until("B connected", || connected(&b, 6)).await;
     assert_eq!(server.most_at_once(), 1);
     b.stop(0, 6, StopReason::Shutdown, Close::Now).await;
+}
+
+fn member(name: &str) -> Member {
+    Member {
+        handover: HANDOVER_DRAIN,
+        ..crate::core::testing::member(name)
+    }
+}
+
+fn walking(
+    pki: &Pki,
+    directory: &Arc<MemoryDirectory>,
+    predecessor: Arc<Local>,
+    drain: Duration,
+) -> ConnectionManager<MemoryDirectory> {
+    let (stale, _) = mpsc::unbounded_channel();
+    let cfg = config(predecessor, Arc::new(Metrics::new()), drain);
+    ConnectionManager::new(directory.clone(), pki.dialer(), cfg, stale)
+}
+
+#[tokio::test]
+async fn a_shard_handed_on_mid_walk_passes_the_releases_back_to_the_first_owner() {
+    let pki = Pki::new();
+    let (server, directory, _ids) = farm(&pki).await;
+    let (a, _) = serving_a(&pki, &directory, LIMIT).await;
+    a.stop(0, 5, StopReason::Rebalance, Close::Drain).await;
+
+    // B's first ask to A hangs: B has dialed nothing when it hands the shard on to C.
+    let hold = Arc::new(tokio::sync::Notify::new());
+    let to_a = Arc::new(Local {
+        hold_first: Some(hold),
+        ..Arc::into_inner(Local::new(Some(a.clone()), false)).unwrap()
+    });
+    let b = walking(&pki, &directory, to_a.clone(), LIMIT);
+    b.taken_over(0, 6, &member_a());
+    b.start(0, 6);
+    wait_until("B asked A", || to_a.batches.lock().unwrap().len() == 1).await;
+    b.stop(0, 6, StopReason::Rebalance, Close::Drain).await;
+
+    // C asks B, which passes each release on to A before it answers.
+    let c = walking(&pki, &directory, Local::new(Some(b.clone()), false), LIMIT);
+    c.taken_over(0, 7, &member("pod-b"));
+    c.start(0, 7);
+    wait_until("C connected", || connected(&c, 7)).await;
+    assert_eq!(server.most_at_once(), 1, "C dialed a terminal A still had");
+    tokio::time::timeout(LIMIT, a.drained())
+        .await
+        .expect("A released everything");
+    c.stop(0, 7, StopReason::Shutdown, Close::Now).await;
+}
+
+#[tokio::test]
+async fn a_shard_taken_back_mid_handover_walks_the_terminals_it_gave_away() {
+    let pki = Pki::new();
+    let (server, directory, _ids) = farm(&pki).await;
+    let (a, _, a_asks) = serving_a_with(&pki, &directory, LIMIT).await;
+    a.stop(0, 5, StopReason::Rebalance, Close::Drain).await;
+
+    // B takes some terminals over, then the shard goes back to A.
+    let to_a = Local::new(Some(a.clone()), false);
+    // The terminals B never reached stay in its drain until the budget: A, taking the
+    // shard back, asks only for those it gave away.
+    let b = walking(&pki, &directory, to_a.clone(), Duration::from_millis(500));
+    b.taken_over(0, 6, &member_a());
+    b.start(0, 6);
+    wait_until("B connected some", || {
+        b.shard(0).is_some_and(|v| {
+            v.links
+                .values()
+                .any(|s| *s == LinkState::Connected { epoch: 6 })
+        })
+    })
+    .await;
+    b.stop(0, 6, StopReason::Rebalance, Close::Drain).await;
+    *a_asks.from.lock().unwrap() = Some(b.clone());
+    a.taken_over(0, 7, &member("pod-b"));
+    a.start(0, 7);
+    wait_until("A serves every terminal again", || connected(&a, 7)).await;
+    assert_eq!(
+        server.most_at_once(),
+        1,
+        "A dialed a terminal B still had: {:?}",
+        server.hellos()
+    );
+    tokio::time::timeout(LIMIT, b.drained())
+        .await
+        .expect("B released everything");
+    a.stop(0, 7, StopReason::Shutdown, Close::Now).await;
 }
