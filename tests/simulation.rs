@@ -40,6 +40,16 @@ fn many_seeds_keep_the_invariants() {
         total.keys_delivered * 100 >= total.pushes * 99,
         "fewer than 99% of keys delivered: {total:?}"
     );
+    // Planned moves went terminal by terminal, and the fallbacks (lost asks, crashed or
+    // paused predecessors) happened too, each fenced by the terminals.
+    assert!(
+        total.terminals_released >= seeds * 64,
+        "too few terminals handed over on a release: {total:?}"
+    );
+    assert!(
+        total.terminals_unasked >= seeds && total.sessions_fenced >= seeds / 10,
+        "the fallbacks were not exercised: {total:?}"
+    );
 }
 
 #[test]

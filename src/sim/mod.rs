@@ -91,6 +91,15 @@ pub struct SimStats {
     pub deduplicated_across_pods: u64,
     /// Kept answers a new owner took over from a shard's last holder.
     pub answers_handed_over: u64,
+    /// Terminal sessions opened after the previous owner released them, opened without
+    /// a release (nobody to ask, asking failed or was refused), and older sessions the
+    /// terminals dropped for a newer epoch.
+    pub terminals_released: u64,
+    pub terminals_unasked: u64,
+    pub sessions_fenced: u64,
+    /// Of the terminals dialed on a release, those a pod the new owner did not ask
+    /// still drained (its view of the shard's last holder was stale): fenced.
+    pub unknown_predecessor: u64,
 }
 
 impl SimStats {
@@ -110,6 +119,10 @@ impl SimStats {
         self.deduplicated += other.deduplicated;
         self.deduplicated_across_pods += other.deduplicated_across_pods;
         self.answers_handed_over += other.answers_handed_over;
+        self.terminals_released += other.terminals_released;
+        self.terminals_unasked += other.terminals_unasked;
+        self.sessions_fenced += other.sessions_fenced;
+        self.unknown_predecessor += other.unknown_predecessor;
     }
 }
 

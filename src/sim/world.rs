@@ -10,6 +10,8 @@
 mod converge;
 mod inject;
 mod pushes;
+mod session_checks;
+mod sessions;
 mod store_calls;
 
 use std::cmp::Reverse;
@@ -20,6 +22,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use self::pushes::{Caller, Flight, PushEv};
+use self::sessions::{SessionEv, Sessions};
 use self::store_calls::failed;
 use super::checks::{Checker, Hello, Violation};
 use super::faults::{self, Fault};
@@ -91,6 +94,8 @@ enum Ev {
     Push(usize, PushEv),
     /// A copy of a flight's look reaches the terminal, from a pod on an epoch.
     AtTerminal(usize, u32, usize, Epoch),
+    /// The per-terminal handover (`sessions`).
+    Session(SessionEv),
 }
 
 struct SimPod {
@@ -127,6 +132,7 @@ pub struct World<'a> {
     /// Keys reserved in an owner's cache while its copy is out, per (flight, look).
     reservations: HashMap<(usize, u32), Reservation>,
     keys: Keys,
+    sessions: Sessions,
     /// Callers stop retrying here, so every attempt ends before the run does.
     retry_until: Duration,
 }
@@ -152,6 +158,7 @@ impl<'a> World<'a> {
             flights: Vec::new(),
             reservations: HashMap::new(),
             keys: Keys::default(),
+            sessions: Sessions::default(),
             retry_until: cfg.fault_end + settle(cfg),
             rng,
         };
@@ -193,6 +200,10 @@ impl<'a> World<'a> {
         self.stats.pushes = self.callers.len() as u64;
         self.stats.deduplicated = self.keys.deduplicated;
         self.stats.deduplicated_across_pods = self.keys.from_another_pod;
+        self.stats.terminals_released = self.sessions.released;
+        self.stats.terminals_unasked = self.sessions.unasked;
+        self.stats.sessions_fenced = self.sessions.fenced;
+        self.stats.unknown_predecessor = self.sessions.unknown_predecessor;
         Ok(self.stats)
     }
 
@@ -282,6 +293,7 @@ impl<'a> World<'a> {
             Ev::CallerTimeout(key, attempt) => self.caller_hears(key, attempt, Heard::Unknown),
             Ev::CallerHears(key, attempt, heard) => self.caller_hears(key, attempt, heard),
             Ev::AtTerminal(flight, look, pod, epoch) => self.at_terminal(flight, look, pod, epoch),
+            Ev::Session(ev) => self.session_event(ev),
         }
     }
 
@@ -382,6 +394,7 @@ impl<'a> World<'a> {
                         self.schedule(at, Ev::Stale(pod, shard, epoch));
                     }
                     self.take_over_answers(pod, shard);
+                    self.sessions_start(pod, shard, epoch)?;
                     self.stats.handovers += 1;
                 }
                 Action::SuspendServing { shard, epoch } => {
@@ -409,6 +422,7 @@ impl<'a> World<'a> {
                         Close::Now => self.rng.random_range(0.0..0.5),
                         Close::Drain => self.rng.random_range(0.0..0.05),
                     };
+                    self.sessions_stop(pod, shard, epoch, close == Close::Drain);
                     let close = self.cfg.core.close_budget.mul_f64(share);
                     self.schedule(self.now + close, Ev::StopAck(pod, shard));
                 }
@@ -433,6 +447,8 @@ impl<'a> World<'a> {
             self.check
                 .log(self.now, format_args!("pod-{pod} finished shutdown"));
             self.pods[pod].alive = false;
+            // It lingers for its drains, but walks nothing any more.
+            self.sessions_finished(pod);
         }
         Ok(())
     }

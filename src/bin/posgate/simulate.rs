@@ -77,7 +77,9 @@ pub fn main(args: &SimulateArgs) -> ExitCode {
 /// `<n> seeds in <t>s, <r> seeds/s, <e> events, <r> events/s, <f> faults, <a> acquisitions,
 /// <h> handovers, <o> fenced overlaps, <s> served in outages, <r> refused hellos, <k> keys
 /// (<d> delivered), <a> attempts, <u> answered unknown, <d> deduplicated by the terminal
-/// (<x> across pods), <h> answers handed over`.
+/// (<x> across pods), <h> answers handed over, <t> terminals dialed on a release, <u>
+/// without one, <f> sessions fenced by the terminals, <p> released while a holder not
+/// asked drained them`.
 fn sim_line(seeds: u64, total: &SimStats, elapsed: Duration) -> String {
     let secs = elapsed.as_secs_f64();
     let rate = |n: u64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
@@ -85,7 +87,9 @@ fn sim_line(seeds: u64, total: &SimStats, elapsed: Duration) -> String {
         "{seeds} seeds in {secs:.1}s, {:.1} seeds/s, {} events, {:.0} events/s, {} faults, \
          {} acquisitions, {} handovers, {} fenced overlaps, {} served in outages, \
          {} refused hellos, {} keys ({} delivered), {} attempts, {} answered unknown, \
-         {} deduplicated by the terminal ({} across pods), {} answers handed over",
+         {} deduplicated by the terminal ({} across pods), {} answers handed over, \
+         {} terminals dialed on a release, {} without one, {} sessions fenced by the terminals, \
+         {} released while a holder not asked drained them",
         rate(seeds),
         total.events,
         rate(total.events),
@@ -102,5 +106,9 @@ fn sim_line(seeds: u64, total: &SimStats, elapsed: Duration) -> String {
         total.deduplicated,
         total.deduplicated_across_pods,
         total.answers_handed_over,
+        total.terminals_released,
+        total.terminals_unasked,
+        total.sessions_fenced,
+        total.unknown_predecessor,
     )
 }

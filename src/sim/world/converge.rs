@@ -1,6 +1,6 @@
 //! The end-of-run check: once faults stop and the settle time passes, the stored
-//! placement is a balanced table over exactly the live pods and every shard is served
-//! by exactly its pod.
+//! placement is a balanced table over exactly the live pods, every shard is served
+//! by exactly its pod, and each of its terminals has exactly one session, with that pod.
 
 use super::World;
 use crate::core::PodId;
@@ -57,6 +57,12 @@ impl World<'_> {
                     ),
                 ));
             }
+            let owner = self.pods.iter().position(|p| p.id == servers[0]);
+            let owner = owner.expect("a live pod");
+            let now = self.local(owner);
+            let rec = self.pods[owner].rec.as_ref();
+            let epoch = rec.and_then(|r| r.serving(shard, now)).expect("served");
+            self.sessions_converged(shard, owner, epoch)?;
         }
         Ok(())
     }

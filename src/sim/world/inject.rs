@@ -40,7 +40,10 @@ impl World<'_> {
                 self.perform(v)?;
                 self.schedule_wake(v);
             }
-            (Fault::Crash, Some(v)) if can_lose => self.pods[v].alive = false,
+            (Fault::Crash, Some(v)) if can_lose => {
+                self.pods[v].alive = false;
+                self.sessions_crash(v);
+            }
             (Fault::Pause(d), Some(v)) => {
                 self.pods[v].paused_until = Some(self.now + d);
                 self.schedule(self.now + d, Ev::Resume(v));
