@@ -18,9 +18,13 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
+mod handle;
+
+pub use self::handle::PodHandle;
+
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, oneshot, watch};
-use tokio::task::{JoinError, JoinHandle};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinError;
 use tracing::{info, warn, Instrument};
 
 use crate::config::{PodConfig, MAX_DRAIN_BUDGET};
@@ -40,9 +44,8 @@ use crate::push::handoff::{
 };
 use crate::push::{NoTerminals, PushService, Sessions};
 pub use crate::reload::Reloader;
+use crate::serving::ServingHook;
 use crate::serving::{NoSessions, SessionStats};
-use crate::serving::{ServingHook, ServingTable};
-use crate::status::PodStatus;
 use crate::store::directory::Directory;
 use crate::store::{ClusterMeta, CoordStore, StoreError};
 use crate::tls::TlsConfigError;
@@ -355,55 +358,6 @@ fn spawn_pod<S: CoordStore, H: ServingHook>(
         stop: Some(stop),
         task: Some(task),
     })
-}
-
-/// A pod started with [`Pod::start`]. Dropping it stops the pod at once (no graceful
-/// shutdown), like [`PodHandle::abort`].
-pub struct PodHandle {
-    /// The pod's status, as its HTTP endpoints report it.
-    pub status: watch::Receiver<PodStatus>,
-    /// The shards the pod serves.
-    pub serving: ServingTable,
-    /// The pod's metrics (what `/metrics` serves).
-    pub metrics: Arc<Metrics>,
-    /// Replaces the pod's secrets and certificates in place (`SIGHUP`, changed files).
-    pub reloader: Reloader,
-    stop: Option<oneshot::Sender<()>>,
-    /// `None` once [`PodHandle::wait`] reported the end.
-    task: Option<JoinHandle<Result<(), PodError>>>,
-}
-
-impl PodHandle {
-    /// Begins the graceful shutdown; [`PodHandle::wait`] tells when it is done.
-    pub fn shutdown(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-    }
-
-    /// Waits until the pod stopped (after a shutdown, a failure or an abort) and reports
-    /// how; later calls return `Ok(())` at once. Cancel-safe.
-    pub async fn wait(&mut self) -> Result<(), PodError> {
-        let Some(task) = &mut self.task else {
-            return Ok(());
-        };
-        let ended = task.await;
-        self.task = None;
-        ended?
-    }
-
-    /// Stops the pod at once, like a crash: nothing is released or deregistered.
-    pub fn abort(&self) {
-        if let Some(task) = &self.task {
-            task.abort();
-        }
-    }
-}
-
-impl Drop for PodHandle {
-    fn drop(&mut self) {
-        self.abort();
-    }
 }
 
 /// The pod task. Every part runs inside this one future (no further spawns, except the

@@ -38,6 +38,7 @@ use tracing::{debug, info, warn};
 
 mod directory_sync;
 mod drain;
+mod stats;
 
 use self::directory_sync::poll_directory;
 use self::drain::Drained;
@@ -347,61 +348,6 @@ impl<D: Directory> ConnectionManager<D> {
     pub fn report_stale(&self, shard: ShardId, epoch: Epoch) {
         // The driver may be gone (pod shutting down); then nobody needs to know.
         let _ = self.inner.links.stale.send((shard, epoch));
-    }
-}
-
-impl<D: Directory> SessionStats for ConnectionManager<D> {
-    /// Terminals of served shards not dialed even once yet; `None` while a shard's
-    /// terminal list is still loading (so the count is not known).
-    fn pending_first_dials(&self) -> Option<usize> {
-        let shards = lock(&self.inner.shards);
-        let mut pending = 0;
-        for entry in shards.values() {
-            // Not loaded yet: how many terminals it has is not known.
-            if entry.listing == Listing::Unread {
-                return None;
-            }
-            pending += entry.links.values().filter(|l| !l.shared.dialed()).count();
-        }
-        Some(pending)
-    }
-
-    /// Terminals of served shards by connection state.
-    fn terminal_counts(&self) -> TerminalCounts {
-        let shards = lock(&self.inner.shards);
-        let mut counts = TerminalCounts::default();
-        for link in shards.values().flat_map(|e| e.links.values()) {
-            match link.state.borrow().state {
-                LinkState::Disconnected => counts.disconnected += 1,
-                LinkState::Dialing => counts.dialing += 1,
-                LinkState::Connected { .. } => counts.connected += 1,
-                LinkState::Backoff => counts.backoff += 1,
-            }
-        }
-        counts
-    }
-
-    /// Connected terminals per served shard.
-    fn connected_by_shard(&self) -> Vec<(ShardId, usize)> {
-        let shards = lock(&self.inner.shards);
-        let mut counts: Vec<(ShardId, usize)> = shards
-            .iter()
-            .map(|(&shard, e)| {
-                let connected = e
-                    .links
-                    .values()
-                    .filter(|l| matches!(l.state.borrow().state, LinkState::Connected { .. }))
-                    .count();
-                (shard, connected)
-            })
-            .collect();
-        counts.sort_unstable();
-        counts
-    }
-
-    /// Dials waiting for the pacer now.
-    fn dial_queue_depth(&self) -> usize {
-        self.inner.links.pacer.queue_depth()
     }
 }
 

@@ -222,30 +222,6 @@ impl<'a> World<'a> {
         self.origin + self.now.mul_f64(self.pods[pod].rate)
     }
 
-    fn add_pod(&mut self, at: Duration) {
-        let idx = self.pods.len();
-        let skew = self.cfg.clock_skew;
-        let rate = 1.0
-            + if skew > 0.0 {
-                self.rng.random_range(-skew..skew)
-            } else {
-                0.0
-            };
-        self.pods.push(SimPod {
-            id: PodId::new(format!("pod-{idx}")).expect("valid id"),
-            rec: None,
-            rate,
-            alive: true,
-            leaving: false,
-            paused_until: None,
-            partitioned: false,
-            deferred: Vec::new(),
-            wake_at: None,
-            cache: IdempotencyCache::new(Duration::from_secs(600), 100_000),
-        });
-        self.schedule(at, Ev::Start(idx));
-    }
-
     fn alive(&self) -> Vec<usize> {
         (0..self.pods.len())
             .filter(|&i| self.pods[i].alive && self.pods[i].rec.is_some())

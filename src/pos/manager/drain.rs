@@ -62,7 +62,10 @@ impl<D: Directory> Inner<D> {
     ) -> impl Future<Output = ()> + Send + 'static {
         let entry = lock(&self.shards).remove(&shard);
         let mut sends = None;
-        if let Some(mut entry) = entry {
+        if let Some(entry) = entry.as_ref().filter(|e| e.links.is_empty()) {
+            // No terminal to hand over: nobody will ask, so nothing drains.
+            sends = Some(entry.sends.subscribe());
+        } else if let Some(mut entry) = entry {
             // A walk of our own still under way asks our predecessor for nothing more
             // by itself; releases of terminals it had not reached are passed on.
             let chain = entry.walk.take().map(Walk::stop);
@@ -88,7 +91,13 @@ impl<D: Directory> Inner<D> {
                 terminals,
                 "shard handed over; its sessions drain until the new owner asks for them"
             );
-            tokio::spawn(self.clone().drain_budget(shard, id));
+            // Weak: a pod stopped or aborted meanwhile takes its links with it.
+            tokio::spawn(drain_budget(
+                Arc::downgrade(&self),
+                self.drain_budget,
+                shard,
+                id,
+            ));
         }
         let budget = self.close_budget;
         async move {
@@ -104,9 +113,8 @@ impl<D: Directory> Inner<D> {
         }
     }
 
-    /// Closes what is left of drain `id` of `shard` once the drain budget ran out.
-    async fn drain_budget(self: Arc<Self>, shard: ShardId, id: u64) {
-        tokio::time::sleep(self.drain_budget).await;
+    /// Closes what is left of drain `id` of `shard`: the drain budget ran out.
+    async fn budget_ran_out(&self, shard: ShardId, id: u64) {
         let drained = {
             let mut draining = lock(&self.draining);
             match draining.get(&shard) {
@@ -213,6 +221,19 @@ impl<D: Directory> Inner<D> {
     fn count_draining(&self) {
         let n = lock(&self.draining).len();
         self.draining_count.send_replace(n);
+    }
+}
+
+/// Waits out the drain budget of drain `id` of `shard`, unless the manager is gone.
+async fn drain_budget<D: Directory>(
+    inner: Weak<Inner<D>>,
+    budget: Duration,
+    shard: ShardId,
+    id: u64,
+) {
+    tokio::time::sleep(budget).await;
+    if let Some(inner) = inner.upgrade() {
+        inner.budget_ran_out(shard, id).await;
     }
 }
 

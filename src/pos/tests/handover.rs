@@ -40,6 +40,20 @@ impl Local {
             hold_first: None,
         })
     }
+
+    /// Asks `from`, holding the first ask until the returned `Notify` is notified.
+    fn holding_first(
+        from: ConnectionManager<MemoryDirectory>,
+    ) -> (Arc<Local>, Arc<tokio::sync::Notify>) {
+        let hold = Arc::new(tokio::sync::Notify::new());
+        let local = Arc::new(Local {
+            from: Mutex::new(Some(from)),
+            batches: Mutex::default(),
+            fail: false,
+            hold_first: Some(hold.clone()),
+        });
+        (local, hold)
+    }
 }
 
 impl Predecessor for Local {
@@ -118,6 +132,28 @@ fn count(metrics: &Metrics, outcome: &'static str) -> u64 {
         .get()
 }
 
+/// A manager asking `predecessor`, counting in `metrics`, draining for `drain`.
+fn manager(
+    pki: &Pki,
+    directory: &Arc<MemoryDirectory>,
+    predecessor: Arc<Local>,
+    metrics: Arc<Metrics>,
+    drain: Duration,
+) -> ConnectionManager<MemoryDirectory> {
+    let (stale, _) = mpsc::unbounded_channel();
+    let cfg = config(predecessor, metrics, drain);
+    ConnectionManager::new(directory.clone(), pki.dialer(), cfg, stale)
+}
+
+fn walking(
+    pki: &Pki,
+    directory: &Arc<MemoryDirectory>,
+    predecessor: Arc<Local>,
+    drain: Duration,
+) -> ConnectionManager<MemoryDirectory> {
+    manager(pki, directory, predecessor, Arc::new(Metrics::new()), drain)
+}
+
 /// Manager A serving shard 0 with epoch 5, every terminal connected; its own
 /// predecessor asks nobody until [`Local::from`] is set.
 async fn serving_a_with(
@@ -127,9 +163,7 @@ async fn serving_a_with(
 ) -> (ConnectionManager<MemoryDirectory>, Arc<Metrics>, Arc<Local>) {
     let metrics = Arc::new(Metrics::new());
     let asks = Local::new(None, false);
-    let cfg = config(asks.clone(), metrics.clone(), drain);
-    let (stale, _) = mpsc::unbounded_channel();
-    let a = ConnectionManager::new(directory.clone(), pki.dialer(), cfg, stale);
+    let a = manager(pki, directory, asks.clone(), metrics.clone(), drain);
     a.start(0, 5);
     wait_until("A connected", || connected(&a, 5)).await;
     (a, metrics, asks)
@@ -166,9 +200,7 @@ async fn the_new_owner_dials_each_terminal_only_after_the_old_one_closed_it() {
     // B takes the shard over from A and walks it.
     let local = Local::new(Some(a.clone()), false);
     let b_metrics = Arc::new(Metrics::new());
-    let (stale, _) = mpsc::unbounded_channel();
-    let b_cfg = config(local.clone(), b_metrics.clone(), LIMIT);
-    let b = ConnectionManager::new(directory.clone(), pki.dialer(), b_cfg, stale);
+    let b = manager(&pki, &directory, local.clone(), b_metrics.clone(), LIMIT);
     b.taken_over(0, 6, &member_a());
     b.start(0, 6);
     wait_until("B connected", || connected(&b, 6)).await;
@@ -222,9 +254,7 @@ async fn an_unreachable_predecessor_falls_back_to_dialing_and_the_drain_budget_c
     // B cannot reach A: after the first failed ask it dials the whole shard.
     let local = Local::new(Some(a.clone()), true);
     let b_metrics = Arc::new(Metrics::new());
-    let (stale, _) = mpsc::unbounded_channel();
-    let b_cfg = config(local.clone(), b_metrics.clone(), LIMIT);
-    let b = ConnectionManager::new(directory.clone(), pki.dialer(), b_cfg, stale);
+    let b = manager(&pki, &directory, local.clone(), b_metrics.clone(), LIMIT);
     b.taken_over(0, 6, &member_a());
     b.start(0, 6);
     wait_until("B connected", || connected(&b, 6)).await;
@@ -288,14 +318,8 @@ async fn a_push_waiting_for_a_terminal_makes_it_the_next_one_asked_for() {
     let (a, _) = serving_a(&pki, &directory, LIMIT).await;
     a.stop(0, 5, StopReason::Rebalance, Close::Drain).await;
 
-    let hold = Arc::new(tokio::sync::Notify::new());
-    let local = Arc::new(Local {
-        hold_first: Some(hold.clone()),
-        ..Arc::into_inner(Local::new(Some(a.clone()), false)).unwrap()
-    });
-    let (stale, _) = mpsc::unbounded_channel();
-    let b_cfg = config(local.clone(), Arc::new(Metrics::new()), LIMIT);
-    let b = ConnectionManager::new(directory.clone(), pki.dialer(), b_cfg, stale);
+    let (local, hold) = Local::holding_first(a.clone());
+    let b = walking(&pki, &directory, local.clone(), LIMIT);
     b.taken_over(0, 6, &member_a());
     b.start(0, 6);
     // The first ask is out (and held); the last terminal in directory order is far
@@ -331,17 +355,6 @@ fn member(name: &str) -> Member {
     }
 }
 
-fn walking(
-    pki: &Pki,
-    directory: &Arc<MemoryDirectory>,
-    predecessor: Arc<Local>,
-    drain: Duration,
-) -> ConnectionManager<MemoryDirectory> {
-    let (stale, _) = mpsc::unbounded_channel();
-    let cfg = config(predecessor, Arc::new(Metrics::new()), drain);
-    ConnectionManager::new(directory.clone(), pki.dialer(), cfg, stale)
-}
-
 #[tokio::test]
 async fn a_shard_handed_on_mid_walk_passes_the_releases_back_to_the_first_owner() {
     let pki = Pki::new();
@@ -350,11 +363,7 @@ async fn a_shard_handed_on_mid_walk_passes_the_releases_back_to_the_first_owner(
     a.stop(0, 5, StopReason::Rebalance, Close::Drain).await;
 
     // B's first ask to A hangs: B has dialed nothing when it hands the shard on to C.
-    let hold = Arc::new(tokio::sync::Notify::new());
-    let to_a = Arc::new(Local {
-        hold_first: Some(hold),
-        ..Arc::into_inner(Local::new(Some(a.clone()), false)).unwrap()
-    });
+    let (to_a, _hold) = Local::holding_first(a.clone());
     let b = walking(&pki, &directory, to_a.clone(), LIMIT);
     b.taken_over(0, 6, &member_a());
     b.start(0, 6);

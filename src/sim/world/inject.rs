@@ -1,11 +1,15 @@
 //! Applying one fault to the simulated cluster: a join, a graceful leave, a crash, a
 //! pause, a partition (of one pod or half of them), a store outage or a store wipe, and
 //! the combinations static stability must survive (an outage ending in a wipe, an outage
-//! that begins while a pod is frozen).
+//! that begins while a pod is frozen); and adding a pod (at the start and on a join).
+
+use std::time::Duration;
 
 use rand::Rng;
 
-use super::{Ev, World};
+use super::{Ev, SimPod, World};
+use crate::core::PodId;
+use crate::push::idempotency::IdempotencyCache;
 use crate::sim::checks::Violation;
 use crate::sim::faults::Fault;
 
@@ -82,5 +86,30 @@ impl World<'_> {
             _ => {}
         }
         Ok(())
+    }
+
+    /// A new pod, started at `at`, with its clock rate drawn within the skew.
+    pub(super) fn add_pod(&mut self, at: Duration) {
+        let idx = self.pods.len();
+        let skew = self.cfg.clock_skew;
+        let rate = 1.0
+            + if skew > 0.0 {
+                self.rng.random_range(-skew..skew)
+            } else {
+                0.0
+            };
+        self.pods.push(SimPod {
+            id: PodId::new(format!("pod-{idx}")).expect("valid id"),
+            rec: None,
+            rate,
+            alive: true,
+            leaving: false,
+            paused_until: None,
+            partitioned: false,
+            deferred: Vec::new(),
+            wake_at: None,
+            cache: IdempotencyCache::new(Duration::from_secs(600), 100_000),
+        });
+        self.schedule(at, Ev::Start(idx));
     }
 }
