@@ -23,7 +23,7 @@ mod handle;
 pub use self::handle::PodHandle;
 
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinError;
 use tracing::{info, warn, Instrument};
 
@@ -46,6 +46,7 @@ use crate::push::{NoTerminals, PushService, Sessions};
 pub use crate::reload::Reloader;
 use crate::serving::ServingHook;
 use crate::serving::{NoSessions, SessionStats};
+use crate::status::PodStatus;
 use crate::store::directory::Directory;
 use crate::store::{ClusterMeta, CoordStore, StoreError};
 use crate::tls::TlsConfigError;
@@ -177,6 +178,8 @@ impl Pod {
         let metrics = Arc::new(Metrics::new());
         let credentials = config.credentials();
         let (server_cert, peer_tls) = tls_parts(&config)?;
+        // The driver's status (whom a drain is announced to), once the driver exists.
+        let (members_tx, members_rx) = watch::channel(PodStatus::default());
         // Planned moves per terminal (`pos::handover`), unless `--drain-budget 0`.
         let walk = (!pos.drain_budget.is_zero()).then(|| {
             let peers = PeerClient::new(
@@ -186,7 +189,12 @@ impl Pod {
             )
             .using_tls(peer_tls.clone());
             let predecessor = Arc::new(PeerPredecessor::new(peers));
-            WalkConfig::new(predecessor, pos.dial_rate.get(), RELEASE_TIMEOUT)
+            WalkConfig::new(
+                predecessor,
+                members_rx.clone(),
+                pos.dial_rate.get(),
+                RELEASE_TIMEOUT,
+            )
         });
         let manager_config = ManagerConfig {
             dial_rate: pos.dial_rate,
@@ -206,6 +214,7 @@ impl Pod {
         let stats = Arc::new(manager.clone());
         let (driver, handoffs) = driver(&config, &store, manager, &credentials, &metrics)?;
         let driver = driver.with_stale_epochs(stale_rx);
+        tokio::spawn(forward_status(driver.status(), members_tx));
         let parts = Parts {
             credentials,
             handoffs,
@@ -217,6 +226,16 @@ impl Pod {
             peer_tls,
         };
         spawn_pod(&config, driver, store, listener, parts)
+    }
+}
+
+/// Copies every status of the driver to `to` until either side is gone.
+async fn forward_status(mut from: watch::Receiver<PodStatus>, to: watch::Sender<PodStatus>) {
+    loop {
+        let status = from.borrow_and_update().clone();
+        if to.send(status).is_err() || from.changed().await.is_err() {
+            return;
+        }
     }
 }
 

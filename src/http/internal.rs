@@ -34,7 +34,7 @@ use crate::credentials::ClusterSecret;
 use crate::credentials::Tenant;
 use crate::peer::replay::{RequestKey, Reserved};
 use crate::peer::signing::{self, claimed, legacy, unix_seconds, AuthError, BodyDigest, Claimed};
-use crate::peer::wire::{ForwardedPush, ReleaseAnswer, ReleaseTerminals};
+use crate::peer::wire::{Draining, ForwardedPush, ReleaseAnswer, ReleaseTerminals};
 use crate::peer::{PeerAnswer, PEER_PROTOCOL, SIGNATURE_HEADER, VERSION_HEADER};
 use crate::pos::handover::Released;
 use crate::push::answer::{Answer, ErrorCode};
@@ -335,4 +335,38 @@ pub(super) async fn release_terminals(
         },
     };
     Json(answer).into_response()
+}
+
+/// `POST /internal/v1/draining/{id}`: a member drains shard `{id}` and says so before it
+/// releases the lease; if this pod acquires the shard it asks that member first. `503`
+/// when the sender is not a member here or nothing here walks (it then closes instead).
+pub(super) async fn draining(
+    State(state): State<Arc<HttpState>>,
+    Path(shard): Path<String>,
+    body: Bytes,
+) -> Response {
+    let shard = match shard.parse::<ShardId>() {
+        Ok(shard) if shard < state.push.shards() => shard,
+        _ => return bad_forward("invalid shard"),
+    };
+    let Ok(request) = serde_json::from_slice::<Draining>(&body) else {
+        return bad_forward("not a draining announcement");
+    };
+    let member = {
+        let status = state.status.borrow();
+        status
+            .members
+            .iter()
+            .find(|m| m.pod == request.from)
+            .cloned()
+    };
+    let recorded = member.is_some_and(|m| state.push.expect_predecessor(shard, m));
+    if recorded {
+        StatusCode::NO_CONTENT.into_response()
+    } else {
+        peer_unavailable(
+            "not_expected",
+            "the announcing pod is not a member here, or this pod does not walk handovers",
+        )
+    }
 }

@@ -90,6 +90,7 @@ pub fn router(state: HttpState) -> Router {
             wire::RELEASE_TERMINALS_ROUTE,
             post(internal::release_terminals),
         )
+        .route(wire::DRAINING_ROUTE, post(internal::draining))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             internal::authenticate,

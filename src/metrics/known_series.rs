@@ -92,7 +92,7 @@ impl Metrics {
                 .handover_releases
                 .get_or_create(&[("outcome", outcome)]);
         }
-        for how in ["released", "budget", "resumed"] {
+        for how in ["released", "budget", "resumed", "unannounced"] {
             let _ = self.drains_ended.get_or_create(&[("how", how)]);
         }
         for outcome in ["taken", "unsupported", "failed", "refused"] {

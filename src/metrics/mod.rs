@@ -292,7 +292,7 @@ impl Metrics {
             "Terminal sessions kept open without delivering, for shards handed over, until the new owner asks to close them",
             self.draining_sessions.clone(),
         );
-        r.register("posgate_drains_ended", "Shards handed over whose draining ended, by how (released: the new owner asked for every terminal; budget: the drain budget closed the rest; resumed: this pod serves the shard again)", self.drains_ended.clone());
+        r.register("posgate_drains_ended", "Shards handed over whose draining ended, by how (released: the new owner asked for every terminal; budget: the drain budget closed the rest; resumed: this pod serves the shard again; unannounced: a member could not be told, so the shard was closed whole before release)", self.drains_ended.clone());
         r.register(
             "posgate_push_requests",
             "Push API requests by path (local, forwarded, none) and result (ok or the error code)",

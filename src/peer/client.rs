@@ -16,9 +16,9 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use super::signing::{self, legacy, PEER_PROTOCOL};
 use super::tls::PeerConnector;
 use super::wire::{
-    self, ForwardedPush, PeerAnswer, ReleaseAnswer, ReleaseTerminals, ShardTerminals,
-    KEPT_ANSWERS_ROUTE, MAX_HANDED_OVER_BYTES, RELEASE_TERMINALS_ROUTE, SHARD_TERMINALS_ROUTE,
-    STORE_REACHABLE_ROUTE, TERMINAL_ROUTE,
+    self, Draining, ForwardedPush, PeerAnswer, ReleaseAnswer, ReleaseTerminals, ShardTerminals,
+    DRAINING_ROUTE, KEPT_ANSWERS_ROUTE, MAX_HANDED_OVER_BYTES, RELEASE_TERMINALS_ROUTE,
+    SHARD_TERMINALS_ROUTE, STORE_REACHABLE_ROUTE, TERMINAL_ROUTE,
 };
 use super::{PeerTarget, PeerTls, MAX_INTERNAL_BODY};
 use crate::core::{PodId, ShardId};
@@ -159,6 +159,30 @@ impl PeerClient {
             .call(Method::POST, peer, &path, body, timeout, MAX_INTERNAL_BODY)
             .await?;
         serde_json::from_slice(&answer).map_err(|e| PeerError::Decode(e.to_string()))
+    }
+
+    /// Tells `peer` that this pod drains `shard` (before releasing its lease).
+    pub async fn announce_draining(
+        &self,
+        peer: &PeerTarget,
+        shard: ShardId,
+        timeout: Duration,
+    ) -> Result<(), PeerError> {
+        let path = wire::path_of(DRAINING_ROUTE, &shard.to_string());
+        let body = serde_json::to_vec(&Draining {
+            from: self.me.clone(),
+        })
+        .expect("a pod id serialises");
+        self.call(
+            Method::POST,
+            peer,
+            &path,
+            body.into(),
+            timeout,
+            MAX_INTERNAL_BODY,
+        )
+        .await
+        .map(|_| ())
     }
 
     /// Asks `owner` for its view of `terminal`: the status and JSON body it answers.

@@ -33,6 +33,9 @@ pub const KEPT_ANSWERS_ROUTE: &str = "/internal/v1/kept-answers/{id}";
 /// draining sessions of the terminals a [`ReleaseTerminals`] names (`{id}` is the
 /// shard), right before it dials them -> [`ReleaseAnswer`].
 pub const RELEASE_TERMINALS_ROUTE: &str = "/internal/v1/release-terminals/{id}";
+/// `POST`: a pod that drains shard `{id}` tells a member so (body [`Draining`]), before
+/// it releases the lease: whoever acquires the shard next asks it first -> `204`.
+pub const DRAINING_ROUTE: &str = "/internal/v1/draining/{id}";
 /// Most terminals one [`ReleaseTerminals`] may name.
 pub const MAX_RELEASE_TERMINALS: usize = 64;
 /// Most bytes of a [`HandedOver`] answer: the pod answering stops adding keys (newest
@@ -154,6 +157,13 @@ impl ReleaseTerminals {
         }
         Ok(request)
     }
+}
+
+/// The body of a request on [`DRAINING_ROUTE`]: the pod that drains the shard (a
+/// member; the signature vouches for the body).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Draining {
+    pub from: PodId,
 }
 
 /// A peer's answer on [`RELEASE_TERMINALS_ROUTE`].

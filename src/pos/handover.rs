@@ -23,13 +23,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, info, warn};
 
 use super::link::LinkShared;
 use crate::core::membership::Member;
 use crate::core::ShardId;
 use crate::metrics::Metrics;
+use crate::status::PodStatus;
 
 /// Most terminals one release request names. Also bounds what a peer may ask a pod to
 /// close with one request (`peer::wire`).
@@ -51,8 +52,9 @@ pub enum Released {
 #[error("{0}")]
 pub struct ReleaseFailed(pub String);
 
-/// How the pod asks a predecessor to release terminals: the signed peer call
-/// (`POST /internal/v1/release-terminals/{shard}`), made by the layer above.
+/// How the pod talks to the other side of a handover: the signed peer calls
+/// (`POST /internal/v1/release-terminals/{shard}`, `POST /internal/v1/draining/{shard}`),
+/// made by the layer above.
 pub trait Predecessor: Send + Sync + 'static {
     /// Asks `from` to close `terminals` of `shard`, answering within `timeout`.
     fn release(
@@ -62,12 +64,23 @@ pub trait Predecessor: Send + Sync + 'static {
         terminals: Vec<String>,
         timeout: Duration,
     ) -> BoxFuture<'static, Result<Released, ReleaseFailed>>;
+
+    /// Tells `to` that this pod drains `shard`, so that whoever acquires it next asks
+    /// this pod first; `Ok` once `to` recorded it.
+    fn announce(
+        &self,
+        to: &Member,
+        shard: ShardId,
+        timeout: Duration,
+    ) -> BoxFuture<'static, Result<(), ReleaseFailed>>;
 }
 
 /// Pod-wide settings of the walks.
 #[derive(Clone)]
 pub struct WalkConfig {
     pub predecessor: Arc<dyn Predecessor>,
+    /// This pod and the members of its last poll: whom a drain is announced to.
+    pub status: watch::Receiver<PodStatus>,
     /// Terminals released but not yet admitted to a dial, pod-wide: about 50 ms of
     /// dials, so a released terminal waits about that long for its turn.
     pub window: Arc<Semaphore>,
@@ -76,11 +89,49 @@ pub struct WalkConfig {
 }
 
 impl WalkConfig {
+    /// Announces that this pod drains `shard` to every other member; `true` when all of
+    /// them recorded it (none to tell counts as told).
+    pub(super) async fn announce(&self, shard: ShardId) -> bool {
+        let (me, others) = {
+            let status = self.status.borrow();
+            let me = status.pod.clone();
+            let others: Vec<Member> = status
+                .members
+                .iter()
+                .filter(|m| Some(&m.pod) != me.as_ref())
+                .cloned()
+                .collect();
+            (me, others)
+        };
+        if me.is_none() {
+            return false;
+        }
+        let told = others
+            .iter()
+            .map(|m| self.predecessor.announce(m, shard, self.timeout));
+        let answers = futures::future::join_all(told).await;
+        match answers.iter().find_map(|a| a.as_ref().err()) {
+            None => true,
+            Some(e) => {
+                warn!(shard, error = %e, "could not announce the drain to every member; closing the shard instead");
+                false
+            }
+        }
+    }
+}
+
+impl WalkConfig {
     /// A window of `dial_rate / 20` (at least 1, at most a batch).
-    pub fn new(predecessor: Arc<dyn Predecessor>, dial_rate: u32, timeout: Duration) -> Self {
+    pub fn new(
+        predecessor: Arc<dyn Predecessor>,
+        status: watch::Receiver<PodStatus>,
+        dial_rate: u32,
+        timeout: Duration,
+    ) -> Self {
         let window = (dial_rate as usize / 20).clamp(1, MAX_RELEASE_BATCH);
         WalkConfig {
             predecessor,
+            status,
             window: Arc::new(Semaphore::new(window)),
             timeout,
         }

@@ -27,7 +27,7 @@ use std::future::Future;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use rand::rngs::StdRng;
@@ -160,8 +160,10 @@ struct Inner<D> {
     draining_count: watch::Sender<usize>,
     drain_budget: Duration,
     walk: Option<WalkConfig>,
-    /// Shards about to start that were taken over from a pod that drains.
-    predecessors: Mutex<HashMap<ShardId, Member>>,
+    /// Shards about to start that were taken over from a pod that drains: the pod that
+    /// announced it drains them (or, without an announcement, the last holder seen), and
+    /// since when. Older than the drain budget means stale.
+    predecessors: Mutex<HashMap<ShardId, (Member, Instant)>>,
     metrics: Arc<Metrics>,
     /// Tells a shard's entry from an earlier one of the same shard (stopped, restarted)
     /// when a directory load comes back.
@@ -343,6 +345,16 @@ impl<D: Directory> ConnectionManager<D> {
         }
     }
 
+    /// A peer announced that it drains `shard`: if this pod acquires it, it asks that
+    /// peer before dialing. `false` when this pod does not walk (handover off).
+    pub fn expect_predecessor(&self, shard: ShardId, from: Member) -> bool {
+        if self.inner.walk.is_none() {
+            return false;
+        }
+        lock(&self.inner.predecessors).insert(shard, (from, Instant::now()));
+        true
+    }
+
     /// Tells the driver that a terminal refused `epoch` of `shard` as stale (a push got
     /// the `409`), so the shard is dropped like after a refused hello.
     pub fn report_stale(&self, shard: ShardId, epoch: Epoch) {
@@ -353,14 +365,22 @@ impl<D: Directory> ConnectionManager<D> {
 
 impl<D: Directory> ServingHook for ConnectionManager<D> {
     fn taken_over(&self, shard: ShardId, _epoch: Epoch, from: &Member) {
-        if self.inner.walk.is_some() && from.handover >= HANDOVER_DRAIN {
-            lock(&self.inner.predecessors).insert(shard, from.clone());
+        if self.inner.walk.is_none() || from.handover < HANDOVER_DRAIN {
+            return;
+        }
+        // An announcement names the pod that drains the shard now; the last holder seen
+        // may be an earlier one (this pod missed a tenure).
+        let fresh = self.inner.fresh_predecessor(shard).is_some();
+        if !fresh {
+            let entry = (from.clone(), Instant::now());
+            lock(&self.inner.predecessors).insert(shard, entry);
         }
     }
 
     fn start(&self, shard: ShardId, epoch: Epoch) {
         let inner = &self.inner;
-        let predecessor = lock(&inner.predecessors).remove(&shard);
+        let predecessor = inner.fresh_predecessor(shard);
+        lock(&inner.predecessors).remove(&shard);
         let mut shards = lock(&inner.shards);
         if let Some(mut entry) = inner.resume_drained(shard) {
             // Handed over and back before the drain ended: its sessions say hello
@@ -481,6 +501,15 @@ impl<D: Directory> ServingHook for ConnectionManager<D> {
         } else {
             0
         }
+    }
+}
+
+impl<D> Inner<D> {
+    /// The predecessor recorded for `shard`, unless older than the drain budget.
+    fn fresh_predecessor(&self, shard: ShardId) -> Option<Member> {
+        let predecessors = lock(&self.predecessors);
+        let (member, since) = predecessors.get(&shard)?;
+        (since.elapsed() < self.drain_budget).then(|| member.clone())
     }
 }
 

@@ -94,6 +94,22 @@ impl Predecessor for PeerPredecessor {
         }
         .boxed()
     }
+
+    fn announce(
+        &self,
+        to: &Member,
+        shard: ShardId,
+        timeout: Duration,
+    ) -> BoxFuture<'static, Result<(), ReleaseFailed>> {
+        let (peers, target) = (self.0.clone(), PeerTarget::from(to));
+        async move {
+            peers
+                .announce_draining(&target, shard, timeout)
+                .await
+                .map_err(|e| ReleaseFailed(format!("{}: {e}", target.pod)))
+        }
+        .boxed()
+    }
 }
 
 /// Shards whose kept answers are being fetched now, with how many fetches each.

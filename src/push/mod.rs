@@ -27,6 +27,7 @@ use http::HeaderValue;
 use tokio::sync::{watch, Semaphore};
 
 use self::idempotency::IdempotencyCache;
+use crate::core::membership::Member;
 use crate::core::{Epoch, PodId, ShardId};
 use crate::credentials::Credentials;
 use crate::credentials::Tenant;
@@ -99,6 +100,8 @@ pub trait Sessions: Send + Sync + 'static {
     ) -> BoxFuture<'static, Released>;
     /// Resolves once no shard handed over still drains here.
     fn drained(&self) -> BoxFuture<'static, ()>;
+    /// A member announced it drains `shard`; `false` when nothing here walks.
+    fn expect_predecessor(&self, shard: ShardId, from: Member) -> bool;
 }
 
 impl<D: Directory> Sessions for ConnectionManager<D> {
@@ -120,6 +123,10 @@ impl<D: Directory> Sessions for ConnectionManager<D> {
 
     fn drained(&self) -> BoxFuture<'static, ()> {
         ConnectionManager::drained(self).boxed()
+    }
+
+    fn expect_predecessor(&self, shard: ShardId, from: Member) -> bool {
+        ConnectionManager::expect_predecessor(self, shard, from)
     }
 }
 
@@ -144,6 +151,10 @@ impl Sessions for NoTerminals {
 
     fn drained(&self) -> BoxFuture<'static, ()> {
         std::future::ready(()).boxed()
+    }
+
+    fn expect_predecessor(&self, _shard: ShardId, _from: Member) -> bool {
+        false
     }
 }
 
@@ -223,6 +234,12 @@ impl PushService {
         terminals: Vec<String>,
     ) -> BoxFuture<'static, Released> {
         self.sessions.release_terminals(shard, terminals)
+    }
+
+    /// A member announced it drains `shard` (the peer endpoint); `false` when this pod
+    /// does not walk.
+    pub fn expect_predecessor(&self, shard: ShardId, from: Member) -> bool {
+        self.sessions.expect_predecessor(shard, from)
     }
 
     /// Resolves once no shard handed over still drains here (the shutdown's wait).

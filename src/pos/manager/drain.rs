@@ -62,6 +62,7 @@ impl<D: Directory> Inner<D> {
     ) -> impl Future<Output = ()> + Send + 'static {
         let entry = lock(&self.shards).remove(&shard);
         let mut sends = None;
+        let mut announce = None;
         if let Some(entry) = entry.as_ref().filter(|e| e.links.is_empty()) {
             // No terminal to hand over: nobody will ask, so nothing drains.
             sends = Some(entry.sends.subscribe());
@@ -98,9 +99,18 @@ impl<D: Directory> Inner<D> {
                 shard,
                 id,
             ));
+            announce = Some(id);
         }
         let budget = self.close_budget;
         async move {
+            // Before the lease is released, every member learns that we drain: the one
+            // that acquires next asks us, however stale its own view of the holder.
+            // Not every member reached: close now, as a whole shard.
+            if let (Some(id), Some(walk)) = (announce, self.walk.clone()) {
+                if !walk.announce(shard).await {
+                    self.close_drained(shard, id).await;
+                }
+            }
             if let Some(mut sends) = sends {
                 let idle = tokio::time::timeout(budget, sends.wait_for(|n| *n == 0)).await;
                 if idle.is_err() {
@@ -110,6 +120,33 @@ impl<D: Directory> Inner<D> {
                     );
                 }
             }
+        }
+    }
+
+    /// Closes drain `id` of `shard` whole, before the lease is released: it could not be
+    /// announced. Like a stop with `Close::Now`, including the settle.
+    async fn close_drained(&self, shard: ShardId, id: u64) {
+        let drained = {
+            let mut draining = lock(&self.draining);
+            match draining.get(&shard) {
+                Some(d) if d.id == id => draining.remove(&shard),
+                _ => None,
+            }
+        };
+        let Some(drained) = drained else {
+            return;
+        };
+        self.count_draining();
+        let left = drained.entry.links.len();
+        self.metrics.draining_sessions.dec_by(left as i64);
+        self.metrics
+            .drains_ended
+            .get_or_create(&[("how", "unannounced")])
+            .inc();
+        let handles: Vec<LinkHandle> = drained.entry.links.into_values().collect();
+        self.closed(handles).await;
+        if left > 0 {
+            tokio::time::sleep(HANDOVER_SETTLE).await;
         }
     }
 

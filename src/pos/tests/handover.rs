@@ -18,6 +18,7 @@ use crate::pos::handover::{Predecessor, ReleaseFailed, Released, WalkConfig};
 use crate::pos::manager::{ConnectionManager, Lookup, ManagerConfig};
 use crate::pos::LinkState;
 use crate::serving::ServingHook;
+use crate::status::PodStatus;
 use crate::store::directory::{DirectoryAdmin, MemoryDirectory, Terminal};
 
 const TERMINALS: usize = 40;
@@ -84,13 +85,41 @@ impl Predecessor for Local {
         }
         .boxed()
     }
+
+    fn announce(
+        &self,
+        _to: &Member,
+        _shard: ShardId,
+        _timeout: Duration,
+    ) -> BoxFuture<'static, Result<(), ReleaseFailed>> {
+        let told = if self.fail {
+            Err(ReleaseFailed("unreachable".into()))
+        } else {
+            Ok(())
+        };
+        std::future::ready(told).boxed()
+    }
+}
+
+/// A status naming this pod, with no other member to announce a drain to.
+fn alone() -> tokio::sync::watch::Receiver<PodStatus> {
+    let status = PodStatus {
+        pod: Some(crate::core::testing::pod("pod-a")),
+        ..PodStatus::default()
+    };
+    tokio::sync::watch::channel(status).1
 }
 
 fn config(predecessor: Arc<Local>, metrics: Arc<Metrics>, drain: Duration) -> ManagerConfig {
     ManagerConfig {
         directory_poll: Duration::from_millis(100),
         rng_seed: Some(1),
-        walk: Some(WalkConfig::new(predecessor, 200, Duration::from_secs(1))),
+        walk: Some(WalkConfig::new(
+            predecessor,
+            alone(),
+            200,
+            Duration::from_secs(1),
+        )),
         drain_budget: drain,
         metrics,
         ..ManagerConfig::default()
@@ -419,4 +448,39 @@ async fn a_shard_taken_back_mid_handover_walks_the_terminals_it_gave_away() {
         .await
         .expect("B released everything");
     a.stop(0, 7, StopReason::Shutdown, Close::Now).await;
+}
+
+#[tokio::test]
+async fn a_drain_no_member_could_be_told_of_closes_the_shard_before_release() {
+    let pki = Pki::new();
+    let (server, directory, _ids) = farm(&pki).await;
+    let metrics = Arc::new(Metrics::new());
+    let status = PodStatus {
+        pod: Some(crate::core::testing::pod("pod-a")),
+        members: vec![member_a(), member("pod-b")],
+        ..PodStatus::default()
+    };
+    let cfg = ManagerConfig {
+        walk: Some(WalkConfig::new(
+            Local::new(None, true),
+            tokio::sync::watch::channel(status).1,
+            200,
+            Duration::from_secs(1),
+        )),
+        ..config(Local::new(None, false), metrics.clone(), LIMIT)
+    };
+    let (stale, _) = mpsc::unbounded_channel();
+    let a = ConnectionManager::new(directory.clone(), pki.dialer(), cfg, stale);
+    a.start(0, 5);
+    wait_until("A connected", || connected(&a, 5)).await;
+    // pod-b cannot be told: whoever takes the shard might not ask, so it closes now.
+    a.stop(0, 5, StopReason::Rebalance, Close::Drain).await;
+    assert_eq!(server.open.load(std::sync::atomic::Ordering::SeqCst), 0);
+    let ended = metrics
+        .drains_ended
+        .get_or_create(&[("how", "unannounced")])
+        .get();
+    assert_eq!(ended, 1);
+    assert_eq!(metrics.draining_sessions.get(), 0);
+    tokio::time::timeout(LIMIT, a.drained()).await.unwrap();
 }
