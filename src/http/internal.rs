@@ -300,13 +300,11 @@ pub(super) async fn kept_answers(
     State(state): State<Arc<HttpState>>,
     Path(shard): Path<String>,
 ) -> Response {
-    match shard.parse::<ShardId>() {
-        Ok(shard) if shard < state.push.shards() => {
-            let json = [(header::CONTENT_TYPE, "application/json")];
-            (json, state.push.kept_answers(shard)).into_response()
-        }
-        _ => bad_forward("invalid shard"),
-    }
+    let Some(shard) = shard_param(&state, &shard) else {
+        return bad_forward("invalid shard");
+    };
+    let json = [(header::CONTENT_TYPE, "application/json")];
+    (json, state.push.kept_answers(shard)).into_response()
 }
 
 /// `POST /internal/v1/release-terminals/{id}`: the pod that took shard `{id}` over asks
@@ -316,9 +314,8 @@ pub(super) async fn release_terminals(
     Path(shard): Path<String>,
     body: Bytes,
 ) -> Response {
-    let shard = match shard.parse::<ShardId>() {
-        Ok(shard) if shard < state.push.shards() => shard,
-        _ => return bad_forward("invalid shard"),
+    let Some(shard) = shard_param(&state, &shard) else {
+        return bad_forward("invalid shard");
     };
     let request = match ReleaseTerminals::decode(&body) {
         Ok(request) => request,
@@ -345,9 +342,8 @@ pub(super) async fn draining(
     Path(shard): Path<String>,
     body: Bytes,
 ) -> Response {
-    let shard = match shard.parse::<ShardId>() {
-        Ok(shard) if shard < state.push.shards() => shard,
-        _ => return bad_forward("invalid shard"),
+    let Some(shard) = shard_param(&state, &shard) else {
+        return bad_forward("invalid shard");
     };
     let Ok(request) = serde_json::from_slice::<Draining>(&body) else {
         return bad_forward("not a draining announcement");
@@ -369,4 +365,12 @@ pub(super) async fn draining(
             "the announcing pod is not a member here, or this pod does not walk handovers",
         )
     }
+}
+
+/// A `{shard}` path parameter, if it names a shard of this cluster.
+fn shard_param(state: &HttpState, shard: &str) -> Option<ShardId> {
+    shard
+        .parse::<ShardId>()
+        .ok()
+        .filter(|&s| s < state.push.shards())
 }

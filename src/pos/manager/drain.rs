@@ -126,56 +126,46 @@ impl<D: Directory> Inner<D> {
     /// Closes drain `id` of `shard` whole, before the lease is released: it could not be
     /// announced. Like a stop with `Close::Now`, including the settle.
     async fn close_drained(&self, shard: ShardId, id: u64) {
-        let drained = {
-            let mut draining = lock(&self.draining);
-            match draining.get(&shard) {
-                Some(d) if d.id == id => draining.remove(&shard),
-                _ => None,
+        if let Some(left) = self.end_drain(shard, id, "unannounced").await {
+            if left > 0 {
+                tokio::time::sleep(HANDOVER_SETTLE).await;
             }
-        };
-        let Some(drained) = drained else {
-            return;
-        };
-        self.count_draining();
-        let left = drained.entry.links.len();
-        self.metrics.draining_sessions.dec_by(left as i64);
-        self.metrics
-            .drains_ended
-            .get_or_create(&[("how", "unannounced")])
-            .inc();
-        let handles: Vec<LinkHandle> = drained.entry.links.into_values().collect();
-        self.closed(handles).await;
-        if left > 0 {
-            tokio::time::sleep(HANDOVER_SETTLE).await;
         }
     }
 
     /// Closes what is left of drain `id` of `shard`: the drain budget ran out.
     async fn budget_ran_out(&self, shard: ShardId, id: u64) {
+        if let Some(left) = self.end_drain(shard, id, "budget").await {
+            if left > 0 {
+                warn!(
+                    shard,
+                    terminals = left,
+                    "drain budget ran out before the new owner asked for every terminal; closed the rest"
+                );
+            }
+        }
+    }
+
+    /// Ends drain `id` of `shard` if it is still the one draining, closing what is
+    /// left and counting it as ended `how`; the number of terminals it still had.
+    async fn end_drain(&self, shard: ShardId, id: u64, how: &'static str) -> Option<usize> {
         let drained = {
             let mut draining = lock(&self.draining);
             match draining.get(&shard) {
                 Some(d) if d.id == id => draining.remove(&shard),
                 _ => None,
             }
-        };
-        let Some(drained) = drained else {
-            return;
-        };
+        }?;
         self.count_draining();
         let left = drained.entry.links.len();
         self.metrics.draining_sessions.dec_by(left as i64);
         self.metrics
             .drains_ended
-            .get_or_create(&[("how", "budget")])
+            .get_or_create(&[("how", how)])
             .inc();
-        warn!(
-            shard,
-            terminals = left,
-            "drain budget ran out before the new owner asked for every terminal; closing the rest"
-        );
         let handles: Vec<LinkHandle> = drained.entry.links.into_values().collect();
         self.closed(handles).await;
+        Some(left)
     }
 
     /// The new owner asks for `terminals` of `shard`: closes their sessions and says
