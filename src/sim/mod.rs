@@ -100,6 +100,8 @@ pub struct SimStats {
     /// Of the terminals dialed on a release, those a pod the new owner did not ask
     /// still drained (its view of the shard's last holder was stale): fenced.
     pub unknown_predecessor: u64,
+    /// Drains that could not be announced to every member (closed whole instead).
+    pub unannounced_drains: u64,
 }
 
 impl SimStats {
@@ -123,6 +125,7 @@ impl SimStats {
         self.terminals_unasked += other.terminals_unasked;
         self.sessions_fenced += other.sessions_fenced;
         self.unknown_predecessor += other.unknown_predecessor;
+        self.unannounced_drains += other.unannounced_drains;
     }
 }
 

@@ -204,6 +204,7 @@ impl<'a> World<'a> {
         self.stats.terminals_unasked = self.sessions.unasked;
         self.stats.sessions_fenced = self.sessions.fenced;
         self.stats.unknown_predecessor = self.sessions.unknown_predecessor;
+        self.stats.unannounced_drains = self.sessions.unannounced;
         Ok(self.stats)
     }
 

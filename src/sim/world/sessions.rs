@@ -7,7 +7,9 @@
 //! opening the rest at once, and the terminal then fences the older session by epoch.
 //! A shard handed on before its walk finished passes the releases of terminals it never
 //! reached back to its own predecessor; a shard taken back while it drains walks the
-//! terminals it had released. Asks and answers are lost with p = 0.02 and delayed like
+//! terminals it had released. A drain is announced to every member of the pod's view
+//! first (lost like any message; one not told closes the shard whole), and the next
+//! owner asks the pod that announced, else the last holder it saw. Asks and answers are lost with p = 0.02 and delayed like
 //! every message; a crashed pod's sessions close; a paused pod answers late.
 //!
 //! The invariant, checked at every session that opens: **a terminal released by its
@@ -133,6 +135,10 @@ pub(super) struct Sessions {
     /// The truth the invariant checks against: the pod each drain cut short owed its
     /// walk's terminals to (kept after the owed releases were passed on).
     pub(super) owed_to: HashMap<(usize, ShardId), usize>,
+    /// Drains announced to a pod, per shard: by whom, and when.
+    announced: HashMap<(usize, ShardId), (usize, Duration)>,
+    /// Drains that could not be announced to every member, so closed whole.
+    pub unannounced: u64,
 }
 
 impl World<'_> {
@@ -158,11 +164,21 @@ impl World<'_> {
         }
         self.sessions.owed.remove(&(pod, shard));
         self.sessions.owed_to.remove(&(pod, shard));
+        // The pod that announced it drains the shard, if fresh; else the last holder
+        // this pod saw.
+        let budget = self.cfg.core.lease_ttl;
+        let announced = self
+            .sessions
+            .announced
+            .remove(&(pod, shard))
+            .filter(|&(_, at)| self.now.saturating_sub(at) < budget)
+            .map(|(from, _)| from);
         let last = self.pods[pod]
             .rec
             .as_ref()
             .and_then(|r| r.last_holder(shard));
-        let from = last.and_then(|m| self.pods.iter().position(|p| p.id == m.pod));
+        let from =
+            announced.or_else(|| last.and_then(|m| self.pods.iter().position(|p| p.id == m.pod)));
         match from.filter(|&f| f != pod) {
             Some(from) if !missing.is_empty() => {
                 let walk = Walk {
@@ -186,6 +202,9 @@ impl World<'_> {
     /// `StopServing`: closed now, or kept open as draining until asked or the budget.
     pub(super) fn sessions_stop(&mut self, pod: usize, shard: ShardId, epoch: Epoch, drain: bool) {
         let walk = self.sessions.walks.remove(&(pod, shard));
+        // Before the release, every member of the pod's view is told; one that cannot
+        // be (paused, crashed, the message lost) makes the shard close whole.
+        let drain = drain && self.announce_drain(pod, shard);
         for k in 0..TERMINALS_PER_SHARD {
             let open = self.sessions.open.entry((shard, k)).or_default();
             if drain {
@@ -215,6 +234,33 @@ impl World<'_> {
             at,
             Ev::Session(SessionEv::DrainBudget { pod, shard, epoch }),
         );
+    }
+
+    /// Tells every other member in `pod`'s view that it drains `shard`; `false` if one
+    /// could not be told.
+    fn announce_drain(&mut self, pod: usize, shard: ShardId) -> bool {
+        let members: Vec<usize> = match self.pods[pod].rec.as_ref() {
+            Some(rec) => rec
+                .members()
+                .iter()
+                .filter_map(|m| self.pods.iter().position(|p| p.id == m.pod))
+                .filter(|&p| p != pod)
+                .collect(),
+            None => Vec::new(),
+        };
+        let mut told = Vec::new();
+        for p in members {
+            let reachable = self.pods[p].alive && self.pods[p].paused_until.is_none();
+            if !reachable || self.rng.random_bool(LOSS) {
+                self.sessions.unannounced += 1;
+                return false;
+            }
+            told.push(p);
+        }
+        for p in told {
+            self.sessions.announced.insert((p, shard), (pod, self.now));
+        }
+        true
     }
 
     /// A pod crashed: its sessions close with it, its walks and drains end.
