@@ -38,6 +38,7 @@ use tracing::{debug, info, warn};
 
 mod directory_sync;
 mod drain;
+mod predecessors;
 mod stats;
 
 use self::directory_sync::poll_directory;
@@ -345,16 +346,6 @@ impl<D: Directory> ConnectionManager<D> {
         }
     }
 
-    /// A peer announced that it drains `shard`: if this pod acquires it, it asks that
-    /// peer before dialing. `false` when this pod does not walk (handover off).
-    pub fn expect_predecessor(&self, shard: ShardId, from: Member) -> bool {
-        if self.inner.walk.is_none() {
-            return false;
-        }
-        lock(&self.inner.predecessors).insert(shard, (from, Instant::now()));
-        true
-    }
-
     /// Tells the driver that a terminal refused `epoch` of `shard` as stale (a push got
     /// the `409`), so the shard is dropped like after a refused hello.
     pub fn report_stale(&self, shard: ShardId, epoch: Epoch) {
@@ -501,15 +492,6 @@ impl<D: Directory> ServingHook for ConnectionManager<D> {
         } else {
             0
         }
-    }
-}
-
-impl<D> Inner<D> {
-    /// The predecessor recorded for `shard`, unless older than the drain budget.
-    fn fresh_predecessor(&self, shard: ShardId) -> Option<Member> {
-        let predecessors = lock(&self.predecessors);
-        let (member, since) = predecessors.get(&shard)?;
-        (since.elapsed() < self.drain_budget).then(|| member.clone())
     }
 }
 
