@@ -12,16 +12,13 @@ use std::time::Duration;
 use super::{invalid, parse_duration, ConfigError};
 use crate::pos::backoff::BackoffPolicy;
 use crate::pos::dialer::Keepalive;
+pub use crate::pos::handover::DEFAULT_DRAIN_BUDGET;
 use crate::pos::tls::{ClientIdentity, TlsFiles};
 
 /// Owners must pick up directory changes within this long, so `--directory-poll` may not
 /// be longer.
 pub const MAX_DIRECTORY_POLL: Duration = Duration::from_secs(5);
 
-/// `--drain-budget`'s default. A pod under SIGTERM stays up until its shards' new
-/// owners have asked for their terminals, at most this long from the start of its
-/// shutdown: `k8s/base/deployment.yaml`'s grace period covers it.
-pub const DEFAULT_DRAIN_BUDGET: Duration = Duration::from_secs(15);
 /// Longest `--drain-budget`: a draining session delivers nothing, so it must not last.
 pub const MAX_DRAIN_BUDGET: Duration = Duration::from_secs(120);
 

@@ -32,6 +32,12 @@ use crate::core::ShardId;
 use crate::metrics::Metrics;
 use crate::status::PodStatus;
 
+/// `--drain-budget`'s default: how long a shard handed over keeps its sessions for the
+/// new owner to ask for. A pod under SIGTERM stays up until its shards' new owners have
+/// asked for their terminals, at most this long from the start of its shutdown:
+/// `k8s/base/deployment.yaml`'s grace period covers it.
+pub const DEFAULT_DRAIN_BUDGET: Duration = Duration::from_secs(15);
+
 /// Most terminals one release request names. Also bounds what a peer may ask a pod to
 /// close with one request (`peer::wire`).
 pub const MAX_RELEASE_BATCH: usize = 64;

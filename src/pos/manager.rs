@@ -46,7 +46,7 @@ use self::drain::Drained;
 pub use self::drain::Sending;
 use super::backoff::BackoffPolicy;
 use super::dialer::Dialer;
-use super::handover::{Released, Walk, WalkConfig};
+use super::handover::{Released, Walk, WalkConfig, DEFAULT_DRAIN_BUDGET};
 use super::link::{
     Delivery, LinkContext, LinkShared, LinkState, LinkStatus, LinkTask, Mode, WaitingPush,
 };
@@ -116,7 +116,7 @@ impl Default for ManagerConfig {
             directory_poll: Duration::from_secs(2),
             rng_seed: None,
             walk: None,
-            drain_budget: Duration::from_secs(20),
+            drain_budget: DEFAULT_DRAIN_BUDGET,
             metrics: Arc::new(Metrics::new()),
         }
     }
