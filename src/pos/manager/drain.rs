@@ -51,76 +51,83 @@ impl Drop for Sending {
 }
 
 impl<D: Directory> Inner<D> {
-    /// Begins draining `shard` (served with `epoch`): resolves once nothing is being
-    /// sent on it, at most the close budget (a send that outlives it finds the shard
-    /// no longer served when it is checked, so it never goes out... unless it was
-    /// checked already, which the guard is taken before).
+    /// Begins draining `shard` (served with `epoch`): announces it to the members
+    /// (closing the shard whole if one cannot be told) and resolves once no push is
+    /// being sent on it, at most the close budget. A push checks that the shard is
+    /// served after taking its `Sending` guard, so none starts sending once this began.
     pub(super) fn drain(
         self: Arc<Self>,
         shard: ShardId,
         epoch: Epoch,
     ) -> impl Future<Output = ()> + Send + 'static {
         let entry = lock(&self.shards).remove(&shard);
-        let mut sends = None;
-        let mut announce = None;
-        if let Some(entry) = entry.as_ref().filter(|e| e.links.is_empty()) {
-            // No terminal to hand over: nobody will ask, so nothing drains.
-            sends = Some(entry.sends.subscribe());
-        } else if let Some(mut entry) = entry {
-            // A walk of our own still under way asks our predecessor for nothing more
-            // by itself; releases of terminals it had not reached are passed on.
-            let chain = entry.walk.take().map(Walk::stop);
-            entry.mode.send_replace(Mode {
-                epoch,
-                delivery: Delivery::Holding,
-            });
-            sends = Some(entry.sends.subscribe());
-            let terminals = entry.links.len();
-            self.metrics.draining_sessions.inc_by(terminals as i64);
-            let id = self.next_incarnation.fetch_add(1, Ordering::Relaxed);
-            let drained = Drained {
-                id,
-                entry,
-                since: Instant::now(),
-                chain,
-            };
-            lock(&self.draining).insert(shard, drained);
-            self.count_draining();
-            info!(
-                shard,
-                epoch,
-                terminals,
-                "shard handed over; its sessions drain until the new owner asks for them"
-            );
-            // Weak: a pod stopped or aborted meanwhile takes its links with it.
-            tokio::spawn(drain_budget(
-                Arc::downgrade(&self),
-                self.drain_budget,
-                shard,
-                id,
-            ));
-            announce = Some(id);
-        }
         let budget = self.close_budget;
+        // No terminal to hand over (or nothing served): nobody will ask, nothing drains.
+        let drain = entry
+            .filter(|e| !e.links.is_empty())
+            .map(|entry| self.begin_drain(shard, epoch, entry));
         async move {
             // Before the lease is released, every member learns that we drain: the one
             // that acquires next asks us, however stale its own view of the holder.
-            // Not every member reached: close now, as a whole shard.
-            if let (Some(id), Some(walk)) = (announce, self.walk.clone()) {
+            let Some((id, mut sends)) = drain else {
+                return;
+            };
+            if let Some(walk) = self.walk.clone() {
                 if !walk.announce(shard).await {
                     self.close_drained(shard, id).await;
                 }
             }
-            if let Some(mut sends) = sends {
-                let idle = tokio::time::timeout(budget, sends.wait_for(|n| *n == 0)).await;
-                if idle.is_err() {
-                    warn!(
-                        shard,
-                        "pushes still being sent after the close budget; handing over anyway"
-                    );
-                }
+            let idle = tokio::time::timeout(budget, sends.wait_for(|n| *n == 0)).await;
+            if idle.is_err() {
+                warn!(
+                    shard,
+                    "pushes still being sent after the close budget; handing over anyway"
+                );
             }
         }
+    }
+
+    /// Moves `entry` into the drain (sessions kept, nothing dialed or delivered) and
+    /// starts its budget timer: the drain's id, and the count of pushes being sent.
+    fn begin_drain(
+        self: &Arc<Self>,
+        shard: ShardId,
+        epoch: Epoch,
+        mut entry: ShardEntry,
+    ) -> (u64, watch::Receiver<usize>) {
+        // A walk of our own still under way asks our predecessor for nothing more by
+        // itself; releases of terminals it had not reached are passed on.
+        let chain = entry.walk.take().map(Walk::stop);
+        entry.mode.send_replace(Mode {
+            epoch,
+            delivery: Delivery::Holding,
+        });
+        let sends = entry.sends.subscribe();
+        let terminals = entry.links.len();
+        self.metrics.draining_sessions.inc_by(terminals as i64);
+        let id = self.next_incarnation.fetch_add(1, Ordering::Relaxed);
+        let drained = Drained {
+            id,
+            entry,
+            since: Instant::now(),
+            chain,
+        };
+        lock(&self.draining).insert(shard, drained);
+        self.count_draining();
+        info!(
+            shard,
+            epoch,
+            terminals,
+            "shard handed over; its sessions drain until the new owner asks for them"
+        );
+        // Weak: a pod stopped or aborted meanwhile takes its links with it.
+        tokio::spawn(drain_budget(
+            Arc::downgrade(self),
+            self.drain_budget,
+            shard,
+            id,
+        ));
+        (id, sends)
     }
 
     /// Closes drain `id` of `shard` whole, before the lease is released: it could not be
