@@ -1,11 +1,11 @@
 //! The scenarios: what state each needs ([`prepare`], not measured) and the event it
 //! injects ([`act`]).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::{
     cluster::Cluster,
-    pods::{import_directory, Release},
+    pods::{import_directory, PodProc, Release},
     procs::Signal,
     unix_ms,
     upgrade::{self, Step, UpgradeTrace},
@@ -216,28 +216,62 @@ pub async fn prepare(c: &mut Cluster, scenario: Scenario) -> Result<(), LoadErro
 
 /// Out of service, SIGTERM, wait for the exit (shutdown budget + margin), forget.
 async fn stop_gracefully(c: &mut Cluster, i: usize) -> Result<(), LoadError> {
-    c.out_of_service(i);
-    c.pods[i].signal(Signal::Term).await?;
-    let mut pod = c.forget(i);
-    if pod.proc.wait_exit(Duration::from_secs(20)).await.is_none() {
-        pod.proc.kill().await;
-        return Err(LoadError::Timeout {
-            what: format!("{} exiting after SIGTERM", pod.id),
-            limit: Duration::from_secs(20),
-        });
-    }
-    Ok(())
+    terminate(c, i).await?.exited().await
 }
 
-/// Replaces every pod, one by one: a new pod of `release` first, ready, then SIGTERM one
-/// of the pods there were before. With `trace`, each step is recorded with the new pods'
-/// peer counters right after the old pod exited.
+/// How long a pod may take to exit after SIGTERM: the drain budget (15 s) plus the
+/// release and deregistration, under the Deployment's 30 s grace period.
+const EXIT_LIMIT: Duration = Duration::from_secs(20);
+
+/// A pod sent SIGTERM and taken out of the cluster's lists, kept (with its Redis proxy)
+/// until it exits on its own.
+struct Leaving {
+    pod: PodProc,
+    signalled: Instant,
+}
+
+/// Takes pod `i` out of service and sends it SIGTERM, without waiting for it to exit.
+async fn terminate(c: &mut Cluster, i: usize) -> Result<Leaving, LoadError> {
+    c.out_of_service(i);
+    c.pods[i].signal(Signal::Term).await?;
+    Ok(Leaving {
+        pod: c.forget(i),
+        signalled: Instant::now(),
+    })
+}
+
+impl Leaving {
+    /// Waits for the exit, at most [`EXIT_LIMIT`] after the signal (then SIGKILL and an
+    /// error: a pod that outstays its grace period is a failure, as in Kubernetes).
+    async fn exited(mut self) -> Result<(), LoadError> {
+        let left = EXIT_LIMIT.saturating_sub(self.signalled.elapsed());
+        if self.pod.proc.wait_exit(left).await.is_none() {
+            self.pod.proc.kill().await;
+            return Err(LoadError::Timeout {
+                what: format!("{} exiting after SIGTERM", self.pod.id),
+                limit: EXIT_LIMIT,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Replaces every pod, one by one, the way a Deployment with `maxSurge: 1,
+/// maxUnavailable: 0` does: a new pod of `release` first, ready, then SIGTERM one of the
+/// pods there were before, and the next new pod right away. Like the Deployment
+/// controller (which does not count terminating pods), it does not wait for the old pod
+/// to exit before the next step: an old pod stays up until the new owners of its shards
+/// asked it for every terminal (the drain), and that overlaps the next pod's start. The
+/// old pods are waited for at the end, each within [`EXIT_LIMIT`] of its signal. With
+/// `trace`, each step is recorded with the new pods' peer counters right after the
+/// signal, and the end of the mixed window once the last old pod exited.
 async fn replace_each(
     c: &mut Cluster,
     release: Release,
     mut trace: Option<&mut UpgradeTrace>,
 ) -> Result<(), LoadError> {
     let old: Vec<String> = c.pods.iter().map(|p| p.id.clone()).collect();
+    let mut leaving = Vec::new();
     for (k, id) in old.iter().enumerate() {
         let new_started_unix_ms = unix_ms();
         let n = c.start_pod(release).await?;
@@ -245,8 +279,8 @@ async fn replace_each(
         c.wait_ready(n, c.profile.converge_limit).await?;
         let new_ready_unix_ms = unix_ms();
         let i = c.pods.iter().position(|p| &p.id == id).unwrap_or(0);
-        stop_gracefully(c, i).await?;
-        let old_gone_unix_ms = unix_ms();
+        leaving.push(terminate(c, i).await?);
+        let old_signalled_unix_ms = unix_ms();
         if let Some(t) = trace.as_deref_mut() {
             t.releases.insert(new_pod.clone(), release);
             let (peer, unscraped) = upgrade::scrape_new_pods(c).await;
@@ -255,12 +289,19 @@ async fn replace_each(
                 old_pod: id.clone(),
                 new_started_unix_ms,
                 new_ready_unix_ms,
-                old_gone_unix_ms,
+                old_signalled_unix_ms,
                 old_left: old.len() - k - 1,
                 peer,
                 unscraped,
             });
         }
+    }
+    for pod in leaving {
+        pod.exited().await?;
+    }
+    if let Some(t) = trace {
+        t.old_gone_unix_ms = unix_ms();
+        t.mixed_end = upgrade::scrape_new_pods(c).await.0;
     }
     Ok(())
 }
@@ -300,7 +341,7 @@ pub async fn act(c: &mut Cluster, scenario: Scenario) -> Result<Action, LoadErro
             );
             let mut trace = UpgradeTrace {
                 releases: upgrade::releases_of(c),
-                steps: Vec::new(),
+                ..UpgradeTrace::default()
             };
             replace_each(c, Release::Current, Some(&mut trace)).await?;
             a.upgrade = Some(trace);

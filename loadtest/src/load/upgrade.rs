@@ -155,10 +155,11 @@ pub struct Step {
     pub old_pod: String,
     pub new_started_unix_ms: u64,
     pub new_ready_unix_ms: u64,
-    pub old_gone_unix_ms: u64,
+    /// When the old pod got SIGTERM (the next step starts right after).
+    pub old_signalled_unix_ms: u64,
     /// Pods of the previous release still running after this step.
     pub old_left: usize,
-    /// The new pods' counters (summed) right after the old pod exited.
+    /// The new pods' counters (summed) right after the old pod got SIGTERM.
     pub peer: PeerCounters,
     /// New pods whose `/metrics` did not answer then.
     pub unscraped: Vec<String>,
@@ -170,6 +171,10 @@ pub struct UpgradeTrace {
     /// The release of every pod that ran during the scenario.
     pub releases: BTreeMap<String, Release>,
     pub steps: Vec<Step>,
+    /// When the last pod of the previous release exited: the end of the mixed window.
+    pub old_gone_unix_ms: u64,
+    /// The new pods' counters (summed) then.
+    pub mixed_end: PeerCounters,
 }
 
 /// The pushes of the mixed window.
@@ -242,6 +247,8 @@ pub struct UpgradeReport {
     pub mixed_from_unix_ms: u64,
     pub mixed_to_unix_ms: u64,
     pub mixed: MixedPushes,
+    /// The new pods' counters (summed) when the last old pod had exited.
+    pub mixed_end: PeerCounters,
     /// The new pods' counters (summed) at the end of the scenario.
     pub end: PeerCounters,
     pub end_unscraped: Vec<String>,
@@ -250,10 +257,7 @@ pub struct UpgradeReport {
 impl UpgradeReport {
     /// The counters when the last old pod had exited (end of the mixed phase).
     pub fn at_mixed_end(&self) -> PeerCounters {
-        self.steps
-            .last()
-            .map(|s| s.peer.clone())
-            .unwrap_or_default()
+        self.mixed_end.clone()
     }
 
     pub fn mixed_s(&self) -> f64 {
@@ -266,13 +270,14 @@ impl UpgradeReport {
 /// Builds the report from the trace, the pushes and a last scrape of the new pods.
 pub async fn report(c: &Cluster, trace: &UpgradeTrace, pushes: &[PushRecord]) -> UpgradeReport {
     let from = trace.steps.first().map_or(0, |s| s.new_started_unix_ms);
-    let to = trace.steps.last().map_or(0, |s| s.old_gone_unix_ms);
+    let to = trace.old_gone_unix_ms;
     let (end, end_unscraped) = scrape_new_pods(c).await;
     UpgradeReport {
         steps: trace.steps.clone(),
         mixed_from_unix_ms: from,
         mixed_to_unix_ms: to,
         mixed: mixed_pushes(pushes, &trace.releases, from, to),
+        mixed_end: trace.mixed_end.clone(),
         end,
         end_unscraped,
     }
@@ -340,12 +345,12 @@ pub fn lines(md: &mut String, u: &UpgradeReport) {
     for s in &u.steps {
         let _ = writeln!(
             md,
-            "- step: {} ready {} ms after its start, then {} exited {} ms later; {} old pods \
+            "- step: {} ready {} ms after its start, then {} got SIGTERM {} ms later; {} old pods \
              left; new pods' legacy accepted {}, refused {:?}{}",
             s.new_pod,
             s.new_ready_unix_ms.saturating_sub(s.new_started_unix_ms),
             s.old_pod,
-            s.old_gone_unix_ms.saturating_sub(s.new_ready_unix_ms),
+            s.old_signalled_unix_ms.saturating_sub(s.new_ready_unix_ms),
             s.old_left,
             s.peer.legacy_accepted,
             s.peer.refused,

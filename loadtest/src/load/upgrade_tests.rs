@@ -170,7 +170,7 @@ fn step(legacy: u64, refused: &[(&str, u64)]) -> Step {
         old_pod: "pod-0".into(),
         new_started_unix_ms: 1_000,
         new_ready_unix_ms: 1_500,
-        old_gone_unix_ms: 2_000,
+        old_signalled_unix_ms: 2_000,
         old_left: 0,
         peer: PeerCounters {
             legacy_accepted: legacy,
@@ -190,6 +190,7 @@ fn checked(mixed_end: Step, end: &[(&str, u64)], across: usize) -> Vec<(bool, bo
                 legacy_accepted: mixed_end.peer.legacy_accepted,
                 refused: end.iter().map(|(r, n)| (r.to_string(), *n)).collect(),
             },
+            mixed_end: mixed_end.peer.clone(),
             steps: vec![step(0, &[]), mixed_end],
             mixed: MixedPushes {
                 across_releases: across,

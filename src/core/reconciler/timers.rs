@@ -4,47 +4,61 @@ use std::time::{Duration, Instant};
 
 use crate::core::PodId;
 
-/// A periodic store operation: due at `next`, at most one in flight.
+/// A periodic store operation: due at a time, at most one in flight.
 #[derive(Clone, Debug)]
-pub struct Timer {
-    next: Instant,
-    in_flight: bool,
+pub enum Timer {
+    Waiting {
+        next: Instant,
+    },
+    /// An operation is out. `again` keeps a reschedule that arrived meanwhile: a change
+    /// notification during a poll must cause another poll once this one answers, since
+    /// the answer may predate the change (it did: a release published while the new
+    /// owner's poll was in flight waited a whole poll interval for the next one).
+    InFlight {
+        again: Option<Instant>,
+    },
 }
 
 impl Timer {
     pub fn due_at(next: Instant) -> Self {
-        Timer {
-            next,
-            in_flight: false,
-        }
+        Timer::Waiting { next }
     }
 
     pub fn due(&self, now: Instant) -> bool {
-        !self.in_flight && now >= self.next
+        self.next().is_some_and(|next| now >= next)
     }
 
     /// When it fires next; `None` while an operation is in flight.
     pub fn next(&self) -> Option<Instant> {
-        (!self.in_flight).then_some(self.next)
+        match self {
+            Timer::Waiting { next } => Some(*next),
+            Timer::InFlight { .. } => None,
+        }
     }
 
     pub fn in_flight(&self) -> bool {
-        self.in_flight
+        matches!(self, Timer::InFlight { .. })
     }
 
     pub fn start(&mut self) {
-        self.in_flight = true;
+        *self = Timer::InFlight { again: None };
     }
 
-    /// The operation answered; fire again at `next`.
+    /// The operation answered; fire again at `next`, or sooner if rescheduled meanwhile.
     pub fn finish(&mut self, next: Instant) {
-        self.in_flight = false;
-        self.next = next;
+        let next = match self {
+            Timer::InFlight { again: Some(at) } => next.min(*at),
+            _ => next,
+        };
+        *self = Timer::Waiting { next };
     }
 
-    /// Fire no later than `at`.
+    /// Fire no later than `at` (after the operation in flight, if one is).
     pub fn reschedule(&mut self, at: Instant) {
-        self.next = self.next.min(at);
+        match self {
+            Timer::Waiting { next } => *next = (*next).min(at),
+            Timer::InFlight { again } => *again = Some(again.map_or(at, |t| t.min(at))),
+        }
     }
 }
 

@@ -422,3 +422,21 @@ fn a_shard_acquired_names_the_member_that_held_it_last() {
     r.handle_snapshot(t, Ok(snapshot(&r, "g", &["a"], leases)));
     assert_eq!(r.last_holder(theirs), Some(&member("b")));
 }
+
+#[test]
+fn a_change_notified_during_a_poll_is_polled_for_after_it() {
+    let (mut r, t1) = serving_pod("pod-a", &["pod-a", "pod-b"]);
+    let t2 = t1 + Duration::from_millis(10);
+    r.handle_change_notification(t2);
+    assert!(drain(&mut r).contains(&Action::Poll));
+    // A release is published while that poll is out: its answer may predate it.
+    r.handle_change_notification(t2 + Duration::from_millis(1));
+    assert!(!drain(&mut r).contains(&Action::Poll), "one poll at a time");
+    let t3 = t2 + Duration::from_millis(2);
+    r.handle_snapshot(t3, Ok(snapshot(&r, "g", &["pod-a", "pod-b"], vec![None; 8])));
+    r.handle_timeout(t3);
+    assert!(
+        drain(&mut r).contains(&Action::Poll),
+        "the notification is not left for the next poll interval"
+    );
+}
