@@ -76,7 +76,7 @@ async fn acquire(store: &RedisStore, generation: &str, pod: &PodId, shard: Shard
     let ttl = Duration::from_secs(60);
     match store.acquire(generation, pod, &[shard], ttl).await.unwrap() {
         Checked::Ok(outcomes) => match outcomes[..] {
-            [AcquireOutcome::Acquired { epoch }] => epoch,
+            [AcquireOutcome::Acquired { epoch, .. }] => epoch,
             ref other => panic!("{other:?}"),
         },
         other => panic!("{other:?}"),
@@ -143,9 +143,9 @@ async fn the_script_writes_only_a_lost_shard_for_its_current_epoch_holder() {
         }))
     );
     // A held it again and let it go: the shard's last epoch is still A's, the lease is not.
-    assert_eq!(store.release(&b, &[lost]).await.unwrap(), vec![true]);
+    assert_eq!(store.release(&b, &[lost], None).await.unwrap(), vec![true]);
     let e2 = acquire(&store, &g1, &a, lost).await;
-    assert_eq!(store.release(&a, &[lost]).await.unwrap(), vec![true]);
+    assert_eq!(store.release(&a, &[lost], None).await.unwrap(), vec![true]);
     let released = restore(&a, e2, &g1, &g0, lost, &terminals);
     assert_eq!(
         answer(store.restore(&released).await),

@@ -92,7 +92,7 @@ async fn every_call(
             store.renew(generation, &pod(), &[0], TTL).await.map(drop),
         ),
         ("place", store.place(Some(1), &placement).await.map(drop)),
-        ("release", store.release(&pod(), &[2]).await.map(drop)),
+        ("release", store.release(&pod(), &[2], None).await.map(drop)),
         (
             "deregister",
             store.deregister(&PodId::new("pod-gone").unwrap()).await,

@@ -42,7 +42,7 @@ fn acquired(c: Checked<Vec<AcquireOutcome>>) -> Vec<Epoch> {
         Checked::Ok(outs) => outs
             .into_iter()
             .map(|o| match o {
-                AcquireOutcome::Acquired { epoch } => epoch,
+                AcquireOutcome::Acquired { epoch, .. } => epoch,
                 other => panic!("expected Acquired, got {other:?}"),
             })
             .collect(),
@@ -137,7 +137,7 @@ async fn owner_checks_on_renew_and_release() {
             epoch
         }])
     );
-    assert_eq!(store.release(&b, &[1]).await.unwrap(), vec![false]);
+    assert_eq!(store.release(&b, &[1], None).await.unwrap(), vec![false]);
     let snap = store.snapshot(4).await.unwrap();
     assert_eq!(
         snap.leases[1].as_ref().map(|l| (&l.owner, l.epoch)),
@@ -160,7 +160,7 @@ async fn release_is_seen_on_changes_within_a_second() {
     let mut rx = peer.changes();
     rx.borrow_and_update();
     let sent = Instant::now();
-    assert_eq!(owner.release(&a, &[0]).await.unwrap(), vec![true]);
+    assert_eq!(owner.release(&a, &[0], None).await.unwrap(), vec![true]);
     tokio::time::timeout(Duration::from_secs(1), rx.changed())
         .await
         .expect("no change within 1 s")
@@ -191,7 +191,7 @@ async fn round_trips_count_one_per_call() {
     let start = store.round_trips();
     let g = generation(&store).await;
     store.acquire(&g, &pod("a"), &[0, 1, 2], TTL).await.unwrap();
-    store.release(&pod("a"), &[0, 1, 2]).await.unwrap();
+    store.release(&pod("a"), &[0, 1, 2], None).await.unwrap();
     assert_eq!(store.round_trips() - start, 3);
 }
 
@@ -376,7 +376,7 @@ async fn a_release_is_seen(
     let a = pod("a");
     acquired(store.acquire(g, &a, &[0], TTL).await.unwrap());
     rx.borrow_and_update();
-    store.release(&a, &[0]).await.unwrap();
+    store.release(&a, &[0], None).await.unwrap();
     tokio::time::timeout(Duration::from_secs(1), rx.changed())
         .await
         .unwrap_or_else(|_| panic!("a release not seen on changes() {when}"))

@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use crate::support::RedisServer;
-use posgate::core::lease::{AcquireOutcome, Checked, RenewOutcome};
+use posgate::core::lease::{AcquireOutcome, Checked, ReleaseNote, RenewOutcome};
 use posgate::core::membership::{Member, Snapshot};
 use posgate::core::placement::Placement;
 use posgate::core::{Epoch, PodId, ShardId};
@@ -87,9 +87,12 @@ impl Transcript {
                 for (&s, o) in shards.iter().zip(outs) {
                     toks.push(text(format!("[{s}]")));
                     match o {
-                        AcquireOutcome::Acquired { epoch } => {
+                        AcquireOutcome::Acquired { epoch, released_by } => {
                             self.acquired.entry(s).or_default().push(*epoch);
                             toks.extend([text("Acquired"), Tok::Epoch(s, *epoch)]);
+                            if let Some(m) = released_by {
+                                toks.push(text(format!("released by {}", m.pod)));
+                            }
                         }
                         AcquireOutcome::AlreadyMine { epoch } => {
                             toks.extend([text("AlreadyMine"), Tok::Epoch(s, *epoch)])
@@ -325,14 +328,14 @@ async fn run<S: CoordStore>(store: &S, wiper: &mut dyn Wiper) -> Transcript {
         "release b",
         vec![text(format!(
             "{:?}",
-            store.release(&b, &[0, 4]).await.unwrap()
+            store.release(&b, &[0, 4], None).await.unwrap()
         ))],
     );
     t.push(
         "release c",
         vec![text(format!(
             "{:?}",
-            store.release(&c, &[7, 7]).await.unwrap()
+            store.release(&c, &[7, 7], None).await.unwrap()
         ))],
     );
     t.snapshot(&store.snapshot(SHARDS).await.unwrap());
@@ -347,9 +350,40 @@ async fn run<S: CoordStore>(store: &S, wiper: &mut dyn Wiper) -> Transcript {
         "release b expired",
         vec![text(format!(
             "{:?}",
-            store.release(&b, &[6]).await.unwrap()
+            store.release(&b, &[6], None).await.unwrap()
         ))],
     );
+    t.acquire(&[6], store.acquire(&g0, &a, &[6], LONG).await);
+
+    // Release notes: left only by a release that deleted the releaser's lease, returned
+    // by the next acquire (a fresh one, not `AlreadyMine`) until they expire.
+    let note = |pod: &str, ttl| ReleaseNote {
+        member: member(pod),
+        ttl,
+    };
+    t.push(
+        "release a noted",
+        vec![text(format!(
+            "{:?}",
+            store
+                .release(&a, &[6, 5], Some(&note("a", LONG)))
+                .await
+                .unwrap()
+        ))],
+    );
+    t.acquire(&[6, 5], store.acquire(&g0, &c, &[6, 5], LONG).await);
+    t.acquire(&[6], store.acquire(&g0, &c, &[6], LONG).await);
+    t.push(
+        "release c noted briefly",
+        vec![text(format!(
+            "{:?}",
+            store
+                .release(&c, &[6], Some(&note("c", SHORT)))
+                .await
+                .unwrap()
+        ))],
+    );
+    tokio::time::sleep(PAST_SHORT).await;
     t.acquire(&[6], store.acquire(&g0, &a, &[6], LONG).await);
 
     // Member expiry, rejoin and deregistration.
@@ -386,7 +420,8 @@ async fn run<S: CoordStore>(store: &S, wiper: &mut dyn Wiper) -> Transcript {
     t.place(Some(2), &p2, store.place(Some(2), &p2).await);
     t.place(Some(1), &p2, store.place(Some(1), &p2).await);
     t.snapshot(&store.snapshot(SHARDS).await.unwrap());
-    // Joins a, b, c, d, d again, c again; releases 4 (b) and 7 (c); leave b; 2 placements.
+    // Joins a, b, c, d, d again, c again; releases 4 (b), 7 (c), 6 (a) and 6 (c); leave b;
+    // 2 placements.
     t.push(
         "notifications",
         vec![text(quiet_changes(store).await.to_string())],
@@ -427,7 +462,7 @@ async fn run<S: CoordStore>(store: &S, wiper: &mut dyn Wiper) -> Transcript {
         "release b",
         vec![text(format!(
             "{:?}",
-            store.release(&b, &[1, 2, 3, 4]).await.unwrap()
+            store.release(&b, &[1, 2, 3, 4], None).await.unwrap()
         ))],
     );
     t.unit(

@@ -29,7 +29,8 @@ use self::ops::{Done, Op, OpContext, StoreHealth};
 use self::report::{name, Situation};
 use crate::clock::now;
 use crate::core::config::{CoreConfig, InvalidTimings};
-use crate::core::membership::Member;
+use crate::core::lease::ReleaseNote;
+use crate::core::membership::{Member, HANDOVER_DRAIN};
 use crate::core::reconciler::{Action, Reconciler, ShardState};
 use crate::core::ring::RING_VERSION;
 use crate::core::{Epoch, PodId, ShardId};
@@ -99,6 +100,12 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
             peer_protocol: PEER_PROTOCOL,
             handover: hook.handover(),
         };
+        // A pod that drains names itself in every release, for the next holder to ask
+        // (`ReleaseNote`); one that closes whole shards leaves nothing to ask about.
+        let release_note = (member.handover >= HANDOVER_DRAIN).then(|| ReleaseNote {
+            member: member.clone(),
+            ttl: hook.drain_budget(),
+        });
         let probe_timeout = core.renew_interval.min(MAX_PROBE_TIMEOUT);
         let (status, _) = watch::channel(report::pod_status(&rec, now()));
         Ok(Driver {
@@ -106,6 +113,7 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
             cx: Arc::new(OpContext {
                 store,
                 member,
+                release_note,
                 meta: ClusterMeta::current(core.shards),
                 store_timeout: config.store_timeout,
                 core: core.clone(),

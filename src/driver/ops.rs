@@ -12,7 +12,7 @@ use futures::future::{join_all, BoxFuture};
 use futures::FutureExt;
 use tracing::{debug, info, warn};
 
-use crate::core::lease::{AcquireOutcome, Checked, RenewOutcome};
+use crate::core::lease::{AcquireOutcome, Checked, ReleaseNote, RenewOutcome};
 use crate::core::membership::{Member, Snapshot};
 use crate::core::placement::Placement;
 use crate::core::reconciler::{OpFailed, OpResult, PeerReport};
@@ -47,6 +47,8 @@ pub(super) type Op = BoxFuture<'static, Done>;
 pub(super) struct OpContext<S> {
     pub store: Arc<S>,
     pub member: Member,
+    /// Left with every release when this pod drains (see [`ReleaseNote`]).
+    pub release_note: Option<ReleaseNote>,
     pub meta: ClusterMeta,
     pub core: CoreConfig,
     /// Our own bound on every store call, on top of the store's: a call that hangs would
@@ -106,7 +108,11 @@ impl<S: CoordStore> OpContext<S> {
         let cx = self.clone();
         async move {
             let result = cx
-                .bounded("release", cx.store.release(&cx.member.pod, &shards))
+                .bounded(
+                    "release",
+                    cx.store
+                        .release(&cx.member.pod, &shards, cx.release_note.as_ref()),
+                )
                 .await;
             Done::Release(shards, result)
         }

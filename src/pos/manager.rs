@@ -493,6 +493,14 @@ impl<D: Directory> ServingHook for ConnectionManager<D> {
             0
         }
     }
+
+    fn drain_budget(&self) -> Duration {
+        if self.inner.walk.is_some() {
+            self.inner.drain_budget
+        } else {
+            Duration::ZERO
+        }
+    }
 }
 
 /// A panic while holding one of these locks cannot leave a half-written value behind

@@ -19,7 +19,7 @@ pub use self::stats::{NoSessions, SessionStats, TerminalCounts};
 
 use std::future::Future;
 use std::sync::{Arc, PoisonError, RwLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::core::membership::Member;
 use crate::core::reconciler::{Close, StopReason};
@@ -153,6 +153,12 @@ pub trait ServingHook: Send + Sync + 'static {
     fn handover(&self) -> u32 {
         0
     }
+
+    /// How long a drained shard's sessions stay open at most (zero when this hook does
+    /// not drain): how long the note its release leaves for the next holder is kept.
+    fn drain_budget(&self) -> Duration {
+        Duration::ZERO
+    }
 }
 
 /// Two hooks told the same transitions, in order; a stop resolves when both have.
@@ -191,6 +197,10 @@ impl<A: ServingHook, B: ServingHook> ServingHook for (A, B) {
     /// The one that keeps sessions decides (the other answers the default 0).
     fn handover(&self) -> u32 {
         self.0.handover().max(self.1.handover())
+    }
+
+    fn drain_budget(&self) -> Duration {
+        self.0.drain_budget().max(self.1.drain_budget())
     }
 }
 

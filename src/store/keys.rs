@@ -95,6 +95,12 @@ impl Keys {
         self.name(format_args!("lease:{shard}"))
     }
 
+    /// What the last drained release of `shard` left for its next holder: string, the
+    /// releasing pod's member record (JSON) with a `PX` expiry (the drain budget).
+    pub fn release_note(&self, shard: ShardId) -> String {
+        self.name(format_args!("release-note:{shard}"))
+    }
+
     /// The terminal directory of `shard`: hash terminal id -> JSON entry.
     pub fn terminals(&self, shard: ShardId) -> String {
         self.name(format_args!("terminals:{shard}"))

@@ -27,7 +27,7 @@ use rand::{Rng, SeedableRng};
 use tokio::sync::watch;
 
 use super::{ClusterMeta, CoordStore, StoreError};
-use crate::core::lease::{AcquireOutcome, Checked, RenewOutcome};
+use crate::core::lease::{AcquireOutcome, Checked, ReleaseNote, RenewOutcome};
 use crate::core::membership::{GenerationInfo, Lease, Member, Snapshot};
 use crate::core::placement::Placement;
 use crate::core::{Epoch, PodId, ShardId};
@@ -51,6 +51,8 @@ pub struct MemoryState {
     epochs: BTreeMap<ShardId, Epoch>,
     /// Shard -> (owner, expiry ms).
     leases: BTreeMap<ShardId, (PodId, u64)>,
+    /// Shard -> (the release note of its last drained release, expiry ms).
+    notes: BTreeMap<ShardId, (Member, u64)>,
     placement: Option<Placement>,
     notifications: u64,
 }
@@ -65,6 +67,7 @@ impl MemoryState {
             members: BTreeMap::new(),
             epochs: BTreeMap::new(),
             leases: BTreeMap::new(),
+            notes: BTreeMap::new(),
             placement: None,
             notifications: 0,
         }
@@ -78,6 +81,7 @@ impl MemoryState {
         self.members.clear();
         self.epochs.clear();
         self.leases.clear();
+        self.notes.clear();
         self.placement = None;
     }
 
@@ -189,7 +193,11 @@ impl MemoryState {
                         let epoch = (last + 1).max(now_ms);
                         s.leases.insert(shard, (pod.clone(), expiry));
                         s.epochs.insert(shard, epoch);
-                        AcquireOutcome::Acquired { epoch }
+                        let released_by = match s.notes.get(&shard) {
+                            Some((member, expiry)) if now_ms <= *expiry => Some(member.clone()),
+                            _ => None,
+                        };
+                        AcquireOutcome::Acquired { epoch, released_by }
                     }
                     Some(owner) if &owner == pod => {
                         s.leases.insert(shard, (owner, expiry));
@@ -252,14 +260,25 @@ impl MemoryState {
     }
 
     /// See `lua/release.lua`: no generation check, owner-checked delete, one
-    /// notification per deleted lease.
-    pub fn release(&mut self, now_ms: u64, pod: &PodId, shards: &[ShardId]) -> Vec<bool> {
+    /// notification per deleted lease; with `note`, each deleted lease leaves it for the
+    /// next acquire.
+    pub fn release(
+        &mut self,
+        now_ms: u64,
+        pod: &PodId,
+        shards: &[ShardId],
+        note: Option<&ReleaseNote>,
+    ) -> Vec<bool> {
         shards
             .iter()
             .map(|&shard| {
                 let mine = self.lease_owner(now_ms, shard) == Some(pod);
                 if mine {
                     self.leases.remove(&shard);
+                    if let Some(note) = note {
+                        let expiry = now_ms.saturating_add(ttl_ms(note.ttl));
+                        self.notes.insert(shard, (note.member.clone(), expiry));
+                    }
                     self.notifications += 1;
                 }
                 mine
@@ -415,8 +434,13 @@ impl CoordStore for MemoryStore {
         self.with_state(|s, now| s.renew(now, generation, pod, shards, ttl))
     }
 
-    async fn release(&self, pod: &PodId, shards: &[ShardId]) -> Result<Vec<bool>, StoreError> {
-        Ok(self.with_state(|s, now| s.release(now, pod, shards)))
+    async fn release(
+        &self,
+        pod: &PodId,
+        shards: &[ShardId],
+        note: Option<&ReleaseNote>,
+    ) -> Result<Vec<bool>, StoreError> {
+        Ok(self.with_state(|s, now| s.release(now, pod, shards, note)))
     }
 
     async fn snapshot(&self, shards: u32) -> Result<Snapshot, StoreError> {

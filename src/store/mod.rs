@@ -31,7 +31,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use crate::core::lease::{AcquireOutcome, Checked, RenewOutcome};
+use crate::core::lease::{AcquireOutcome, Checked, ReleaseNote, RenewOutcome};
 use crate::core::membership::{Member, Snapshot};
 use crate::core::placement::Placement;
 use crate::core::ring::Assignment;
@@ -131,11 +131,14 @@ pub trait CoordStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Checked<Vec<RenewOutcome>>, StoreError>> + Send;
 
     /// Deletes each lease that `pod` holds (owner-checked) and publishes a release
-    /// notification. Returns, per shard, whether a lease of `pod` was deleted.
+    /// notification; with `note`, each deleted lease leaves it (for `note.ttl`) to the
+    /// next [`CoordStore::acquire`] of the shard. Returns, per shard, whether a lease of
+    /// `pod` was deleted.
     fn release(
         &self,
         pod: &PodId,
         shards: &[ShardId],
+        note: Option<&ReleaseNote>,
     ) -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send;
 
     /// Live members, all lease holders and the placement in one atomic read; creates the

@@ -243,6 +243,17 @@ impl Reconciler {
         let window = self.cfg.serve_window();
         let wanted =
             self.lifecycle.running() && self.placement.assignment.owner(s) == Some(&self.me);
+        if let AcquireOutcome::Acquired {
+            released_by: Some(from),
+            ..
+        } = &outcome
+        {
+            // The lease's last holder, whether or not it is still a member (a pod under
+            // SIGTERM deregisters while its sessions drain).
+            if from.pod != self.me {
+                self.last_holders[s as usize] = Some(from.clone());
+            }
+        }
         let sh = &mut self.shards[s as usize];
         let Some(sent) = sh.claim_sent() else {
             return;
@@ -254,7 +265,7 @@ impl Reconciler {
             AcquireOutcome::Acquired { .. } | AcquireOutcome::AlreadyMine { .. } if late => {
                 sh.end_claim(ClaimEnd::Late);
             }
-            AcquireOutcome::Acquired { epoch } | AcquireOutcome::AlreadyMine { epoch } => {
+            AcquireOutcome::Acquired { epoch, .. } | AcquireOutcome::AlreadyMine { epoch } => {
                 match sh.view() {
                     ShardState::Idle if !wanted => sh.move_to_releasing(),
                     state @ (ShardState::Idle

@@ -3,6 +3,7 @@
 //! random latency, or lost after it was applied.
 
 use super::*;
+use crate::core::lease::ReleaseNote;
 
 impl World<'_> {
     /// A call reaches the store: apply it and send the reply (which may get lost).
@@ -18,15 +19,7 @@ impl World<'_> {
         let store = &mut self.store;
         let reply = match call {
             Call::Heartbeat(g) => {
-                let member = Member {
-                    pod: id.clone(),
-                    url: format!("http://sim/{id}"),
-                    version: "sim".into(),
-                    ring_version: crate::core::ring::RING_VERSION.into(),
-                    started_ms: ms,
-                    peer_protocol: 2,
-                    handover: HANDOVER_DRAIN,
-                };
+                let member = sim_member(&id, ms);
                 let meta = ClusterMeta::current(core.shards);
                 let r = store
                     .heartbeat(ms, &g, &member, &meta, core.member_ttl)
@@ -44,7 +37,7 @@ impl World<'_> {
                     .map_err(|_| OpFailed);
                 if let Ok(Checked::Ok(outcomes)) = &r {
                     for (&s, o) in shards.iter().zip(outcomes) {
-                        if let AcquireOutcome::Acquired { epoch } = o {
+                        if let AcquireOutcome::Acquired { epoch, .. } = o {
                             self.stats.acquisitions += 1;
                             self.check.log(
                                 self.now,
@@ -63,7 +56,12 @@ impl World<'_> {
                 Reply::Renew(shards, r)
             }
             Call::Release(shards) => {
-                let r = store.release(ms, &id, &shards);
+                // Like the driver: a pod that drains leaves a note with every release.
+                let note = ReleaseNote {
+                    member: sim_member(&id, ms),
+                    ttl: core.lease_ttl,
+                };
+                let r = store.release(ms, &id, &shards, Some(&note));
                 Reply::Release(shards, Ok(r))
             }
             Call::Deregister => {
@@ -127,5 +125,18 @@ fn failed_reply(reply: Reply) -> Reply {
         Reply::Release(s, _) => Reply::Release(s, Err(OpFailed)),
         Reply::Deregister(_) => Reply::Deregister(Err(OpFailed)),
         Reply::Place(p, _) => Reply::Place(p, Err(OpFailed)),
+    }
+}
+
+/// A simulated pod's member record: the current protocols, draining on planned moves.
+fn sim_member(id: &PodId, ms: u64) -> Member {
+    Member {
+        pod: id.clone(),
+        url: format!("http://sim/{id}"),
+        version: "sim".into(),
+        ring_version: crate::core::ring::RING_VERSION.into(),
+        started_ms: ms,
+        peer_protocol: 2,
+        handover: HANDOVER_DRAIN,
     }
 }

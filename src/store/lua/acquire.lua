@@ -1,9 +1,12 @@
 -- acquire: try to take a batch of shard leases.
--- KEYS[1] gen, KEYS[2] epochs, KEYS[3..] lease:<shard> (one per shard, in call order)
+-- KEYS[1] gen, KEYS[2] epochs, KEYS[3..2+n] lease:<shard> (one per shard, in call order),
+-- KEYS[3+n..2+2n] release-note:<shard> (same order)
 -- ARGV[1] caller generation, ARGV[2] nonce, ARGV[3] pod id, ARGV[4] ttl ms,
--- ARGV[5..] shard ids (the epochs hash fields), aligned with KEYS[3..]
+-- ARGV[5..] shard ids (the epochs hash fields), aligned with the leases
 -- Reply: {'gen', id, age_ms} | {'ok', outcome...} where outcome is
---   {'acquired', epoch} | {'mine', epoch} | {'held', owner, epoch}
+--   {'acquired', epoch, note} | {'mine', epoch} | {'held', owner, epoch}
+-- `note`: the member record (JSON) the last drained release left (release.lua), or ''
+-- once it expired or if there was none: the pod to ask before dialing.
 -- Epoch rule: max(last + 1, now_ms). `last + 1` makes epochs strictly increase while
 -- Redis keeps the epochs hash; `now_ms` keeps them increasing after Redis lost it
 -- (a restart takes longer than one millisecond per acquisition made before it).
@@ -13,7 +16,8 @@ if g then
 end
 local pod, ttl = ARGV[3], ARGV[4]
 local out = {'ok'}
-for i = 3, #KEYS do
+local n = (#KEYS - 2) / 2
+for i = 3, 2 + n do
   local shard = ARGV[i + 2]
   local owner = redis.call('GET', KEYS[i])
   local last = tonumber(redis.call('HGET', KEYS[2], shard)) or 0
@@ -21,7 +25,7 @@ for i = 3, #KEYS do
     local epoch = math.max(last + 1, now)
     redis.call('SET', KEYS[i], pod, 'NX', 'PX', ttl)
     redis.call('HSET', KEYS[2], shard, int(epoch))
-    out[#out + 1] = {'acquired', epoch}
+    out[#out + 1] = {'acquired', epoch, redis.call('GET', KEYS[i + n]) or ''}
   elseif owner == pod then
     -- An earlier acquire whose answer was lost: extend, keep the epoch.
     redis.call('PEXPIRE', KEYS[i], ttl)

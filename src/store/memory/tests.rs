@@ -22,7 +22,10 @@ fn generation_is_created_once_and_checked() {
     assert!(g.starts_with("1.000000-"), "{g}");
     assert_eq!(
         s.acquire(1_500, &g, &pod("a"), &[0], TTL).unwrap(),
-        Checked::Ok(vec![AcquireOutcome::Acquired { epoch: 1_500 }])
+        Checked::Ok(vec![AcquireOutcome::Acquired {
+            epoch: 1_500,
+            released_by: None
+        }])
     );
     match s.renew(2_000, "stale", &pod("a"), &[0], TTL).unwrap() {
         Checked::GenerationChanged(info) => {
@@ -42,13 +45,13 @@ fn epochs_increase_and_survive_wipe_by_the_clock() {
     let a = pod("a");
     let epoch = |c: Checked<Vec<AcquireOutcome>>| match c {
         Checked::Ok(v) => match v[0] {
-            AcquireOutcome::Acquired { epoch } => epoch,
+            AcquireOutcome::Acquired { epoch, .. } => epoch,
             ref o => panic!("{o:?}"),
         },
         other => panic!("{other:?}"),
     };
     let e1 = epoch(s.acquire(100, &g, &a, &[3], TTL).unwrap());
-    assert_eq!(s.release(100, &a, &[3]), vec![true]);
+    assert_eq!(s.release(100, &a, &[3], None), vec![true]);
     // Same millisecond: last + 1 wins over the clock.
     let e2 = epoch(s.acquire(100, &g, &a, &[3], TTL).unwrap());
     assert_eq!((e1, e2), (100, 101));
@@ -79,7 +82,7 @@ fn owner_checks_and_expiry() {
             RenewOutcome::Missing
         ])
     );
-    assert_eq!(s.release(10, &b, &[1]), vec![false]);
+    assert_eq!(s.release(10, &b, &[1], None), vec![false]);
     assert_eq!(
         s.acquire(20, &g, &a, &[1], TTL).unwrap(),
         Checked::Ok(vec![AcquireOutcome::AlreadyMine { epoch: 1 }])
@@ -141,7 +144,7 @@ async fn memory_store_bumps_changes() {
     let a = pod("a");
     store.acquire(&g, &a, &[0], TTL).await.unwrap();
     assert!(!rx.has_changed().unwrap());
-    assert_eq!(store.release(&a, &[0]).await.unwrap(), vec![true]);
+    assert_eq!(store.release(&a, &[0], None).await.unwrap(), vec![true]);
     assert!(rx.has_changed().unwrap());
     assert_eq!(*rx.borrow_and_update(), 1);
     store.wipe();

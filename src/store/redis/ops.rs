@@ -10,7 +10,7 @@ use super::reply::{
     acquire_outcome, bad, checked, map_ok, parse_snapshot, released, renew_outcome, uint,
 };
 use super::RedisStore;
-use crate::core::lease::{AcquireOutcome, Checked, RenewOutcome};
+use crate::core::lease::{AcquireOutcome, Checked, ReleaseNote, RenewOutcome};
 use crate::core::membership::{Member, Snapshot};
 use crate::core::placement::Placement;
 use crate::core::{PodId, ShardId};
@@ -91,7 +91,8 @@ impl CoordStore for RedisStore {
         ttl: Duration,
     ) -> Result<Checked<Vec<AcquireOutcome>>, StoreError> {
         let k = &self.shared.keys;
-        let keys = self.with_leases(vec![k.generation(), k.epochs()], shards);
+        let mut keys = self.with_leases(vec![k.generation(), k.epochs()], shards);
+        keys.extend(shards.iter().map(|&s| k.release_note(s)));
         let args = lease_args(generation, pod, ttl);
         let reply = self.call(
             "acquire",
@@ -119,9 +120,20 @@ impl CoordStore for RedisStore {
         })
     }
 
-    async fn release(&self, pod: &PodId, shards: &[ShardId]) -> Result<Vec<bool>, StoreError> {
-        let keys = self.with_leases(Vec::new(), shards);
-        let args = shard_args(vec![pod.to_string(), self.shared.keys.events()], shards);
+    async fn release(
+        &self,
+        pod: &PodId,
+        shards: &[ShardId],
+        note: Option<&ReleaseNote>,
+    ) -> Result<Vec<bool>, StoreError> {
+        let k = &self.shared.keys;
+        let mut keys = self.with_leases(Vec::new(), shards);
+        keys.extend(shards.iter().map(|&s| k.release_note(s)));
+        let (member, ttl) = match note {
+            Some(note) => (to_json(&note.member)?, ttl_ms(note.ttl).to_string()),
+            None => (String::new(), String::new()),
+        };
+        let args = shard_args(vec![pod.to_string(), k.events(), member, ttl], shards);
         let reply = self.call("release", &self.shared.scripts.release, keys, args);
         released(reply.await?, shards.len())
     }

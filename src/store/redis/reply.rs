@@ -107,7 +107,16 @@ pub(super) fn checked(
 pub(super) fn acquire_outcome(v: Value) -> Result<AcquireOutcome, StoreError> {
     let (tag, rest) = tagged(v)?;
     match (tag.as_str(), rest.as_slice()) {
-        ("acquired", [e]) => Ok(AcquireOutcome::Acquired { epoch: uint(e)? }),
+        ("acquired", [e, note]) => Ok(AcquireOutcome::Acquired {
+            epoch: uint(e)?,
+            released_by: match text(note)? {
+                "" => None,
+                json => Some(
+                    serde_json::from_str::<Member>(json)
+                        .map_err(|e| bad(format!("bad release note: {e}")))?,
+                ),
+            },
+        }),
         ("mine", [e]) => Ok(AcquireOutcome::AlreadyMine { epoch: uint(e)? }),
         ("held", [o, e]) => Ok(AcquireOutcome::HeldBy {
             owner: pod(o)?,
@@ -246,7 +255,7 @@ mod tests {
     fn replies_are_parsed_strictly() {
         let ok = Value::Array(vec![
             s("ok"),
-            Value::Array(vec![s("acquired"), Value::Int(5)]),
+            Value::Array(vec![s("acquired"), Value::Int(5), s("")]),
         ]);
         assert!(matches!(checked(ok.clone(), None, 1), Ok(Checked::Ok(_))));
         assert!(matches!(checked(ok, None, 2), Err(StoreError::Protocol(_))));
@@ -261,6 +270,32 @@ mod tests {
         assert!(acquire_outcome(Value::Array(vec![s("acquired"), Value::Int(-1)])).is_err());
         assert!(renew_outcome(Value::Array(vec![s("renewed"), Value::Int(1)])).is_err());
         assert!(parse_snapshot(Value::Array(vec![]), 0).is_err());
+    }
+
+    #[test]
+    fn an_acquired_outcome_carries_its_release_note_or_none() {
+        let acquired = |note: &str| Value::Array(vec![s("acquired"), Value::Int(5), s(note)]);
+        assert_eq!(
+            acquire_outcome(acquired("")).unwrap(),
+            AcquireOutcome::Acquired {
+                epoch: 5,
+                released_by: None
+            }
+        );
+        let b = crate::core::testing::member("pod-b");
+        let note = serde_json::to_string(&b).unwrap();
+        assert_eq!(
+            acquire_outcome(acquired(&note)).unwrap(),
+            AcquireOutcome::Acquired {
+                epoch: 5,
+                released_by: Some(b)
+            }
+        );
+        // A lying store: a note that is no member record is an error, not a guess.
+        assert!(acquire_outcome(acquired("{")).is_err());
+        // The previous script's two-part reply is not this script's.
+        let old = Value::Array(vec![s("acquired"), Value::Int(5)]);
+        assert!(acquire_outcome(old).is_err());
     }
 
     #[test]

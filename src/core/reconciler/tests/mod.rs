@@ -123,7 +123,10 @@ fn serving_pod(me: &str, members: &[&str]) -> (Reconciler, Instant) {
     assert!(!mine.is_empty(), "{actions:?}");
     let outcomes = mine
         .iter()
-        .map(|_| AcquireOutcome::Acquired { epoch: 7 })
+        .map(|_| AcquireOutcome::Acquired {
+            epoch: 7,
+            released_by: None,
+        })
         .collect();
     r.handle_acquire(t1, &mine, Ok(Checked::Ok(outcomes)));
     for s in &mine {
@@ -342,7 +345,10 @@ fn a_late_acquire_answer_is_not_served_on() {
     let late = t1 + cfg().serve_window();
     let outcomes = claimed
         .iter()
-        .map(|_| AcquireOutcome::Acquired { epoch: 5 })
+        .map(|_| AcquireOutcome::Acquired {
+            epoch: 5,
+            released_by: None,
+        })
         .collect();
     r.handle_acquire(late, &claimed, Ok(Checked::Ok(outcomes)));
     let actions = drain(&mut r);
@@ -433,10 +439,43 @@ fn a_change_notified_during_a_poll_is_polled_for_after_it() {
     r.handle_change_notification(t2 + Duration::from_millis(1));
     assert!(!drain(&mut r).contains(&Action::Poll), "one poll at a time");
     let t3 = t2 + Duration::from_millis(2);
-    r.handle_snapshot(t3, Ok(snapshot(&r, "g", &["pod-a", "pod-b"], vec![None; 8])));
+    r.handle_snapshot(
+        t3,
+        Ok(snapshot(&r, "g", &["pod-a", "pod-b"], vec![None; 8])),
+    );
     r.handle_timeout(t3);
     assert!(
         drain(&mut r).contains(&Action::Poll),
         "the notification is not left for the next poll interval"
     );
+}
+
+#[test]
+fn an_acquire_names_the_pod_whose_release_note_it_found() {
+    // A pod that never saw the shard held (it joined after the holder released it and
+    // left the members): the note the release left is where the shard comes from.
+    let (mut r, t, claimed) = claiming_alone("a");
+    let (noted, plain) = (claimed[0], claimed[1]);
+    let outcomes = claimed
+        .iter()
+        .map(|&s| AcquireOutcome::Acquired {
+            epoch: 9,
+            released_by: (s == noted).then(|| member("b")),
+        })
+        .collect();
+    r.handle_acquire(t, &claimed, Ok(Checked::Ok(outcomes)));
+    assert_eq!(r.serving(noted, t), Some(9));
+    assert_eq!(r.last_holder(noted), Some(&member("b")));
+    assert_eq!(r.last_holder(plain), None);
+    // Its own note (released and taken back) names nobody.
+    let (mut r, t, claimed) = claiming_alone("a");
+    let outcomes = claimed
+        .iter()
+        .map(|_| AcquireOutcome::Acquired {
+            epoch: 9,
+            released_by: Some(member("a")),
+        })
+        .collect();
+    r.handle_acquire(t, &claimed, Ok(Checked::Ok(outcomes)));
+    assert_eq!(r.last_holder(claimed[0]), None);
 }

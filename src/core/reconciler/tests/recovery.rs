@@ -134,7 +134,10 @@ fn a_new_generation_reclaims_held_shards_and_holds_everything_else() {
     // Re-claims succeed with new epochs: serving continues with them.
     let outcomes = reclaimed
         .iter()
-        .map(|_| AcquireOutcome::Acquired { epoch: 9 })
+        .map(|_| AcquireOutcome::Acquired {
+            epoch: 9,
+            released_by: None,
+        })
         .collect();
     r.handle_acquire(t, &reclaimed, Ok(Checked::Ok(outcomes)));
     assert_eq!(r.serving(0, t), Some(9));
@@ -214,7 +217,10 @@ fn cluster_wide_outage_suspends_and_isolation_gives_up() {
             assert!(reclaim.contains(&s), "{reclaim:?}");
             let outcomes = reclaim
                 .iter()
-                .map(|_| AcquireOutcome::Acquired { epoch: 8 })
+                .map(|_| AcquireOutcome::Acquired {
+                    epoch: 8,
+                    released_by: None,
+                })
                 .collect();
             r.handle_acquire(past, &reclaim, Ok(Checked::Ok(outcomes)));
             assert!(drain(&mut r).contains(&Action::StartServing { shard: s, epoch: 8 }));
@@ -251,7 +257,10 @@ fn a_new_generation_reclaims_suspended_shards() {
     assert_eq!(r.serving(shards[0], past), None);
     let outcomes = reclaimed
         .iter()
-        .map(|_| AcquireOutcome::Acquired { epoch: 8 })
+        .map(|_| AcquireOutcome::Acquired {
+            epoch: 8,
+            released_by: None,
+        })
         .collect();
     r.handle_acquire(past, &reclaimed, Ok(Checked::Ok(outcomes)));
     assert_eq!(r.serving(shards[0], past), Some(8));
