@@ -3,8 +3,9 @@
 //! it to close each terminal right before dialing it): three whole pods (in process,
 //! `support::gateway`) over 600 simulated terminals settle, then (a) a fourth pod joins
 //! and the shards rebalance, (b) one of the original pods shuts down gracefully, and (c)
-//! the three left are replaced one by one like a Kubernetes rollout (a new pod joins,
-//! then an old one leaves).
+//! the three left are replaced one by one (a new pod joins, then an old one leaves), and
+//! (d) one pod is stopped and a new one started at once, as a Deployment's rollout
+//! step does (the new pod learns whom to ask from the release notes).
 //! For each step the farm's dark-interval log (`PosFarm::dark_intervals`) says how long
 //! each moved terminal had no connection at all; count, p50, p99 and max are printed
 //! (`--nocapture`).
@@ -18,7 +19,7 @@
 //! no drain ended by its budget.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use posgate::core::shard::shard_of;
 use posgate::core::{Epoch, PodId, ShardId};
@@ -64,6 +65,33 @@ async fn a_join_a_leave_and_a_rolling_restart_hand_each_moved_terminal_over_on_i
         .await;
     }
     step.measure(&gw, test, "rolling restart (3 pods replaced one by one)");
+
+    // A Deployment's step: the next pod is created the moment the old one is told to
+    // stop, so it registers after the old pod announced its drains to the members it
+    // knew. The release notes tell it whom to ask.
+    let step = Step::begin(&gw);
+    let leaving = gw.begin_stop(0);
+    // Once the others saw it leave, it has announced its drains and released its
+    // leases: the new pod can learn whom to ask only from the release notes. It joins
+    // within the membership debounce, so the placement gives it the leaver's shards.
+    wait_for("the others saw the leave", Duration::from_secs(5), || {
+        gw.pods.iter().all(|p| {
+            let status = p.handle.status.borrow();
+            status.members.iter().all(|m| &m.pod != leaving.id())
+        })
+    })
+    .await;
+    gw.add_pod().await;
+    let left = leaving.gone().await;
+    wait_for("the leave and the join rebalanced", connect_limit(), || {
+        gw.balanced()
+    })
+    .await;
+    step.measure(
+        &gw,
+        test,
+        &format!("{left} stopped and a pod started at once"),
+    );
 
     gw.assert_no_overlap(test);
 }

@@ -35,6 +35,24 @@ pub const PUSH_TIMEOUT_MS: u64 = 3_000;
 const DIAL_RATE: u32 = 2_000;
 
 /// One pod of a [`Gateway`].
+/// A pod shutting down, kept (with its Redis proxy) until it is gone.
+pub struct Leaving(GatewayPod);
+
+impl Leaving {
+    pub fn id(&self) -> &PodId {
+        &self.0.id
+    }
+
+    /// Waits for the shutdown to end (10 s at most: the shutdown budget and the drain).
+    pub async fn gone(mut self) -> PodId {
+        tokio::time::timeout(Duration::from_secs(10), self.0.handle.wait())
+            .await
+            .expect("graceful shutdown ends in time")
+            .unwrap();
+        self.0.id
+    }
+}
+
 pub struct GatewayPod {
     pub id: PodId,
     /// `http://127.0.0.1:<port>`.
@@ -108,13 +126,15 @@ impl Gateway {
     /// Shuts pod `i` down gracefully (10 s at most) and takes it out of `pods`; the
     /// overlap sampler keeps watching its serving table.
     pub async fn stop_pod(&mut self, i: usize) -> PodId {
-        let mut gone = self.pods.remove(i);
-        gone.handle.shutdown();
-        tokio::time::timeout(Duration::from_secs(10), gone.handle.wait())
-            .await
-            .expect("graceful shutdown ends in time")
-            .unwrap();
-        gone.id
+        self.begin_stop(i).gone().await
+    }
+
+    /// Starts pod `i`'s graceful shutdown (SIGTERM) and takes it out of `pods` without
+    /// waiting for it, as a Deployment goes on to its next pod; [`Leaving::gone`] waits.
+    pub fn begin_stop(&mut self, i: usize) -> Leaving {
+        let mut pod = self.pods.remove(i);
+        pod.handle.shutdown();
+        Leaving(pod)
     }
 
     /// Every shard is served by exactly one pod, each pod serves its even share

@@ -328,15 +328,18 @@ pub async fn act(c: &mut Cluster, scenario: Scenario) -> Result<Action, LoadErro
         }
         Scenario::RollingRestart => {
             a.ideal_moved = Some(t);
-            a.notes
-                .push("new pod first, then SIGTERM one old pod, one by one".into());
+            a.notes.push(
+                "new pod first, then SIGTERM one old pod and the next new pod at once \
+                 (like a Deployment)"
+                    .into(),
+            );
             replace_each(c, Release::Current, None).await?;
         }
         Scenario::RollingUpgrade => {
             a.ideal_moved = Some(t);
             a.notes.push(
                 "every pod on the previous release; a new-release pod first, then SIGTERM \
-                 one old pod, one by one"
+                 one old pod and the next new pod at once (like a Deployment)"
                     .into(),
             );
             let mut trace = UpgradeTrace {

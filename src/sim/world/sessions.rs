@@ -9,8 +9,10 @@
 //! reached back to its own predecessor; a shard taken back while it drains walks the
 //! terminals it had released. A drain is announced to every member of the pod's view
 //! first (lost like any message; one not told closes the shard whole), and the next
-//! owner asks the pod that announced, else the last holder it saw. Asks and answers are lost with p = 0.02 and delayed like
-//! every message; a crashed pod's sessions close; a paused pod answers late.
+//! owner asks the pod that announced, else the last holder it saw (the core's, which
+//! the release note the store returns with the lease names when there is one). Asks and
+//! answers are lost with p = 0.02 and delayed like every message; a crashed pod's
+//! sessions close; a paused pod answers late.
 //!
 //! The invariant, checked at every session that opens: **a terminal released by its
 //! previous owner has no draining session open anywhere** (nobody dials a terminal
