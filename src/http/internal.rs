@@ -314,11 +314,8 @@ pub(super) async fn release_terminals(
     Path(shard): Path<String>,
     body: Bytes,
 ) -> Response {
-    let Some(shard) = shard_param(&state, &shard) else {
-        return bad_forward("invalid shard");
-    };
-    let request = match ReleaseTerminals::decode(&body) {
-        Ok(request) => request,
+    let (shard, request) = match shard_request(&state, &shard, ReleaseTerminals::decode(&body)) {
+        Ok(parsed) => parsed,
         Err(why) => return bad_forward(why),
     };
     let answer = match state.push.release_terminals(shard, request.terminals).await {
@@ -342,11 +339,9 @@ pub(super) async fn draining(
     Path(shard): Path<String>,
     body: Bytes,
 ) -> Response {
-    let Some(shard) = shard_param(&state, &shard) else {
-        return bad_forward("invalid shard");
-    };
-    let Ok(request) = serde_json::from_slice::<Draining>(&body) else {
-        return bad_forward("not a draining announcement");
+    let (shard, request) = match shard_request(&state, &shard, Draining::decode(&body)) {
+        Ok(parsed) => parsed,
+        Err(why) => return bad_forward(why),
     };
     let member = {
         let status = state.status.borrow();
@@ -365,6 +360,16 @@ pub(super) async fn draining(
             "the announcing pod is not a member here, or this pod does not walk handovers",
         )
     }
+}
+
+/// A `{shard}` request's shard and decoded body, or why it is refused (a `400`).
+fn shard_request<T>(
+    state: &HttpState,
+    shard: &str,
+    body: Result<T, &'static str>,
+) -> Result<(ShardId, T), &'static str> {
+    let shard = shard_param(state, shard).ok_or("invalid shard")?;
+    Ok((shard, body?))
 }
 
 /// A `{shard}` path parameter, if it names a shard of this cluster.

@@ -169,20 +169,13 @@ impl PeerClient {
         timeout: Duration,
     ) -> Result<(), PeerError> {
         let path = wire::path_of(DRAINING_ROUTE, &shard.to_string());
-        let body = serde_json::to_vec(&Draining {
+        let body = Draining {
             from: self.me.clone(),
-        })
-        .expect("a pod id serialises");
-        self.call(
-            Method::POST,
-            peer,
-            &path,
-            body.into(),
-            timeout,
-            MAX_INTERNAL_BODY,
-        )
-        .await
-        .map(|_| ())
+        }
+        .encode();
+        self.call(Method::POST, peer, &path, body, timeout, MAX_INTERNAL_BODY)
+            .await
+            .map(|_| ())
     }
 
     /// Asks `owner` for its view of `terminal`: the status and JSON body it answers.

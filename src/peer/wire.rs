@@ -166,6 +166,17 @@ pub struct Draining {
     pub from: PodId,
 }
 
+impl Draining {
+    pub fn encode(&self) -> Bytes {
+        Bytes::from(serde_json::to_vec(self).expect("a pod id serialises"))
+    }
+
+    /// The announcement `body` carries, or what is wrong with it.
+    pub fn decode(body: &[u8]) -> Result<Self, &'static str> {
+        serde_json::from_slice(body).map_err(|_| "not a draining announcement")
+    }
+}
+
 /// A peer's answer on [`RELEASE_TERMINALS_ROUTE`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReleaseAnswer {
@@ -284,6 +295,16 @@ mod tests {
         assert!(ReleaseTerminals::decode(&of(1, "bad id!").encode()).is_err());
         assert!(ReleaseTerminals::decode(b"{\"terminals\": 3}").is_err());
         assert!(ReleaseTerminals::decode(b"").is_err());
+    }
+
+    #[test]
+    fn a_draining_announcement_names_its_pod() {
+        let ok = Draining {
+            from: PodId::new("pod-a").unwrap(),
+        };
+        assert_eq!(Draining::decode(&ok.encode()), Ok(ok));
+        assert!(Draining::decode(b"{}").is_err());
+        assert!(Draining::decode(b"pod-a").is_err());
     }
 
     use super::*;

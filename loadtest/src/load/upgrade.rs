@@ -255,11 +255,6 @@ pub struct UpgradeReport {
 }
 
 impl UpgradeReport {
-    /// The counters when the last old pod had exited (end of the mixed phase).
-    pub fn at_mixed_end(&self) -> PeerCounters {
-        self.mixed_end.clone()
-    }
-
     pub fn mixed_s(&self) -> f64 {
         self.mixed_to_unix_ms
             .saturating_sub(self.mixed_from_unix_ms) as f64
@@ -289,7 +284,7 @@ pub fn checks(r: &mut ScenarioReport) {
     let Some(u) = r.upgrade.clone() else {
         return;
     };
-    let mixed = u.at_mixed_end();
+    let mixed = &u.mixed_end;
     let d = format!(
         "{} protocol-1 requests accepted by the new pods by the time the last old pod exited \
          ({} at the end); {} pushes forwarded between an old and a new pod",
