@@ -31,7 +31,7 @@ use crate::clock::now;
 use crate::core::config::{CoreConfig, InvalidTimings};
 use crate::core::lease::ReleaseNote;
 use crate::core::membership::{Member, HANDOVER_DRAIN};
-use crate::core::reconciler::{Action, Reconciler, ShardState};
+use crate::core::reconciler::{Action, Reconciler, ShardState, Stop};
 use crate::core::ring::RING_VERSION;
 use crate::core::{Epoch, PodId, ShardId};
 use crate::credentials::Credentials;
@@ -277,12 +277,13 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
                 self.hook.suspend(shard, epoch);
                 return;
             }
-            Action::StopServing {
-                shard,
-                epoch,
-                reason,
-                close,
-            } => {
+            Action::StopServing(stop) => {
+                let Stop {
+                    shard,
+                    epoch,
+                    reason,
+                    ..
+                } = stop;
                 let me = self.rec.pod();
                 // Who takes over, as far as we know: the lease holder when it is someone
                 // else (stolen), otherwise the ring's choice (rebalance).
@@ -301,7 +302,7 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
                     .shard_stops
                     .get_or_create(&[("reason", reason.as_str())])
                     .inc();
-                let closed = self.hook.stop(shard, epoch, reason, close);
+                let closed = self.hook.stop(stop);
                 async move {
                     closed.await;
                     Done::Stopped(shard)

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 use super::*;
-use crate::core::reconciler::{Close, StopReason};
+use crate::core::reconciler::{Stop, StopReason};
 use crate::core::{CoreConfig, PodId};
 use crate::credentials::Credentials;
 use crate::store::memory::MemoryStore;
@@ -29,16 +29,10 @@ impl ServingHook for Recorder {
         let _ = self.0.send(Event::Start(shard, epoch));
     }
 
-    fn suspend(&self, _shard: ShardId, _epoch: Epoch) {}
-
-    fn stop(
-        &self,
-        shard: ShardId,
-        epoch: Epoch,
-        reason: StopReason,
-        _close: Close,
-    ) -> impl Future<Output = ()> + Send + 'static {
-        let _ = self.0.send(Event::Stop(shard, epoch, reason));
+    fn stop(&self, stop: Stop) -> impl Future<Output = ()> + Send + 'static {
+        let _ = self
+            .0
+            .send(Event::Stop(stop.shard, stop.epoch, stop.reason));
         std::future::ready(())
     }
 }

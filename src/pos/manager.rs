@@ -53,7 +53,7 @@ use super::link::{
 use super::pacer::{Jitter, Pacer};
 use super::session::RequestSender;
 use crate::core::membership::{Member, HANDOVER_DRAIN};
-use crate::core::reconciler::{Close, StopReason};
+use crate::core::reconciler::{Close, Stop, StopReason};
 use crate::core::{Epoch, ShardId};
 use crate::metrics::Metrics;
 use crate::serving::ServingHook;
@@ -439,13 +439,13 @@ impl<D: Directory> ServingHook for ConnectionManager<D> {
         }
     }
 
-    fn stop(
-        &self,
-        shard: ShardId,
-        epoch: Epoch,
-        reason: StopReason,
-        close: Close,
-    ) -> impl Future<Output = ()> + Send + 'static {
+    fn stop(&self, stop: Stop) -> impl Future<Output = ()> + Send + 'static {
+        let Stop {
+            shard,
+            epoch,
+            reason,
+            close,
+        } = stop;
         if close == Close::Drain && self.inner.walk.is_some() {
             return self.inner.clone().drain(shard, epoch).boxed();
         }

@@ -37,7 +37,7 @@ use super::idempotency::Kept;
 use super::PushService;
 use crate::clock::now;
 use crate::core::membership::Member;
-use crate::core::reconciler::{Close, StopReason};
+use crate::core::reconciler::Stop;
 use crate::core::shard::shard_of;
 use crate::core::{Epoch, ShardId};
 use crate::credentials::Tenant;
@@ -166,17 +166,7 @@ impl ServingHook for HandoffHook {
         }
     }
 
-    fn start(&self, _shard: ShardId, _epoch: Epoch) {}
-
-    fn suspend(&self, _shard: ShardId, _epoch: Epoch) {}
-
-    fn stop(
-        &self,
-        _shard: ShardId,
-        _epoch: Epoch,
-        _reason: StopReason,
-        _close: Close,
-    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+    fn stop(&self, _stop: Stop) -> impl std::future::Future<Output = ()> + Send + 'static {
         std::future::ready(())
     }
 }

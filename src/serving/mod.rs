@@ -22,7 +22,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::core::membership::Member;
-use crate::core::reconciler::{Close, StopReason};
+use crate::core::reconciler::Stop;
 use crate::core::{Epoch, ShardId};
 
 /// One shard as the table records it.
@@ -131,22 +131,16 @@ pub trait ServingHook: Send + Sync + 'static {
     fn taken_over(&self, _shard: ShardId, _epoch: Epoch, _from: &Member) {}
 
     /// `shard` is served with `epoch` from now on (new, resumed or re-claimed).
-    fn start(&self, shard: ShardId, epoch: Epoch);
+    fn start(&self, _shard: ShardId, _epoch: Epoch) {}
 
     /// Stop delivering on `shard` but keep its connections (cluster-wide store outage).
-    fn suspend(&self, shard: ShardId, epoch: Epoch);
+    fn suspend(&self, _shard: ShardId, _epoch: Epoch) {}
 
     /// Close `shard`'s connections, or with [`Close::Drain`] keep them open without
     /// delivering until the next owner asks for each terminal. The lease is released (or
     /// forgotten) only once the returned future resolves, so the next owner cannot dial
     /// before they are closed (or drained: nothing is being sent on them any more).
-    fn stop(
-        &self,
-        shard: ShardId,
-        epoch: Epoch,
-        reason: StopReason,
-        close: Close,
-    ) -> impl Future<Output = ()> + Send + 'static;
+    fn stop(&self, stop: Stop) -> impl Future<Output = ()> + Send + 'static;
 
     /// The [`Member::handover`] protocol this hook speaks (advertised in the pod's
     /// registration): whether it can drain a stopped shard and ask a predecessor.
@@ -178,17 +172,8 @@ impl<A: ServingHook, B: ServingHook> ServingHook for (A, B) {
         self.1.suspend(shard, epoch);
     }
 
-    fn stop(
-        &self,
-        shard: ShardId,
-        epoch: Epoch,
-        reason: StopReason,
-        close: Close,
-    ) -> impl Future<Output = ()> + Send + 'static {
-        let (a, b) = (
-            self.0.stop(shard, epoch, reason, close),
-            self.1.stop(shard, epoch, reason, close),
-        );
+    fn stop(&self, stop: Stop) -> impl Future<Output = ()> + Send + 'static {
+        let (a, b) = (self.0.stop(stop), self.1.stop(stop));
         async move {
             tokio::join!(a, b);
         }
@@ -206,17 +191,7 @@ impl<A: ServingHook, B: ServingHook> ServingHook for (A, B) {
 
 /// No connection layer: nothing to dial or close, so a stop is acknowledged at once.
 impl ServingHook for () {
-    fn start(&self, _shard: ShardId, _epoch: Epoch) {}
-
-    fn suspend(&self, _shard: ShardId, _epoch: Epoch) {}
-
-    fn stop(
-        &self,
-        _shard: ShardId,
-        _epoch: Epoch,
-        _reason: StopReason,
-        _close: Close,
-    ) -> impl Future<Output = ()> + Send + 'static {
+    fn stop(&self, _stop: Stop) -> impl Future<Output = ()> + Send + 'static {
         std::future::ready(())
     }
 }

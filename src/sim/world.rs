@@ -32,7 +32,7 @@ use crate::core::lease::{AcquireOutcome, Checked, RenewOutcome};
 use crate::core::membership::{Member, Snapshot, HANDOVER_DRAIN};
 use crate::core::placement::Placement;
 use crate::core::reconciler::{
-    Action, Close, OpFailed, OpResult, PeerReport, Reconciler, ShardState,
+    Action, Close, OpFailed, OpResult, PeerReport, Reconciler, ShardState, Stop,
 };
 use crate::core::{Epoch, PodId, ShardId};
 use crate::push::idempotency::{IdempotencyCache, Reservation};
@@ -380,12 +380,12 @@ impl<'a> World<'a> {
                         format_args!("pod-{pod} suspends {shard} epoch {epoch}"),
                     );
                 }
-                Action::StopServing {
+                Action::StopServing(Stop {
                     shard,
                     epoch,
                     reason,
                     close,
-                } => {
+                }) => {
                     self.check.log(
                         self.now,
                         format_args!(

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use posgate::core::membership::Snapshot;
-use posgate::core::reconciler::{Close, StopReason};
+use posgate::core::reconciler::{Stop, StopReason};
 use posgate::core::ring::Assignment;
 use posgate::core::{CoreConfig, Epoch, PodId, ShardId};
 use posgate::pod::{Pod, PodHandle};
@@ -106,14 +106,8 @@ impl ServingHook for Recorder {
         self.record(shard, epoch, Kind::Suspend);
     }
 
-    fn stop(
-        &self,
-        shard: ShardId,
-        epoch: Epoch,
-        reason: StopReason,
-        _close: Close,
-    ) -> impl std::future::Future<Output = ()> + Send + 'static {
-        self.record(shard, epoch, Kind::Stop(reason));
+    fn stop(&self, stop: Stop) -> impl std::future::Future<Output = ()> + Send + 'static {
+        self.record(stop.shard, stop.epoch, Kind::Stop(stop.reason));
         std::future::ready(())
     }
 }

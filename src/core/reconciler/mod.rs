@@ -83,12 +83,7 @@ pub enum Action {
     SuspendServing { shard: ShardId, epoch: Epoch },
     /// Stop delivering and close the shard's connections (or, with [`Close::Drain`],
     /// keep them open without delivering), then acknowledge.
-    StopServing {
-        shard: ShardId,
-        epoch: Epoch,
-        reason: StopReason,
-        close: Close,
-    },
+    StopServing(Stop),
     /// Ask these peers whether they reach the store -> [`Reconciler::handle_peer_report`].
     ProbePeers { peers: Vec<Member> },
     /// Store `placement` if the store's placement still has version `expected` (`None`:
@@ -97,6 +92,16 @@ pub enum Action {
         expected: Option<u64>,
         placement: Placement,
     },
+}
+
+/// One shard to stop serving: which, on which epoch, why, and what becomes of its
+/// sessions. What [`Action::StopServing`] carries to the connection layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stop {
+    pub shard: ShardId,
+    pub epoch: Epoch,
+    pub reason: StopReason,
+    pub close: Close,
 }
 
 /// Why a shard stops being served. Carried in `Action::StopServing` for logs and metrics.

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use super::shard::{ClaimEnd, Shard, Stray};
 use super::store_view::StoreView;
-use super::{Action, AfterStop, Close, Outage, Reconciler, ShardState, StopReason};
+use super::{Action, AfterStop, Close, Outage, Reconciler, ShardState, Stop, StopReason};
 use crate::core::lease::{AcquireOutcome, RenewOutcome};
 use crate::core::membership::{Lease, HANDOVER_DRAIN};
 use crate::core::ShardId;
@@ -125,12 +125,12 @@ impl Reconciler {
     pub(super) fn stop(&mut self, shard: ShardId, reason: StopReason, then: AfterStop) {
         let close = self.close_for(reason);
         if let Some(epoch) = self.shards[shard as usize].move_to_stopping(then) {
-            self.actions.push_back(Action::StopServing {
+            self.actions.push_back(Action::StopServing(Stop {
                 shard,
                 epoch,
                 reason,
                 close,
-            });
+            }));
         }
     }
 

@@ -10,6 +10,7 @@ use futures::FutureExt;
 use tokio::sync::mpsc;
 
 use super::fake::{wait_until, FakeTerminal, Pki, LIMIT};
+use super::stop;
 use crate::core::membership::{Member, HANDOVER_DRAIN};
 use crate::core::reconciler::{Close, StopReason};
 use crate::core::ShardId;
@@ -215,9 +216,12 @@ async fn the_new_owner_dials_each_terminal_only_after_the_old_one_closed_it() {
     assert_eq!(a.handover(), HANDOVER_DRAIN);
 
     // A drains: the stop resolves, nothing is served, every session stays open.
-    tokio::time::timeout(LIMIT, a.stop(0, 5, StopReason::Rebalance, Close::Drain))
-        .await
-        .expect("a drain is acknowledged without waiting for the terminals");
+    tokio::time::timeout(
+        LIMIT,
+        a.stop(stop(0, 5, StopReason::Rebalance, Close::Drain)),
+    )
+    .await
+    .expect("a drain is acknowledged without waiting for the terminals");
     assert!(a.shard(0).is_none());
     assert!(matches!(a.lookup(0, "t-00"), Lookup::NotServed));
     assert_eq!(
@@ -270,7 +274,7 @@ async fn the_new_owner_dials_each_terminal_only_after_the_old_one_closed_it() {
             .collect();
         assert_eq!(epochs, [5, 6], "{id}");
     }
-    b.stop(0, 6, StopReason::Shutdown, Close::Now).await;
+    b.stop(stop(0, 6, StopReason::Shutdown, Close::Now)).await;
 }
 
 #[tokio::test]
@@ -278,7 +282,8 @@ async fn an_unreachable_predecessor_falls_back_to_dialing_and_the_drain_budget_c
     let pki = Pki::new();
     let (server, directory, _ids) = farm(&pki).await;
     let (a, a_metrics) = serving_a(&pki, &directory, Duration::from_millis(300)).await;
-    a.stop(0, 5, StopReason::Rebalance, Close::Drain).await;
+    a.stop(stop(0, 5, StopReason::Rebalance, Close::Drain))
+        .await;
 
     // B cannot reach A: after the first failed ask it dials the whole shard.
     let local = Local::new(Some(a.clone()), true);
@@ -305,7 +310,7 @@ async fn an_unreachable_predecessor_falls_back_to_dialing_and_the_drain_budget_c
         server.open.load(std::sync::atomic::Ordering::SeqCst) == TERMINALS
     })
     .await;
-    b.stop(0, 6, StopReason::Shutdown, Close::Now).await;
+    b.stop(stop(0, 6, StopReason::Shutdown, Close::Now)).await;
 }
 
 #[tokio::test]
@@ -317,11 +322,13 @@ async fn a_drain_waits_for_the_push_being_sent_and_a_shard_taken_back_resumes() 
         panic!("t-00 is served")
     };
     let sending = link.sending();
-    let mut stop = a.stop(0, 5, StopReason::Rebalance, Close::Drain).boxed();
-    let early = tokio::time::timeout(Duration::from_millis(200), &mut stop).await;
+    let mut stopped = a
+        .stop(stop(0, 5, StopReason::Rebalance, Close::Drain))
+        .boxed();
+    let early = tokio::time::timeout(Duration::from_millis(200), &mut stopped).await;
     assert!(early.is_err(), "acknowledged while a push was being sent");
     drop(sending);
-    tokio::time::timeout(LIMIT, stop)
+    tokio::time::timeout(LIMIT, stopped)
         .await
         .expect("acknowledged once the push ended");
 
@@ -337,7 +344,7 @@ async fn a_drain_waits_for_the_push_being_sent_and_a_shard_taken_back_resumes() 
     assert_eq!(ended("resumed"), 1);
     assert_eq!(a_metrics.draining_sessions.get(), 0);
     tokio::time::timeout(LIMIT, a.drained()).await.unwrap();
-    a.stop(0, 7, StopReason::Shutdown, Close::Now).await;
+    a.stop(stop(0, 7, StopReason::Shutdown, Close::Now)).await;
 }
 
 #[tokio::test]
@@ -345,7 +352,8 @@ async fn a_push_waiting_for_a_terminal_makes_it_the_next_one_asked_for() {
     let pki = Pki::new();
     let (server, directory, ids) = farm(&pki).await;
     let (a, _) = serving_a(&pki, &directory, LIMIT).await;
-    a.stop(0, 5, StopReason::Rebalance, Close::Drain).await;
+    a.stop(stop(0, 5, StopReason::Rebalance, Close::Drain))
+        .await;
 
     let (local, hold) = Local::holding_first(a.clone());
     let b = walking(&pki, &directory, local.clone(), LIMIT);
@@ -374,7 +382,7 @@ async fn a_push_waiting_for_a_terminal_makes_it_the_next_one_asked_for() {
     drop(waiting);
     wait_until("B connected", || connected(&b, 6)).await;
     assert_eq!(server.most_at_once(), 1);
-    b.stop(0, 6, StopReason::Shutdown, Close::Now).await;
+    b.stop(stop(0, 6, StopReason::Shutdown, Close::Now)).await;
 }
 
 fn member(name: &str) -> Member {
@@ -389,7 +397,8 @@ async fn a_shard_handed_on_mid_walk_passes_the_releases_back_to_the_first_owner(
     let pki = Pki::new();
     let (server, directory, _ids) = farm(&pki).await;
     let (a, _) = serving_a(&pki, &directory, LIMIT).await;
-    a.stop(0, 5, StopReason::Rebalance, Close::Drain).await;
+    a.stop(stop(0, 5, StopReason::Rebalance, Close::Drain))
+        .await;
 
     // B's first ask to A hangs: B has dialed nothing when it hands the shard on to C.
     let (to_a, _hold) = Local::holding_first(a.clone());
@@ -397,7 +406,8 @@ async fn a_shard_handed_on_mid_walk_passes_the_releases_back_to_the_first_owner(
     b.taken_over(0, 6, &member_a());
     b.start(0, 6);
     wait_until("B asked A", || to_a.batches.lock().unwrap().len() == 1).await;
-    b.stop(0, 6, StopReason::Rebalance, Close::Drain).await;
+    b.stop(stop(0, 6, StopReason::Rebalance, Close::Drain))
+        .await;
 
     // C asks B, which passes each release on to A before it answers.
     let c = walking(&pki, &directory, Local::new(Some(b.clone()), false), LIMIT);
@@ -408,7 +418,7 @@ async fn a_shard_handed_on_mid_walk_passes_the_releases_back_to_the_first_owner(
     tokio::time::timeout(LIMIT, a.drained())
         .await
         .expect("A released everything");
-    c.stop(0, 7, StopReason::Shutdown, Close::Now).await;
+    c.stop(stop(0, 7, StopReason::Shutdown, Close::Now)).await;
 }
 
 #[tokio::test]
@@ -416,7 +426,8 @@ async fn a_shard_taken_back_mid_handover_walks_the_terminals_it_gave_away() {
     let pki = Pki::new();
     let (server, directory, _ids) = farm(&pki).await;
     let (a, _, a_asks) = serving_a_with(&pki, &directory, LIMIT).await;
-    a.stop(0, 5, StopReason::Rebalance, Close::Drain).await;
+    a.stop(stop(0, 5, StopReason::Rebalance, Close::Drain))
+        .await;
 
     // B takes some terminals over, then the shard goes back to A.
     let to_a = Local::new(Some(a.clone()), false);
@@ -433,7 +444,8 @@ async fn a_shard_taken_back_mid_handover_walks_the_terminals_it_gave_away() {
         })
     })
     .await;
-    b.stop(0, 6, StopReason::Rebalance, Close::Drain).await;
+    b.stop(stop(0, 6, StopReason::Rebalance, Close::Drain))
+        .await;
     *a_asks.from.lock().unwrap() = Some(b.clone());
     a.taken_over(0, 7, &member("pod-b"));
     a.start(0, 7);
@@ -447,7 +459,7 @@ async fn a_shard_taken_back_mid_handover_walks_the_terminals_it_gave_away() {
     tokio::time::timeout(LIMIT, b.drained())
         .await
         .expect("B released everything");
-    a.stop(0, 7, StopReason::Shutdown, Close::Now).await;
+    a.stop(stop(0, 7, StopReason::Shutdown, Close::Now)).await;
 }
 
 #[tokio::test]
@@ -474,7 +486,8 @@ async fn a_drain_no_member_could_be_told_of_closes_the_shard_before_release() {
     a.start(0, 5);
     wait_until("A connected", || connected(&a, 5)).await;
     // pod-b cannot be told: whoever takes the shard might not ask, so it closes now.
-    a.stop(0, 5, StopReason::Rebalance, Close::Drain).await;
+    a.stop(stop(0, 5, StopReason::Rebalance, Close::Drain))
+        .await;
     assert_eq!(server.open.load(std::sync::atomic::Ordering::SeqCst), 0);
     let ended = metrics
         .drains_ended

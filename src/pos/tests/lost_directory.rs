@@ -11,6 +11,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use super::fake::{wait_until, FakeTerminal, Pki};
+use super::stop;
 use crate::core::lease::Checked;
 use crate::core::reconciler::{Close, StopReason};
 use crate::core::{Epoch, ShardId};
@@ -190,5 +191,5 @@ async fn a_lost_directory_keeps_the_links_and_is_written_back_even_mid_read() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(m.shard(0).unwrap().links.len(), 3);
     assert_eq!(directory.current().terminals(0).await.unwrap(), terminals);
-    m.stop(0, 11, StopReason::Shutdown, Close::Now).await;
+    m.stop(stop(0, 11, StopReason::Shutdown, Close::Now)).await;
 }

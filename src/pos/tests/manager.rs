@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use super::fake::{freezable_proxy, wait_until, FakeTerminal, Pki, LIMIT};
+use super::stop;
 use crate::core::reconciler::{Close, StopReason};
 use crate::pos::dialer::Keepalive;
 use crate::pos::manager::{ConnectionManager, Lookup, ManagerConfig};
@@ -134,7 +135,7 @@ async fn manager_follows_epochs_directory_changes_and_stop() {
     .await;
 
     // Stop resolves only after every session closed (GOAWAY).
-    m.stop(0, 11, StopReason::Rebalance, Close::Now).await;
+    m.stop(stop(0, 11, StopReason::Rebalance, Close::Now)).await;
     assert!(m.shard(0).is_none());
     wait_until("server sees every connection end", || {
         server.open.load(Ordering::SeqCst) == 0
@@ -157,7 +158,7 @@ async fn manager_reports_stale_epochs() {
         !matches!(state, LinkState::Connected { .. }),
         "a refused hello never counts as connected: {state:?}"
     );
-    m.stop(0, 5, StopReason::StaleEpoch, Close::Now).await;
+    m.stop(stop(0, 5, StopReason::StaleEpoch, Close::Now)).await;
 }
 
 #[tokio::test]
@@ -177,7 +178,7 @@ async fn manager_redials_a_dead_connection() {
     frozen.store(false, Ordering::SeqCst);
     wait_until("redialed", || all_connected(&m, 1, 7)).await;
     assert_eq!(server.hellos().len(), 2, "one hello per connection");
-    m.stop(0, 7, StopReason::Shutdown, Close::Now).await;
+    m.stop(stop(0, 7, StopReason::Shutdown, Close::Now)).await;
 }
 
 #[tokio::test]
@@ -196,7 +197,7 @@ async fn stop_does_not_wait_for_a_frozen_terminal() {
     // The terminal never sees the GOAWAY, and keep-alive (10 s) would notice much
     // later; stop must still resolve (closing our side is what the lease needs).
     frozen.store(true, Ordering::SeqCst);
-    tokio::time::timeout(LIMIT, m.stop(0, 3, StopReason::Expired, Close::Now))
+    tokio::time::timeout(LIMIT, m.stop(stop(0, 3, StopReason::Expired, Close::Now)))
         .await
         .expect("stop resolves after the close budget");
     assert!(m.shard(0).is_none());
@@ -217,7 +218,7 @@ async fn stop_closes_idle_sessions_without_waiting_out_the_budget() {
     wait_until("connected", || all_connected(&m, 3, 4)).await;
     // Idle sessions have nothing in flight: GOAWAY closes them at once, as long as no
     // request handle is left behind (the one published for pushes included).
-    tokio::time::timeout(LIMIT, m.stop(0, 4, StopReason::Rebalance, Close::Now))
+    tokio::time::timeout(LIMIT, m.stop(stop(0, 4, StopReason::Rebalance, Close::Now)))
         .await
         .expect("idle sessions close gracefully, long before the close budget");
     wait_until("server sees every connection end", || {

@@ -13,10 +13,22 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 
 use self::fake::{freezable_proxy, wait_until, FakeTerminal, Hello, Pki, LIMIT};
+use crate::core::reconciler::{Close, Stop, StopReason};
+use crate::core::{Epoch, ShardId};
 use crate::pos::dialer::Keepalive;
 use crate::pos::session::ConnEnd;
 use crate::pos::wire::DialError;
 use crate::store::directory::Terminal;
+
+/// What the driver's `StopServing` hands the manager.
+fn stop(shard: ShardId, epoch: Epoch, reason: StopReason, close: Close) -> Stop {
+    Stop {
+        shard,
+        epoch,
+        reason,
+        close,
+    }
+}
 
 #[tokio::test]
 async fn hello_names_epoch_pod_and_terminal_then_close_ends_connection() {

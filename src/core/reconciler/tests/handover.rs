@@ -23,11 +23,11 @@ fn rebalance_closes(members: &[(&str, u32)]) -> Vec<Close> {
     let closes: Vec<Close> = settle(&mut r, t)
         .iter()
         .filter_map(|a| match a {
-            Action::StopServing {
+            Action::StopServing(Stop {
                 reason: StopReason::Rebalance,
                 close,
                 ..
-            } => Some(*close),
+            }) => Some(*close),
             _ => None,
         })
         .collect();
@@ -60,7 +60,7 @@ fn a_shutdown_drains_and_a_lost_lease_closes() {
     let closes: Vec<Close> = drain(&mut r)
         .iter()
         .filter_map(|a| match a {
-            Action::StopServing { close, .. } => Some(*close),
+            Action::StopServing(Stop { close, .. }) => Some(*close),
             _ => None,
         })
         .collect();
@@ -77,7 +77,7 @@ fn a_shutdown_drains_and_a_lost_lease_closes() {
     let stops: Vec<(StopReason, Close)> = drain(&mut r)
         .iter()
         .filter_map(|a| match a {
-            Action::StopServing { reason, close, .. } => Some((*reason, *close)),
+            Action::StopServing(Stop { reason, close, .. }) => Some((*reason, *close)),
             _ => None,
         })
         .collect();
@@ -106,11 +106,11 @@ fn a_shutdown_drains_and_a_lost_lease_closes() {
     let closes: Vec<Close> = drain(&mut r)
         .iter()
         .filter_map(|a| match a {
-            Action::StopServing {
+            Action::StopServing(Stop {
                 reason: StopReason::Lost,
                 close,
                 ..
-            } => Some(*close),
+            }) => Some(*close),
             _ => None,
         })
         .collect();

@@ -40,12 +40,12 @@ fn drain(r: &mut Reconciler) -> Vec<Action> {
 
 /// Asserts that `actions` stop serving `shard` (held with epoch 7) for a rebalance.
 fn assert_rebalanced_away(actions: &[Action], shard: ShardId) {
-    let stop = Action::StopServing {
+    let stop = Action::StopServing(Stop {
         shard,
         epoch: 7,
         reason: StopReason::Rebalance,
         close: Close::Now,
-    };
+    });
     assert!(actions.contains(&stop), "shard {shard}: {actions:?}");
 }
 
@@ -162,11 +162,11 @@ fn releases_lost_shards_before_claiming_gained_ones() {
     let stops: Vec<ShardId> = actions
         .iter()
         .filter_map(|a| match a {
-            Action::StopServing {
+            Action::StopServing(Stop {
                 shard,
                 reason: StopReason::Rebalance,
                 ..
-            } => Some(*shard),
+            }) => Some(*shard),
             _ => None,
         })
         .collect();
@@ -274,18 +274,18 @@ fn a_lost_renewal_stops_serving_at_once() {
     outcomes[1] = RenewOutcome::HeldBy { owner: pod("z") };
     r.handle_renew(t, &shards, Ok(Checked::Ok(outcomes)));
     let actions = drain(&mut r);
-    assert!(actions.contains(&Action::StopServing {
+    assert!(actions.contains(&Action::StopServing(Stop {
         shard: shards[0],
         epoch: 7,
         reason: StopReason::Lost,
         close: Close::Now,
-    }));
-    assert!(actions.contains(&Action::StopServing {
+    })));
+    assert!(actions.contains(&Action::StopServing(Stop {
         shard: shards[1],
         epoch: 7,
         reason: StopReason::Stolen,
         close: Close::Now,
-    }));
+    })));
     assert_eq!(r.serving(shards[0], t), None);
     assert_eq!(r.serving(shards[2], t), Some(7));
 }
@@ -300,7 +300,7 @@ fn membership_changes_are_debounced() {
     assert!(
         !drain(&mut r)
             .iter()
-            .any(|a| matches!(a, Action::StopServing { .. })),
+            .any(|a| matches!(a, Action::StopServing(..))),
         "applied too early"
     );
     let due = half + cfg().debounce;
@@ -320,10 +320,10 @@ fn shutdown_stops_releases_then_deregisters() {
             .iter()
             .filter(|a| matches!(
                 a,
-                Action::StopServing {
+                Action::StopServing(Stop {
                     reason: StopReason::Shutdown,
                     ..
-                }
+                })
             ))
             .count(),
         8
@@ -393,12 +393,12 @@ fn stale_epoch_from_a_terminal_drops_the_shard() {
     assert_eq!(r.serving(3, t), Some(7));
     r.handle_stale_epoch(t, 3, 7);
     assert_eq!(r.serving(3, t), None);
-    assert!(drain(&mut r).contains(&Action::StopServing {
+    assert!(drain(&mut r).contains(&Action::StopServing(Stop {
         shard: 3,
         epoch: 7,
         reason: StopReason::StaleEpoch,
         close: Close::Now,
-    }));
+    })));
 }
 
 #[test]

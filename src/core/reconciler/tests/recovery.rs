@@ -51,10 +51,9 @@ fn suspended_in_a_cluster_wide_outage() -> (Reconciler, Instant, Vec<ShardId>) {
     );
     assert_eq!(r.serving(shards[0], past), Some(7), "held shards deliver");
     assert!(
-        !actions.iter().any(|a| matches!(
-            a,
-            Action::SuspendServing { .. } | Action::StopServing { .. }
-        )),
+        !actions
+            .iter()
+            .any(|a| matches!(a, Action::SuspendServing { .. } | Action::StopServing(..))),
         "{actions:?}"
     );
     (r, past, shards)
@@ -126,9 +125,7 @@ fn a_new_generation_reclaims_held_shards_and_holds_everything_else() {
         .iter()
         .any(|a| matches!(a, Action::Heartbeat { generation } if generation == "g2")));
     assert!(
-        !actions
-            .iter()
-            .any(|a| matches!(a, Action::StopServing { .. })),
+        !actions.iter().any(|a| matches!(a, Action::StopServing(..))),
         "no stop: {actions:?}"
     );
     // Re-claims succeed with new epochs: serving continues with them.
@@ -152,9 +149,7 @@ fn a_new_generation_reclaims_held_shards_and_holds_everything_else() {
     assert!(r.holding(later));
     let actions = drain(&mut r);
     assert!(places(&actions).is_empty(), "{actions:?}");
-    assert!(!actions
-        .iter()
-        .any(|a| matches!(a, Action::StopServing { .. })));
+    assert!(!actions.iter().any(|a| matches!(a, Action::StopServing(..))));
     let after = t + cfg().member_ttl;
     r.handle_timeout(after);
     assert!(!r.holding(after));
@@ -227,7 +222,7 @@ fn cluster_wide_outage_suspends_and_isolation_gives_up() {
             assert_eq!(r.serving(s, past), Some(8));
         } else {
             assert_eq!(r.serving(s, past), None);
-            assert!(actions.iter().any(|a| matches!(a, Action::StopServing { shard, reason: StopReason::Expired, .. } if *shard == s)), "{actions:?}");
+            assert!(actions.iter().any(|a| matches!(a, Action::StopServing(Stop { shard, reason: StopReason::Expired, .. }) if *shard == s)), "{actions:?}");
         }
     }
 }
@@ -248,9 +243,7 @@ fn a_new_generation_reclaims_suspended_shards() {
     let reclaimed = acquires(&actions);
     assert!(reclaimed.contains(&shards[0]), "{actions:?}");
     assert!(
-        !actions
-            .iter()
-            .any(|a| matches!(a, Action::StopServing { .. })),
+        !actions.iter().any(|a| matches!(a, Action::StopServing(..))),
         "{actions:?}"
     );
     // While the re-claim is in flight the shard waits for the store's word.
@@ -295,12 +288,12 @@ fn suspended_shards_survive_a_brief_isolated_verdict() {
     let later = past + cfg().renew_interval;
     assert!(r.poll_timeout().is_some_and(|at| at <= later));
     r.handle_timeout(later);
-    assert!(drain(&mut r).contains(&Action::StopServing {
+    assert!(drain(&mut r).contains(&Action::StopServing(Stop {
         shard: shards[0],
         epoch: 7,
         reason: StopReason::Isolated,
         close: Close::Now,
-    }));
+    })));
 }
 
 #[test]
@@ -351,12 +344,12 @@ fn a_pod_paused_past_its_deadline_gives_up_instead_of_holding() {
     r.handle_timeout(woken);
     let actions = drain(&mut r);
     assert!(
-        actions.contains(&Action::StopServing {
+        actions.contains(&Action::StopServing(Stop {
             shard: shards[0],
             epoch: 7,
             reason: StopReason::Paused,
             close: Close::Now,
-        }),
+        })),
         "{actions:?}"
     );
     assert_eq!(r.serving(shards[0], woken), None);
@@ -375,10 +368,10 @@ fn a_pod_paused_past_its_deadline_gives_up_instead_of_holding() {
     r.handle_timeout(woken);
     assert!(drain(&mut r).iter().any(|a| matches!(
         a,
-        Action::StopServing {
+        Action::StopServing(Stop {
             reason: StopReason::Paused,
             ..
-        }
+        })
     )));
 }
 
@@ -445,17 +438,17 @@ fn a_snapshot_showing_a_newer_owner_stops_a_held_shard() {
     });
     r.handle_snapshot(past, Ok(snapshot(&r, "g", &["a", "b"], leases)));
     let actions = drain(&mut r);
-    let stop = Action::StopServing {
+    let stop = Action::StopServing(Stop {
         shard: taken,
         epoch: 7,
         reason: StopReason::Stolen,
         close: Close::Now,
-    };
+    });
     assert!(actions.contains(&stop), "{actions:?}");
     assert!(
         !actions
             .iter()
-            .any(|a| matches!(a, Action::StopServing { shard, .. } if *shard == kept)),
+            .any(|a| matches!(a, Action::StopServing(Stop { shard, .. }) if *shard == kept)),
         "{actions:?}"
     );
     // The store fails again before any re-claim is answered and the peers agree it is
