@@ -27,6 +27,7 @@ use posgate_loadtest::load::pushgen::Targets;
 
 use crate::support::farm::{self, connect_limit, Farm};
 use crate::support::gateway::{open_loop, summary};
+use crate::support::leases;
 use crate::support::pod::{self, store_options, CLUSTER, SHARDS};
 use crate::support::wait::{secs, wait_for};
 use crate::support::RedisServer;
@@ -74,7 +75,10 @@ async fn generation(store: &RedisStore) -> String {
 /// Takes `shard`'s lease for `pod` in `generation`; its epoch.
 async fn acquire(store: &RedisStore, generation: &str, pod: &PodId, shard: ShardId) -> Epoch {
     let ttl = Duration::from_secs(60);
-    match store.acquire(generation, pod, &[shard], ttl).await.unwrap() {
+    match leases::acquire(store, generation, pod, &[shard], ttl)
+        .await
+        .unwrap()
+    {
         Checked::Ok(outcomes) => match outcomes[..] {
             [AcquireOutcome::Acquired { epoch, .. }] => epoch,
             ref other => panic!("{other:?}"),

@@ -14,6 +14,7 @@ use std::io::Write;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
+use crate::support::leases;
 use crate::support::redis_server::free_port;
 use crate::support::RedisServer;
 use posgate::core::lease::Checked;
@@ -58,7 +59,7 @@ async fn holding(redis: &RedisServer) -> (RedisStore, String) {
     store.pin_meta(&meta).await.unwrap();
     let beat = store.heartbeat(&generation, &member(), &meta, TTL).await;
     assert!(matches!(beat, Ok(Checked::Ok(()))), "{beat:?}");
-    let claim = store.acquire(&generation, &pod(), &[0], TTL).await;
+    let claim = leases::acquire(&store, &generation, &pod(), &[0], TTL).await;
     assert!(matches!(claim, Ok(Checked::Ok(_))), "{claim:?}");
     let placement = Placement::initial(&[pod()], SHARDS);
     assert!(store.place(None, &placement).await.unwrap());
@@ -85,11 +86,15 @@ async fn every_call(
         ),
         (
             "acquire",
-            store.acquire(generation, &pod(), &[1], TTL).await.map(drop),
+            leases::acquire(store, generation, &pod(), &[1], TTL)
+                .await
+                .map(drop),
         ),
         (
             "renew",
-            store.renew(generation, &pod(), &[0], TTL).await.map(drop),
+            leases::renew(store, generation, &pod(), &[0], TTL)
+                .await
+                .map(drop),
         ),
         ("place", store.place(Some(1), &placement).await.map(drop)),
         ("release", store.release(&pod(), &[2], None).await.map(drop)),

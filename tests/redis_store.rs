@@ -7,6 +7,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::support::leases;
 use crate::support::redis_server::free_port;
 use crate::support::stall_proxy::StallProxy;
 use crate::support::{RedisProxy, RedisServer};
@@ -84,15 +85,23 @@ async fn epochs_never_decrease_across_restart_empty() {
     let store = connect(&server.url()).await;
     let a = pod("a");
     let g = generation(&store).await;
-    let before = acquired(store.acquire(&g, &a, &[0, 1, 2, 3], TTL).await.unwrap());
+    let before = acquired(
+        leases::acquire(&store, &g, &a, &[0, 1, 2, 3], TTL)
+            .await
+            .unwrap(),
+    );
     server.restart_empty();
     let g2 = until_ok(&store, Duration::from_secs(10)).await;
     assert_ne!(g, g2, "a restart without data must start a new generation");
     // The old generation is refused and nothing is written.
     assert!(
-        matches!(store.acquire(&g, &a, &[0], TTL).await.unwrap(), Checked::GenerationChanged(info) if info.id == g2)
+        matches!(leases::acquire(&store, &g, &a, &[0], TTL).await.unwrap(), Checked::GenerationChanged(info) if info.id == g2)
     );
-    let after = acquired(store.acquire(&g2, &a, &[0, 1, 2, 3], TTL).await.unwrap());
+    let after = acquired(
+        leases::acquire(&store, &g2, &a, &[0, 1, 2, 3], TTL)
+            .await
+            .unwrap(),
+    );
     for (b, a) in before.iter().zip(&after) {
         assert!(a > b, "epoch went from {b} to {a} across the restart");
     }
@@ -110,7 +119,11 @@ async fn epoch_is_max_of_last_plus_one_and_redis_time() {
         ":1"
     );
     let t0 = now_ms();
-    let epochs = acquired(store.acquire(&g, &pod("a"), &[2, 3], TTL).await.unwrap());
+    let epochs = acquired(
+        leases::acquire(&store, &g, &pod("a"), &[2, 3], TTL)
+            .await
+            .unwrap(),
+    );
     assert_eq!(epochs[0], far + 1, "last + 1 wins when it is larger");
     assert!(
         epochs[1] >= t0.saturating_sub(5) && epochs[1] <= now_ms() + 5,
@@ -125,13 +138,16 @@ async fn owner_checks_on_renew_and_release() {
     let store = connect(&server.url()).await;
     let (a, b) = (pod("a"), pod("b"));
     let g = generation(&store).await;
-    let epoch = acquired(store.acquire(&g, &a, &[1], TTL).await.unwrap())[0];
+    let epoch = acquired(leases::acquire(&store, &g, &a, &[1], TTL).await.unwrap())[0];
     assert_eq!(
-        store.renew(&g, &b, &[1], TTL).await.unwrap(),
-        Checked::Ok(vec![RenewOutcome::HeldBy { owner: a.clone() }])
+        leases::renew(&store, &g, &b, &[1], TTL).await.unwrap(),
+        Checked::Ok(vec![RenewOutcome::HeldBy {
+            owner: a.clone(),
+            epoch
+        }])
     );
     assert_eq!(
-        store.acquire(&g, &b, &[1], TTL).await.unwrap(),
+        leases::acquire(&store, &g, &b, &[1], TTL).await.unwrap(),
         Checked::Ok(vec![AcquireOutcome::HeldBy {
             owner: a.clone(),
             epoch
@@ -144,7 +160,7 @@ async fn owner_checks_on_renew_and_release() {
         Some((&a, epoch))
     );
     assert_eq!(
-        store.renew(&g, &a, &[1], TTL).await.unwrap(),
+        leases::renew(&store, &g, &a, &[1], TTL).await.unwrap(),
         Checked::Ok(vec![RenewOutcome::Renewed])
     );
 }
@@ -156,7 +172,7 @@ async fn release_is_seen_on_changes_within_a_second() {
     let peer = connect(&server.url()).await;
     let a = pod("a");
     let g = generation(&owner).await;
-    acquired(owner.acquire(&g, &a, &[0], TTL).await.unwrap());
+    acquired(leases::acquire(&owner, &g, &a, &[0], TTL).await.unwrap());
     let mut rx = peer.changes();
     rx.borrow_and_update();
     let sent = Instant::now();
@@ -190,7 +206,9 @@ async fn round_trips_count_one_per_call() {
     let store = connect(&server.url()).await;
     let start = store.round_trips();
     let g = generation(&store).await;
-    store.acquire(&g, &pod("a"), &[0, 1, 2], TTL).await.unwrap();
+    leases::acquire(&store, &g, &pod("a"), &[0, 1, 2], TTL)
+        .await
+        .unwrap();
     store.release(&pod("a"), &[0, 1, 2], None).await.unwrap();
     assert_eq!(store.round_trips() - start, 3);
 }
@@ -374,7 +392,7 @@ async fn a_release_is_seen(
     when: &str,
 ) {
     let a = pod("a");
-    acquired(store.acquire(g, &a, &[0], TTL).await.unwrap());
+    acquired(leases::acquire(store, g, &a, &[0], TTL).await.unwrap());
     rx.borrow_and_update();
     store.release(&a, &[0], None).await.unwrap();
     tokio::time::timeout(Duration::from_secs(1), rx.changed())

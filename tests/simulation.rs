@@ -50,6 +50,13 @@ fn many_seeds_keep_the_invariants() {
         total.terminals_unasked >= seeds && total.sessions_fenced >= seeds / 10,
         "the fallbacks were not exercised: {total:?}"
     );
+    // Failovers to a replica that lacked the last writes, some with a clock far behind,
+    // and pods that found the store gone back and recovered (re-claims, the placement
+    // put back): epochs stayed above what the terminals had seen.
+    assert!(
+        total.failovers >= seeds / 4 && total.rollbacks_seen >= seeds / 25,
+        "failovers that lost writes were not exercised: {total:?}"
+    );
 }
 
 #[test]

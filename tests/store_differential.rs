@@ -16,8 +16,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
+use crate::support::leases;
 use crate::support::RedisServer;
-use posgate::core::lease::{AcquireOutcome, Checked, ReleaseNote, RenewOutcome};
+use posgate::core::lease::{AcquireOutcome, Checked, Claim, LeaseCall, ReleaseNote, RenewOutcome};
 use posgate::core::membership::{Member, Snapshot};
 use posgate::core::placement::Placement;
 use posgate::core::{Epoch, PodId, ShardId};
@@ -28,6 +29,9 @@ use posgate::store::{ClusterMeta, CoordStore, StoreError};
 const SHARDS: u32 = 8;
 const LONG: Duration = Duration::from_secs(30);
 const SHORT: Duration = Duration::from_millis(300);
+/// An epoch floor far above either store's clock (Unix ms of the year 2096), so both
+/// grant the same epochs above it.
+const FAR: Epoch = 4_000_000_000_000;
 /// Comfortably past SHORT, so expiry is certain in both stores.
 const PAST_SHORT: Duration = Duration::from_millis(700);
 
@@ -108,11 +112,25 @@ impl Transcript {
         self.push("acquire", toks);
     }
 
-    fn renew(&mut self, r: Result<Checked<Vec<RenewOutcome>>, StoreError>) {
+    fn renew(&mut self, shards: &[ShardId], r: Result<Checked<Vec<RenewOutcome>>, StoreError>) {
         let toks = match &r {
             Err(e) => Self::error(e),
             Ok(c) => Self::checked(c, |outs| {
-                outs.iter().map(|o| text(format!("{o:?}"))).collect()
+                assert_eq!(outs.len(), shards.len());
+                let mut toks = Vec::new();
+                for (&s, o) in shards.iter().zip(outs) {
+                    toks.push(text(format!("[{s}]")));
+                    match o {
+                        RenewOutcome::Renewed => toks.push(text("Renewed")),
+                        RenewOutcome::Missing { epoch } => {
+                            toks.extend([text("Missing"), Tok::Epoch(s, *epoch)])
+                        }
+                        RenewOutcome::HeldBy { owner, epoch } => {
+                            toks.extend([text(format!("HeldBy({owner})")), Tok::Epoch(s, *epoch)])
+                        }
+                    }
+                }
+                toks
             }),
         };
         self.push("renew", toks);
@@ -313,17 +331,23 @@ async fn run<S: CoordStore>(store: &S, wiper: &mut dyn Wiper) -> Transcript {
     // Leases and owner checks.
     t.acquire(
         &[0, 1, 2, 3],
-        store.acquire(&g0, &a, &[0, 1, 2, 3], LONG).await,
+        leases::acquire(store, &g0, &a, &[0, 1, 2, 3], LONG).await,
     );
     t.acquire(
         &[2, 3, 4, 5],
-        store.acquire(&g0, &b, &[2, 3, 4, 5], LONG).await,
+        leases::acquire(store, &g0, &b, &[2, 3, 4, 5], LONG).await,
     );
-    t.acquire(&[0], store.acquire(&g0, &a, &[0], LONG).await);
-    t.acquire(&[7, 7], store.acquire(&g0, &c, &[7, 7], LONG).await);
-    t.renew(store.renew(&g0, &b, &[0, 4, 6], LONG).await);
-    t.renew(store.renew("stale", &a, &[0], LONG).await);
-    t.acquire(&[1], store.acquire("stale", &a, &[1], LONG).await);
+    t.acquire(&[0], leases::acquire(store, &g0, &a, &[0], LONG).await);
+    t.acquire(
+        &[7, 7],
+        leases::acquire(store, &g0, &c, &[7, 7], LONG).await,
+    );
+    t.renew(
+        &[0, 4, 6],
+        leases::renew(store, &g0, &b, &[0, 4, 6], LONG).await,
+    );
+    t.renew(&[0], leases::renew(store, "stale", &a, &[0], LONG).await);
+    t.acquire(&[1], leases::acquire(store, "stale", &a, &[1], LONG).await);
     t.push(
         "release b",
         vec![text(format!(
@@ -339,13 +363,13 @@ async fn run<S: CoordStore>(store: &S, wiper: &mut dyn Wiper) -> Transcript {
         ))],
     );
     t.snapshot(&store.snapshot(SHARDS).await.unwrap());
-    t.acquire(&[4], store.acquire(&g0, &a, &[4], LONG).await);
+    t.acquire(&[4], leases::acquire(store, &g0, &a, &[4], LONG).await);
 
     // Lease expiry by the store clock.
-    t.acquire(&[6], store.acquire(&g0, &b, &[6], SHORT).await);
-    t.renew(store.renew(&g0, &b, &[6], SHORT).await);
+    t.acquire(&[6], leases::acquire(store, &g0, &b, &[6], SHORT).await);
+    t.renew(&[6], leases::renew(store, &g0, &b, &[6], SHORT).await);
     tokio::time::sleep(PAST_SHORT).await;
-    t.renew(store.renew(&g0, &b, &[6], LONG).await);
+    t.renew(&[6], leases::renew(store, &g0, &b, &[6], LONG).await);
     t.push(
         "release b expired",
         vec![text(format!(
@@ -353,7 +377,7 @@ async fn run<S: CoordStore>(store: &S, wiper: &mut dyn Wiper) -> Transcript {
             store.release(&b, &[6], None).await.unwrap()
         ))],
     );
-    t.acquire(&[6], store.acquire(&g0, &a, &[6], LONG).await);
+    t.acquire(&[6], leases::acquire(store, &g0, &a, &[6], LONG).await);
 
     // Release notes: left only by a release that deleted the releaser's lease, returned
     // by the next acquire (a fresh one, not `AlreadyMine`) until they expire.
@@ -371,8 +395,11 @@ async fn run<S: CoordStore>(store: &S, wiper: &mut dyn Wiper) -> Transcript {
                 .unwrap()
         ))],
     );
-    t.acquire(&[6, 5], store.acquire(&g0, &c, &[6, 5], LONG).await);
-    t.acquire(&[6], store.acquire(&g0, &c, &[6], LONG).await);
+    t.acquire(
+        &[6, 5],
+        leases::acquire(store, &g0, &c, &[6, 5], LONG).await,
+    );
+    t.acquire(&[6], leases::acquire(store, &g0, &c, &[6], LONG).await);
     t.push(
         "release c noted briefly",
         vec![text(format!(
@@ -384,7 +411,7 @@ async fn run<S: CoordStore>(store: &S, wiper: &mut dyn Wiper) -> Transcript {
         ))],
     );
     tokio::time::sleep(PAST_SHORT).await;
-    t.acquire(&[6], store.acquire(&g0, &a, &[6], LONG).await);
+    t.acquire(&[6], leases::acquire(store, &g0, &a, &[6], LONG).await);
 
     // Member expiry, rejoin and deregistration.
     t.unit(
@@ -427,9 +454,26 @@ async fn run<S: CoordStore>(store: &S, wiper: &mut dyn Wiper) -> Transcript {
         vec![text(quiet_changes(store).await.to_string())],
     );
 
+    // Floors (epochs never go back): a claim above the store's clock is granted above its
+    // floor; a holder's lease is bumped above a floor higher than the stored epoch, and
+    // only the holder's (owner-checked); renewals name the shard's epoch.
+    let floored = |shard, floor| [Claim { shard, floor }];
+    let call = |pod| LeaseCall {
+        generation: &g0,
+        pod,
+        ttl: LONG,
+    };
+    t.acquire(&[7], store.acquire(&call(&c), &floored(7, FAR)).await);
+    t.acquire(&[7], store.acquire(&call(&c), &floored(7, FAR + 1)).await);
+    t.acquire(&[7], store.acquire(&call(&a), &floored(7, 3 * FAR)).await);
+    t.acquire(&[7], store.acquire(&call(&c), &floored(7, 2 * FAR)).await);
+    t.renew(&[7], store.renew(&call(&a), &[7]).await);
+    store.release(&c, &[7], None).await.unwrap();
+    t.renew(&[7], store.renew(&call(&c), &[7]).await);
+
     // Soft wipe: same connection, everything lost.
     wiper.flush();
-    t.acquire(&[1], store.acquire(&g0, &a, &[1], LONG).await);
+    t.acquire(&[1], leases::acquire(store, &g0, &a, &[1], LONG).await);
     let g1 = store.snapshot(SHARDS).await.unwrap().generation.id;
     t.unit(
         "heartbeat a g1",
@@ -439,7 +483,10 @@ async fn run<S: CoordStore>(store: &S, wiper: &mut dyn Wiper) -> Transcript {
         "pin_meta after wipe",
         store.pin_meta(&other_meta).await.map(Checked::Ok),
     );
-    t.acquire(&[1, 2], store.acquire(&g1, &a, &[1, 2], LONG).await);
+    t.acquire(
+        &[1, 2],
+        leases::acquire(store, &g1, &a, &[1, 2], LONG).await,
+    );
     t.snapshot(&store.snapshot(SHARDS).await.unwrap());
     // The placement was lost with everything else; a pod puts back the one it remembers.
     let p3 = Placement {
@@ -455,9 +502,12 @@ async fn run<S: CoordStore>(store: &S, wiper: &mut dyn Wiper) -> Transcript {
     let snap = settle(store).await;
     t.snapshot(&snap);
     let g2 = snap.generation.id;
-    t.acquire(&[1], store.acquire(&g1, &a, &[1], LONG).await);
-    t.acquire(&[1, 2, 3], store.acquire(&g2, &b, &[1, 2, 3], LONG).await);
-    t.renew(store.renew(&g2, &a, &[1, 2], LONG).await);
+    t.acquire(&[1], leases::acquire(store, &g1, &a, &[1], LONG).await);
+    t.acquire(
+        &[1, 2, 3],
+        leases::acquire(store, &g2, &b, &[1, 2, 3], LONG).await,
+    );
+    t.renew(&[1, 2], leases::renew(store, &g2, &a, &[1, 2], LONG).await);
     t.push(
         "release b",
         vec![text(format!(

@@ -16,7 +16,42 @@
 use std::time::Duration;
 
 use super::membership::{GenerationInfo, Member};
-use super::types::{Epoch, PodId};
+use super::types::{Epoch, PodId, ShardId};
+
+/// The largest epoch a store can hand out exactly: Redis scripts compute epochs as Lua
+/// numbers (doubles). Today's epochs are Unix milliseconds, about 2^41; a floor above
+/// this (a terminal reporting an absurd epoch) is not passed on.
+pub const MAX_EPOCH: Epoch = (1 << 53) - 1;
+
+/// Who asks the store for leases, in which store generation, and for how long: what an
+/// acquire and a renewal share.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseCall<'a> {
+    pub generation: &'a str,
+    pub pod: &'a PodId,
+    pub ttl: Duration,
+}
+
+/// The epoch a store hands out for a shard whose last epoch is `last`, at store time
+/// `now_ms`, for a claim with `floor` (`acquire.lua`, `MemoryState::acquire`): above the
+/// last one (epochs of a shard only grow while the store keeps them), at least the
+/// store's clock (they keep growing after it lost them), and above the floor (they keep
+/// growing when it lost the last ones and its clock is behind).
+pub fn next_epoch(last: Epoch, now_ms: u64, floor: Epoch) -> Epoch {
+    last.saturating_add(1)
+        .max(now_ms)
+        .max(floor.saturating_add(1))
+}
+
+/// One shard to acquire, and the highest epoch the caller knows it was handed out with
+/// (0: none). The store grants above it, and bumps a lease the caller already holds to
+/// above it, so a store that lost writes or whose clock went back (a promoted replica)
+/// never hands out an epoch a terminal would refuse as stale or take from two pods.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Claim {
+    pub shard: ShardId,
+    pub floor: Epoch,
+}
 
 /// The answer to "give me this shard" (`SET NX PX` plus epoch, in one script).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -29,10 +64,23 @@ pub enum AcquireOutcome {
         released_by: Option<Member>,
     },
     /// The key already named us (e.g. an earlier acquire whose answer was lost); its TTL
-    /// was extended and the epoch is unchanged.
+    /// was extended. The epoch is the shard's last one, unchanged, unless the claim's
+    /// floor was higher: then it was bumped above the floor (owner-checked, in the same
+    /// script), because a terminal has seen a newer epoch than the store remembers.
     AlreadyMine { epoch: Epoch },
-    /// Someone else holds it.
+    /// Someone else holds it; `epoch` is the shard's last epoch in the store.
     HeldBy { owner: PodId, epoch: Epoch },
+}
+
+impl AcquireOutcome {
+    /// The shard's epoch the answer names: ours, or the holder's.
+    pub fn epoch(&self) -> Epoch {
+        match self {
+            AcquireOutcome::Acquired { epoch, .. }
+            | AcquireOutcome::AlreadyMine { epoch }
+            | AcquireOutcome::HeldBy { epoch, .. } => *epoch,
+        }
+    }
 }
 
 /// What a pod that drains leaves with its release of a lease, written in the same script
@@ -46,16 +94,31 @@ pub struct ReleaseNote {
     pub ttl: Duration,
 }
 
-/// The answer to "extend my lease" for one shard (owner-checked `PEXPIRE`).
+/// The answer to "extend my lease" for one shard (owner-checked `PEXPIRE`). `epoch` is
+/// the shard's last epoch in the store (0: none): compared with the epoch the renewing
+/// pod holds, it tells a newer owner (higher) from a store that lost the pod's
+/// acquisition (lower; a failover that lost writes).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RenewOutcome {
     Renewed,
-    /// The key expired or was deleted: the lease is lost.
-    Missing,
-    /// Another pod holds the key: the lease is lost (and was lost before this call).
+    /// The key expired or was deleted.
+    Missing {
+        epoch: Epoch,
+    },
+    /// Another pod holds the key.
     HeldBy {
         owner: PodId,
+        epoch: Epoch,
     },
+}
+
+/// A terminal refused `epoch` of `shard` as stale (`409` with `posgate-stale-epoch`):
+/// it has accepted a hello with a higher epoch, `highest` when its answer said which.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StaleEpoch {
+    pub shard: ShardId,
+    pub epoch: Epoch,
+    pub highest: Option<Epoch>,
 }
 
 /// A store answer that first checks the caller's idea of the store generation.

@@ -29,11 +29,11 @@ use self::ops::{Done, Op, OpContext, StoreHealth};
 use self::report::{name, Situation};
 use crate::clock::now;
 use crate::core::config::{CoreConfig, InvalidTimings};
-use crate::core::lease::ReleaseNote;
+use crate::core::lease::{ReleaseNote, StaleEpoch};
 use crate::core::membership::{Member, HANDOVER_DRAIN};
 use crate::core::reconciler::{Action, Reconciler, ShardState, Stop};
 use crate::core::ring::RING_VERSION;
-use crate::core::{Epoch, PodId, ShardId};
+use crate::core::{PodId, ShardId};
 use crate::credentials::Credentials;
 use crate::metrics::Metrics;
 use crate::peer::{PeerClient, PEER_PROTOCOL};
@@ -70,7 +70,7 @@ pub struct Driver<S, H = ()> {
     status: watch::Sender<PodStatus>,
     situation: Situation,
     /// Shards and epochs a terminal refused as stale; `None` when not given or closed.
-    stale_epochs: Option<mpsc::UnboundedReceiver<(ShardId, Epoch)>>,
+    stale_epochs: Option<mpsc::UnboundedReceiver<StaleEpoch>>,
 }
 
 impl<S: CoordStore, H: ServingHook> Driver<S, H> {
@@ -137,11 +137,11 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
         self
     }
 
-    /// Feeds the driver the `(shard, epoch)` pairs a terminal refused as stale (a newer
-    /// owner said hello): the reconciler stops serving such a shard if it still holds
-    /// that epoch. The sending half goes to the connection layer, which is built before
+    /// Feeds the driver the epochs terminals refused as stale (a hello with a higher
+    /// epoch came first): the reconciler has the store bump such a shard's lease above
+    /// the terminal's epoch, or stops serving it, if it still holds that epoch. The sending half goes to the connection layer, which is built before
     /// the driver because the driver owns it as its hook.
-    pub fn with_stale_epochs(mut self, stale: mpsc::UnboundedReceiver<(ShardId, Epoch)>) -> Self {
+    pub fn with_stale_epochs(mut self, stale: mpsc::UnboundedReceiver<StaleEpoch>) -> Self {
         self.stale_epochs = Some(stale);
         self
     }
@@ -182,9 +182,9 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
                 },
                 () = sleep_until(wake) => self.rec.handle_timeout(now()),
                 stale = next_stale(&mut self.stale_epochs) => match stale {
-                    Some((shard, epoch)) => {
-                        debug!(shard, epoch, "a terminal refused our epoch as stale");
-                        self.rec.handle_stale_epoch(now(), shard, epoch);
+                    Some(refused) => {
+                        debug!(shard = refused.shard, epoch = refused.epoch, highest = ?refused.highest, "a terminal refused our epoch as stale");
+                        self.rec.handle_stale_epoch(now(), refused);
                     }
                     // Every sender is gone: nothing can be reported any more.
                     None => self.stale_epochs = None,
@@ -221,7 +221,8 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
             );
         }
         self.slots = slots;
-        self.situation.update(&self.rec);
+        let rollbacks = self.situation.update(&self.rec);
+        self.cx.metrics.store_rollbacks.inc_by(rollbacks);
         let status = report::pod_status(&self.rec, now);
         self.status.send_if_modified(|current| {
             let changed = *current != status;
@@ -237,7 +238,7 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
         let op = match action {
             Action::Poll => self.cx.poll(),
             Action::Heartbeat { generation } => self.cx.heartbeat(generation),
-            Action::Acquire { generation, shards } => self.cx.acquire(generation, shards),
+            Action::Acquire { generation, claims } => self.cx.acquire(generation, claims),
             Action::Renew { generation, shards } => self.cx.renew(generation, shards),
             Action::Release { shards } => self.cx.release(shards),
             Action::Deregister => self.cx.deregister(),
@@ -360,9 +361,7 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
 
 /// The next stale epoch reported, `None` once every sender is gone; never resolves
 /// without a receiver.
-async fn next_stale(
-    stale: &mut Option<mpsc::UnboundedReceiver<(ShardId, Epoch)>>,
-) -> Option<(ShardId, Epoch)> {
+async fn next_stale(stale: &mut Option<mpsc::UnboundedReceiver<StaleEpoch>>) -> Option<StaleEpoch> {
     match stale {
         Some(rx) => rx.recv().await,
         None => std::future::pending().await,

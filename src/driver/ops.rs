@@ -12,7 +12,7 @@ use futures::future::{join_all, BoxFuture};
 use futures::FutureExt;
 use tracing::{debug, info, warn};
 
-use crate::core::lease::{AcquireOutcome, Checked, ReleaseNote, RenewOutcome};
+use crate::core::lease::{AcquireOutcome, Checked, Claim, LeaseCall, ReleaseNote, RenewOutcome};
 use crate::core::membership::{Member, Snapshot};
 use crate::core::placement::Placement;
 use crate::core::reconciler::{OpFailed, OpResult, PeerReport};
@@ -80,14 +80,13 @@ impl<S: CoordStore> OpContext<S> {
         .boxed()
     }
 
-    pub fn acquire(self: &Arc<Self>, generation: String, shards: Vec<ShardId>) -> Op {
+    pub fn acquire(self: &Arc<Self>, generation: String, claims: Vec<Claim>) -> Op {
         let cx = self.clone();
         async move {
-            let call = cx
-                .store
-                .acquire(&generation, &cx.member.pod, &shards, cx.core.lease_ttl);
+            let lease = cx.lease_call(&generation);
+            let call = cx.store.acquire(&lease, &claims);
             let result = cx.bounded("acquire", call).await;
-            Done::Acquire(shards, result)
+            Done::Acquire(claims.iter().map(|c| c.shard).collect(), result)
         }
         .boxed()
     }
@@ -95,13 +94,20 @@ impl<S: CoordStore> OpContext<S> {
     pub fn renew(self: &Arc<Self>, generation: String, shards: Vec<ShardId>) -> Op {
         let cx = self.clone();
         async move {
-            let call = cx
-                .store
-                .renew(&generation, &cx.member.pod, &shards, cx.core.lease_ttl);
+            let lease = cx.lease_call(&generation);
+            let call = cx.store.renew(&lease, &shards);
             let result = cx.bounded("renew", call).await;
             Done::Renew(shards, result)
         }
         .boxed()
+    }
+
+    fn lease_call<'a>(&'a self, generation: &'a str) -> LeaseCall<'a> {
+        LeaseCall {
+            generation,
+            pod: &self.member.pod,
+            ttl: self.core.lease_ttl,
+        }
     }
 
     pub fn release(self: &Arc<Self>, shards: Vec<ShardId>) -> Op {
@@ -330,7 +336,7 @@ impl Metrics {
                         "renew",
                         match o {
                             RenewOutcome::Renewed => "renewed",
-                            RenewOutcome::Missing => "missing",
+                            RenewOutcome::Missing { .. } => "missing",
                             RenewOutcome::HeldBy { .. } => "held_by_other",
                         },
                     );

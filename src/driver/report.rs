@@ -61,6 +61,7 @@ pub(super) struct Situation {
     outage: Option<Outage>,
     generation: Option<String>,
     applied: Assignment,
+    rollbacks: u64,
 }
 
 impl Situation {
@@ -71,11 +72,22 @@ impl Situation {
             outage: rec.outage(),
             generation: rec.generation().map(str::to_owned),
             applied: rec.assignment().clone(),
+            rollbacks: rec.rollbacks(),
         }
     }
 
-    /// Logs what changed since the last call.
-    pub fn update(&mut self, rec: &Reconciler) {
+    /// Logs what changed since the last call; returns how many times the store was found
+    /// to have gone back in time meanwhile.
+    pub fn update(&mut self, rec: &Reconciler) -> u64 {
+        let rollbacks = rec.rollbacks() - self.rollbacks;
+        if rollbacks > 0 {
+            self.rollbacks = rec.rollbacks();
+            warn!(
+                "the store went back in time: it lost writes it had acknowledged (a failover \
+                 to a replica that lacked them); re-claiming what it forgot, putting the \
+                 placement back, no other ownership change for one member TTL"
+            );
+        }
         if rec.generation() != self.generation.as_deref() {
             let generation = rec.generation().unwrap_or_default();
             if self.generation.is_none() {
@@ -140,5 +152,6 @@ impl Situation {
                 "ready: every assigned shard is served"
             );
         }
+        rollbacks
     }
 }

@@ -7,8 +7,9 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 use super::*;
+use crate::core::lease::StaleEpoch;
 use crate::core::reconciler::{Stop, StopReason};
-use crate::core::{CoreConfig, PodId};
+use crate::core::{CoreConfig, Epoch, PodId};
 use crate::credentials::Credentials;
 use crate::store::memory::MemoryStore;
 
@@ -78,9 +79,15 @@ async fn a_reported_stale_epoch_stops_the_shard() {
             break (shard, epoch);
         }
     };
-    // An older epoch is not ours any more: ignored. Ours stops the shard.
-    stale.send((shard, epoch - 1)).unwrap();
-    stale.send((shard, epoch)).unwrap();
+    // An older epoch is not ours any more: ignored. Ours, refused without the epoch the
+    // terminal has seen, stops the shard.
+    let refused = |epoch| StaleEpoch {
+        shard,
+        epoch,
+        highest: None,
+    };
+    stale.send(refused(epoch - 1)).unwrap();
+    stale.send(refused(epoch)).unwrap();
     loop {
         match next(&mut events).await {
             Event::Stop(s, e, reason) if s == shard => {

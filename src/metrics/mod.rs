@@ -84,6 +84,7 @@ pub struct Metrics {
     pub store_op_duration: Hist,
     pub store_errors: Family<Label, Counter>,
     pub store_reachable: Gauge,
+    pub store_rollbacks: Counter,
     pub store_unreachable_seconds: Gauge<f64, AtomicU64>,
     pub store_verdict: Family<Label, Gauge>,
     pub peers_reaching_store: Gauge,
@@ -148,6 +149,7 @@ impl Metrics {
             store_op_duration: Family::new_with_constructor(latency_buckets),
             store_errors: Family::default(),
             store_reachable: Gauge::default(),
+            store_rollbacks: Counter::default(),
             store_unreachable_seconds: Gauge::default(),
             store_verdict: Family::default(),
             peers_reaching_store: Gauge::default(),
@@ -246,6 +248,11 @@ impl Metrics {
             "posgate_store_reachable",
             "1 when the last store call succeeded",
             self.store_reachable.clone(),
+        );
+        r.register(
+            "posgate_store_rollbacks",
+            "Times this pod found the store had lost writes it acknowledged (a failover to a replica that lacked them)",
+            self.store_rollbacks.clone(),
         );
         r.register(
             "posgate_store_unreachable_seconds",

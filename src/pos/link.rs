@@ -30,6 +30,7 @@ use super::handover::{Gate, Opened};
 use super::pacer::Pacer;
 use super::session::{ConnEnd, RequestSender, Session};
 use super::wire::DialError;
+use crate::core::lease::StaleEpoch;
 use crate::core::{Epoch, ShardId};
 use crate::metrics::Metrics;
 use crate::store::directory::Terminal;
@@ -174,7 +175,7 @@ pub(super) struct LinkContext {
     pub hellos: Pacer,
     pub backoff: BackoffPolicy,
     pub close_budget: Duration,
-    pub stale: mpsc::UnboundedSender<(ShardId, Epoch)>,
+    pub stale: mpsc::UnboundedSender<StaleEpoch>,
     pub metrics: Arc<Metrics>,
 }
 
@@ -400,7 +401,11 @@ impl LinkTask {
                     "terminal refused our epoch: a newer owner exists"
                 );
                 // The driver may be gone (pod shutting down); then nobody needs to know.
-                let _ = self.cx.stale.send((shard, epoch));
+                let _ = self.cx.stale.send(StaleEpoch {
+                    shard,
+                    epoch,
+                    highest: *highest,
+                });
             }
             DialError::WrongName { .. } if link.failures() == 1 => warn!(
                 shard, terminal = %t.id, addr = %t.addr, server_name = %t.server_name,

@@ -52,6 +52,7 @@ use super::link::{
 };
 use super::pacer::{Jitter, Pacer};
 use super::session::RequestSender;
+use crate::core::lease::StaleEpoch;
 use crate::core::membership::{Member, HANDOVER_DRAIN};
 use crate::core::reconciler::{Close, Stop, StopReason};
 use crate::core::{Epoch, ShardId};
@@ -274,7 +275,7 @@ impl<D: Directory> ConnectionManager<D> {
         directory: Arc<D>,
         dialer: Dialer,
         cfg: ManagerConfig,
-        stale: mpsc::UnboundedSender<(ShardId, Epoch)>,
+        stale: mpsc::UnboundedSender<StaleEpoch>,
     ) -> Self {
         let mut rng = match cfg.rng_seed {
             Some(seed) => StdRng::seed_from_u64(seed),
@@ -346,11 +347,11 @@ impl<D: Directory> ConnectionManager<D> {
         }
     }
 
-    /// Tells the driver that a terminal refused `epoch` of `shard` as stale (a push got
-    /// the `409`), so the shard is dropped like after a refused hello.
-    pub fn report_stale(&self, shard: ShardId, epoch: Epoch) {
+    /// Tells the driver that a terminal refused an epoch as stale (a push got the
+    /// `409`), as after a refused hello.
+    pub fn report_stale(&self, refused: StaleEpoch) {
         // The driver may be gone (pod shutting down); then nobody needs to know.
-        let _ = self.inner.links.stale.send((shard, epoch));
+        let _ = self.inner.links.stale.send(refused);
     }
 }
 

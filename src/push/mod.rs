@@ -27,8 +27,9 @@ use http::HeaderValue;
 use tokio::sync::{watch, Semaphore};
 
 use self::idempotency::IdempotencyCache;
+use crate::core::lease::StaleEpoch;
 use crate::core::membership::Member;
-use crate::core::{Epoch, PodId, ShardId};
+use crate::core::{PodId, ShardId};
 use crate::credentials::Credentials;
 use crate::credentials::Tenant;
 use crate::metrics::Metrics;
@@ -90,8 +91,9 @@ pub struct PushRequest {
 /// Where pushes find terminal sessions: the connection manager, or nothing.
 pub trait Sessions: Send + Sync + 'static {
     fn lookup(&self, shard: ShardId, terminal: &str) -> Lookup;
-    /// A terminal refused `epoch` on a push: the shard must be dropped.
-    fn report_stale(&self, shard: ShardId, epoch: Epoch);
+    /// A terminal refused an epoch on a push as stale (see
+    /// `Reconciler::handle_stale_epoch`).
+    fn report_stale(&self, refused: StaleEpoch);
     /// The pod that took `shard` over asks for `terminals` (`pos::handover`).
     fn release_terminals(
         &self,
@@ -109,8 +111,8 @@ impl<D: Directory> Sessions for ConnectionManager<D> {
         ConnectionManager::lookup(self, shard, terminal)
     }
 
-    fn report_stale(&self, shard: ShardId, epoch: Epoch) {
-        ConnectionManager::report_stale(self, shard, epoch)
+    fn report_stale(&self, refused: StaleEpoch) {
+        ConnectionManager::report_stale(self, refused)
     }
 
     fn release_terminals(
@@ -139,7 +141,7 @@ impl Sessions for NoTerminals {
         Lookup::Unknown
     }
 
-    fn report_stale(&self, _shard: ShardId, _epoch: Epoch) {}
+    fn report_stale(&self, _refused: StaleEpoch) {}
 
     fn release_terminals(
         &self,

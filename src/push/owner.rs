@@ -29,6 +29,7 @@ use super::answer::{Answer, Delivered, ErrorBody, ErrorCode};
 use super::idempotency::Reserve;
 use super::{PushRequest, PushService};
 use crate::clock::now;
+use crate::core::lease::StaleEpoch;
 use crate::core::shard::shard_of;
 use crate::pos::manager::Lookup;
 use crate::pos::push::{self as pos_push, Answered, PushFailure};
@@ -201,9 +202,13 @@ impl PushService {
                         shard,
                         epoch,
                         ?highest,
-                        "terminal refused our epoch on a push: dropping the shard"
+                        "terminal refused our epoch on a push: a newer epoch exists"
                     );
-                    self.sessions.report_stale(shard, epoch);
+                    self.sessions.report_stale(StaleEpoch {
+                        shard,
+                        epoch,
+                        highest,
+                    });
                     return Owned::NotHere;
                 }
                 Err(PushFailure::Unknown(why)) => {

@@ -67,6 +67,9 @@ pub struct Checker {
     pub fenced_overlaps: u64,
     /// Hellos the terminals refused as stale (see [`Checker::started`]).
     pub refused_hellos: u64,
+    /// Whether the store went back in time in this run (a failover that lost writes):
+    /// only then may two pods be handed the same epoch.
+    went_back: bool,
     recent: VecDeque<String>,
     /// `POSGATE_SIM_TRACE=1` prints every history line as it happens (for replays).
     trace: bool,
@@ -84,6 +87,7 @@ impl Checker {
             recent: VecDeque::new(),
             fenced_overlaps: 0,
             refused_hellos: 0,
+            went_back: false,
             trace: std::env::var_os("POSGATE_SIM_TRACE").is_some(),
             checks: 0,
         }
@@ -126,14 +130,28 @@ impl Checker {
         Ok(())
     }
 
+    /// The store failed over to a replica that lost its last writes: its epochs are the
+    /// grants it still remembers (`last(shard)`), and it only has to grant above those.
+    /// What must not go back is what terminals saw ([`Checker::started`]).
+    pub fn rolled_back(&mut self, last: impl Fn(ShardId) -> Epoch) {
+        self.went_back = true;
+        for (shard, granted) in self.granted.iter_mut().enumerate() {
+            *granted = Some(last(shard as ShardId)).filter(|&e| e > 0);
+        }
+    }
+
     /// A pod started serving `shard` on `epoch` and says hello to its terminals. The
-    /// terminal takes it if it is newer than the newest hello it has (or the same pod's
-    /// again); otherwise it refuses it as stale ([`Hello::Refused`]): the pod held the
+    /// terminal takes it if it is not older than the newest hello it has
+    /// (`docs/pos-protocol.md` §4: an equal epoch is accepted and supersedes the older
+    /// session); otherwise it refuses it as stale ([`Hello::Refused`]): the pod held the
     /// shard through a verdict it could not know was wrong, and another pod (outside its
-    /// quorum) acquired meanwhile. That is the fence at work, not a violation — unless
-    /// the pod could have known: `known` is the lease its own last snapshot or answer
-    /// showed for the shard, and resuming on an epoch older than another pod's lease it
-    /// has seen is a violation. A pod going back on its own epochs is one too.
+    /// quorum) acquired meanwhile, or the store lost a grant and handed out a lower
+    /// epoch. That is the fence at work, not a violation — unless the pod could have
+    /// known: `known` is the lease its own last snapshot or answer showed for the shard,
+    /// and resuming on an epoch older than another pod's lease it has seen is a
+    /// violation. A pod going back on its own epochs is one too, and so is another
+    /// pod's hello on an equal epoch unless the store lost grants in this run (then it
+    /// can hand out an epoch equal to one it forgot).
     pub fn started(
         &mut self,
         at: Duration,
@@ -147,8 +165,13 @@ impl Checker {
             self.last_start[shard as usize] = Some((pod.clone(), epoch));
             return Ok(Hello::Accepted);
         };
-        let taken = if p == *pod { epoch >= e } else { epoch > e };
-        if taken {
+        if p != *pod && epoch == e && !self.went_back {
+            return Err(self.violation(
+                at,
+                format!("shard {shard}: {pod} and {p} were both handed epoch {epoch}"),
+            ));
+        }
+        if epoch >= e {
             self.last_start[shard as usize] = Some((pod.clone(), epoch));
             return Ok(Hello::Accepted);
         }
@@ -180,7 +203,8 @@ impl Checker {
     }
 
     /// `servers` are the pods that may deliver on `shard` right now, with their epochs:
-    /// at most one with the terminals' newest epoch; the others are fenced.
+    /// at most one holds the terminals' current session (the newest hello: its pod and
+    /// epoch); the others are fenced (an older epoch, or an equal one superseded).
     pub fn exclusive(
         &mut self,
         at: Duration,
@@ -188,10 +212,10 @@ impl Checker {
         servers: &[(PodId, Epoch)],
     ) -> Result<(), Violation> {
         self.checks += 1;
-        let newest = self.last_start[shard as usize].as_ref().map(|(_, e)| *e);
+        let newest = self.last_start[shard as usize].as_ref();
         let current: Vec<&(PodId, Epoch)> = servers
             .iter()
-            .filter(|(_, e)| newest.is_none_or(|n| *e >= n))
+            .filter(|(p, e)| newest.is_none_or(|(np, n)| *e > *n || (*e == *n && p == np)))
             .collect();
         if current.len() > 1 {
             return Err(self.violation(
@@ -264,5 +288,26 @@ mod tests {
             c.started(at, &pod("b"), 0, 9, None).unwrap(),
             Hello::Accepted
         );
+    }
+
+    #[test]
+    fn an_equal_epoch_of_another_pod_needs_a_store_that_went_back() {
+        let at = Duration::ZERO;
+        let mut c = Checker::new(1, 4);
+        c.started(at, &pod("a"), 0, 5, None).unwrap();
+        assert!(c.started(at, &pod("b"), 0, 5, None).is_err());
+        // A failover lost a's grant: b may be handed 5 again. The terminal takes the
+        // newer hello, and only its session is current.
+        c.rolled_back(|_| 0);
+        assert_eq!(
+            c.started(at, &pod("b"), 0, 5, None).unwrap(),
+            Hello::Accepted
+        );
+        let (a, b) = ((pod("a"), 5), (pod("b"), 5));
+        c.exclusive(at, 0, &[a.clone(), b.clone()]).unwrap();
+        assert_eq!(c.fenced_overlaps, 1);
+        // Two current sessions are still a violation.
+        c.started(at, &pod("a"), 0, 6, None).unwrap();
+        assert!(c.exclusive(at, 0, &[(pod("a"), 6), (pod("a"), 6)]).is_err());
     }
 }

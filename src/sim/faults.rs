@@ -9,6 +9,7 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::Rng;
 
+use super::world::Failover;
 use super::SimConfig;
 
 /// One injected fault.
@@ -35,6 +36,8 @@ pub enum Fault {
     StoreOutageThenWipe(Duration),
     /// A pod freezes for `pause`; half-way through, a store outage of `outage` begins.
     PauseThenOutage { pause: Duration, outage: Duration },
+    /// The store fails over to a replica that lacks its last writes, with another clock.
+    StoreFailover(Failover),
 }
 
 /// Draws the fault plan: `(virtual time, fault)` in time order.
@@ -64,7 +67,17 @@ pub fn plan(rng: &mut StdRng, cfg: &SimConfig) -> Vec<(Duration, Fault)> {
                 pause: span(rng, 1.2, 3.0),
                 outage: span(rng, 1.0, 4.0),
             },
-            78..=89 => Fault::Partition(span(rng, 0.2, 2.5)),
+            78..=85 => Fault::Partition(span(rng, 0.2, 2.5)),
+            86..=89 => Fault::StoreFailover(Failover {
+                outage: span(rng, 0.1, 1.5),
+                // Up to a whole lease TTL of writes: a replication link cut before the
+                // master died (a replica is still promoted within 10x down-after).
+                lost: ttl.mul_f64(rng.random_range(0.0..1.0)),
+                // Behind by up to 20 s (beyond any failover's duration), or ahead by
+                // less than the lease margin (more would break the deadline rule,
+                // which assumes clocks that agree within it).
+                clock_ms: rng.random_range(-20_000..=cfg.core.lease_margin.as_millis() as i64 / 2),
+            }),
             _ => Fault::HalfPartition(span(rng, 0.5, 3.0)),
         };
         out.push((t, fault));

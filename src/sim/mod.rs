@@ -102,6 +102,10 @@ pub struct SimStats {
     pub unknown_predecessor: u64,
     /// Drains that could not be announced to every member (closed whole instead).
     pub unannounced_drains: u64,
+    /// Failovers of the store to a replica that lacked its last writes.
+    pub failovers: u64,
+    /// Times a pod found the store had gone back in time (lost writes it acknowledged).
+    pub rollbacks_seen: u64,
 }
 
 impl SimStats {
@@ -126,6 +130,8 @@ impl SimStats {
         self.sessions_fenced += other.sessions_fenced;
         self.unknown_predecessor += other.unknown_predecessor;
         self.unannounced_drains += other.unannounced_drains;
+        self.failovers += other.failovers;
+        self.rollbacks_seen += other.rollbacks_seen;
     }
 }
 

@@ -8,6 +8,7 @@
 //! the call.
 
 mod converge;
+mod failover;
 mod inject;
 mod pushes;
 mod session_checks;
@@ -21,6 +22,8 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+pub use self::failover::Failover;
+use self::failover::Replica;
 use self::pushes::{Caller, Flight, PushEv};
 use self::sessions::{SessionEv, Sessions};
 use self::store_calls::failed;
@@ -28,7 +31,7 @@ use super::checks::{Checker, Hello, Violation};
 use super::faults::{self, Fault};
 use super::keys::{Heard, Keys};
 use super::{SimConfig, SimStats};
-use crate::core::lease::{AcquireOutcome, Checked, RenewOutcome};
+use crate::core::lease::{AcquireOutcome, Checked, Claim, RenewOutcome, StaleEpoch};
 use crate::core::membership::{Member, Snapshot, HANDOVER_DRAIN};
 use crate::core::placement::Placement;
 use crate::core::reconciler::{
@@ -50,7 +53,7 @@ const MAX_EVENTS: u64 = 3_000_000;
 enum Call {
     Heartbeat(String),
     Poll,
-    Acquire(String, Vec<ShardId>),
+    Acquire(String, Vec<Claim>),
     Renew(String, Vec<ShardId>),
     Release(Vec<ShardId>),
     Deregister,
@@ -77,14 +80,16 @@ enum Ev {
     Notify(usize),
     Peers(usize, PeerReport),
     StopAck(usize, ShardId),
-    /// The terminals refused the pod's hello on this epoch as stale.
-    Stale(usize, ShardId, Epoch),
+    /// The terminals refused the pod's hello or push on an epoch as stale.
+    Stale(usize, StaleEpoch),
     Fault(Fault),
     Resume(usize),
     Heal(usize),
     StoreUp,
     /// The store comes back, empty.
     StoreUpWiped,
+    /// The store comes back as its replica, with the data it had at the instant.
+    FailedOver(Failover, Duration),
     /// A caller sends the next attempt of a key; its timeout for an attempt; an answer
     /// reaching it.
     CallerSend(usize),
@@ -123,6 +128,12 @@ pub struct World<'a> {
     events: Vec<Option<Ev>>,
     store: MemoryState,
     store_up: bool,
+    /// What the store's replica has (for failovers).
+    replica: Replica,
+    /// The store's clock minus true time, ms (moved by failovers), and the most it ever
+    /// was.
+    store_clock_ms: i64,
+    store_clock_peak_ms: i64,
     notifications: u64,
     pods: Vec<SimPod>,
     check: Checker,
@@ -150,6 +161,9 @@ impl<'a> World<'a> {
             events: Vec::new(),
             store,
             store_up: true,
+            replica: Replica::default(),
+            store_clock_ms: 0,
+            store_clock_peak_ms: 0,
             notifications: 0,
             pods: Vec::new(),
             check: Checker::new(seed, cfg.core.shards),
@@ -174,9 +188,8 @@ impl<'a> World<'a> {
     }
 
     pub fn run(mut self) -> Result<SimStats, Violation> {
-        let end = self.cfg.fault_end + settle(self.cfg);
         while let Some(Reverse((at, _, idx))) = self.queue.pop() {
-            if at > end {
+            if at > self.end() {
                 break;
             }
             self.now = at;
@@ -192,7 +205,7 @@ impl<'a> World<'a> {
             }
             self.step(ev)?;
         }
-        self.now = end;
+        self.now = self.end();
         self.converged()?;
         self.stats.invariant_checks = self.check.checks;
         self.stats.fenced_overlaps = self.check.fenced_overlaps;
@@ -205,6 +218,12 @@ impl<'a> World<'a> {
         self.stats.sessions_fenced = self.sessions.fenced;
         self.stats.unknown_predecessor = self.sessions.unknown_predecessor;
         self.stats.unannounced_drains = self.sessions.unannounced;
+        self.stats.rollbacks_seen = self
+            .pods
+            .iter()
+            .filter_map(|p| p.rec.as_ref())
+            .map(Reconciler::rollbacks)
+            .sum();
         Ok(self.stats)
     }
 
@@ -239,8 +258,12 @@ impl<'a> World<'a> {
             }
             Ev::StoreUpWiped => {
                 self.check.log(self.now, "store up, empty");
-                self.store.wipe();
+                self.wipe_store();
                 self.store_up = true;
+                Ok(())
+            }
+            Ev::FailedOver(failover, promoted) => {
+                self.failed_over(failover, promoted);
                 Ok(())
             }
             Ev::Arrive(pod, call) => self.arrive(pod, call),
@@ -312,7 +335,7 @@ impl<'a> World<'a> {
             Ev::Notify(_) => rec.handle_change_notification(now),
             Ev::Peers(_, report) => rec.handle_peer_report(now, report),
             Ev::StopAck(_, shard) => rec.handle_serving_stopped(now, shard),
-            Ev::Stale(_, shard, epoch) => rec.handle_stale_epoch(now, shard, epoch),
+            Ev::Stale(_, refused) => rec.handle_stale_epoch(now, refused),
             Ev::Reply(_, reply) => match reply {
                 Reply::Heartbeat(r) => rec.handle_heartbeat(now, r),
                 Reply::Snapshot(r) => rec.handle_snapshot(now, r),
@@ -343,8 +366,8 @@ impl<'a> World<'a> {
             match action {
                 Action::Heartbeat { generation } => self.send(pod, Call::Heartbeat(generation)),
                 Action::Poll => self.send(pod, Call::Poll),
-                Action::Acquire { generation, shards } => {
-                    self.send(pod, Call::Acquire(generation, shards))
+                Action::Acquire { generation, claims } => {
+                    self.send(pod, Call::Acquire(generation, claims))
                 }
                 Action::Renew { generation, shards } => {
                     self.send(pod, Call::Renew(generation, shards))
@@ -368,7 +391,8 @@ impl<'a> World<'a> {
                         .started(self.now, &id, shard, epoch, known.as_ref())?;
                     if hello == Hello::Refused {
                         let at = self.now + self.latency();
-                        self.schedule(at, Ev::Stale(pod, shard, epoch));
+                        let refused = self.stale_epoch(shard, epoch);
+                        self.schedule(at, Ev::Stale(pod, refused));
                     }
                     self.take_over_answers(pod, shard);
                     self.sessions_start(pod, shard, epoch)?;
@@ -462,6 +486,16 @@ impl<'a> World<'a> {
         }
     }
 
+    /// A terminal's stale-epoch answer to `epoch` on `shard`: it names the newest epoch
+    /// the shard's terminals said hello with, as a real `409` does.
+    fn stale_epoch(&self, shard: ShardId, epoch: Epoch) -> StaleEpoch {
+        StaleEpoch {
+            shard,
+            epoch,
+            highest: self.check.newest_hello(shard).map(|(_, e)| e),
+        }
+    }
+
     fn check_exclusive(&mut self, pod: usize) -> Result<(), Violation> {
         let now_of: Vec<Instant> = (0..self.pods.len()).map(|i| self.local(i)).collect();
         let Some(rec) = self.pods[pod].rec.as_ref() else {
@@ -493,6 +527,16 @@ impl<'a> World<'a> {
 
 /// How long a run goes on after the faults end: long enough for every shard to settle
 /// on its assigned pod.
+impl World<'_> {
+    /// When the run ends and convergence is judged: [`settle`] after the faults, plus
+    /// how far the store's clock is behind true time (a failover to a replica whose
+    /// clock lags keeps every TTL alive that much longer: liveness is the store's).
+    fn end(&self) -> Duration {
+        let lag = Duration::from_millis(self.store_clock_ms.min(0).unsigned_abs());
+        self.cfg.fault_end + settle(self.cfg) + lag
+    }
+}
+
 fn settle(cfg: &SimConfig) -> Duration {
     cfg.core.lease_ttl.max(cfg.core.member_ttl) + Duration::from_secs(3)
 }

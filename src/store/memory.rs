@@ -27,7 +27,9 @@ use rand::{Rng, SeedableRng};
 use tokio::sync::watch;
 
 use super::{ClusterMeta, CoordStore, StoreError};
-use crate::core::lease::{AcquireOutcome, Checked, ReleaseNote, RenewOutcome};
+use crate::core::lease::{
+    next_epoch, AcquireOutcome, Checked, Claim, LeaseCall, ReleaseNote, RenewOutcome,
+};
 use crate::core::membership::{GenerationInfo, Lease, Member, Snapshot};
 use crate::core::placement::Placement;
 use crate::core::{Epoch, PodId, ShardId};
@@ -39,7 +41,7 @@ pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
 }
 
 /// Everything the store holds, as plain data. See the module docs for the expiry rules.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct MemoryState {
     rng: StdRng,
     /// Generation id and creation time (store ms).
@@ -83,6 +85,15 @@ impl MemoryState {
         self.leases.clear();
         self.notes.clear();
         self.placement = None;
+    }
+
+    /// Simulates a failover to a replica that has the data of `earlier` (a copy of this
+    /// state taken before): every write since is lost. The notification counter and the
+    /// RNG are client-side state and survive.
+    pub fn roll_back_to(&mut self, earlier: &MemoryState) {
+        let (rng, notifications) = (self.rng.clone(), self.notifications);
+        *self = earlier.clone();
+        (self.rng, self.notifications) = (rng, notifications);
     }
 
     /// How many join, leave and release notifications were published so far.
@@ -176,22 +187,19 @@ impl MemoryState {
     pub fn acquire(
         &mut self,
         now_ms: u64,
-        generation: &str,
-        pod: &PodId,
-        shards: &[ShardId],
-        ttl: Duration,
+        call: &LeaseCall<'_>,
+        claims: &[Claim],
     ) -> Result<Checked<Vec<AcquireOutcome>>, StoreError> {
-        Ok(self.per_lease(
-            now_ms,
-            generation,
-            shards,
-            ttl,
-            |s, shard, owner, expiry| {
-                let last = s.epochs.get(&shard).copied().unwrap_or(0);
+        let shards: Vec<ShardId> = claims.iter().map(|c| c.shard).collect();
+        let mut floors = claims.iter().map(|c| c.floor);
+        Ok(
+            self.per_lease(now_ms, call, &shards, |s, shard, owner, expiry| {
+                let last = s.last_epoch(shard);
+                let floor = floors.next().unwrap_or(0);
                 match owner {
                     None => {
-                        let epoch = (last + 1).max(now_ms);
-                        s.leases.insert(shard, (pod.clone(), expiry));
+                        let epoch = next_epoch(last, now_ms, floor);
+                        s.leases.insert(shard, (call.pod.clone(), expiry));
                         s.epochs.insert(shard, epoch);
                         let released_by = match s.notes.get(&shard) {
                             Some((member, expiry)) if now_ms <= *expiry => Some(member.clone()),
@@ -199,39 +207,49 @@ impl MemoryState {
                         };
                         AcquireOutcome::Acquired { epoch, released_by }
                     }
-                    Some(owner) if &owner == pod => {
+                    Some(owner) if &owner == call.pod => {
                         s.leases.insert(shard, (owner, expiry));
-                        AcquireOutcome::AlreadyMine { epoch: last }
+                        // A terminal has seen a newer epoch than the store remembers: bump.
+                        let epoch = if floor > last {
+                            let bumped = next_epoch(last, now_ms, floor);
+                            s.epochs.insert(shard, bumped);
+                            bumped
+                        } else {
+                            last
+                        };
+                        AcquireOutcome::AlreadyMine { epoch }
                     }
                     Some(owner) => AcquireOutcome::HeldBy { owner, epoch: last },
                 }
-            },
-        ))
+            }),
+        )
     }
 
     /// See `lua/renew.lua`.
     pub fn renew(
         &mut self,
         now_ms: u64,
-        generation: &str,
-        pod: &PodId,
+        call: &LeaseCall<'_>,
         shards: &[ShardId],
-        ttl: Duration,
     ) -> Result<Checked<Vec<RenewOutcome>>, StoreError> {
-        Ok(self.per_lease(
-            now_ms,
-            generation,
-            shards,
-            ttl,
-            |s, shard, owner, expiry| match owner {
-                None => RenewOutcome::Missing,
-                Some(owner) if &owner == pod => {
-                    s.leases.insert(shard, (owner, expiry));
-                    RenewOutcome::Renewed
+        Ok(
+            self.per_lease(now_ms, call, shards, |s, shard, owner, expiry| {
+                let epoch = s.last_epoch(shard);
+                match owner {
+                    None => RenewOutcome::Missing { epoch },
+                    Some(owner) if &owner == call.pod => {
+                        s.leases.insert(shard, (owner, expiry));
+                        RenewOutcome::Renewed
+                    }
+                    Some(owner) => RenewOutcome::HeldBy { owner, epoch },
                 }
-                Some(owner) => RenewOutcome::HeldBy { owner },
-            },
-        ))
+            }),
+        )
+    }
+
+    /// The last epoch handed out for `shard` (0: none).
+    pub fn last_epoch(&self, shard: ShardId) -> Epoch {
+        self.epochs.get(&shard).copied().unwrap_or(0)
     }
 
     /// The frame the two lease scripts share: the generation check, then `decide` for
@@ -240,15 +258,14 @@ impl MemoryState {
     fn per_lease<O>(
         &mut self,
         now_ms: u64,
-        generation: &str,
+        call: &LeaseCall<'_>,
         shards: &[ShardId],
-        ttl: Duration,
         mut decide: impl FnMut(&mut Self, ShardId, Option<PodId>, u64) -> O,
     ) -> Checked<Vec<O>> {
-        if let Some(info) = self.check_generation(now_ms, generation) {
+        if let Some(info) = self.check_generation(now_ms, call.generation) {
             return Checked::GenerationChanged(info);
         }
-        let expiry = now_ms.saturating_add(ttl_ms(ttl));
+        let expiry = now_ms.saturating_add(ttl_ms(call.ttl));
         let out = shards
             .iter()
             .map(|&shard| {
@@ -416,22 +433,18 @@ impl CoordStore for MemoryStore {
 
     async fn acquire(
         &self,
-        generation: &str,
-        pod: &PodId,
-        shards: &[ShardId],
-        ttl: Duration,
+        call: &LeaseCall<'_>,
+        claims: &[Claim],
     ) -> Result<Checked<Vec<AcquireOutcome>>, StoreError> {
-        self.with_state(|s, now| s.acquire(now, generation, pod, shards, ttl))
+        self.with_state(|s, now| s.acquire(now, call, claims))
     }
 
     async fn renew(
         &self,
-        generation: &str,
-        pod: &PodId,
+        call: &LeaseCall<'_>,
         shards: &[ShardId],
-        ttl: Duration,
     ) -> Result<Checked<Vec<RenewOutcome>>, StoreError> {
-        self.with_state(|s, now| s.renew(now, generation, pod, shards, ttl))
+        self.with_state(|s, now| s.renew(now, call, shards))
     }
 
     async fn release(

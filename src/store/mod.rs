@@ -31,7 +31,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use crate::core::lease::{AcquireOutcome, Checked, ReleaseNote, RenewOutcome};
+use crate::core::lease::{AcquireOutcome, Checked, Claim, LeaseCall, ReleaseNote, RenewOutcome};
 use crate::core::membership::{Member, Snapshot};
 use crate::core::placement::Placement;
 use crate::core::ring::Assignment;
@@ -111,23 +111,22 @@ pub trait CoordStore: Send + Sync + 'static {
     /// Removes `pod`'s registration at once and publishes a leave notification.
     fn deregister(&self, pod: &PodId) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Tries to take each shard's lease for `ttl` (`SET NX PX` + epoch), in one call.
-    /// Outcomes are in the order of `shards`.
+    /// Tries to take each claimed shard's lease for `call.ttl` (`SET NX PX` + an epoch
+    /// above the claim's floor), in one call; a lease `call.pod` already holds is
+    /// extended, and its epoch bumped above the floor when the floor is higher.
+    /// Outcomes are in the order of `claims`.
     fn acquire(
         &self,
-        generation: &str,
-        pod: &PodId,
-        shards: &[ShardId],
-        ttl: Duration,
+        call: &LeaseCall<'_>,
+        claims: &[Claim],
     ) -> impl Future<Output = Result<Checked<Vec<AcquireOutcome>>, StoreError>> + Send;
 
-    /// Extends each of `pod`'s leases to `ttl` if `pod` still holds it, in one call.
+    /// Extends each of `call.pod`'s leases to `call.ttl` if it still holds it, in one
+    /// call.
     fn renew(
         &self,
-        generation: &str,
-        pod: &PodId,
+        call: &LeaseCall<'_>,
         shards: &[ShardId],
-        ttl: Duration,
     ) -> impl Future<Output = Result<Checked<Vec<RenewOutcome>>, StoreError>> + Send;
 
     /// Deletes each lease that `pod` holds (owner-checked) and publishes a release

@@ -23,6 +23,7 @@ pub mod binary;
 pub mod cluster;
 pub mod farm;
 pub mod gateway;
+pub mod leases;
 pub mod peer_tap;
 pub mod pod;
 pub mod redis_server;

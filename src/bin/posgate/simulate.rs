@@ -79,7 +79,8 @@ pub fn main(args: &SimulateArgs) -> ExitCode {
 /// (<d> delivered), <a> attempts, <u> answered unknown, <d> deduplicated by the terminal
 /// (<x> across pods), <h> answers handed over, <t> terminals dialed on a release, <u>
 /// without one, <f> sessions fenced by the terminals, <p> released while a holder not
-/// asked drained them, <n> drains not announced`.
+/// asked drained them, <n> drains not announced, <f> store failovers that lost writes,
+/// <r> times a pod found the store gone back`.
 fn sim_line(seeds: u64, total: &SimStats, elapsed: Duration) -> String {
     let secs = elapsed.as_secs_f64();
     let rate = |n: u64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
@@ -89,7 +90,8 @@ fn sim_line(seeds: u64, total: &SimStats, elapsed: Duration) -> String {
          {} refused hellos, {} keys ({} delivered), {} attempts, {} answered unknown, \
          {} deduplicated by the terminal ({} across pods), {} answers handed over, \
          {} terminals dialed on a release, {} without one, {} sessions fenced by the terminals, \
-         {} released while a holder not asked drained them, {} drains not announced",
+         {} released while a holder not asked drained them, {} drains not announced, \
+         {} store failovers that lost writes, {} times a pod found the store gone back",
         rate(seeds),
         total.events,
         rate(total.events),
@@ -111,5 +113,7 @@ fn sim_line(seeds: u64, total: &SimStats, elapsed: Duration) -> String {
         total.sessions_fenced,
         total.unknown_predecessor,
         total.unannounced_drains,
+        total.failovers,
+        total.rollbacks_seen,
     )
 }

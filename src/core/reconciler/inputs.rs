@@ -8,10 +8,10 @@ use super::shard::{ClaimEnd, Shard};
 use super::{
     AfterStop, OpFailed, OpResult, PeerReport, Reconciler, ShardState, StopReason, Stored,
 };
-use crate::core::lease::{AcquireOutcome, Checked, RenewOutcome};
+use crate::core::lease::{AcquireOutcome, Checked, RenewOutcome, StaleEpoch, MAX_EPOCH};
 use crate::core::membership::Snapshot;
 use crate::core::placement::Placement;
-use crate::core::types::{Epoch, PodId, ShardId};
+use crate::core::types::{PodId, ShardId};
 
 impl Reconciler {
     /// Time passed: expire deadlines, fire timers, reconcile.
@@ -26,16 +26,32 @@ impl Reconciler {
     }
 
     pub fn handle_snapshot(&mut self, now: Instant, result: OpResult<Snapshot>) {
+        let sent = self.poll.started();
         self.poll.finish(now + self.cfg.poll_interval);
         match result {
             Err(OpFailed) => self.store_failed(now),
             Ok(snap) => {
                 self.store_ok(now);
+                let same_generation = self.generation.as_deref() == Some(&snap.generation.id);
                 self.observe_generation(now, &snap.generation);
                 self.registered = snap.members.iter().any(|m| m.pod == self.me);
                 match snap.placement {
+                    // Read after this pod learned a newer version, in the same
+                    // generation: the store lost it. Keep following ours and put it
+                    // back (`placing`).
+                    Some(p)
+                        if same_generation
+                            && p.version < self.placement.version
+                            && sent.zip(self.placement_known).is_some_and(|(s, k)| s >= k) =>
+                    {
+                        self.stored = Stored::Version(p.version);
+                        self.store_went_back(now);
+                    }
                     Some(p) => {
                         self.stored = Stored::Version(p.version);
+                        if p.version != self.placement.version {
+                            self.placement_known = Some(now);
+                        }
                         self.placement = p;
                     }
                     None => self.stored = Stored::Absent,
@@ -49,7 +65,12 @@ impl Reconciler {
                 for s in 0..self.cfg.shards {
                     if let Some(lease) = self.leases[s as usize].clone() {
                         self.note_holder(s, &lease.owner);
+                        self.know_epoch(s, lease.epoch);
+                        if lease.owner == self.me {
+                            self.shards[s as usize].lease_found();
+                        }
                     }
+                    self.shards[s as usize].unblock();
                 }
                 self.stop_superseded();
             }
@@ -66,6 +87,7 @@ impl Reconciler {
                 self.store_ok(now);
                 self.stored = Stored::Version(placement.version);
                 self.placement = placement;
+                self.placement_known = Some(now);
             }
             Ok(false) => {
                 self.store_ok(now);
@@ -200,10 +222,28 @@ impl Reconciler {
         self.reconcile(now);
     }
 
-    /// A terminal refused `epoch` on `shard` as stale: a newer owner exists.
-    pub fn handle_stale_epoch(&mut self, now: Instant, shard: ShardId, epoch: Epoch) {
+    /// A terminal refused the epoch this pod holds a shard with as stale: it accepted a
+    /// hello with a higher one. Either a newer owner exists, or the store handed that
+    /// epoch out and then lost it (a failover that lost writes) or now hands out lower
+    /// ones (a promoted replica whose clock is behind). The store tells which: the held
+    /// lease is re-claimed with the terminal's epoch as its floor, which bumps it above
+    /// that epoch if the store still names this pod (rule 7), and stops it if another
+    /// pod holds the lease. Without the terminal's epoch, or while the store cannot be
+    /// asked, the shard is stopped: the terminal fences this pod anyway.
+    pub fn handle_stale_epoch(&mut self, now: Instant, stale: StaleEpoch) {
+        let StaleEpoch {
+            shard,
+            epoch,
+            highest,
+        } = stale;
         if self.shards.get(shard as usize).and_then(Shard::held_epoch) == Some(epoch) {
-            self.stop(shard, StopReason::StaleEpoch, AfterStop::Forget);
+            match highest.filter(|&h| h > epoch && h <= MAX_EPOCH) {
+                Some(h) if !self.store.failing() => {
+                    self.know_epoch(shard, h);
+                    self.shards[shard as usize].reclaim_needed();
+                }
+                _ => self.stop(shard, StopReason::StaleEpoch, AfterStop::Forget),
+            }
         }
         self.reconcile(now);
     }

@@ -11,18 +11,29 @@
 //! 1. A shard is served only while its local deadline (`sent + serve_window`) lies ahead.
 //! 2. Shards the placement no longer assigns to this pod are stopped and released **before**
 //!    any newly assigned shard is claimed.
-//! 3. A lost renewal (missing key, other owner) stops serving at once; so does a snapshot
-//!    that shows a held shard leased to another pod with a higher epoch (a newer owner).
+//! 3. A lost renewal stops serving at once when the store shows a newer owner (another
+//!    pod's lease, or a missing key, with a higher epoch than the one held); so does a
+//!    snapshot that shows a held shard leased to another pod with a higher epoch. A
+//!    renewal that finds the lease missing or another pod's with an epoch *not above*
+//!    ours means nobody acquired since we did and the store lost our lease: the shard
+//!    is re-claimed and served until its deadline meanwhile.
 //! 4. The pod follows the placement stored in the store; a membership change that is
 //!    stable for `debounce` makes the pods write the next placement with a
 //!    compare-and-set ([`placing`]).
 //! 5. When the store generation changes (Redis restarted empty) or the store returns after
 //!    the local deadlines passed, held shards are re-claimed with `SET NX` and nothing else
 //!    is claimed or released until the generation is one member TTL old
-//!    ([`recovery`]).
+//!    ([`recovery`]). A store that went back in time (a failover that lost acknowledged
+//!    writes: a lower placement version, a renewal that finds this pod's acquisition
+//!    gone) is recovered from the same way: the shards it forgot are re-claimed, the
+//!    placement is put back, and nothing else moves for one member TTL.
 //! 6. When the store is unreachable, peers are asked whether they reach it: only when
 //!    some answer and none does (a cluster-wide outage) are expiring shards suspended
 //!    instead of given up.
+//! 7. Epochs never go back: every claim carries the highest epoch this pod knows for the
+//!    shard (its own, other pods' leases, what terminals reported), and the store grants
+//!    above it; a terminal that refuses the held epoch as stale makes the pod ask the
+//!    store to bump its lease above the terminal's epoch instead of dropping the shard.
 //!
 //! What it does not do: talk to Redis, dial terminals, or decide *which* pod should own a
 //! shard (that is [`crate::core::placement`] and [`crate::core::ring`]).
@@ -49,6 +60,7 @@ use self::shard::Shard;
 use self::store_view::StoreView;
 use self::timers::{Debounce, Timer};
 use super::config::CoreConfig;
+use super::lease::{Claim, MAX_EPOCH};
 use super::membership::{Lease, Member};
 use super::placement::Placement;
 use super::ring::Assignment;
@@ -63,10 +75,11 @@ pub enum Action {
     Heartbeat { generation: String },
     /// Read members and lease holders -> [`Reconciler::handle_snapshot`].
     Poll,
-    /// `SET NX PX` these shards -> [`Reconciler::handle_acquire`].
+    /// `SET NX PX` these shards, each above its floor (a held one is bumped above it if
+    /// the floor is higher than the store's epoch) -> [`Reconciler::handle_acquire`].
     Acquire {
         generation: String,
-        shards: Vec<ShardId>,
+        claims: Vec<Claim>,
     },
     /// Owner-checked renewal of these shards -> [`Reconciler::handle_renew`].
     Renew {
@@ -202,6 +215,16 @@ pub struct Reconciler {
     /// was then: where a shard this pod acquires comes from (history: kept when the
     /// lease disappears on release and the pod from the members when it leaves).
     last_holders: Vec<Option<Member>>,
+    /// Per shard, the highest epoch this pod knows it was handed out with: its own
+    /// grants, other pods' leases seen in snapshots and answers, the epochs terminals
+    /// reported having seen. The floor of every claim (rule 7). Kept across store
+    /// generations: terminals keep theirs.
+    floors: Vec<Epoch>,
+    /// When the answer that made this pod follow the current placement version arrived:
+    /// a snapshot sent after it that shows an older version proves the store lost it.
+    placement_known: Option<Instant>,
+    /// Times the store was found to have gone back in time (see [`Reconciler::rollbacks`]).
+    rollbacks: u64,
     registered: bool,
     ready: bool,
     shards: Vec<Shard>,
@@ -225,6 +248,9 @@ impl Reconciler {
         Reconciler {
             leases: vec![None; cfg.shards as usize],
             last_holders: vec![None; cfg.shards as usize],
+            floors: vec![0; cfg.shards as usize],
+            placement_known: None,
+            rollbacks: 0,
             placement: Placement::none(cfg.shards),
             stored: Stored::Unknown,
             place_sent: false,
@@ -379,6 +405,23 @@ impl Reconciler {
     /// released, and the pod itself may have left the members).
     pub fn last_holder(&self, shard: ShardId) -> Option<&Member> {
         self.last_holders.get(shard as usize)?.as_ref()
+    }
+    /// The highest epoch this pod knows `shard` was handed out with (0: none).
+    pub fn floor(&self, shard: ShardId) -> Epoch {
+        self.floors.get(shard as usize).copied().unwrap_or(0)
+    }
+    /// Raises `shard`'s floor to `epoch` (beyond [`MAX_EPOCH`]: not an epoch a store
+    /// handed out, ignored).
+    pub(super) fn know_epoch(&mut self, shard: ShardId, epoch: Epoch) {
+        if epoch <= MAX_EPOCH {
+            let floor = &mut self.floors[shard as usize];
+            *floor = (*floor).max(epoch);
+        }
+    }
+    /// How many times this pod found that the store went back in time: it lost writes
+    /// it had acknowledged (a failover to a replica that had not received them).
+    pub fn rollbacks(&self) -> u64 {
+        self.rollbacks
     }
     /// Records the shard's holder `owner`, when it is another pod and a member, as the
     /// shard's last holder.

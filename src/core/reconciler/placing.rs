@@ -8,7 +8,9 @@
 //!
 //! After the store lost its data, pods that remember the last placement put it back
 //! unchanged (even during the recovery hold): shards stay where they were while members
-//! re-register. Only once the hold ends may the membership change the placement again,
+//! re-register. The same after a store that went back in time (a failover that lost the
+//! last placement writes): a pod that followed a newer version than the store shows
+//! keeps following it and writes it back over the older one. Only once the hold ends may the membership change the placement again,
 //! because until then the member list in the store is incomplete.
 
 use std::time::Instant;
@@ -37,6 +39,12 @@ impl Reconciler {
                 self.send_place(None, restored);
                 return;
             }
+        }
+        // The store went back to an older version (it lost ours): put ours back as it
+        // was, version included, so pods that followed it see no change.
+        if expected.is_some_and(|stored| stored < self.placement.version) {
+            self.send_place(expected, self.placement.clone());
+            return;
         }
         if self.holding(now) || !self.debounce.ready(now, self.cfg.debounce) {
             return;

@@ -81,6 +81,22 @@ impl Reconciler {
         }
     }
 
+    /// The store went back in time: it lost writes it had acknowledged (a failover to a
+    /// replica they had not reached; the generation is the same, so this is not a wipe).
+    /// What it forgot is recovered like a data loss, for the part that was lost: the
+    /// pods whose leases it forgot re-claim them (their renewals tell them), the
+    /// placement is put back by the pods that followed it (`placing`), this pod
+    /// re-registers at once, and nothing else is claimed or released for one member TTL
+    /// while the others re-register too, so no shard changes owner on a member list or
+    /// placement the store lost part of. Counted once per hold.
+    pub(super) fn store_went_back(&mut self, now: Instant) {
+        if !self.holding(now) {
+            self.rollbacks += 1;
+        }
+        self.hold(now + self.cfg.member_ttl);
+        self.heartbeat.reschedule(now);
+    }
+
     fn hold(&mut self, until: Instant) {
         self.hold_until = Some(self.hold_until.map_or(until, |t| t.max(until)));
     }

@@ -7,7 +7,7 @@ use std::time::Instant;
 use super::shard::{ClaimEnd, Shard, Stray};
 use super::store_view::StoreView;
 use super::{Action, AfterStop, Close, Outage, Reconciler, ShardState, Stop, StopReason};
-use crate::core::lease::{AcquireOutcome, RenewOutcome};
+use crate::core::lease::{AcquireOutcome, Claim, RenewOutcome};
 use crate::core::membership::{Lease, HANDOVER_DRAIN};
 use crate::core::ShardId;
 
@@ -27,8 +27,8 @@ impl Reconciler {
         let holding = self.holding(now);
         if !holding {
             self.hold_until = None;
-            self.stop_unassigned();
         }
+        self.stop_unassigned(holding);
         self.send_releases();
         // While the store fails, polls (not claims) find out when it is back.
         let mut claims = if !self.store.failing() {
@@ -173,15 +173,22 @@ impl Reconciler {
         }
     }
 
-    /// Rule 2, first half: stop serving what the ring gave to someone else.
-    pub(super) fn stop_unassigned(&mut self) {
+    /// Rule 2, first half: stop serving what the ring gave to someone else (not while
+    /// `holding`: the placement may be one the store is still recovering), and release
+    /// leases of ours that may be stray there (even while holding: nothing is served on
+    /// them, and a pod holding the shard may be waiting for one to go, `Owed::Blocked`).
+    pub(super) fn stop_unassigned(&mut self, holding: bool) {
         for s in 0..self.cfg.shards {
             let mine = self.placement.assignment.owner(s) == Some(&self.me);
             let sh = &mut self.shards[s as usize];
             if mine {
                 continue;
             }
-            if sh.held_epoch().is_some() && sh.claim_sent().is_none() {
+            if holding {
+                if sh.unheld() == Some(Stray::MaybeOurs) {
+                    sh.move_to_releasing();
+                }
+            } else if sh.held_epoch().is_some() && sh.claim_sent().is_none() {
                 self.stop(s, StopReason::Rebalance, AfterStop::Release);
             } else if sh.unheld() == Some(Stray::MaybeOurs) {
                 sh.move_to_releasing();
@@ -232,11 +239,18 @@ impl Reconciler {
         if shards.is_empty() {
             return;
         }
-        for &s in &shards {
-            self.shards[s as usize].send_claim(now);
-        }
+        let claims = shards
+            .iter()
+            .map(|&shard| {
+                self.shards[shard as usize].send_claim(now);
+                Claim {
+                    shard,
+                    floor: self.floor(shard),
+                }
+            })
+            .collect();
         self.actions
-            .push_back(Action::Acquire { generation, shards });
+            .push_back(Action::Acquire { generation, claims });
     }
 
     pub(super) fn claim_answered(&mut self, now: Instant, s: ShardId, outcome: AcquireOutcome) {
@@ -254,6 +268,7 @@ impl Reconciler {
                 self.last_holders[s as usize] = Some(from.clone());
             }
         }
+        self.know_epoch(s, outcome.epoch());
         let sh = &mut self.shards[s as usize];
         let Some(sent) = sh.claim_sent() else {
             return;
@@ -287,11 +302,18 @@ impl Reconciler {
                 }
             }
             AcquireOutcome::HeldBy { owner, epoch } => {
-                sh.end_claim(ClaimEnd::Answered);
-                let held = sh.held_epoch().is_some();
+                let held = sh.held_epoch();
+                if held.is_some_and(|held| epoch < held) {
+                    // A lease from before ours, kept by a store that lost our acquisition
+                    // (and its release or expiry): nobody newer holds the shard. Keep it
+                    // and claim again once that lease is gone.
+                    sh.reclaim_blocked();
+                } else {
+                    sh.end_claim(ClaimEnd::Answered);
+                }
                 self.note_holder(s, &owner);
                 self.leases[s as usize] = Some(Lease { owner, epoch });
-                if held {
+                if held.is_some_and(|held| epoch >= held) {
                     self.stop(s, StopReason::Stolen, AfterStop::Forget);
                 }
             }
@@ -306,7 +328,13 @@ impl Reconciler {
         outcome: RenewOutcome,
     ) {
         let window = self.cfg.serve_window();
+        if let RenewOutcome::Missing { epoch } | RenewOutcome::HeldBy { epoch, .. } = &outcome {
+            self.know_epoch(s, *epoch);
+        }
         let sh = &mut self.shards[s as usize];
+        let Some(held) = sh.held_epoch() else {
+            return;
+        };
         match (outcome, sh.view()) {
             (RenewOutcome::Renewed, ShardState::Serving { .. }) => {
                 sh.extend_deadline(sent + window);
@@ -316,26 +344,39 @@ impl Reconciler {
                 self.actions
                     .push_back(Action::StartServing { shard: s, epoch });
             }
-            // After a long outage the key expired: re-claim it rather than give it up.
-            (RenewOutcome::Missing, ShardState::Suspended { .. }) => sh.reclaim_needed(),
-            (RenewOutcome::Missing, ShardState::Serving { .. }) => {
-                self.stop(s, StopReason::Lost, AfterStop::Forget)
+            (RenewOutcome::Renewed, _) => {}
+            // The key is gone, so whoever held it since we did has stopped serving it
+            // (before its release, or by its deadline). A suspended shard's key expired
+            // in a long outage; a served one's can only have been lost by the store (a
+            // failover that lost writes) when nobody acquired since we did (the store's
+            // last epoch is not above ours). Re-claim it rather than give it up. An epoch
+            // below ours means our acquisition itself is gone: the store went back.
+            (RenewOutcome::Missing { epoch }, state)
+                if epoch <= held || matches!(state, ShardState::Suspended { .. }) =>
+            {
+                sh.reclaim_needed();
+                if epoch < held {
+                    self.store_went_back(now);
+                }
             }
-            (
-                RenewOutcome::HeldBy { .. },
-                ShardState::Serving { .. } | ShardState::Suspended { .. },
-            ) => self.stop(s, StopReason::Stolen, AfterStop::Forget),
-            _ => {}
+            (RenewOutcome::Missing { .. }, _) => self.stop(s, StopReason::Lost, AfterStop::Forget),
+            // Another pod's lease from before ours, which the store kept while losing our
+            // acquisition: claim again once it is gone (see `Owed::Blocked`).
+            (RenewOutcome::HeldBy { epoch, .. }, _) if epoch < held => {
+                sh.reclaim_blocked();
+                self.store_went_back(now);
+            }
+            (RenewOutcome::HeldBy { .. }, _) => self.stop(s, StopReason::Stolen, AfterStop::Forget),
         }
     }
 
     pub(super) fn fire_timers(&mut self, now: Instant) {
         if self.poll.due(now) {
-            self.poll.start();
+            self.poll.start(now);
             self.actions.push_back(Action::Poll);
         }
         if self.store.failing() && self.probe.due(now) {
-            self.probe.start();
+            self.probe.start(now);
             let peers = self
                 .members
                 .iter()
@@ -348,7 +389,7 @@ impl Reconciler {
             return;
         };
         if self.heartbeat.due(now) {
-            self.heartbeat.start();
+            self.heartbeat.start(now);
             self.actions.push_back(Action::Heartbeat {
                 generation: generation.clone(),
             });
@@ -359,7 +400,7 @@ impl Reconciler {
             self.renew.finish(now + self.cfg.renew_interval);
         }
         if !renewable.is_empty() && self.renew.due(now) && self.renew_sent.is_none() {
-            self.renew.start();
+            self.renew.start(now);
             self.renew_sent = Some((now, renewable.clone()));
             self.actions.push_back(Action::Renew {
                 generation,

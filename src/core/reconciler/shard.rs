@@ -95,11 +95,10 @@ enum Phase {
         stray: Stray,
     },
     /// Held past the deadline in a cluster-wide store outage: connections stay open,
-    /// nothing is delivered, and the lease is re-claimed when the store returns (sent at
-    /// `reclaim_sent`, or due while `None`).
+    /// nothing is delivered, and the lease is re-claimed when the store returns.
     Suspended {
         epoch: Epoch,
-        reclaim_sent: Option<Instant>,
+        owed: Owed,
         stray: Stray,
     },
     /// `StopServing` was emitted; waiting for the connections to close. `unanswered`: a
@@ -119,27 +118,50 @@ enum Phase {
     },
 }
 
-/// Where the re-claim (`SET NX`) of a served shard stands.
+/// A re-claim (`SET NX`, or the owner-checked bump of `acquire.lua`) a held shard owes:
+/// after a new store generation, a store that came back after the deadline passed, a
+/// renewal that found the lease lost by the store, or a terminal that has seen a higher
+/// epoch than the one held.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Owed {
+    /// To be sent once the store answers.
+    Due,
+    /// In flight since the instant.
+    Sent(Instant),
+    /// The store shows another pod's lease with a lower epoch than the one held: a lease
+    /// from before this pod's acquisition, which the store lost (a failover that lost
+    /// writes) while it still keeps the older lease, until its pod releases it (it finds
+    /// it stray) or it expires. Due again after the next snapshot.
+    Blocked,
+}
+
+/// Where the re-claim of a served shard stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Reclaim {
     /// None is needed: renewals keep the lease.
     NotNeeded,
-    /// Needed (new store generation, or the store came back after the deadline passed);
-    /// sent once the store answers.
-    Due,
-    /// In flight since the instant.
-    Sent(Instant),
+    Owed(Owed),
     /// In flight since the instant, but no longer needed: a renewal resumed the shard
     /// meanwhile. Its answer still counts (it may carry a new epoch); its failure leaves
     /// the lease to the renewals.
     Overtaken(Instant),
 }
 
+impl Owed {
+    fn in_flight(self) -> Option<Instant> {
+        match self {
+            Owed::Sent(sent) => Some(sent),
+            Owed::Due | Owed::Blocked => None,
+        }
+    }
+}
+
 impl Reclaim {
     fn in_flight(self) -> Option<Instant> {
         match self {
-            Reclaim::Sent(sent) | Reclaim::Overtaken(sent) => Some(sent),
-            Reclaim::NotNeeded | Reclaim::Due => None,
+            Reclaim::Owed(owed) => owed.in_flight(),
+            Reclaim::Overtaken(sent) => Some(sent),
+            Reclaim::NotNeeded => None,
         }
     }
 }
@@ -203,7 +225,7 @@ impl Shard {
             Phase::Idle { .. } => None,
             Phase::Claiming { sent } => Some(sent),
             Phase::Serving { reclaim, .. } => reclaim.in_flight(),
-            Phase::Suspended { reclaim_sent, .. } => reclaim_sent,
+            Phase::Suspended { owed, .. } => owed.in_flight(),
             Phase::Stopping { unanswered, .. } | Phase::Releasing { unanswered, .. } => unanswered,
         }
     }
@@ -219,15 +241,15 @@ impl Shard {
         )
     }
 
-    /// Held, and to be re-claimed now (none in flight).
+    /// Held, and to be re-claimed now (none in flight, none blocked).
     pub fn reclaim_due(&self) -> bool {
         matches!(
             self.phase,
             Phase::Serving {
-                reclaim: Reclaim::Due,
+                reclaim: Reclaim::Owed(Owed::Due),
                 ..
             } | Phase::Suspended {
-                reclaim_sent: None,
+                owed: Owed::Due,
                 ..
             }
         )
@@ -260,11 +282,11 @@ impl Shard {
                 self.phase = Phase::Claiming { sent: now };
                 self.last_claim = Some(now);
             }
-            Phase::Serving { reclaim, .. } if *reclaim == Reclaim::Due => {
-                *reclaim = Reclaim::Sent(now);
+            Phase::Serving { reclaim, .. } if *reclaim == Reclaim::Owed(Owed::Due) => {
+                *reclaim = Reclaim::Owed(Owed::Sent(now));
             }
-            Phase::Suspended { reclaim_sent, .. } if reclaim_sent.is_none() => {
-                *reclaim_sent = Some(now);
+            Phase::Suspended { owed, .. } if *owed == Owed::Due => {
+                *owed = Owed::Sent(now);
             }
             _ => debug_assert!(false, "claim sent for {self:?}"),
         }
@@ -284,18 +306,14 @@ impl Shard {
             }
             Phase::Serving { reclaim, stray, .. } => {
                 *reclaim = match *reclaim {
-                    Reclaim::Sent(_) => Reclaim::Due,
+                    Reclaim::Owed(Owed::Sent(_)) => Reclaim::Owed(Owed::Due),
                     Reclaim::Overtaken(_) => Reclaim::NotNeeded,
                     other => other,
                 };
                 *stray = stray.after(end);
             }
-            Phase::Suspended {
-                reclaim_sent,
-                stray,
-                ..
-            } => {
-                *reclaim_sent = None;
+            Phase::Suspended { owed, stray, .. } => {
+                *owed = Owed::Due;
                 *stray = stray.after(end);
             }
             Phase::Stopping {
@@ -344,11 +362,12 @@ impl Shard {
             ..
         } = self.phase
         {
-            self.phase = Phase::Suspended {
-                epoch,
-                reclaim_sent: reclaim.in_flight(),
-                stray,
+            let owed = match reclaim {
+                Reclaim::Owed(owed) => owed,
+                Reclaim::Overtaken(sent) => Owed::Sent(sent),
+                Reclaim::NotNeeded => Owed::Due,
             };
+            self.phase = Phase::Suspended { epoch, owed, stray };
         } else {
             debug_assert!(false, "suspended {self:?}");
         }
@@ -356,16 +375,13 @@ impl Shard {
 
     /// A renewal of a suspended shard succeeded in time: serve again until `deadline`.
     pub fn resume(&mut self, deadline: Instant) {
-        if let Phase::Suspended {
-            epoch,
-            reclaim_sent,
-            stray,
-        } = self.phase
-        {
+        if let Phase::Suspended { epoch, owed, stray } = self.phase {
             self.phase = Phase::Serving {
                 epoch,
                 deadline,
-                reclaim: reclaim_sent.map_or(Reclaim::NotNeeded, Reclaim::Overtaken),
+                reclaim: owed
+                    .in_flight()
+                    .map_or(Reclaim::NotNeeded, Reclaim::Overtaken),
                 stray,
             };
         } else {
@@ -373,18 +389,66 @@ impl Shard {
         }
     }
 
-    /// The held lease must be re-claimed with `SET NX` (a suspended one always is).
+    /// The held lease must be re-claimed with `SET NX` (a suspended one always is). A
+    /// blocked re-claim is due again: what blocked it may be gone (the store lost its
+    /// data, or a terminal reported an epoch worth asking the store about).
     pub fn reclaim_needed(&mut self) {
         match &mut self.phase {
             Phase::Serving { reclaim, .. } => {
                 *reclaim = match *reclaim {
-                    Reclaim::NotNeeded => Reclaim::Due,
-                    Reclaim::Overtaken(sent) => Reclaim::Sent(sent),
+                    Reclaim::NotNeeded | Reclaim::Owed(Owed::Blocked) => Reclaim::Owed(Owed::Due),
+                    Reclaim::Overtaken(sent) => Reclaim::Owed(Owed::Sent(sent)),
                     due_or_sent => due_or_sent,
                 };
             }
-            Phase::Suspended { .. } => {}
+            Phase::Suspended { owed, .. } => {
+                if *owed == Owed::Blocked {
+                    *owed = Owed::Due;
+                }
+            }
             _ => debug_assert!(false, "re-claim of {self:?}"),
+        }
+    }
+
+    /// The store shows the held shard's lease with another pod at a lower epoch (see
+    /// [`Owed::Blocked`]), in answer to a re-claim or a renewal: the re-claim waits for
+    /// the next snapshot. A re-claim a renewal overtook meanwhile is no longer owed.
+    pub fn reclaim_blocked(&mut self) {
+        match &mut self.phase {
+            Phase::Serving { reclaim, .. } => {
+                *reclaim = match *reclaim {
+                    Reclaim::Overtaken(_) => Reclaim::NotNeeded,
+                    _ => Reclaim::Owed(Owed::Blocked),
+                };
+            }
+            Phase::Suspended { owed, .. } => *owed = Owed::Blocked,
+            _ => debug_assert!(false, "re-claim blocked for {self:?}"),
+        }
+    }
+
+    /// A snapshot was read: a blocked re-claim is due again (the lease in its way may be
+    /// gone).
+    pub fn unblock(&mut self) {
+        match &mut self.phase {
+            Phase::Serving {
+                reclaim: reclaim @ Reclaim::Owed(Owed::Blocked),
+                ..
+            } => *reclaim = Reclaim::Owed(Owed::Due),
+            Phase::Suspended {
+                owed: owed @ Owed::Blocked,
+                ..
+            } => *owed = Owed::Due,
+            _ => {}
+        }
+    }
+
+    /// A snapshot shows a lease of this pod on a shard it neither holds nor claims: a
+    /// lease it stopped serving and left to expire, or one the store kept while losing
+    /// its release (a failover that lost writes). It may be ours: release it, or claim
+    /// it if the placement gives us the shard.
+    pub fn lease_found(&mut self) {
+        if let Phase::Idle { stray } = &mut self.phase {
+            *stray = Stray::MaybeOurs;
         }
     }
 
@@ -398,11 +462,7 @@ impl Shard {
                 stray,
                 ..
             } => (epoch, reclaim.in_flight(), stray),
-            Phase::Suspended {
-                epoch,
-                reclaim_sent,
-                stray,
-            } => (epoch, reclaim_sent, stray),
+            Phase::Suspended { epoch, owed, stray } => (epoch, owed.in_flight(), stray),
             _ => {
                 debug_assert!(false, "stopped {self:?}");
                 return None;

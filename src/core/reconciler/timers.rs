@@ -10,11 +10,13 @@ pub enum Timer {
     Waiting {
         next: Instant,
     },
-    /// An operation is out. `again` keeps a reschedule that arrived meanwhile: a change
-    /// notification during a poll must cause another poll once this one answers, since
-    /// the answer may predate the change (it did: a release published while the new
-    /// owner's poll was in flight waited a whole poll interval for the next one).
+    /// An operation is out since `since`. `again` keeps a reschedule that arrived
+    /// meanwhile: a change notification during a poll must cause another poll once this
+    /// one answers, since the answer may predate the change (it did: a release published
+    /// while the new owner's poll was in flight waited a whole poll interval for the next
+    /// one).
     InFlight {
+        since: Instant,
         again: Option<Instant>,
     },
 }
@@ -40,14 +42,27 @@ impl Timer {
         matches!(self, Timer::InFlight { .. })
     }
 
-    pub fn start(&mut self) {
-        *self = Timer::InFlight { again: None };
+    pub fn start(&mut self, now: Instant) {
+        *self = Timer::InFlight {
+            since: now,
+            again: None,
+        };
+    }
+
+    /// When the operation in flight was started, if one is.
+    pub fn started(&self) -> Option<Instant> {
+        match self {
+            Timer::InFlight { since, .. } => Some(*since),
+            Timer::Waiting { .. } => None,
+        }
     }
 
     /// The operation answered; fire again at `next`, or sooner if rescheduled meanwhile.
     pub fn finish(&mut self, next: Instant) {
         let next = match self {
-            Timer::InFlight { again: Some(at) } => next.min(*at),
+            Timer::InFlight {
+                again: Some(at), ..
+            } => next.min(*at),
             _ => next,
         };
         *self = Timer::Waiting { next };
@@ -57,7 +72,7 @@ impl Timer {
     pub fn reschedule(&mut self, at: Instant) {
         match self {
             Timer::Waiting { next } => *next = (*next).min(at),
-            Timer::InFlight { again } => *again = Some(again.map_or(at, |t| t.min(at))),
+            Timer::InFlight { again, .. } => *again = Some(again.map_or(at, |t| t.min(at))),
         }
     }
 }

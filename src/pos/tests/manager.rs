@@ -9,6 +9,7 @@ use tokio::sync::mpsc;
 
 use super::fake::{freezable_proxy, wait_until, FakeTerminal, Pki, LIMIT};
 use super::stop;
+use crate::core::lease::StaleEpoch;
 use crate::core::reconciler::{Close, StopReason};
 use crate::pos::dialer::Keepalive;
 use crate::pos::manager::{ConnectionManager, Lookup, ManagerConfig};
@@ -152,7 +153,12 @@ async fn manager_reports_stale_epochs() {
     let m = ConnectionManager::new(directory, pki.dialer(), manager_config(), stale);
     m.start(0, 5);
     let reported = tokio::time::timeout(LIMIT, stale_rx.recv()).await.unwrap();
-    assert_eq!(reported, Some((0, 5)));
+    let refused = StaleEpoch {
+        shard: 0,
+        epoch: 5,
+        highest: Some(1000),
+    };
+    assert_eq!(reported, Some(refused));
     let state = m.shard(0).unwrap().links["pos-1"];
     assert!(
         !matches!(state, LinkState::Connected { .. }),

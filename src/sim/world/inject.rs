@@ -60,7 +60,8 @@ impl World<'_> {
                 self.store_up = false;
                 self.schedule(self.now + d, Ev::StoreUp);
             }
-            (Fault::StoreWipe, _) => self.store.wipe(),
+            (Fault::StoreWipe, _) => self.wipe_store(),
+            (Fault::StoreFailover(failover), _) => self.begin_failover(failover),
             (Fault::HalfPartition(d), _) => {
                 let mut pods = alive.clone();
                 for i in (1..pods.len()).rev() {

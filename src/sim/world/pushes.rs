@@ -210,9 +210,10 @@ impl World<'_> {
                         Tried::Answer(Heard::Delivered)
                     }
                     None => {
-                        // The terminal refused the epoch: drop the shard, nothing was taken.
+                        // The terminal refused the epoch: nothing was taken.
                         let shard = self.callers[self.flights[flight].key].shard;
-                        self.schedule(self.now, Ev::Stale(pod, shard, epoch));
+                        let refused = self.stale_epoch(shard, epoch);
+                        self.schedule(self.now, Ev::Stale(pod, refused));
                         Tried::Miss(Miss::NotHere)
                     }
                 };

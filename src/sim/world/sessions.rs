@@ -145,8 +145,10 @@ pub(super) struct Sessions {
 
 impl World<'_> {
     /// `StartServing`: the pod's own sessions say hello with `epoch` (re-claimed,
-    /// resumed, or taken back while draining); the terminals it has none to are walked
-    /// from the shard's last holder, or opened at once when there is none.
+    /// resumed, bumped, or taken back while draining); the terminals it has none to are
+    /// walked from the shard's last holder, or opened at once when there is none. A walk
+    /// already under way goes on with the new epoch (as the manager's links dial with
+    /// the shard's current one).
     pub(super) fn sessions_start(
         &mut self,
         pod: usize,
@@ -163,6 +165,10 @@ impl World<'_> {
                 }
                 None => missing.push_back(k),
             }
+        }
+        if let Some(walk) = self.sessions.walks.get_mut(&(pod, shard)) {
+            walk.epoch = epoch;
+            return Ok(());
         }
         self.sessions.owed.remove(&(pod, shard));
         self.sessions.owed_to.remove(&(pod, shard));

@@ -3,7 +3,7 @@
 //! random latency, or lost after it was applied.
 
 use super::*;
-use crate::core::lease::ReleaseNote;
+use crate::core::lease::{LeaseCall, ReleaseNote};
 
 impl World<'_> {
     /// A call reaches the store: apply it and send the reply (which may get lost).
@@ -13,7 +13,8 @@ impl World<'_> {
             self.schedule(at, Ev::Reply(pod, failed(call)));
             return Ok(());
         }
-        let ms = STORE_EPOCH_MS + self.now.as_millis() as u64;
+        let ms = (STORE_EPOCH_MS + self.now.as_millis() as u64)
+            .saturating_add_signed(self.store_clock_ms);
         let core = &self.cfg.core;
         let id = self.pods[pod].id.clone();
         let store = &mut self.store;
@@ -31,10 +32,14 @@ impl World<'_> {
                 Reply::Heartbeat(r)
             }
             Call::Poll => Reply::Snapshot(Ok(store.snapshot(ms, core.shards))),
-            Call::Acquire(g, shards) => {
-                let r = store
-                    .acquire(ms, &g, &id, &shards, core.lease_ttl)
-                    .map_err(|_| OpFailed);
+            Call::Acquire(g, claims) => {
+                let call = LeaseCall {
+                    generation: &g,
+                    pod: &id,
+                    ttl: core.lease_ttl,
+                };
+                let r = store.acquire(ms, &call, &claims).map_err(|_| OpFailed);
+                let shards: Vec<ShardId> = claims.iter().map(|c| c.shard).collect();
                 if let Ok(Checked::Ok(outcomes)) = &r {
                     for (&s, o) in shards.iter().zip(outcomes) {
                         if let AcquireOutcome::Acquired { epoch, .. } = o {
@@ -50,9 +55,12 @@ impl World<'_> {
                 Reply::Acquire(shards, r)
             }
             Call::Renew(g, shards) => {
-                let r = store
-                    .renew(ms, &g, &id, &shards, core.lease_ttl)
-                    .map_err(|_| OpFailed);
+                let call = LeaseCall {
+                    generation: &g,
+                    pod: &id,
+                    ttl: core.lease_ttl,
+                };
+                let r = store.renew(ms, &call, &shards).map_err(|_| OpFailed);
                 Reply::Renew(shards, r)
             }
             Call::Release(shards) => {
@@ -80,6 +88,7 @@ impl World<'_> {
                 Reply::Place(placement, Ok(stored))
             }
         };
+        self.replica.replicate(self.now, &self.store);
         let n = self.store.notifications();
         if n != self.notifications {
             self.notifications = n;
@@ -108,7 +117,7 @@ pub(super) fn failed(call: Call) -> Reply {
     match call {
         Call::Heartbeat(_) => Reply::Heartbeat(Err(OpFailed)),
         Call::Poll => Reply::Snapshot(Err(OpFailed)),
-        Call::Acquire(_, s) => Reply::Acquire(s, Err(OpFailed)),
+        Call::Acquire(_, c) => Reply::Acquire(c.iter().map(|c| c.shard).collect(), Err(OpFailed)),
         Call::Renew(_, s) => Reply::Renew(s, Err(OpFailed)),
         Call::Release(s) => Reply::Release(s, Err(OpFailed)),
         Call::Deregister => Reply::Deregister(Err(OpFailed)),

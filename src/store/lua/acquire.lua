@@ -1,15 +1,22 @@
--- acquire: try to take a batch of shard leases.
+-- acquire: try to take a batch of shard leases, each above the caller's floor.
 -- KEYS[1] gen, KEYS[2] epochs, KEYS[3..2+n] lease:<shard> (one per shard, in call order),
 -- KEYS[3+n..2+2n] release-note:<shard> (same order)
 -- ARGV[1] caller generation, ARGV[2] nonce, ARGV[3] pod id, ARGV[4] ttl ms,
--- ARGV[5..] shard ids (the epochs hash fields), aligned with the leases
+-- ARGV[5..4+n] shard ids (the epochs hash fields), aligned with the leases,
+-- ARGV[5+n..4+2n] floors: the highest epoch the caller knows for each shard (0: none)
 -- Reply: {'gen', id, age_ms} | {'ok', outcome...} where outcome is
 --   {'acquired', epoch, note} | {'mine', epoch} | {'held', owner, epoch}
 -- `note`: the member record (JSON) the last drained release left (release.lua), or ''
 -- once it expired or if there was none: the pod to ask before dialing.
--- Epoch rule: max(last + 1, now_ms). `last + 1` makes epochs strictly increase while
--- Redis keeps the epochs hash; `now_ms` keeps them increasing after Redis lost it
--- (a restart takes longer than one millisecond per acquisition made before it).
+-- Epoch rule: max(last + 1, now_ms, floor + 1). `last + 1` makes epochs strictly
+-- increase while Redis keeps the epochs hash; `now_ms` keeps them increasing after Redis
+-- lost it (a restart takes longer than one millisecond per acquisition made before it);
+-- `floor + 1` keeps them above what the caller knows when Redis lost its last writes
+-- and its clock is behind (a failover to a replica that had not received them).
+-- A lease the caller already holds is extended ('mine'); its epoch is bumped by the same
+-- rule, owner-checked, only when the floor is above the stored epoch: a terminal has
+-- seen a newer epoch than this Redis remembers.
+-- Floors stay below 2^53 (the caller's bound), so the Lua numbers are exact.
 local g, now = check_gen(KEYS[1], ARGV[1], ARGV[2])
 if g then
   return g
@@ -17,19 +24,28 @@ end
 local pod, ttl = ARGV[3], ARGV[4]
 local out = {'ok'}
 local n = (#KEYS - 2) / 2
+local function next_epoch(last, floor)
+  return math.max(last + 1, now, floor + 1)
+end
 for i = 3, 2 + n do
   local shard = ARGV[i + 2]
+  local floor = tonumber(ARGV[i + 2 + n]) or 0
   local owner = redis.call('GET', KEYS[i])
   local last = tonumber(redis.call('HGET', KEYS[2], shard)) or 0
   if not owner then
-    local epoch = math.max(last + 1, now)
+    local epoch = next_epoch(last, floor)
     redis.call('SET', KEYS[i], pod, 'NX', 'PX', ttl)
     redis.call('HSET', KEYS[2], shard, int(epoch))
     out[#out + 1] = {'acquired', epoch, redis.call('GET', KEYS[i + n]) or ''}
   elseif owner == pod then
-    -- An earlier acquire whose answer was lost: extend, keep the epoch.
+    -- An earlier acquire whose answer was lost, or a re-claim: extend.
     redis.call('PEXPIRE', KEYS[i], ttl)
-    out[#out + 1] = {'mine', last}
+    local epoch = last
+    if floor > last then
+      epoch = next_epoch(last, floor)
+      redis.call('HSET', KEYS[2], shard, int(epoch))
+    end
+    out[#out + 1] = {'mine', epoch}
   else
     out[#out + 1] = {'held', owner, last}
   end

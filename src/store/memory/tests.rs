@@ -7,9 +7,25 @@ use crate::core::testing::{member, pod};
 
 const TTL: Duration = Duration::from_millis(1000);
 
+fn call<'a>(generation: &'a str, pod: &'a PodId) -> LeaseCall<'a> {
+    LeaseCall {
+        generation,
+        pod,
+        ttl: TTL,
+    }
+}
+
+/// Claims of `shards` with no floor (the caller knows no epoch of them).
+fn claims(shards: &[ShardId]) -> Vec<Claim> {
+    shards
+        .iter()
+        .map(|&shard| Claim { shard, floor: 0 })
+        .collect()
+}
+
 /// Learns the generation the way a pod does: the first call answers it.
 fn generation(s: &mut MemoryState, now: u64) -> String {
-    match s.acquire(now, "", &pod("x"), &[], TTL).unwrap() {
+    match s.acquire(now, &call("", &pod("x")), &claims(&[])).unwrap() {
         Checked::GenerationChanged(g) => g.id,
         Checked::Ok(_) => panic!("the empty generation must never match"),
     }
@@ -21,13 +37,14 @@ fn generation_is_created_once_and_checked() {
     let g = generation(&mut s, 1_000);
     assert!(g.starts_with("1.000000-"), "{g}");
     assert_eq!(
-        s.acquire(1_500, &g, &pod("a"), &[0], TTL).unwrap(),
+        s.acquire(1_500, &call(&g, &pod("a")), &claims(&[0]))
+            .unwrap(),
         Checked::Ok(vec![AcquireOutcome::Acquired {
             epoch: 1_500,
             released_by: None
         }])
     );
-    match s.renew(2_000, "stale", &pod("a"), &[0], TTL).unwrap() {
+    match s.renew(2_000, &call("stale", &pod("a")), &[0]).unwrap() {
         Checked::GenerationChanged(info) => {
             assert_eq!(info.id, g);
             assert_eq!(info.age, Duration::from_millis(1_000));
@@ -50,16 +67,57 @@ fn epochs_increase_and_survive_wipe_by_the_clock() {
         },
         other => panic!("{other:?}"),
     };
-    let e1 = epoch(s.acquire(100, &g, &a, &[3], TTL).unwrap());
+    let e1 = epoch(s.acquire(100, &call(&g, &a), &claims(&[3])).unwrap());
     assert_eq!(s.release(100, &a, &[3], None), vec![true]);
     // Same millisecond: last + 1 wins over the clock.
-    let e2 = epoch(s.acquire(100, &g, &a, &[3], TTL).unwrap());
+    let e2 = epoch(s.acquire(100, &call(&g, &a), &claims(&[3])).unwrap());
     assert_eq!((e1, e2), (100, 101));
     s.wipe();
     let g2 = generation(&mut s, 200);
     assert_ne!(g, g2);
-    let e3 = epoch(s.acquire(200, &g2, &a, &[3], TTL).unwrap());
+    let e3 = epoch(s.acquire(200, &call(&g2, &a), &claims(&[3])).unwrap());
     assert!(e3 > e2);
+}
+
+#[test]
+fn epochs_stay_above_the_floor_and_a_held_lease_is_bumped_above_it() {
+    let mut s = MemoryState::new(5);
+    let g = generation(&mut s, 100);
+    let (a, b) = (pod("a"), pod("b"));
+    let floored = |shard, floor| [Claim { shard, floor }];
+    let outcome = |c: Checked<Vec<AcquireOutcome>>| match c {
+        Checked::Ok(mut v) => v.remove(0),
+        other => panic!("{other:?}"),
+    };
+    // A store whose clock is behind an epoch the caller knows grants above it.
+    let got = outcome(s.acquire(100, &call(&g, &a), &floored(0, 5_000)).unwrap());
+    assert_eq!(got.epoch(), 5_001);
+    // A floor at or below the stored epoch changes nothing for the holder.
+    let got = outcome(s.acquire(100, &call(&g, &a), &floored(0, 5_001)).unwrap());
+    assert_eq!(got, AcquireOutcome::AlreadyMine { epoch: 5_001 });
+    // A higher one (a terminal has seen 9,000) bumps the holder's epoch above it...
+    let got = outcome(s.acquire(100, &call(&g, &a), &floored(0, 9_000)).unwrap());
+    assert_eq!(got, AcquireOutcome::AlreadyMine { epoch: 9_001 });
+    // ... owner-checked: another pod's floor moves nothing.
+    let got = outcome(s.acquire(100, &call(&g, &b), &floored(0, 20_000)).unwrap());
+    assert_eq!(
+        got,
+        AcquireOutcome::HeldBy {
+            owner: a.clone(),
+            epoch: 9_001
+        }
+    );
+    assert_eq!(
+        s.renew(100, &call(&g, &b), &[0]).unwrap(),
+        Checked::Ok(vec![RenewOutcome::HeldBy {
+            owner: a.clone(),
+            epoch: 9_001
+        }])
+    );
+    // The next holder continues from the bumped epoch.
+    s.release(100, &a, &[0], None);
+    let got = outcome(s.acquire(100, &call(&g, &b), &claims(&[0])).unwrap());
+    assert_eq!(got.epoch(), 9_002);
 }
 
 #[test]
@@ -67,31 +125,34 @@ fn owner_checks_and_expiry() {
     let mut s = MemoryState::new(2);
     let g = generation(&mut s, 0);
     let (a, b) = (pod("a"), pod("b"));
-    s.acquire(0, &g, &a, &[1], TTL).unwrap();
+    s.acquire(0, &call(&g, &a), &claims(&[1])).unwrap();
     assert_eq!(
-        s.acquire(10, &g, &b, &[1], TTL).unwrap(),
+        s.acquire(10, &call(&g, &b), &claims(&[1])).unwrap(),
         Checked::Ok(vec![AcquireOutcome::HeldBy {
             owner: a.clone(),
             epoch: 1
         }])
     );
     assert_eq!(
-        s.renew(10, &g, &b, &[1, 2], TTL).unwrap(),
+        s.renew(10, &call(&g, &b), &[1, 2]).unwrap(),
         Checked::Ok(vec![
-            RenewOutcome::HeldBy { owner: a.clone() },
-            RenewOutcome::Missing
+            RenewOutcome::HeldBy {
+                owner: a.clone(),
+                epoch: 1
+            },
+            RenewOutcome::Missing { epoch: 0 }
         ])
     );
     assert_eq!(s.release(10, &b, &[1], None), vec![false]);
     assert_eq!(
-        s.acquire(20, &g, &a, &[1], TTL).unwrap(),
+        s.acquire(20, &call(&g, &a), &claims(&[1])).unwrap(),
         Checked::Ok(vec![AcquireOutcome::AlreadyMine { epoch: 1 }])
     );
     // Extended to 20 + 1000: still live at 1020, gone at 1021.
     assert!(s.snapshot(1_020, 4).leases[1].is_some());
     assert_eq!(
-        s.renew(1_021, &g, &a, &[1], TTL).unwrap(),
-        Checked::Ok(vec![RenewOutcome::Missing])
+        s.renew(1_021, &call(&g, &a), &[1]).unwrap(),
+        Checked::Ok(vec![RenewOutcome::Missing { epoch: 1 }])
     );
     assert_eq!(s.notifications(), 0);
 }
@@ -142,7 +203,7 @@ async fn memory_store_bumps_changes() {
     let snap = store.snapshot(1).await.unwrap();
     let g = snap.generation.id;
     let a = pod("a");
-    store.acquire(&g, &a, &[0], TTL).await.unwrap();
+    store.acquire(&call(&g, &a), &claims(&[0])).await.unwrap();
     assert!(!rx.has_changed().unwrap());
     assert_eq!(store.release(&a, &[0], None).await.unwrap(), vec![true]);
     assert!(rx.has_changed().unwrap());

@@ -10,7 +10,7 @@ use super::reply::{
     acquire_outcome, bad, checked, map_ok, parse_snapshot, released, renew_outcome, uint,
 };
 use super::RedisStore;
-use crate::core::lease::{AcquireOutcome, Checked, ReleaseNote, RenewOutcome};
+use crate::core::lease::{AcquireOutcome, Checked, Claim, LeaseCall, ReleaseNote, RenewOutcome};
 use crate::core::membership::{Member, Snapshot};
 use crate::core::placement::Placement;
 use crate::core::{PodId, ShardId};
@@ -32,12 +32,12 @@ fn shard_args(mut prefix: Vec<String>, shards: &[ShardId]) -> Vec<String> {
 
 /// `ARGV[1..4]` of `acquire.lua` and `renew.lua`: caller generation, nonce, pod id, TTL in
 /// ms.
-fn lease_args(generation: &str, pod: &PodId, ttl: Duration) -> Vec<String> {
+fn lease_args(call: &LeaseCall<'_>) -> Vec<String> {
     vec![
-        generation.to_string(),
+        call.generation.to_string(),
         nonce(),
-        pod.to_string(),
-        ttl_ms(ttl).to_string(),
+        call.pod.to_string(),
+        ttl_ms(call.ttl).to_string(),
     ]
 }
 
@@ -85,21 +85,16 @@ impl CoordStore for RedisStore {
 
     async fn acquire(
         &self,
-        generation: &str,
-        pod: &PodId,
-        shards: &[ShardId],
-        ttl: Duration,
+        call: &LeaseCall<'_>,
+        claims: &[Claim],
     ) -> Result<Checked<Vec<AcquireOutcome>>, StoreError> {
         let k = &self.shared.keys;
-        let mut keys = self.with_leases(vec![k.generation(), k.epochs()], shards);
+        let shards: Vec<ShardId> = claims.iter().map(|c| c.shard).collect();
+        let mut keys = self.with_leases(vec![k.generation(), k.epochs()], &shards);
         keys.extend(shards.iter().map(|&s| k.release_note(s)));
-        let args = lease_args(generation, pod, ttl);
-        let reply = self.call(
-            "acquire",
-            &self.shared.scripts.acquire,
-            keys,
-            shard_args(args, shards),
-        );
+        let mut args = shard_args(lease_args(call), &shards);
+        args.extend(claims.iter().map(|c| c.floor.to_string()));
+        let reply = self.call("acquire", &self.shared.scripts.acquire, keys, args);
         map_ok(checked(reply.await?, None, shards.len())?, |v| {
             v.into_iter().map(acquire_outcome).collect()
         })
@@ -107,13 +102,12 @@ impl CoordStore for RedisStore {
 
     async fn renew(
         &self,
-        generation: &str,
-        pod: &PodId,
+        call: &LeaseCall<'_>,
         shards: &[ShardId],
-        ttl: Duration,
     ) -> Result<Checked<Vec<RenewOutcome>>, StoreError> {
-        let keys = self.with_leases(vec![self.shared.keys.generation()], shards);
-        let args = lease_args(generation, pod, ttl);
+        let k = &self.shared.keys;
+        let keys = self.with_leases(vec![k.generation(), k.epochs()], shards);
+        let args = shard_args(lease_args(call), shards);
         let reply = self.call("renew", &self.shared.scripts.renew, keys, args);
         map_ok(checked(reply.await?, None, shards.len())?, |v| {
             v.into_iter().map(renew_outcome).collect()

@@ -130,8 +130,11 @@ pub(super) fn renew_outcome(v: Value) -> Result<RenewOutcome, StoreError> {
     let (tag, rest) = tagged(v)?;
     match (tag.as_str(), rest.as_slice()) {
         ("renewed", []) => Ok(RenewOutcome::Renewed),
-        ("missing", []) => Ok(RenewOutcome::Missing),
-        ("held", [o]) => Ok(RenewOutcome::HeldBy { owner: pod(o)? }),
+        ("missing", [e]) => Ok(RenewOutcome::Missing { epoch: uint(e)? }),
+        ("held", [o, e]) => Ok(RenewOutcome::HeldBy {
+            owner: pod(o)?,
+            epoch: uint(e)?,
+        }),
         (tag, _) => Err(bad(format!("unexpected renew outcome {tag:?}"))),
     }
 }

@@ -96,7 +96,7 @@ fn a_shutdown_drains_and_a_lost_lease_closes() {
         .iter()
         .map(|&s| {
             if s == shard {
-                RenewOutcome::Missing
+                RenewOutcome::Missing { epoch: 8 }
             } else {
                 RenewOutcome::Renewed
             }

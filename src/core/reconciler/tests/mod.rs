@@ -3,12 +3,13 @@
 
 use std::time::{Duration, Instant};
 
+mod failover;
 mod handover;
 mod placing;
 mod recovery;
 
 use super::*;
-use crate::core::lease::{AcquireOutcome, Checked, RenewOutcome};
+use crate::core::lease::{AcquireOutcome, Checked, RenewOutcome, StaleEpoch};
 use crate::core::membership::{GenerationInfo, Lease, Snapshot};
 use crate::core::placement::Placement;
 use crate::core::testing::{member, pod};
@@ -91,7 +92,7 @@ fn acquires(actions: &[Action]) -> Vec<ShardId> {
     actions
         .iter()
         .flat_map(|a| match a {
-            Action::Acquire { shards, .. } => shards.clone(),
+            Action::Acquire { claims, .. } => claims.iter().map(|c| c.shard).collect(),
             _ => vec![],
         })
         .collect()
@@ -270,8 +271,12 @@ fn a_lost_renewal_stops_serving_at_once() {
     let t = t + Duration::from_secs(1);
     let shards = renewal_due(&mut r, t);
     let mut outcomes = vec![RenewOutcome::Renewed; shards.len()];
-    outcomes[0] = RenewOutcome::Missing;
-    outcomes[1] = RenewOutcome::HeldBy { owner: pod("z") };
+    // The store's epoch is above ours: a newer owner came (and went, for the first).
+    outcomes[0] = RenewOutcome::Missing { epoch: 8 };
+    outcomes[1] = RenewOutcome::HeldBy {
+        owner: pod("z"),
+        epoch: 8,
+    };
     r.handle_renew(t, &shards, Ok(Checked::Ok(outcomes)));
     let actions = drain(&mut r);
     assert!(actions.contains(&Action::StopServing(Stop {
@@ -389,9 +394,15 @@ fn a_lost_acquire_answer_is_released_when_no_longer_wanted() {
 #[test]
 fn stale_epoch_from_a_terminal_drops_the_shard() {
     let (mut r, t) = serving_pod("a", &["a"]);
-    r.handle_stale_epoch(t, 3, 6); // not our epoch: ignored
+    let refused = |epoch, highest| StaleEpoch {
+        shard: 3,
+        epoch,
+        highest,
+    };
+    r.handle_stale_epoch(t, refused(6, Some(9))); // not our epoch: ignored
     assert_eq!(r.serving(3, t), Some(7));
-    r.handle_stale_epoch(t, 3, 7);
+    // Without the terminal's epoch the store cannot be asked about it.
+    r.handle_stale_epoch(t, refused(7, None));
     assert_eq!(r.serving(3, t), None);
     assert!(drain(&mut r).contains(&Action::StopServing(Stop {
         shard: 3,

@@ -1,0 +1,43 @@
+//! Lease calls as the tests write them: a generation, a pod, shards and a TTL, claimed
+//! without a floor (the caller knows no epoch of them). Tests of floors and bumps call
+//! `CoordStore::acquire` with their own `Claim`s.
+
+use std::time::Duration;
+
+use posgate::core::lease::{AcquireOutcome, Checked, Claim, LeaseCall, RenewOutcome};
+use posgate::core::{PodId, ShardId};
+use posgate::store::{CoordStore, StoreError};
+
+fn call<'a>(generation: &'a str, pod: &'a PodId, ttl: Duration) -> LeaseCall<'a> {
+    LeaseCall {
+        generation,
+        pod,
+        ttl,
+    }
+}
+
+/// `store.acquire` of `shards` with floor 0.
+pub async fn acquire(
+    store: &impl CoordStore,
+    generation: &str,
+    pod: &PodId,
+    shards: &[ShardId],
+    ttl: Duration,
+) -> Result<Checked<Vec<AcquireOutcome>>, StoreError> {
+    let claims: Vec<Claim> = shards
+        .iter()
+        .map(|&shard| Claim { shard, floor: 0 })
+        .collect();
+    store.acquire(&call(generation, pod, ttl), &claims).await
+}
+
+/// `store.renew` of `shards`.
+pub async fn renew(
+    store: &impl CoordStore,
+    generation: &str,
+    pod: &PodId,
+    shards: &[ShardId],
+    ttl: Duration,
+) -> Result<Checked<Vec<RenewOutcome>>, StoreError> {
+    store.renew(&call(generation, pod, ttl), shards).await
+}
