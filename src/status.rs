@@ -23,6 +23,10 @@ pub struct PodStatus {
     pub ready: bool,
     /// The coordination store as this pod sees it.
     pub store: StoreStatus,
+    /// Until when this pod changes no ownership but re-claims what it holds: the
+    /// recovery hold after the store lost its data, went back in time (a failover that
+    /// lost writes) or was unreachable past the lease deadlines. `None` when it does not.
+    pub recovery_hold: Option<Instant>,
     /// Live members from the last poll, sorted by pod id.
     pub members: Vec<Member>,
     /// One entry per shard, index = shard.

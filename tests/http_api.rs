@@ -262,7 +262,7 @@ async fn cluster_view_shape() {
     assert_eq!(code, StatusCode::OK);
     let expected = json!({
         "pod": "pod-a",
-        "store": {"verdict": "reachable", "unreachable_ms": null},
+        "store": {"verdict": "reachable", "unreachable_ms": null, "recovery_hold_ms": null},
         "members": [{"pod": "pod-a", "url": "http://a:8080"}, {"pod": "pod-b", "url": "http://b:8080"}],
         "shards": [
             {"shard": 0, "assigned": "pod-a", "owner": "pod-a", "epoch": 7, "serving": true, "suspended": false, "terminals_connected": null},

@@ -26,6 +26,7 @@ mod outage_pods;
 mod pos_connections;
 mod pos_faults;
 mod push_api;
+mod redis_failover;
 mod redis_refusals;
 mod redis_round_trips;
 mod redis_store;

@@ -41,8 +41,10 @@ const HTTP_DRAIN_SECS: u64 = 5;
 /// no ACL permission; CLIENT SETINFO at connect may be refused, its answer is ignored.)
 const CLIENT_COMMANDS: &[&str] = &["evalsha", "script|load", "ping", "subscribe"];
 
-/// Commands an ACL example may grant beyond [`CLIENT_COMMANDS`] and the scripts' ones.
-const OPTIONAL_COMMANDS: &[&str] = &["client|setinfo", "select"];
+/// Commands an ACL example may grant beyond [`CLIENT_COMMANDS`] and the scripts' ones:
+/// the ones of options (`WAIT` with `--redis-wait-replicas`, `ROLE` on the master a
+/// `redis+sentinel://` URL's sentinels name, `SELECT` for a `/db`).
+const OPTIONAL_COMMANDS: &[&str] = &["client|setinfo", "select", "wait", "role"];
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -31,6 +31,8 @@ const OPTIONS: RedisOptions = RedisOptions {
     connect_timeout: Duration::from_millis(500),
     ca_file: None,
     client_cert: None,
+    sentinel_password: None,
+    wait: None,
 };
 
 fn pod() -> PodId {

@@ -22,6 +22,8 @@ const FAST: RedisOptions = RedisOptions {
     connect_timeout: Duration::from_millis(300),
     ca_file: None,
     client_cert: None,
+    sentinel_password: None,
+    wait: None,
 };
 
 fn pod(id: &str) -> PodId {

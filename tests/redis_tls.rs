@@ -24,6 +24,8 @@ fn options(ca_file: Option<PathBuf>, client_cert: Option<ClientCert>) -> RedisOp
         connect_timeout: Duration::from_secs(2),
         ca_file,
         client_cert,
+        sentinel_password: None,
+        wait: None,
     }
 }
 

@@ -39,7 +39,7 @@ use crate::credentials::{ApiTokens, ClusterSecret, Credentials};
 use crate::driver::DriverConfig;
 use crate::http::tls::ServerTlsFiles;
 use crate::push::PushSettings;
-use crate::store::redis::{ClientCert, RedisOptions};
+use crate::store::redis::{ClientCert, RedisOptions, Wait};
 
 pub use self::pos_args::{
     PosArgs, PosSettings, DEFAULT_DRAIN_BUDGET, MAX_DIRECTORY_POLL, MAX_DRAIN_BUDGET,
@@ -53,6 +53,9 @@ pub use self::tls_args::TlsArgs;
 pub const CLUSTER_SECRET_ENV: &str = "POSGATE_CLUSTER_SECRET";
 /// Environment variable holding the Redis password.
 pub const REDIS_PASSWORD_ENV: &str = "POSGATE_REDIS_PASSWORD";
+/// The environment variable that may hold the sentinels' own password (instead of
+/// `--redis-sentinel-password-file`).
+pub const REDIS_SENTINEL_PASSWORD_ENV: &str = "POSGATE_REDIS_SENTINEL_PASSWORD";
 /// Cluster name used when `--cluster` is not given.
 pub const DEFAULT_CLUSTER: &str = "default";
 /// Redis response timeout used when `--store-timeout` is not given.
@@ -143,6 +146,10 @@ pub struct StoreSettings {
     pub redis_ca_file: Option<PathBuf>,
     /// Client certificate for mutual TLS. Only paths: `Debug` may show them.
     pub redis_client_cert: Option<ClientCert>,
+    /// The sentinels' own password (`redis+sentinel://` only); `Debug` hides it.
+    pub redis_sentinel_password: Option<String>,
+    /// Replicas that must acknowledge lease and placement writes (0: none).
+    pub redis_wait_replicas: u32,
 }
 
 impl StoreSettings {
@@ -153,6 +160,13 @@ impl StoreSettings {
             response_timeout: self.store_timeout,
             ca_file: self.redis_ca_file.clone(),
             client_cert: self.redis_client_cert.clone(),
+            sentinel_password: self.redis_sentinel_password.clone(),
+            // A quarter of the call's deadline, so a call whose replicas are slow still
+            // answers (not acknowledged) within it.
+            wait: (self.redis_wait_replicas > 0).then(|| Wait {
+                replicas: self.redis_wait_replicas,
+                timeout: self.store_timeout / 4,
+            }),
             ..RedisOptions::default()
         }
     }
@@ -166,6 +180,11 @@ impl fmt::Debug for StoreSettings {
             .field("store_timeout", &self.store_timeout)
             .field("redis_ca_file", &self.redis_ca_file)
             .field("redis_client_cert", &self.redis_client_cert)
+            .field(
+                "redis_sentinel_password",
+                &self.redis_sentinel_password.as_ref().map(|_| "***"),
+            )
+            .field("redis_wait_replicas", &self.redis_wait_replicas)
             .finish()
     }
 }

@@ -16,14 +16,17 @@ use std::time::Duration;
 use redis::IntoConnectionInfo;
 
 use super::secrets::{inject_password, secret_from};
-use super::{invalid, ConfigError, StoreSettings, REDIS_PASSWORD_ENV};
+use super::{invalid, ConfigError, StoreSettings, REDIS_PASSWORD_ENV, REDIS_SENTINEL_PASSWORD_ENV};
+use crate::store::redis::sentinel_url::SentinelUrl;
 use crate::store::redis::ClientCert;
 
 /// The Redis connection flags (flattened into `ServeArgs` and `TerminalsArgs`).
 #[derive(Clone, clap::Args)]
 pub struct RedisArgs {
     /// Redis URL of the coordination store: redis://[user[:password]@]host:port[/db],
-    /// rediss:// for TLS
+    /// rediss:// for TLS, or the master of Redis Sentinels:
+    /// redis+sentinel://[user[:password]@]host:port[,host:port...]/<master-name>[/<db>]
+    /// (rediss+sentinel:// for TLS)
     #[arg(
         long,
         env = "POSGATE_REDIS_URL",
@@ -46,6 +49,24 @@ pub struct RedisArgs {
     /// PEM private key of --redis-client-cert
     #[arg(long, env = "POSGATE_REDIS_CLIENT_KEY", value_name = "PATH")]
     pub redis_client_key: Option<PathBuf>,
+    /// File with the sentinels' own password, when it is not the master's (a
+    /// redis+sentinel:// URL; alternatively set POSGATE_REDIS_SENTINEL_PASSWORD)
+    #[arg(
+        long,
+        env = "POSGATE_REDIS_SENTINEL_PASSWORD_FILE",
+        value_name = "PATH"
+    )]
+    pub redis_sentinel_password_file: Option<PathBuf>,
+    /// Replicas that must acknowledge every lease and placement write (Redis WAIT, a
+    /// quarter of --store-timeout at most) before it counts; fewer make the pod treat the
+    /// write as failed. 0: off
+    #[arg(
+        long,
+        env = "POSGATE_REDIS_WAIT_REPLICAS",
+        default_value_t = 0,
+        value_parser = clap::value_parser!(u32).range(0..=16)
+    )]
+    pub redis_wait_replicas: u32,
 }
 
 impl RedisArgs {
@@ -72,12 +93,39 @@ impl RedisArgs {
             }
             None => self.redis_url,
         };
-        // Parse now so a typo fails at start, naming the flag. The redis crate's messages
-        // never echo the URL, so no password leaks into the error.
-        redis_url
-            .as_str()
-            .into_connection_info()
-            .map_err(|e| invalid("redis-url", format!("not a valid Redis URL: {e}")))?;
+        // Parse now so a typo fails at start, naming the flag. Neither parser's messages
+        // echo the password.
+        let sentinel = SentinelUrl::is_sentinel(&redis_url);
+        if sentinel {
+            SentinelUrl::parse(&redis_url).map_err(|why| {
+                invalid(
+                    "redis-url",
+                    format!("not a valid Redis Sentinel URL: {why}"),
+                )
+            })?;
+        } else {
+            redis_url
+                .as_str()
+                .into_connection_info()
+                .map_err(|e| invalid("redis-url", format!("not a valid Redis URL: {e}")))?;
+        }
+        let redis_sentinel_password = secret_from(
+            "redis-sentinel-password-file",
+            self.redis_sentinel_password_file.as_deref(),
+            REDIS_SENTINEL_PASSWORD_ENV,
+            env,
+        )?
+        .map(|(origin, bytes)| {
+            String::from_utf8(bytes)
+                .map_err(|_| origin.error("the sentinel password must be UTF-8"))
+        })
+        .transpose()?;
+        if redis_sentinel_password.is_some() && !sentinel {
+            return Err(invalid(
+                "redis-sentinel-password-file",
+                "a sentinel password needs a redis+sentinel:// --redis-url",
+            ));
+        }
         let redis_client_cert = match (self.redis_client_cert, self.redis_client_key) {
             (Some(cert_file), Some(key_file)) => Some(ClientCert {
                 cert_file,
@@ -92,7 +140,7 @@ impl RedisArgs {
             }
         };
         // The files themselves are read and checked when the store is created, at start.
-        if !redis_url.starts_with("rediss://") {
+        if !redis_url.starts_with("rediss://") && !redis_url.starts_with("rediss+sentinel://") {
             let tls_flag = if self.redis_ca_file.is_some() {
                 Some("redis-ca-file")
             } else {
@@ -101,7 +149,7 @@ impl RedisArgs {
             if let Some(flag) = tls_flag {
                 return Err(invalid(
                     flag,
-                    "TLS files need a rediss:// --redis-url, or they would be ignored",
+                    "TLS files need a rediss:// or rediss+sentinel:// --redis-url, or they would be ignored",
                 ));
             }
         }
@@ -111,6 +159,8 @@ impl RedisArgs {
             store_timeout,
             redis_ca_file: self.redis_ca_file,
             redis_client_cert,
+            redis_sentinel_password,
+            redis_wait_replicas: self.redis_wait_replicas,
         })
     }
 }

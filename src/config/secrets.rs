@@ -7,6 +7,7 @@
 use std::path::Path;
 
 use super::{invalid, ConfigError};
+use crate::store::redis::sentinel_url::SentinelUrl;
 
 /// Where a setting came from, to blame in an error.
 #[derive(Clone, Copy)]
@@ -55,6 +56,14 @@ pub(super) fn secret_from(
 
 /// Puts `password` into `url`, percent-encoded.
 pub(super) fn inject_password(url: &str, password: &str) -> Result<String, String> {
+    if SentinelUrl::is_sentinel(url) {
+        let mut parsed = SentinelUrl::parse(url)?;
+        if parsed.password.is_some() {
+            return Err("--redis-url already contains a password; give it one way".to_string());
+        }
+        parsed.password = Some(password.to_string());
+        return Ok(parsed.to_url());
+    }
     let mut parsed =
         redis::parse_redis_url(url).ok_or("--redis-url is not a valid Redis URL".to_string())?;
     if parsed.password().is_some() {
@@ -69,6 +78,11 @@ pub(super) fn inject_password(url: &str, password: &str) -> Result<String, Strin
 /// `url` with the password replaced. The query is hidden whole: for Unix sockets the
 /// password is a query parameter (`?pass=`).
 pub(super) fn redact_url(url: &str) -> String {
+    if SentinelUrl::is_sentinel(url) {
+        return SentinelUrl::parse(url)
+            .map(|u| u.redacted())
+            .unwrap_or_else(|_| "<unparseable Redis Sentinel URL>".to_string());
+    }
     let Some(mut parsed) = redis::parse_redis_url(url) else {
         // Where a secret would be in an unparseable URL is unknown; show nothing.
         return "<unparseable Redis URL>".to_string();

@@ -194,6 +194,9 @@ pub(super) enum Symptom {
     /// Redis answers, with the error code of a condition that passes (`READONLY`, `OOM`,
     /// `LOADING`, ...): the call failed like an unreachable store's.
     Refusing(String),
+    /// Writes applied, but fewer replicas acknowledged them than `--redis-wait-replicas`
+    /// asks: they do not count.
+    Unreplicated,
     /// Anything else: an unexpected reply, a metadata mismatch.
     Failing,
 }
@@ -203,6 +206,7 @@ impl Symptom {
         match error {
             StoreError::Timeout(_) | StoreError::Unavailable(_) => Symptom::Unreachable,
             StoreError::Refused { code, .. } => Symptom::Refusing(code.clone()),
+            StoreError::NotReplicated { .. } => Symptom::Unreplicated,
             StoreError::Config(_) | StoreError::MetaMismatch { .. } | StoreError::Protocol(_) => {
                 Symptom::Failing
             }
@@ -260,7 +264,7 @@ impl StoreHealth {
                             down_ms,
                             "redis serves again: store calls succeed"
                         ),
-                        Symptom::Unreachable | Symptom::Failing => {
+                        Symptom::Unreachable | Symptom::Unreplicated | Symptom::Failing => {
                             info!(failures, down_ms, "store calls succeed again")
                         }
                     }
@@ -273,6 +277,11 @@ impl StoreHealth {
                     Some(Line::Changed(Symptom::Refusing(code))) => warn!(
                         op, code = %code, %error,
                         "redis answers {code}: treating the store as unreachable until it serves again"
+                    ),
+                    Some(Line::Changed(Symptom::Unreplicated)) => warn!(
+                        op, %error,
+                        "redis writes are not reaching enough replicas: treating the store as \
+                         unreachable for them until they do"
                     ),
                     Some(Line::Changed(_) | Line::StillFailing) => {
                         warn!(op, failures, %error, "store call failed")

@@ -35,6 +35,7 @@ pub(super) fn pod_status(rec: &Reconciler, now: Instant) -> PodStatus {
         registered: rec.registered(),
         ready: rec.ready(),
         store: store_status(rec),
+        recovery_hold: rec.hold_until(now),
         members: rec.members().to_vec(),
         shards,
     }

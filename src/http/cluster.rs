@@ -42,6 +42,9 @@ struct StoreView {
     verdict: &'static str,
     /// Since the first failed call of the current failure; `null` while it answers.
     unreachable_ms: Option<u64>,
+    /// How much longer the recovery hold lasts (no ownership changes but re-claims);
+    /// `null` when there is none.
+    recovery_hold_ms: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -103,6 +106,9 @@ pub(super) async fn cluster(
             verdict: status.store.verdict(),
             unreachable_ms: matches!(status.store, StoreStatus::Unreachable { .. })
                 .then(|| status.store.unreachable_for(now()).as_millis() as u64),
+            recovery_hold_ms: status
+                .recovery_hold
+                .map(|until| until.saturating_duration_since(now()).as_millis() as u64),
         },
         members: status
             .members

@@ -78,6 +78,11 @@ pub enum StoreError {
     Refused { code: String, detail: String },
     #[error("store call timed out after {0:?}")]
     Timeout(Duration),
+    /// A write the store applied but fewer replicas acknowledged than required
+    /// (`--redis-wait-replicas`): a failover could lose it, so it does not count. Treated
+    /// like a call that was not answered.
+    #[error("store write acknowledged by {acked} of {wanted} replicas required: not counted")]
+    NotReplicated { acked: u64, wanted: u32 },
     #[error(
         "cluster metadata mismatch: the store has {stored:?} but this pod runs {ours:?}; \
          every pod of a cluster must use the same --shards, shard hash and ring version"

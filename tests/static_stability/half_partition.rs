@@ -48,7 +48,7 @@ async fn half_the_pods_cut_off_from_redis_give_up_and_the_rest_take_over() {
     let cut_at = Instant::now();
     let cut_ms = unix_ms();
     for p in &gw.pods[cut.clone()] {
-        p.proxy.cut();
+        p.proxy().cut();
     }
     // Given up: neither serving nor holding a shard, as the cut-off pods' drivers say.
     let holds_nothing = |i: usize| {

@@ -1,6 +1,7 @@
 //! The gateway as a push caller sees it: whole in-process pods with their POS
 //! connections (`Pod::start_with_terminals`) over one real `redis-server`, each pod
-//! behind its own [`RedisProxy`] (so a test can cut one off), its push API open to the
+//! behind its own [`RedisProxy`] (so a test can cut one off), or all at one URL (a
+//! Sentinel deployment's, [`Gateway::start_at`]), its push API open to the
 //! load harness's token, over a farm of simulated terminals; the overlap sampler of
 //! [`super::cluster`] watching every pod's serving table; and the load harness's
 //! open-loop push generator ([`open_loop`]: a fixed rate, a key of its own per push,
@@ -24,7 +25,7 @@ use posgate_loadtest::pos_sim::FarmConfig;
 
 use super::cluster::Sampler;
 use super::farm::{connect_limit, Farm};
-use super::pod::{self, SHARDS};
+use super::pod::{self, Setup, SHARDS};
 use super::wait::{secs, wait_for};
 use super::{RedisProxy, RedisServer};
 
@@ -57,19 +58,35 @@ pub struct GatewayPod {
     pub id: PodId,
     /// `http://127.0.0.1:<port>`.
     pub url: String,
-    /// Between this pod and Redis.
-    pub proxy: RedisProxy,
+    /// Between this pod and Redis, unless the pods reach it at one URL.
+    proxy: Option<RedisProxy>,
     pub handle: PodHandle,
+}
+
+impl GatewayPod {
+    /// The proxy between this pod and Redis (a gateway of [`Gateway::start`]).
+    pub fn proxy(&self) -> &RedisProxy {
+        self.proxy
+            .as_ref()
+            .expect("a pod behind a proxy of its own")
+    }
 }
 
 /// See the module docs.
 pub struct Gateway {
+    /// The Redis the terminal directory was written to (the first master of a Sentinel
+    /// deployment).
     pub redis: RedisServer,
     pub farm: Farm,
     pub pods: Vec<GatewayPod>,
     sampler: Sampler,
     /// Pods started so far: names stay unique after a pod is stopped.
     started: usize,
+    /// Where every pod reaches the store; `None`: each through a proxy of its own to
+    /// `redis`.
+    store_url: Option<String>,
+    /// What the pods run with.
+    setup: Setup,
 }
 
 impl Gateway {
@@ -78,6 +95,32 @@ impl Gateway {
     /// current session with it. `test` labels the printed start-up time.
     pub async fn start(pods: usize, farm: FarmConfig, test: &str) -> Gateway {
         let redis = RedisServer::start();
+        Self::start_over(redis, None, Setup::default(), pods, farm, test).await
+    }
+
+    /// Like [`Gateway::start`], the directory written to `redis` and the pods reaching
+    /// the store at `store_url` (a `redis+sentinel://` URL of a deployment whose master
+    /// `redis` is), without proxies, with `setup`.
+    pub async fn start_at(
+        redis: RedisServer,
+        store_url: &str,
+        setup: Setup,
+        pods: usize,
+        farm: FarmConfig,
+        test: &str,
+    ) -> Gateway {
+        let url = Some(store_url.to_string());
+        Self::start_over(redis, url, setup, pods, farm, test).await
+    }
+
+    async fn start_over(
+        redis: RedisServer,
+        store_url: Option<String>,
+        setup: Setup,
+        pods: usize,
+        farm: FarmConfig,
+        test: &str,
+    ) -> Gateway {
         let farm = Farm::with_directory(&redis, farm).await;
         let mut gateway = Gateway {
             redis,
@@ -85,6 +128,8 @@ impl Gateway {
             pods: Vec::new(),
             sampler: Sampler::start(),
             started: 0,
+            store_url,
+            setup,
         };
         for _ in 0..pods {
             gateway.add_pod().await;
@@ -106,12 +151,36 @@ impl Gateway {
     /// Starts one more pod (`gw-pod-<n>`, n counting every pod started) and watches its
     /// serving table; returns at once, before it joined. Its index in `pods`.
     pub async fn add_pod(&mut self) -> usize {
+        let (proxy, store_url) = match &self.store_url {
+            Some(url) => (None, url.clone()),
+            None => {
+                let proxy = RedisProxy::start(self.redis.addr()).await.unwrap();
+                let url = proxy.url();
+                (Some(proxy), url)
+            }
+        };
+        self.add_pod_with(proxy, &store_url).await
+    }
+
+    /// [`Gateway::add_pod`] for a pod that reaches the store at `store_url` (say, one
+    /// Redis node directly, where the others follow the sentinels).
+    pub async fn add_pod_at(&mut self, store_url: &str) -> usize {
+        self.add_pod_with(None, store_url).await
+    }
+
+    async fn add_pod_with(&mut self, proxy: Option<RedisProxy>, store_url: &str) -> usize {
         let name = format!("gw-pod-{}", self.started);
         self.started += 1;
         let tokens = format!("{TENANT}:{TOKEN}");
-        let proxy = RedisProxy::start(self.redis.addr()).await.unwrap();
-        let (handle, url) =
-            pod::start_with_api(&name, &proxy.url(), &self.farm, DIAL_RATE, &tokens).await;
+        let (handle, url) = pod::start_with_api_as(
+            &self.setup,
+            &name,
+            store_url,
+            &self.farm,
+            DIAL_RATE,
+            &tokens,
+        )
+        .await;
         let id = PodId::new(&name).unwrap();
         self.sampler.watch(id.clone(), handle.serving.clone());
         self.pods.push(GatewayPod {

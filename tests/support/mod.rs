@@ -20,12 +20,14 @@
 
 pub mod api;
 pub mod binary;
+pub mod clock_shift;
 pub mod cluster;
 pub mod farm;
 pub mod gateway;
 pub mod leases;
 pub mod peer_tap;
 pub mod pod;
+pub mod redis_ha;
 pub mod redis_server;
 pub mod stall_proxy;
 pub mod tls;

@@ -81,8 +81,35 @@ pub fn start_with_terminals(
     redis_url: &str,
     listener: TcpListener,
 ) -> PodHandle {
-    let store = RedisStore::connect_lazy(redis_url, CLUSTER, store_options()).unwrap();
+    start_with_store(config, redis_url, store_options(), listener)
+}
+
+/// [`start_with_terminals`] with Redis options of the test's own.
+fn start_with_store(
+    config: PodConfig,
+    redis_url: &str,
+    options: RedisOptions,
+    listener: TcpListener,
+) -> PodHandle {
+    let store = RedisStore::connect_lazy(redis_url, CLUSTER, options).unwrap();
     Pod::start_with_terminals(config, store, listener).unwrap()
+}
+
+/// What a test pod runs with besides its name, store URL and terminals: its timings and
+/// Redis options ([`CoreConfig::fast`] and [`store_options`] by default).
+#[derive(Clone)]
+pub struct Setup {
+    pub core: CoreConfig,
+    pub store: RedisOptions,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Setup {
+            core: CoreConfig::fast(),
+            store: store_options(),
+        }
+    }
 }
 
 /// Pod `name` against the Redis at `redis_url`, dialing the terminals of `farm` at most
@@ -95,11 +122,27 @@ pub async fn start_with_api(
     dial_rate: u32,
     tokens: &str,
 ) -> (PodHandle, String) {
+    start_with_api_as(&Setup::default(), name, redis_url, farm, dial_rate, tokens).await
+}
+
+/// [`start_with_api`] with `setup`.
+pub async fn start_with_api_as(
+    setup: &Setup,
+    name: &str,
+    redis_url: &str,
+    farm: &Farm,
+    dial_rate: u32,
+    tokens: &str,
+) -> (PodHandle, String) {
     let (listener, url) = listen().await;
     let mut config = config(name, &url);
+    config.core = setup.core.clone();
     config.api_tokens = Some(ApiTokens::from_env_value(tokens).unwrap());
     config.pos = pos(&farm.ca_file, dial_rate);
-    (start_with_terminals(config, redis_url, listener), url)
+    (
+        start_with_store(config, redis_url, setup.store.clone(), listener),
+        url,
+    )
 }
 
 /// Who serves each shard now, with which epoch, of `pods` (each named).

@@ -18,19 +18,27 @@ pub struct RedisServer {
     /// The TLS port, if any; the plain port stays open for readiness checks and `command`.
     tls_port: Option<u16>,
     args: Vec<String>,
+    /// Seconds its clock is set off by (`faketime`), if at all.
+    clock_offset: Option<i64>,
     dir: tempfile::TempDir,
 }
 
-fn binary() -> PathBuf {
+/// The program `name` on `PATH` (or in /usr/bin, /usr/local/bin); panics naming the
+/// Debian `package` to install when it is missing. `scripts/test` installs them all.
+pub fn program(name: &str, package: &str) -> PathBuf {
     let found = std::env::var_os("PATH")
         .into_iter()
         .flat_map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
         .chain([PathBuf::from("/usr/bin"), PathBuf::from("/usr/local/bin")])
-        .map(|dir| dir.join("redis-server"))
+        .map(|dir| dir.join(name))
         .find(|path| path.is_file());
     found.unwrap_or_else(|| {
-        panic!("redis-server not found on PATH: run `scripts/test`, which installs it (apt-get install redis-server)")
+        panic!("{name} not found on PATH: run `scripts/test`, which installs it (apt-get install {package})")
     })
+}
+
+fn binary() -> PathBuf {
+    program("redis-server", "redis-server")
 }
 
 /// A loopback port nothing listens on right now. It is free when we look; a rare race
@@ -73,7 +81,15 @@ impl RedisServer {
     /// `["--requirepass", "secret"]`.
     pub fn start_with(extra: &[&str]) -> RedisServer {
         let args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-        Self::start_attempts(|| (args.clone(), None))
+        Self::start_attempts(None, || (args.clone(), None))
+    }
+
+    /// Like [`Self::start_with`], with the server's wall clock `offset_secs` off the real
+    /// one (negative: behind; `super::clock_shift`): its `TIME`, key expiry and Lua clock
+    /// all run on it.
+    pub fn start_with_clock(offset_secs: i64, extra: &[&str]) -> RedisServer {
+        let args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        Self::start_attempts(Some(offset_secs), || (args.clone(), None))
     }
 
     /// Starts a server that also serves TLS on [`Self::tls_port`] with `pki`'s server
@@ -81,7 +97,7 @@ impl RedisServer {
     /// by `pki`'s CA (`tls-auth-clients yes`).
     pub fn start_tls(pki: &TestPki, client_auth: bool) -> RedisServer {
         let path = |name: &str| pki.path(name).to_str().expect("UTF-8 path").to_string();
-        Self::start_attempts(|| {
+        Self::start_attempts(None, || {
             let tls_port = free_port();
             let args = [
                 "--tls-port",
@@ -101,7 +117,10 @@ impl RedisServer {
 
     /// Tries a few times with fresh ports from `setup` (arguments and TLS port), in
     /// case another process takes a port between `free_port` and the bind.
-    fn start_attempts(mut setup: impl FnMut() -> (Vec<String>, Option<u16>)) -> RedisServer {
+    fn start_attempts(
+        clock_offset: Option<i64>,
+        mut setup: impl FnMut() -> (Vec<String>, Option<u16>),
+    ) -> RedisServer {
         for _ in 0..5 {
             let (args, tls_port) = setup();
             let mut server = RedisServer {
@@ -109,6 +128,7 @@ impl RedisServer {
                 port: free_port(),
                 tls_port,
                 args,
+                clock_offset,
                 dir: tempfile::tempdir().expect("temp dir for redis-server"),
             };
             if server.spawn() {
@@ -126,6 +146,7 @@ impl RedisServer {
             port,
             tls_port: None,
             args: Vec::new(),
+            clock_offset: None,
             dir: tempfile::tempdir().expect("temp dir for redis-server"),
         };
         assert!(server.spawn(), "redis-server did not start on port {port}");
@@ -136,6 +157,9 @@ impl RedisServer {
     fn spawn(&mut self) -> bool {
         let log = self.dir.path().join("redis.log");
         let mut cmd = Command::new(binary());
+        if let Some(offset) = self.clock_offset {
+            super::clock_shift::shift(&mut cmd, offset);
+        }
         cmd.args([
             "--port",
             &self.port.to_string(),

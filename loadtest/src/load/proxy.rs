@@ -1,6 +1,8 @@
 //! A loopback TCP proxy between one pod and Redis that can cut the pod off: `cut` closes
 //! the live connections and holds new ones open without forwarding (a dead network path:
 //! the client sees timeouts, not refusals); `restore` forwards again and drops what it held.
+//! `retarget` sends new connections elsewhere while the live ones stay where they were,
+//! as a DNS name switched to another node looks to a client that keeps its connection.
 
 use std::{
     net::SocketAddr,
@@ -15,8 +17,8 @@ use tokio::{
 
 use super::LoadError;
 
-#[derive(Default)]
 struct State {
+    target: SocketAddr,
     cut: bool,
     live: Vec<oneshot::Sender<()>>,
     held: Vec<TcpStream>,
@@ -33,16 +35,17 @@ pub struct RedisProxy {
     accept: JoinHandle<()>,
 }
 
-async fn forward(mut client: TcpStream, target: SocketAddr, state: Arc<Mutex<State>>) {
+async fn forward(mut client: TcpStream, state: Arc<Mutex<State>>) {
     let (tx, rx) = oneshot::channel();
-    {
+    let target = {
         let mut s = lock(&state);
         if s.cut {
             s.held.push(client);
             return;
         }
         s.live.push(tx);
-    }
+        s.target
+    };
     let Ok(mut upstream) = TcpStream::connect(target).await else {
         return;
     };
@@ -63,11 +66,16 @@ impl RedisProxy {
         let addr = listener
             .local_addr()
             .map_err(|e| LoadError::io("redis proxy address", e))?;
-        let state = Arc::new(Mutex::new(State::default()));
+        let state = Arc::new(Mutex::new(State {
+            target,
+            cut: false,
+            live: Vec::new(),
+            held: Vec::new(),
+        }));
         let shared = state.clone();
         let accept = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                tokio::spawn(forward(client, target, shared.clone()));
+                tokio::spawn(forward(client, shared.clone()));
             }
         });
         Ok(RedisProxy {
@@ -92,6 +100,11 @@ impl RedisProxy {
         for tx in live {
             let _ = tx.send(());
         }
+    }
+
+    /// New connections go to `target` from now on; live ones stay where they are.
+    pub fn retarget(&self, target: SocketAddr) {
+        lock(&self.state).target = target;
     }
 
     /// Forward again; connections held while cut are closed.

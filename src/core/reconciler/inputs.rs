@@ -145,8 +145,12 @@ impl Reconciler {
             }
             Ok(Checked::Ok(outcomes)) => {
                 self.store_ok(now);
+                let mut went_back = false;
                 for (&s, outcome) in shards.iter().zip(outcomes) {
-                    self.claim_answered(now, s, outcome);
+                    went_back |= self.claim_answered(now, s, outcome);
+                }
+                if went_back {
+                    self.store_went_back(now);
                 }
             }
         }
@@ -181,8 +185,12 @@ impl Reconciler {
             Ok(Checked::Ok(outcomes)) => {
                 self.renew.finish(now + self.cfg.renew_interval);
                 self.store_ok(now);
+                let mut went_back = false;
                 for (&s, outcome) in shards.iter().zip(outcomes) {
-                    self.renewal_answered(now, sent, s, outcome);
+                    went_back |= self.renewal_answered(now, sent, s, outcome);
+                }
+                if went_back {
+                    self.store_went_back(now);
                 }
             }
         }

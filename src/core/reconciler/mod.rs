@@ -461,6 +461,10 @@ impl Reconciler {
     }
     /// Whether new claims are on hold after a store generation change or a long outage.
     pub fn holding(&self, now: Instant) -> bool {
-        self.hold_until.is_some_and(|t| now < t)
+        self.hold_until(now).is_some()
+    }
+    /// When the recovery hold in force at `now` ends, if one is.
+    pub fn hold_until(&self, now: Instant) -> Option<Instant> {
+        self.hold_until.filter(|&t| now < t)
     }
 }

@@ -88,11 +88,9 @@ impl Reconciler {
     /// placement is put back by the pods that followed it (`placing`), this pod
     /// re-registers at once, and nothing else is claimed or released for one member TTL
     /// while the others re-register too, so no shard changes owner on a member list or
-    /// placement the store lost part of. Counted once per hold.
+    /// placement the store lost part of. Counted once per answer that proved it.
     pub(super) fn store_went_back(&mut self, now: Instant) {
-        if !self.holding(now) {
-            self.rollbacks += 1;
-        }
+        self.rollbacks += 1;
         self.hold(now + self.cfg.member_ttl);
         self.heartbeat.reschedule(now);
     }

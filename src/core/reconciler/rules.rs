@@ -253,7 +253,14 @@ impl Reconciler {
             .push_back(Action::Acquire { generation, claims });
     }
 
-    pub(super) fn claim_answered(&mut self, now: Instant, s: ShardId, outcome: AcquireOutcome) {
+    /// Applies one acquire outcome; returns whether it proves the store went back in time
+    /// (another pod's lease with an epoch below the one this pod holds).
+    pub(super) fn claim_answered(
+        &mut self,
+        now: Instant,
+        s: ShardId,
+        outcome: AcquireOutcome,
+    ) -> bool {
         let window = self.cfg.serve_window();
         let wanted =
             self.lifecycle.running() && self.placement.assignment.owner(s) == Some(&self.me);
@@ -271,7 +278,7 @@ impl Reconciler {
         self.know_epoch(s, outcome.epoch());
         let sh = &mut self.shards[s as usize];
         let Some(sent) = sh.claim_sent() else {
-            return;
+            return false;
         };
         let late = sent + window <= now;
         match outcome {
@@ -303,7 +310,8 @@ impl Reconciler {
             }
             AcquireOutcome::HeldBy { owner, epoch } => {
                 let held = sh.held_epoch();
-                if held.is_some_and(|held| epoch < held) {
+                let older = held.is_some_and(|held| epoch < held);
+                if older {
                     // A lease from before ours, kept by a store that lost our acquisition
                     // (and its release or expiry): nobody newer holds the shard. Keep it
                     // and claim again once that lease is gone.
@@ -316,24 +324,28 @@ impl Reconciler {
                 if held.is_some_and(|held| epoch >= held) {
                     self.stop(s, StopReason::Stolen, AfterStop::Forget);
                 }
+                return older;
             }
         }
+        false
     }
 
+    /// Applies one renewal outcome; returns whether it proves the store went back in time
+    /// (our acquisition gone: an epoch below the one held).
     pub(super) fn renewal_answered(
         &mut self,
         now: Instant,
         sent: Instant,
         s: ShardId,
         outcome: RenewOutcome,
-    ) {
+    ) -> bool {
         let window = self.cfg.serve_window();
         if let RenewOutcome::Missing { epoch } | RenewOutcome::HeldBy { epoch, .. } = &outcome {
             self.know_epoch(s, *epoch);
         }
         let sh = &mut self.shards[s as usize];
         let Some(held) = sh.held_epoch() else {
-            return;
+            return false;
         };
         match (outcome, sh.view()) {
             (RenewOutcome::Renewed, ShardState::Serving { .. }) => {
@@ -355,19 +367,18 @@ impl Reconciler {
                 if epoch <= held || matches!(state, ShardState::Suspended { .. }) =>
             {
                 sh.reclaim_needed();
-                if epoch < held {
-                    self.store_went_back(now);
-                }
+                return epoch < held;
             }
             (RenewOutcome::Missing { .. }, _) => self.stop(s, StopReason::Lost, AfterStop::Forget),
             // Another pod's lease from before ours, which the store kept while losing our
             // acquisition: claim again once it is gone (see `Owed::Blocked`).
             (RenewOutcome::HeldBy { epoch, .. }, _) if epoch < held => {
                 sh.reclaim_blocked();
-                self.store_went_back(now);
+                return true;
             }
             (RenewOutcome::HeldBy { .. }, _) => self.stop(s, StopReason::Stolen, AfterStop::Forget),
         }
+        false
     }
 
     pub(super) fn fire_timers(&mut self, now: Instant) {

@@ -1,10 +1,9 @@
-//! Turning settings into a Redis client, and Redis errors into [`StoreError`]s.
-//!
-//! Checks the URL, the cluster name and the TLS files before anything is sent (failures
-//! are [`StoreError::Config`], with the password redacted and the file named), sets the
-//! socket options that make a vanished peer fail in seconds rather than hours, installs
-//! the TLS crypto provider for `rediss://`, and bounds every Redis future by a deadline
-//! of our own.
+//! What every connection to Redis (and to sentinels) is made with, and what its errors
+//! mean: the TLS files, read and checked before anything is sent (failures are
+//! [`StoreError::Config`], naming the file), the socket options that make a vanished peer
+//! fail in seconds rather than hours, the TLS crypto provider, the connection manager's
+//! settings, the mapping of Redis errors to [`StoreError`]s, and a deadline of our own
+//! around every Redis future.
 //!
 //! What it does not do: hold connections or retry (that is [`super::RedisStore`]).
 
@@ -15,10 +14,7 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::io::tcp::{socket2::TcpKeepalive, TcpSettings};
-use redis::{
-    Client, ClientTlsConfig, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind,
-    TlsCertificates,
-};
+use redis::{Client, ClientTlsConfig, ErrorKind, RedisError, ServerErrorKind, TlsCertificates};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::sign::CertifiedKey;
@@ -26,21 +22,7 @@ use rustls::RootCertStore;
 
 use super::reply::bad;
 use super::RedisOptions;
-use crate::store::keys::Keys;
 use crate::store::StoreError;
-
-/// `url` with any password replaced by `***`, for logs and errors. Splits at the last
-/// `@`, so a password containing an unescaped `/` or `@` is still hidden (an `@` in the
-/// path would only over-redact).
-fn redact(url: &str) -> String {
-    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
-    let Some(at) = rest.rfind('@') else {
-        return url.to_string();
-    };
-    let user = rest[..at].split(':').next().unwrap_or_default();
-    let sep = if scheme.is_empty() { "" } else { "://" };
-    format!("{scheme}{sep}{user}:***{}", &rest[at..])
-}
 
 /// The error codes with which a Redis that answers says it cannot serve us *now*: the
 /// same call may succeed later, so they mean [`StoreError::Refused`], which the pod treats
@@ -67,7 +49,7 @@ const REFUSALS: &[&str] = &[
     "TRYAGAIN",
 ];
 
-fn map_redis_error(e: &RedisError, limit: Duration) -> StoreError {
+pub(super) fn map_redis_error(e: &RedisError, limit: Duration) -> StoreError {
     if e.is_timeout() {
         return StoreError::Timeout(limit);
     }
@@ -100,7 +82,7 @@ pub(super) async fn bounded<T>(
 /// rustls would pick it anyway; installing it explicitly keeps `rediss://` working even
 /// if another crate in the process enables a second provider, in which case rustls
 /// refuses to guess. An application that installed its own provider keeps it.
-fn ensure_crypto_provider() {
+pub(super) fn ensure_crypto_provider() {
     if rustls::crypto::CryptoProvider::get_default().is_none() {
         // Err only if another thread installed one in between, which is just as good.
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -144,7 +126,7 @@ fn certificates(
 /// takes. It would parse them itself, but with errors that do not name the file, and
 /// rustls compares the client key with its certificate only when connecting: a wrong
 /// file would then look like an outage instead of failing at start.
-fn tls_certificates(opts: &RedisOptions) -> Result<TlsCertificates, StoreError> {
+pub(super) fn tls_certificates(opts: &RedisOptions) -> Result<TlsCertificates, StoreError> {
     let root_cert = match &opts.ca_file {
         Some(path) => {
             let pem = read_pem("CA file", path)?;
@@ -197,29 +179,9 @@ fn tls_certificates(opts: &RedisOptions) -> Result<TlsCertificates, StoreError> 
     })
 }
 
-/// Checks `url`, `cluster` and the TLS files of `opts`, and builds the client; nothing
-/// is sent to Redis yet. Returns the client, the key names and the redacted URL.
-pub(super) fn open(
-    url: &str,
-    cluster: &str,
-    opts: &RedisOptions,
-) -> Result<(Client, Keys, String), StoreError> {
-    let redacted = redact(url);
-    let invalid = |why: String| StoreError::Config(format!("Redis URL {redacted:?}: {why}"));
-    let keys = Keys::new(cluster).map_err(|e| StoreError::Config(e.to_string()))?;
-    let tls = url.starts_with("rediss://");
-    if !tls && !url.starts_with("redis://") {
-        return Err(invalid(
-            "expected redis://[user:password@]host[:port][/db] or rediss://...".into(),
-        ));
-    }
-    if tls {
-        ensure_crypto_provider();
-    }
-    let info = url
-        .into_connection_info()
-        .map_err(|e| invalid(e.to_string()))?;
-    // Without these, a peer that vanished (no RST) leaves an idle socket open for hours.
+/// The socket options of every connection, to Redis and to sentinels: without them, a
+/// peer that vanished (no RST) leaves an idle socket open for hours.
+pub(super) fn tcp_settings() -> TcpSettings {
     let keepalive = TcpKeepalive::new().with_time(Duration::from_secs(10));
     #[cfg(target_os = "linux")]
     let keepalive = keepalive
@@ -231,19 +193,7 @@ pub(super) fn open(
     // Unacknowledged writes fail the socket after this, instead of ~15 minutes.
     #[cfg(target_os = "linux")]
     let tcp = tcp.set_user_timeout(Duration::from_secs(10));
-    let info = info.set_tcp_settings(tcp);
-    let client = if opts.ca_file.is_none() && opts.client_cert.is_none() {
-        // Also sets rediss:// up, with the system's trust roots.
-        Client::open(info)
-    } else if tls {
-        Client::build_with_tls(info, tls_certificates(opts)?)
-    } else {
-        // Ignoring them would send in plain text what the operator meant to protect.
-        return Err(invalid(
-            "a CA file or client certificate is set, but only rediss:// uses TLS".into(),
-        ));
-    };
-    Ok((client.map_err(|e| invalid(e.to_string()))?, keys, redacted))
+    tcp
 }
 
 fn manager_config(opts: &RedisOptions) -> ConnectionManagerConfig {
@@ -331,29 +281,6 @@ mod tests {
                 matches!(mapped, StoreError::Unavailable(_)),
                 "{line}: {mapped:?}"
             );
-        }
-    }
-
-    #[test]
-    fn passwords_are_redacted() {
-        assert_eq!(redact("redis://u:secret@h:1/0"), "redis://u:***@h:1/0");
-        assert_eq!(redact("rediss://:secret@h"), "rediss://:***@h");
-        assert_eq!(redact("redis://h:6379"), "redis://h:6379");
-        assert_eq!(redact("redis://u:p/a@ss@h:1/0"), "redis://u:***@h:1/0");
-        assert!(!redact("u:p@a:b@h").contains("p@a"));
-    }
-
-    #[test]
-    fn bad_settings_are_config_errors_without_the_password() {
-        for (url, cluster) in [
-            ("http://u:topsecret@h:6379", "c"),
-            ("redis://u:topsecret@h:notaport/", "c"),
-            ("redis://h:6379", "bad{name}"),
-        ] {
-            match open(url, cluster, &RedisOptions::default()) {
-                Err(StoreError::Config(why)) => assert!(!why.contains("topsecret"), "{why}"),
-                other => panic!("{url} {cluster}: {:?}", other.map(|_| ())),
-            }
         }
     }
 }

@@ -6,7 +6,8 @@
 //! and then bumps the counter once, because messages published while it was away are
 //! lost and the pod must poll instead. A store built by `connect_lazy` starts without a
 //! subscription: the task makes its first attempt at once and bumps the counter when it
-//! succeeds, like after any other resubscription.
+//! succeeds, like after any other resubscription. It subscribes on the master as last
+//! found, and again when the master moved (`follow.rs`), before it waits for one.
 //!
 //! What it does not do: interpret the messages (the counter is only a hint to poll), or
 //! give up; it runs until the store's last clone is dropped and it is aborted.
@@ -22,7 +23,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use super::client::bounded;
-use super::RedisOptions;
+use super::{Link, RedisOptions};
 use crate::store::StoreError;
 
 /// Pub/sub liveness check interval (a PING on the subscribed connection). Missed
@@ -37,7 +38,8 @@ pub(super) type Subscription = (PubSubSink, PubSubStream);
 
 /// What the task needs besides its connection.
 pub(super) struct Events {
-    pub client: Client,
+    /// The master as last found (`None`: not yet).
+    pub link: watch::Receiver<Option<Link>>,
     pub channel: String,
     pub opts: RedisOptions,
     pub tx: watch::Sender<u64>,
@@ -60,41 +62,69 @@ fn bump(tx: &watch::Sender<u64>) {
     tx.send_modify(|n| *n = n.wrapping_add(1));
 }
 
-/// Forwards notifications until the connection fails; returns why.
-async fn pump(events: &Events, (sink, stream): &mut Subscription) -> String {
+/// Why a subscription ended.
+enum Ended {
+    Lost(String),
+    /// The master moved: subscribe on the new one at once.
+    Moved,
+}
+
+/// Forwards notifications until the connection fails or the master moves.
+async fn pump(events: &mut Events, (sink, stream): &mut Subscription) -> Ended {
     let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + PING_EVERY, PING_EVERY);
     ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             msg = stream.next() => match msg {
                 Some(_) => bump(&events.tx),
-                None => return "connection closed".into(),
+                None => return Ended::Lost("connection closed".into()),
             },
+            moved = events.link.changed() => {
+                if moved.is_err() {
+                    // The store is gone; the task is about to be aborted.
+                    std::future::pending::<()>().await;
+                }
+                return Ended::Moved;
+            }
             _ = ping.tick() => {
                 events.round_trips.fetch_add(1, Ordering::Relaxed);
                 if let Err(e) = bounded(events.opts.response_timeout, sink.ping::<Value>()).await {
-                    return format!("ping failed: {e}");
+                    return Ended::Lost(format!("ping failed: {e}"));
                 }
             }
         }
     }
 }
 
+/// The master's client as last found, waiting until one is; `None` once the store is gone.
+async fn master(link: &mut watch::Receiver<Option<Link>>) -> Option<Client> {
+    loop {
+        if let Some(link) = link.borrow_and_update().as_ref() {
+            return Some(link.client.clone());
+        }
+        link.changed().await.ok()?;
+    }
+}
+
 /// The `changes()` feed: keeps one subscription alive for the store's lifetime, starting
 /// from `first` if the caller already subscribed.
-pub(super) async fn run(events: Events, first: Option<Subscription>) {
-    let channel = &events.channel;
+pub(super) async fn run(mut events: Events, first: Option<Subscription>) {
+    let channel = events.channel.clone();
     let mut conn = first;
     let mut backoff = MIN_BACKOFF;
-    // Zero only before a lazy store's first attempt: there is nothing to back off from.
+    // Zero only before a lazy store's first attempt and after a move: there is nothing
+    // to back off from.
     let mut delay = Duration::ZERO;
     loop {
         let mut sub = match conn.take() {
             Some(sub) => sub,
             None => {
                 tokio::time::sleep(delay).await;
+                let Some(client) = master(&mut events.link).await else {
+                    return;
+                };
                 events.round_trips.fetch_add(1, Ordering::Relaxed);
-                match subscribe(&events.client, channel, &events.opts).await {
+                match subscribe(&client, &channel, &events.opts).await {
                     Ok(sub) => {
                         info!(channel = %channel, "redis event subscription established");
                         // Messages published while we were away are gone: make peers poll.
@@ -111,13 +141,21 @@ pub(super) async fn run(events: Events, first: Option<Subscription>) {
             }
         };
         let since = Instant::now();
-        let reason = pump(&events, &mut sub).await;
+        let ended = pump(&mut events, &mut sub).await;
         // A subscription that held for a while was healthy: start backing off afresh.
         if since.elapsed() > MAX_BACKOFF * 2 {
             backoff = MIN_BACKOFF;
         }
-        delay = backoff;
-        backoff = (backoff * 2).min(MAX_BACKOFF);
-        warn!(channel = %channel, reason = %reason, "redis event subscription lost; resubscribing");
+        match ended {
+            Ended::Moved => {
+                delay = Duration::ZERO;
+                info!(channel = %channel, "redis master moved; subscribing there");
+            }
+            Ended::Lost(reason) => {
+                delay = backoff;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                warn!(channel = %channel, reason = %reason, "redis event subscription lost; resubscribing");
+            }
+        }
     }
 }

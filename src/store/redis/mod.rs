@@ -46,36 +46,52 @@
 //! so a pod can start before Redis does (`posgate serve`).
 //!
 //! URLs: `redis://[user[:password]@]host[:port][/db]` and `rediss://` (rustls with the
-//! ring provider). `rediss://` trusts the system store, or only the certificates of
+//! ring provider), or `redis+sentinel://[user[:password]@]host:port[,host:port...]/<master>`
+//! (`rediss+sentinel://` for TLS): the master the sentinels name (`sentinel_url.rs`,
+//! `endpoint.rs`). TLS trusts the system store, or only the certificates of
 //! [`RedisOptions::ca_file`] (a private CA), and may present a client certificate; those
 //! files are read and checked when the store is created (a bad one is a `Config` error
 //! naming it), so replacing them takes a restart. The password never appears in logs or
 //! errors.
 //!
-//! What it does not do: decide anything (policy is in `crate::core`), or talk to more
-//! than one Redis endpoint (no Sentinel or cluster client).
+//! Failovers (`follow.rs`): a call that fails the way a failover explains (`READONLY`,
+//! `MASTERDOWN`, `LOADING`, a lost connection) wakes the follower, and so does a
+//! sentinel's `+switch-master`; it asks where the master is now and moves the connection
+//! (and the event subscription) there. A direct endpoint reconnects on `READONLY`: a
+//! managed Redis whose primary moves behind a DNS name is found by a new connection.
+//! Meanwhile calls fail, each within its deadline, and the pod rides that out as any
+//! other store failure (static stability).
+//!
+//! What it does not do: decide anything (policy is in `crate::core`), or talk to a Redis
+//! Cluster.
 
 mod client;
 mod directory;
+mod endpoint;
 mod events;
+mod follow;
+mod invoke;
 mod ops;
 mod reply;
+pub mod sentinel_url;
 
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionManager;
 use redis::{AsyncConnectionConfig, Client, Script, Value};
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 pub use self::client::ClientCert;
-use self::client::{bounded, cannot_connect, lazy_manager, open};
+use self::client::{bounded, cannot_connect, lazy_manager};
+use self::endpoint::{address, may_have_moved, Endpoint};
 use self::events::{Events, Subscription};
+pub use self::invoke::Wait;
 use super::keys::Keys;
 use super::StoreError;
 use crate::core::ShardId;
@@ -98,6 +114,13 @@ pub struct RedisOptions {
     /// Certificate to present to a server that asks for one (mutual TLS, Redis's
     /// `tls-auth-clients yes`). `rediss://` only.
     pub client_cert: Option<ClientCert>,
+    /// The sentinels' own password, when it is not the master's
+    /// (`--redis-sentinel-password-file`). `redis+sentinel://` only.
+    pub sentinel_password: Option<String>,
+    /// Replicas that must acknowledge a lease or placement write (`WAIT`) before it
+    /// counts (`--redis-wait-replicas`); fewer make the call fail with
+    /// [`StoreError::NotReplicated`], as if it had not been answered.
+    pub wait: Option<Wait>,
 }
 
 impl Default for RedisOptions {
@@ -107,8 +130,23 @@ impl Default for RedisOptions {
             connect_timeout: Duration::from_secs(1),
             ca_file: None,
             client_cert: None,
+            sentinel_password: None,
+            wait: None,
         }
     }
+}
+
+/// A connection to the master `client` reaches (made on first use).
+fn link_to(client: Client, opts: &RedisOptions) -> Result<Link, StoreError> {
+    // Only an invalid manager configuration fails here; ours is fixed, so this is a bug
+    // or an unsupported URL option, not an outage.
+    let manager = lazy_manager(&client, opts)
+        .map_err(|e| StoreError::Config(format!("cannot set up the Redis connection: {e}")))?;
+    Ok(Link {
+        address: address(&client),
+        client,
+        manager,
+    })
 }
 
 /// A script body with the shared helpers prepended, flagged as a writing script (the
@@ -149,13 +187,30 @@ impl Scripts {
     }
 }
 
-struct Shared {
+/// The connection to the master as last found.
+#[derive(Clone)]
+struct Link {
     client: Client,
+    /// Calls clone it; replaced by a fresh one after repeated timeouts.
+    manager: ConnectionManager,
+    /// `host:port`, for logs and to tell whether the master moved.
+    address: String,
+}
+
+struct Shared {
+    endpoint: Endpoint,
     keys: Keys,
     opts: RedisOptions,
     scripts: Scripts,
-    /// Swapped for a fresh one after repeated timeouts; calls clone it out of the lock.
-    manager: Mutex<ConnectionManager>,
+    /// `None` until a master is found (a Sentinel endpoint started lazily); replaced when
+    /// the master moves (`follow.rs`), its manager after repeated timeouts. The events
+    /// task resubscribes on a change.
+    link: watch::Sender<Option<Link>>,
+    /// Wakes the follower: a call failed the way a failover explains.
+    follow: Notify,
+    /// Set with `follow` when a call reached a node that is not (or no longer) the
+    /// master (`READONLY`, `MASTERDOWN`): a direct endpoint then reconnects.
+    not_master: std::sync::atomic::AtomicBool,
     timeouts_in_row: AtomicU32,
     /// Rebuilds since a call last ended without timing out: only the first of a streak
     /// is a warning, or a frozen Redis would log one every few calls.
@@ -172,12 +227,15 @@ impl Shared {
     }
 }
 
-/// Aborts the pub/sub task when the last clone of the store goes away.
-struct AbortOnDrop(JoinHandle<()>);
+/// Aborts the store's tasks (the event subscription, the follower) when the last clone of
+/// the store goes away.
+struct AbortOnDrop(Vec<JoinHandle<()>>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
-        self.0.abort();
+        for task in &self.0 {
+            task.abort();
+        }
     }
 }
 
@@ -186,7 +244,7 @@ impl Drop for AbortOnDrop {
 pub struct RedisStore {
     shared: Arc<Shared>,
     changes: watch::Receiver<u64>,
-    _events: Arc<AbortOnDrop>,
+    _tasks: Arc<AbortOnDrop>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -198,24 +256,39 @@ impl fmt::Debug for RedisStore {
     }
 }
 
+/// Checks `url`, `cluster` and the TLS files of `opts`; nothing is sent to Redis yet.
+/// Returns the endpoint, the key names and the redacted URL.
+fn open(
+    url: &str,
+    cluster: &str,
+    opts: &RedisOptions,
+) -> Result<(Endpoint, Keys, String), StoreError> {
+    let keys = Keys::new(cluster).map_err(|e| StoreError::Config(e.to_string()))?;
+    let (endpoint, redacted) = Endpoint::open(url, opts)?;
+    Ok((endpoint, keys, redacted))
+}
+
 impl RedisStore {
-    /// Connects to `url` for cluster `cluster`: checks the URL, the cluster name,
-    /// reachability and credentials (one PING), and subscribes to the event channel.
-    /// For one-shot commands that should fail at once with the server's reason.
+    /// Connects to `url` for cluster `cluster`: checks the URL, the cluster name, finds
+    /// the master (asking the sentinels of a `redis+sentinel://` URL), checks
+    /// reachability and credentials (one PING), and subscribes to the event channel. For
+    /// one-shot commands that should fail at once with the server's reason.
     pub async fn connect(
         url: &str,
         cluster: &str,
         opts: RedisOptions,
     ) -> Result<RedisStore, StoreError> {
-        let (client, keys, redacted) = open(url, cluster, &opts)?;
+        let (endpoint, keys, redacted) = open(url, cluster, &opts)?;
         let context = |e| cannot_connect(&redacted, e);
+        let limit = opts.connect_timeout + opts.response_timeout;
+        let client = endpoint.master(limit).await.map_err(context)?;
         // A plain connection first: a wrong address or password fails here, once, with
         // the server's reason, instead of inside the manager's retries.
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(opts.connect_timeout))
             .set_response_timeout(Some(opts.response_timeout));
         let mut probe = bounded(
-            opts.connect_timeout + opts.response_timeout,
+            limit,
             client.get_multiplexed_async_connection_with_config(&config),
         )
         .await
@@ -230,70 +303,80 @@ impl RedisStore {
         let first = events::subscribe(&client, &keys.events(), &opts)
             .await
             .map_err(context)?;
-        let store = Self::assemble(client, keys, redacted, opts, Some(first), 2)?;
+        let store = Self::assemble(endpoint, Some(client), keys, redacted, opts, Some(first), 2)?;
         info!(url = %store.shared.url, cluster = store.keys().cluster(), "connected to redis");
         Ok(store)
     }
 
     /// Checks the URL and the cluster name (errors are [`StoreError::Config`]) but does
-    /// not contact Redis: the first call connects, and the event subscription is made in
-    /// the background, retried with backoff until Redis answers; `changes()` is bumped
-    /// once it is in place. Until then calls fail with `Unavailable` or `Timeout`, each
+    /// not contact Redis: the first call connects (a Sentinel endpoint's master is looked
+    /// up in the background first), and the event subscription is made in the
+    /// background, retried with backoff until Redis answers; `changes()` is bumped once
+    /// it is in place. Until then calls fail with `Unavailable` or `Timeout`, each
     /// within the response timeout; the first call after Redis comes up may still fail
     /// once, reporting the reconnect that failed before it (the next one succeeds). For
     /// a pod, which may start before Redis does.
     ///
-    /// Must be called within a Tokio runtime (it spawns the subscription task).
+    /// Must be called within a Tokio runtime (it spawns the store's tasks).
     pub fn connect_lazy(
         url: &str,
         cluster: &str,
         opts: RedisOptions,
     ) -> Result<RedisStore, StoreError> {
-        let (client, keys, redacted) = open(url, cluster, &opts)?;
-        let store = Self::assemble(client, keys, redacted, opts, None, 0)?;
+        let (endpoint, keys, redacted) = open(url, cluster, &opts)?;
+        let client = match &endpoint {
+            Endpoint::Direct(client) => Some(client.clone()),
+            Endpoint::Sentinel(_) => None,
+        };
+        let store = Self::assemble(endpoint, client, keys, redacted, opts, None, 0)?;
         info!(url = %store.shared.url, cluster = store.keys().cluster(), "using redis (connecting in the background)");
         Ok(store)
     }
 
-    /// The store around `client`, with the events task started from `first` (or
-    /// subscribing on its own) and `round_trips` already spent.
+    /// The store around `endpoint` and its master's `client` if known, with the events
+    /// task started from `first` (or subscribing on its own), the follower started, and
+    /// `round_trips` already spent.
     fn assemble(
-        client: Client,
+        endpoint: Endpoint,
+        client: Option<Client>,
         keys: Keys,
         url: String,
         opts: RedisOptions,
         first: Option<Subscription>,
         round_trips: u64,
     ) -> Result<RedisStore, StoreError> {
-        // Only an invalid manager configuration fails here; ours is fixed, so this is a
-        // bug or an unsupported URL option, not an outage.
-        let manager = lazy_manager(&client, &opts).map_err(|e| {
-            StoreError::Config(format!("cannot set up the Redis connection for {url}: {e}"))
-        })?;
+        let link = client.map(|client| link_to(client, &opts)).transpose()?;
+        let (link, link_rx) = watch::channel(link);
         let round_trips = Arc::new(AtomicU64::new(round_trips));
         let (tx, rx) = watch::channel(0);
         let events = Events {
-            client: client.clone(),
+            link: link_rx,
             channel: keys.events(),
             opts: opts.clone(),
             tx,
             round_trips: round_trips.clone(),
         };
-        let task = tokio::spawn(events::run(events, first));
+        let shared = Arc::new(Shared {
+            endpoint,
+            keys,
+            opts,
+            scripts: Scripts::new(),
+            link,
+            follow: Notify::new(),
+            not_master: std::sync::atomic::AtomicBool::new(false),
+            timeouts_in_row: AtomicU32::new(0),
+            rebuilds: AtomicU32::new(0),
+            round_trips,
+            url,
+        });
+        let tasks = vec![
+            tokio::spawn(events::run(events, first)),
+            tokio::spawn(follow::run(shared.clone())),
+        ];
         Ok(RedisStore {
-            shared: Arc::new(Shared {
-                client,
-                keys,
-                opts,
-                scripts: Scripts::new(),
-                manager: Mutex::new(manager),
-                timeouts_in_row: AtomicU32::new(0),
-                rebuilds: AtomicU32::new(0),
-                round_trips,
-                url,
-            }),
+            shared,
             changes: rx,
-            _events: Arc::new(AbortOnDrop(task)),
+            _tasks: Arc::new(AbortOnDrop(tasks)),
         })
     }
 
@@ -315,22 +398,54 @@ impl RedisStore {
         keys: Vec<String>,
         args: Vec<String>,
     ) -> Result<Value, StoreError> {
-        let mut inv = script.prepare_invoke();
-        for key in keys {
-            inv.key(key);
-        }
-        for arg in args {
-            inv.arg(arg);
-        }
+        self.run(op, script, &keys, &args, None).await
+    }
+
+    /// A lease or placement write: one whose loss in a failover could let two pods
+    /// believe they own a shard past the deadline rule. With [`RedisOptions::wait`] it
+    /// counts only once that many replicas have it.
+    async fn call_durable(
+        &self,
+        op: &'static str,
+        script: &Script,
+        keys: Vec<String>,
+        args: Vec<String>,
+    ) -> Result<Value, StoreError> {
+        self.run(op, script, &keys, &args, self.shared.opts.wait)
+            .await
+    }
+
+    async fn run(
+        &self,
+        op: &'static str,
+        script: &Script,
+        keys: &[String],
+        args: &[String],
+        wait: Option<Wait>,
+    ) -> Result<Value, StoreError> {
         let s = &self.shared;
-        let mut conn = s.manager.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let Some(mut conn) = s.link.borrow().as_ref().map(|l| l.manager.clone()) else {
+            s.follow.notify_one();
+            return Err(StoreError::Unavailable(
+                "no master found yet: asking the sentinels".into(),
+            ));
+        };
         s.round_trips.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
         let result = bounded(
             s.opts.response_timeout,
-            inv.invoke_async::<Value>(&mut conn),
+            invoke::invoke(&mut conn, script, keys, args, wait),
         )
-        .await;
+        .await
+        .and_then(|(value, acked)| match (wait, acked) {
+            (Some(wait), Some(acked)) if acked < u64::from(wait.replicas) => {
+                Err(StoreError::NotReplicated {
+                    acked,
+                    wanted: wait.replicas,
+                })
+            }
+            _ => Ok(value),
+        });
         let latency_ms = started.elapsed().as_secs_f64() * 1e3;
         match &result {
             Ok(_) => {
@@ -346,6 +461,12 @@ impl RedisStore {
                 } else {
                     s.no_timeout();
                 }
+                if may_have_moved(e) {
+                    if matches!(e, StoreError::Refused { code, .. } if code != "LOADING") {
+                        s.not_master.store(true, Ordering::Relaxed);
+                    }
+                    s.follow.notify_one();
+                }
                 // Every caller reports its failures (the driver once per change of
                 // symptom): a line per failed call here would only repeat them.
                 debug!(op, latency_ms, error = %e, "redis call failed");
@@ -358,21 +479,31 @@ impl RedisStore {
     /// and the manager only reconnects on I/O errors. The new one connects lazily.
     fn rebuild(&self, in_row: u32) {
         let s = &self.shared;
-        match lazy_manager(&s.client, &s.opts) {
-            Ok(fresh) => {
-                *s.manager.lock().unwrap_or_else(|p| p.into_inner()) = fresh;
-                s.timeouts_in_row.store(0, Ordering::Relaxed);
-                let rebuilds = s.rebuilds.fetch_add(1, Ordering::Relaxed) + 1;
-                if rebuilds == 1 {
-                    warn!(timeouts_in_row = in_row, url = %s.url, "rebuilt redis connection after repeated timeouts (further rebuilds of this streak are logged at debug)");
-                } else {
-                    debug!(
-                        timeouts_in_row = in_row,
-                        rebuilds, "rebuilt redis connection again"
-                    );
-                }
+        let mut failed = None;
+        s.link.send_if_modified(|link| {
+            let Some(link) = link else {
+                return false;
+            };
+            match lazy_manager(&link.client, &s.opts) {
+                Ok(fresh) => link.manager = fresh,
+                Err(e) => failed = Some(e),
             }
-            Err(e) => warn!(error = %e, "could not rebuild redis connection"),
+            // The same master: the events task keeps its subscription.
+            false
+        });
+        if let Some(e) = failed {
+            warn!(error = %e, "could not rebuild redis connection");
+            return;
+        }
+        s.timeouts_in_row.store(0, Ordering::Relaxed);
+        let rebuilds = s.rebuilds.fetch_add(1, Ordering::Relaxed) + 1;
+        if rebuilds == 1 {
+            warn!(timeouts_in_row = in_row, url = %s.url, "rebuilt redis connection after repeated timeouts (further rebuilds of this streak are logged at debug)");
+        } else {
+            debug!(
+                timeouts_in_row = in_row,
+                rebuilds, "rebuilt redis connection again"
+            );
         }
     }
 

@@ -94,7 +94,7 @@ impl CoordStore for RedisStore {
         keys.extend(shards.iter().map(|&s| k.release_note(s)));
         let mut args = shard_args(lease_args(call), &shards);
         args.extend(claims.iter().map(|c| c.floor.to_string()));
-        let reply = self.call("acquire", &self.shared.scripts.acquire, keys, args);
+        let reply = self.call_durable("acquire", &self.shared.scripts.acquire, keys, args);
         map_ok(checked(reply.await?, None, shards.len())?, |v| {
             v.into_iter().map(acquire_outcome).collect()
         })
@@ -108,7 +108,7 @@ impl CoordStore for RedisStore {
         let k = &self.shared.keys;
         let keys = self.with_leases(vec![k.generation(), k.epochs()], shards);
         let args = shard_args(lease_args(call), shards);
-        let reply = self.call("renew", &self.shared.scripts.renew, keys, args);
+        let reply = self.call_durable("renew", &self.shared.scripts.renew, keys, args);
         map_ok(checked(reply.await?, None, shards.len())?, |v| {
             v.into_iter().map(renew_outcome).collect()
         })
@@ -160,7 +160,7 @@ impl CoordStore for RedisStore {
             placement_table(placement)?,
             k.events(),
         ];
-        let reply = self.call(
+        let reply = self.call_durable(
             "place",
             &self.shared.scripts.place,
             vec![k.placement()],
