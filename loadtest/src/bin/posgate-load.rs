@@ -132,6 +132,15 @@ fn scenarios(names: &[String], old_posgate: Option<&Path>, profile: &Profile) ->
     if plan.list.iter().skip(1).any(|s| *s == Scenario::ColdStart) {
         bail!("cold-start can only be the first scenario");
     }
+    // Its pods reach Redis through sentinels, without the proxies the others cut.
+    if plan.list.contains(&Scenario::RedisFailover)
+        && plan
+            .list
+            .iter()
+            .any(|s| !matches!(s, Scenario::RedisFailover | Scenario::ColdStart))
+    {
+        bail!("redis-failover runs on its own (or after cold-start): its pods reach Redis through sentinels");
+    }
     if plan.list.contains(&Scenario::RollingUpgrade) && old_posgate.is_none() {
         bail!(
             "rolling-upgrade needs --old-posgate PATH: the previous release's posgate binary \
@@ -200,7 +209,16 @@ async fn run(
     }
     let started = Instant::now();
     let old = args.old_posgate.as_deref().filter(|_| upgrading);
-    let mut cluster = Cluster::setup(profile.clone(), &args.posgate, old, &pos_sim, dir).await?;
+    let sentinels = list.contains(&Scenario::RedisFailover);
+    let mut cluster = Cluster::setup(
+        profile.clone(),
+        &args.posgate,
+        old,
+        &pos_sim,
+        dir,
+        sentinels,
+    )
+    .await?;
     if old.is_some() {
         check_serve_flags(&cluster.plan, Release::Previous).await?;
     }
@@ -324,6 +342,20 @@ mod tests {
         assert_eq!(both, [Scenario::RollingUpgrade, Scenario::Kill]);
         assert!(list(&["kill", "cold-start"], None).is_err());
         assert!(list(&["rolling-update"], Some(old)).is_err());
+    }
+
+    #[test]
+    fn redis_failover_runs_only_when_named_and_on_its_own() {
+        assert!(!list(&["all"], None)
+            .unwrap()
+            .contains(&Scenario::RedisFailover));
+        assert_eq!(
+            list(&["redis-failover"], None).unwrap(),
+            [Scenario::RedisFailover]
+        );
+        assert!(list(&["cold-start", "redis-failover"], None).is_ok());
+        let err = list(&["redis-failover", "redis-outage"], None).unwrap_err();
+        assert!(err.to_string().contains("on its own"), "{err}");
     }
 
     #[test]

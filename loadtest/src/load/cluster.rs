@@ -11,9 +11,10 @@ use std::{
 use super::{
     http::{self, HttpClient},
     observe::{owners_of, Owners},
-    pods::{import_directory, PodPlan, PodProc, Release},
+    pods::{import_directory, PodPlan, PodProc, PodStore, Release},
     pushgen::Targets,
     redis::RedisServer,
+    sentinels::Sentinels,
     shard_of,
     sims::SimFarm,
     LoadError,
@@ -108,6 +109,9 @@ pub struct Cluster {
     pub profile: Profile,
     pub plan: PodPlan,
     pub redis: RedisServer,
+    /// Replicas and sentinels of `redis`, when the run is `redis-failover`: the pods then
+    /// reach the store through the sentinels, without proxies.
+    pub sentinels: Option<Sentinels>,
     pub sims: Arc<SimFarm>,
     pub pods: Vec<PodProc>,
     pub client: HttpClient,
@@ -121,19 +125,25 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// Starts Redis and the simulators and imports the directory (with `posgate`); no
-    /// pods yet. `previous`: the previous release's binary, for `rolling-upgrade`.
+    /// Starts Redis (with replicas and sentinels when `sentinels`) and the simulators and
+    /// imports the directory (with `posgate`); no pods yet. `previous`: the previous
+    /// release's binary, for `rolling-upgrade`.
     pub async fn setup(
         profile: Profile,
         posgate: &Path,
         previous: Option<&Path>,
         pos_sim: &Path,
         dir: &Path,
+        sentinels: bool,
     ) -> Result<Self, LoadError> {
         let logs = dir.join("logs");
         std::fs::create_dir_all(&logs)
             .map_err(|e| LoadError::io(format!("creating {}", logs.display()), e))?;
         let redis = RedisServer::start(&logs).await?;
+        let sentinels = match sentinels {
+            true => Some(Sentinels::start(&redis, &logs).await?),
+            false => None,
+        };
         let sims = SimFarm::start(pos_sim, profile.terminals, &dir.join("sims")).await?;
         import_directory(posgate, &sims.csv, redis.addr()).await?;
         let mut shard_terminals = vec![Vec::new(); SHARDS];
@@ -151,6 +161,7 @@ impl Cluster {
             profile,
             plan,
             redis,
+            sentinels,
             sims: Arc::new(sims),
             pods: Vec::new(),
             client: http::client(),
@@ -163,7 +174,11 @@ impl Cluster {
 
     /// Starts a new pod of `release` (not yet in service); returns its position in `pods`.
     pub async fn start_pod(&mut self, release: Release) -> Result<usize, LoadError> {
-        let pod = PodProc::start(&self.plan, release, self.next_index, self.redis.addr()).await?;
+        let store = match &self.sentinels {
+            Some(s) => PodStore::At(s.url()),
+            None => PodStore::Proxied(self.redis.addr()),
+        };
+        let pod = PodProc::start(&self.plan, release, self.next_index, &store).await?;
         self.next_index += 1;
         self.pods.push(pod);
         // Observed from the start (not only once ready): the sampler must see a new pod

@@ -30,6 +30,7 @@ pub mod pushgen;
 pub mod redis;
 pub mod report;
 pub mod scenarios;
+pub mod sentinels;
 pub mod sims;
 pub mod upgrade;
 

@@ -118,18 +118,23 @@ pub fn push_windows(
 ) -> Vec<PushWindow> {
     let (from, to) = (cut.from_unix_ms, cut.to_unix_ms);
     match sc {
-        Scenario::RedisOutage | Scenario::SinglePodOutage => vec![
+        Scenario::RedisOutage | Scenario::SinglePodOutage | Scenario::RedisFailover => vec![
             PushWindow::count(
                 pushes,
                 "during the outage",
-                "from the cut to the restore".into(),
+                match sc {
+                    Scenario::RedisFailover => "from the kill of the master to every pod \
+                        reaching the promoted one with no recovery hold"
+                        .into(),
+                    _ => "from the cut to the restore".into(),
+                },
                 (from, to),
                 Some(DURING_OUTAGE_MIN),
             ),
             PushWindow::count(
                 pushes,
                 "after the outage",
-                "from the restore to the end of the run".into(),
+                "from its end to the end of the run".into(),
                 (to, end_unix_ms),
                 None,
             ),
@@ -215,7 +220,7 @@ pub fn checks(r: &mut ScenarioReport, sc: Scenario) {
         r.check(&name, true, pass, w.figures());
     }
     match sc {
-        Scenario::RedisOutage | Scenario::SinglePodOutage => {
+        Scenario::RedisOutage | Scenario::SinglePodOutage | Scenario::RedisFailover => {
             let closed = r.connections_closed;
             let d = format!(
                 "{closed} connections closed; fewest terminals connected {} of {}",

@@ -123,12 +123,34 @@ pub struct ShardView {
     pub terminals_connected: Option<u64>,
 }
 
+/// The store as a pod sees it, in `/v1/cluster`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StoreView {
+    #[serde(default)]
+    pub verdict: String,
+    /// How much longer the pod changes no ownership (a recovery hold); absent in pods of
+    /// releases before it.
+    #[serde(default)]
+    pub recovery_hold_ms: Option<u64>,
+}
+
 /// `GET /v1/cluster`.
 #[derive(Debug, Clone, Deserialize)]
 pub struct ClusterView {
     pub pod: String,
+    #[serde(default)]
+    pub store: StoreView,
     pub members: Vec<MemberView>,
     pub shards: Vec<ShardView>,
+}
+
+/// Where a pod reaches the store.
+#[derive(Debug, Clone)]
+pub enum PodStore {
+    /// The harness's Redis, through a cuttable proxy of the pod's own.
+    Proxied(SocketAddr),
+    /// A URL every pod uses as it is (the sentinels of `redis-failover`).
+    At(String),
 }
 
 /// A running pod.
@@ -136,7 +158,8 @@ pub struct PodProc {
     pub id: String,
     pub url: String,
     pub release: Release,
-    pub proxy: RedisProxy,
+    /// Between the pod and Redis (not for pods of [`PodStore::At`]).
+    proxy: Option<RedisProxy>,
     pub proc: ChildProc,
     /// Whether `/readyz` answered 200 once (then pushes may go to it).
     pub ready: bool,
@@ -145,16 +168,23 @@ pub struct PodProc {
 }
 
 impl PodProc {
-    /// Starts pod `pod-<index>` of `release` against Redis at `redis` (through a new
-    /// proxy).
+    /// Starts pod `pod-<index>` of `release` against `store` (through a new proxy for a
+    /// proxied one).
     pub async fn start(
         plan: &PodPlan,
         release: Release,
         index: usize,
-        redis: SocketAddr,
+        store: &PodStore,
     ) -> Result<Self, LoadError> {
         let binary = plan.binary(release)?;
-        let proxy = RedisProxy::start(redis).await?;
+        let (proxy, store_url) = match store {
+            PodStore::Proxied(redis) => {
+                let proxy = RedisProxy::start(*redis).await?;
+                let url = proxy.url();
+                (Some(proxy), url)
+            }
+            PodStore::At(url) => (None, url.clone()),
+        };
         let port = free_port()?;
         let id = format!("pod-{index}");
         let url = format!("http://127.0.0.1:{port}");
@@ -163,7 +193,7 @@ impl PodProc {
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("POSGATE_CLUSTER_SECRET", SECRET)
             .env("POSGATE_API_TOKENS", format!("{TENANT}:{TOKEN}"))
-            .args(plan.serve_args(&id, port, &proxy.url()));
+            .args(plan.serve_args(&id, port, &store_url));
         let proc = ChildProc::spawn(&id, cmd, &plan.log_dir.join(format!("{id}.log")))?;
         Ok(PodProc {
             id,
@@ -174,6 +204,14 @@ impl PodProc {
             ready: false,
             faulted: false,
         })
+    }
+
+    /// The proxy between this pod and Redis: the scenarios that cut pods off run only
+    /// with proxied pods.
+    pub fn proxy(&self) -> &RedisProxy {
+        self.proxy
+            .as_ref()
+            .expect("a pod behind a proxy (not a redis-failover run)")
     }
 
     /// Whether `/readyz` answers 200.

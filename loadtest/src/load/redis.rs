@@ -69,6 +69,13 @@ impl RedisServer {
         std::net::SocketAddr::from(([127, 0, 0, 1], self.port))
     }
 
+    /// kill -9, and nothing more (a master lost for good; `redis-failover`).
+    pub async fn kill(&mut self) {
+        if let Some(mut p) = self.proc.take() {
+            p.kill().await;
+        }
+    }
+
     /// kill -9, then start again empty on the same port.
     pub async fn restart_empty(&mut self) -> Result<Duration, LoadError> {
         let started = Instant::now();
@@ -83,34 +90,8 @@ impl RedisServer {
         self.proc.as_ref()
     }
 
-    /// Sends one inline command and returns the raw reply (read until a short pause).
     async fn command(&self, line: &str) -> Result<String, LoadError> {
-        let io = |e| LoadError::io("talking to redis", e);
-        let fut = async {
-            let mut tcp = TcpStream::connect(self.addr()).await.map_err(io)?;
-            tcp.write_all(format!("{line}\r\n").as_bytes())
-                .await
-                .map_err(io)?;
-            let mut buf = Vec::new();
-            let mut chunk = [0u8; 16 * 1024];
-            loop {
-                let n = tcp.read(&mut chunk).await.map_err(io)?;
-                if n == 0 {
-                    break;
-                }
-                buf.extend_from_slice(&chunk[..n]);
-                if reply_complete(&buf) {
-                    break;
-                }
-            }
-            Ok(String::from_utf8_lossy(&buf).into_owned())
-        };
-        tokio::time::timeout(Duration::from_secs(2), fut)
-            .await
-            .map_err(|_| LoadError::Timeout {
-                what: format!("redis {line}"),
-                limit: Duration::from_secs(2),
-            })?
+        command(self.port, line).await
     }
 
     /// `INFO commandstats` as calls per command.
@@ -121,19 +102,59 @@ impl RedisServer {
     }
 }
 
-/// Whether a RESP reply in `buf` is complete (simple string/error, or a whole bulk).
-fn reply_complete(buf: &[u8]) -> bool {
-    let Some(nl) = buf.windows(2).position(|w| w == b"\r\n") else {
-        return false;
+/// Sends one inline command to the Redis (or sentinel) on loopback `port` and returns the
+/// raw reply, read until it is a whole RESP value.
+pub async fn command(port: u16, line: &str) -> Result<String, LoadError> {
+    let io = |e| LoadError::io("talking to redis", e);
+    let fut = async {
+        let mut tcp = TcpStream::connect(("127.0.0.1", port)).await.map_err(io)?;
+        tcp.write_all(format!("{line}\r\n").as_bytes())
+            .await
+            .map_err(io)?;
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 16 * 1024];
+        loop {
+            let n = tcp.read(&mut chunk).await.map_err(io)?;
+            if n == 0 {
+                break;
+            }
+            buf.extend_from_slice(&chunk[..n]);
+            if value_end(&buf, 0).is_some() {
+                break;
+            }
+        }
+        Ok(String::from_utf8_lossy(&buf).into_owned())
     };
-    if buf.first() != Some(&b'$') {
-        return true;
+    tokio::time::timeout(Duration::from_secs(2), fut)
+        .await
+        .map_err(|_| LoadError::Timeout {
+            what: format!("redis {line}"),
+            limit: Duration::from_secs(2),
+        })?
+}
+
+/// Where the RESP value starting at `at` in `buf` ends, if it is complete there (a simple
+/// string, error or integer, a bulk string, or an array of those).
+fn value_end(buf: &[u8], at: usize) -> Option<usize> {
+    let nl = at + buf.get(at..)?.windows(2).position(|w| w == b"\r\n")?;
+    let header = std::str::from_utf8(&buf[at + 1..nl]).ok()?;
+    let next = nl + 2;
+    match buf[at] {
+        b'$' => {
+            let len: i64 = header.parse().ok()?;
+            let end = if len < 0 {
+                next
+            } else {
+                next + len as usize + 2
+            };
+            (buf.len() >= end).then_some(end)
+        }
+        b'*' => {
+            let count: i64 = header.parse().ok()?;
+            (0..count.max(0)).try_fold(next, |pos, _| value_end(buf, pos))
+        }
+        _ => Some(next),
     }
-    let len: i64 = std::str::from_utf8(&buf[1..nl])
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    len < 0 || buf.len() >= nl + 2 + len as usize + 2
 }
 
 /// Parses `cmdstat_<name>:calls=N,...` lines.

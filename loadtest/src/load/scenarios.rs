@@ -32,6 +32,9 @@ pub enum Scenario {
     /// Every pod on the previous release, replaced one by one by this one (needs the
     /// previous release's binary, so not part of `all`).
     RollingUpgrade,
+    /// The master of a Sentinel deployment killed (SIGKILL); the pods reach Redis
+    /// through the sentinels (a run of its own, so not part of `all`).
+    RedisFailover,
 }
 
 impl Scenario {
@@ -52,8 +55,9 @@ impl Scenario {
         Scenario::SinglePodOutage,
     ];
 
-    /// Scenarios run only when named (they need something CI does not have).
-    pub const EXPLICIT: [Scenario; 1] = [Scenario::RollingUpgrade];
+    /// Scenarios run only when named: rolling-upgrade needs the previous release's binary,
+    /// redis-failover a cluster of its own (pods on sentinels, no proxies to cut).
+    pub const EXPLICIT: [Scenario; 2] = [Scenario::RollingUpgrade, Scenario::RedisFailover];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -69,6 +73,7 @@ impl Scenario {
             Scenario::PartialPartition => "partial-partition",
             Scenario::SinglePodOutage => "single-pod-outage",
             Scenario::RollingUpgrade => "rolling-upgrade",
+            Scenario::RedisFailover => "redis-failover",
         }
     }
 
@@ -160,12 +165,12 @@ pub struct Cut {
 /// service: connected to their terminals and peers, and push targets.
 async fn cut_off(c: &Cluster, which: &[usize], span: Duration) -> Cut {
     for &i in which {
-        c.pods[i].proxy.cut();
+        c.pods[i].proxy().cut();
     }
     let from_unix_ms = unix_ms();
     tokio::time::sleep(span).await;
     for &i in which {
-        c.pods[i].proxy.restore();
+        c.pods[i].proxy().restore();
     }
     Cut {
         pods: which.iter().map(|&i| c.pods[i].id.clone()).collect(),
@@ -430,6 +435,11 @@ pub async fn act(c: &mut Cluster, scenario: Scenario) -> Result<Action, LoadErro
             a.cut = Some(cut);
             a.settle = c.profile.lease_ttl;
         }
+        Scenario::RedisFailover => {
+            let cut = fail_over(c, &mut a).await?;
+            a.cut = Some(cut);
+            a.settle = c.profile.lease_ttl;
+        }
         Scenario::PodPartition => {
             let cut = cut_off(c, &[c.pods.len() - 1], fault_for).await;
             a.deadline_faults
@@ -444,4 +454,51 @@ pub async fn act(c: &mut Cluster, scenario: Scenario) -> Result<Action, LoadErro
         }
     }
     Ok(a)
+}
+
+/// redis-failover: kills the master (SIGKILL), waits for the sentinels to promote a
+/// replica and for every pod to reach the store again with no recovery hold (ownership
+/// may change again). The window is the "outage" its gates count pushes in.
+async fn fail_over(c: &mut Cluster, a: &mut Action) -> Result<Cut, LoadError> {
+    let limit = Duration::from_secs(60);
+    let sentinels = c
+        .sentinels
+        .as_ref()
+        .ok_or_else(|| LoadError::Plan("redis-failover needs the sentinels".into()))?;
+    let old = c.redis.addr().port();
+    let from_unix_ms = unix_ms();
+    c.redis.kill().await;
+    let new = sentinels.wait_promoted(old, limit).await?;
+    let promoted_ms = unix_ms() - from_unix_ms;
+    let started = Instant::now();
+    loop {
+        let mut back = true;
+        for pod in c.pods.iter().filter(|p| !p.faulted) {
+            back &= pod.cluster(&c.client).await.is_ok_and(|v| {
+                v.store.verdict == "reachable" && v.store.recovery_hold_ms.is_none()
+            });
+        }
+        if back {
+            break;
+        }
+        if started.elapsed() > limit {
+            return Err(LoadError::Timeout {
+                what: "every pod reaching the promoted master with no recovery hold".into(),
+                limit,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let to_unix_ms = unix_ms();
+    a.notes.push(format!(
+        "master on port {old} killed (SIGKILL); the sentinels promoted the replica on port \
+         {new} after {promoted_ms} ms; every pod reached it with no recovery hold (ownership \
+         may change again) {} ms after the kill",
+        to_unix_ms - from_unix_ms
+    ));
+    Ok(Cut {
+        pods: c.pods.iter().map(|p| p.id.clone()).collect(),
+        from_unix_ms,
+        to_unix_ms,
+    })
 }
