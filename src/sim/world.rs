@@ -14,6 +14,7 @@ mod pushes;
 mod session_checks;
 mod sessions;
 mod store_calls;
+mod terminals;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -22,6 +23,7 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use self::converge::settle;
 pub use self::failover::Failover;
 use self::failover::Replica;
 use self::pushes::{Caller, Flight, PushEv};
@@ -34,9 +36,7 @@ use super::{SimConfig, SimStats};
 use crate::core::lease::{AcquireOutcome, Checked, Claim, RenewOutcome, StaleEpoch};
 use crate::core::membership::{Member, Snapshot, HANDOVER_DRAIN};
 use crate::core::placement::Placement;
-use crate::core::reconciler::{
-    Action, Close, OpFailed, OpResult, PeerReport, Reconciler, ShardState, Stop,
-};
+use crate::core::reconciler::{Action, Close, OpFailed, OpResult, PeerReport, Reconciler, Stop};
 use crate::core::{Epoch, PodId, ShardId};
 use crate::push::idempotency::{IdempotencyCache, Reservation};
 use crate::store::memory::MemoryState;
@@ -485,58 +485,4 @@ impl<'a> World<'a> {
             self.schedule(at, Ev::Wake(pod));
         }
     }
-
-    /// A terminal's stale-epoch answer to `epoch` on `shard`: it names the newest epoch
-    /// the shard's terminals said hello with, as a real `409` does.
-    fn stale_epoch(&self, shard: ShardId, epoch: Epoch) -> StaleEpoch {
-        StaleEpoch {
-            shard,
-            epoch,
-            highest: self.check.newest_hello(shard).map(|(_, e)| e),
-        }
-    }
-
-    fn check_exclusive(&mut self, pod: usize) -> Result<(), Violation> {
-        let now_of: Vec<Instant> = (0..self.pods.len()).map(|i| self.local(i)).collect();
-        let Some(rec) = self.pods[pod].rec.as_ref() else {
-            return Ok(());
-        };
-        for shard in 0..self.cfg.core.shards {
-            if rec.serving(shard, now_of[pod]).is_none() {
-                continue;
-            }
-            if matches!(rec.shard_state(shard), Some(ShardState::Suspended { .. })) {
-                self.stats.served_in_outage += 1;
-            }
-            // A frozen pod delivers nothing; on waking its first input runs first.
-            let servers: Vec<(PodId, Epoch)> = self
-                .pods
-                .iter()
-                .enumerate()
-                .filter(|(_, p)| p.alive && p.paused_until.is_none())
-                .filter_map(|(i, p)| {
-                    let epoch = p.rec.as_ref()?.serving(shard, now_of[i])?;
-                    Some((p.id.clone(), epoch))
-                })
-                .collect();
-            self.check.exclusive(self.now, shard, &servers)?;
-        }
-        Ok(())
-    }
-}
-
-/// How long a run goes on after the faults end: long enough for every shard to settle
-/// on its assigned pod.
-impl World<'_> {
-    /// When the run ends and convergence is judged: [`settle`] after the faults, plus
-    /// how far the store's clock is behind true time (a failover to a replica whose
-    /// clock lags keeps every TTL alive that much longer: liveness is the store's).
-    fn end(&self) -> Duration {
-        let lag = Duration::from_millis(self.store_clock_ms.min(0).unsigned_abs());
-        self.cfg.fault_end + settle(self.cfg) + lag
-    }
-}
-
-fn settle(cfg: &SimConfig) -> Duration {
-    cfg.core.lease_ttl.max(cfg.core.member_ttl) + Duration::from_secs(3)
 }

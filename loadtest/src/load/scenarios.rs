@@ -7,7 +7,7 @@ use super::{
     cluster::Cluster,
     pods::{import_directory, PodProc, Release},
     procs::Signal,
-    unix_ms,
+    sentinels, unix_ms,
     upgrade::{self, Step, UpgradeTrace},
     LoadError,
 };
@@ -436,7 +436,7 @@ pub async fn act(c: &mut Cluster, scenario: Scenario) -> Result<Action, LoadErro
             a.settle = c.profile.lease_ttl;
         }
         Scenario::RedisFailover => {
-            let cut = fail_over(c, &mut a).await?;
+            let cut = sentinels::fail_over(c, &mut a).await?;
             a.cut = Some(cut);
             a.settle = c.profile.lease_ttl;
         }
@@ -454,51 +454,4 @@ pub async fn act(c: &mut Cluster, scenario: Scenario) -> Result<Action, LoadErro
         }
     }
     Ok(a)
-}
-
-/// redis-failover: kills the master (SIGKILL), waits for the sentinels to promote a
-/// replica and for every pod to reach the store again with no recovery hold (ownership
-/// may change again). The window is the "outage" its gates count pushes in.
-async fn fail_over(c: &mut Cluster, a: &mut Action) -> Result<Cut, LoadError> {
-    let limit = Duration::from_secs(60);
-    let sentinels = c
-        .sentinels
-        .as_ref()
-        .ok_or_else(|| LoadError::Plan("redis-failover needs the sentinels".into()))?;
-    let old = c.redis.addr().port();
-    let from_unix_ms = unix_ms();
-    c.redis.kill().await;
-    let new = sentinels.wait_promoted(old, limit).await?;
-    let promoted_ms = unix_ms() - from_unix_ms;
-    let started = Instant::now();
-    loop {
-        let mut back = true;
-        for pod in c.pods.iter().filter(|p| !p.faulted) {
-            back &= pod.cluster(&c.client).await.is_ok_and(|v| {
-                v.store.verdict == "reachable" && v.store.recovery_hold_ms.is_none()
-            });
-        }
-        if back {
-            break;
-        }
-        if started.elapsed() > limit {
-            return Err(LoadError::Timeout {
-                what: "every pod reaching the promoted master with no recovery hold".into(),
-                limit,
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let to_unix_ms = unix_ms();
-    a.notes.push(format!(
-        "master on port {old} killed (SIGKILL); the sentinels promoted the replica on port \
-         {new} after {promoted_ms} ms; every pod reached it with no recovery hold (ownership \
-         may change again) {} ms after the kill",
-        to_unix_ms - from_unix_ms
-    ));
-    Ok(Cut {
-        pods: c.pods.iter().map(|p| p.id.clone()).collect(),
-        from_unix_ms,
-        to_unix_ms,
-    })
 }

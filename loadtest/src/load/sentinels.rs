@@ -4,8 +4,8 @@
 //! logging into the run's log directory. The pods of such a run reach the store at
 //! [`Sentinels::url`] (no per-pod proxy).
 //!
-//! What it does not do: fail anything over by itself (the scenario kills the master), or
-//! reach anything but 127.0.0.1.
+//! The scenario's event is [`fail_over`]. What it does not do: reach anything but
+//! 127.0.0.1.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -13,9 +13,11 @@ use std::time::{Duration, Instant};
 use tokio::process::Command;
 
 use super::{
+    cluster::Cluster,
     procs::{free_port, ChildProc},
     redis::{command, RedisServer},
-    LoadError,
+    scenarios::{Action, Cut},
+    unix_ms, LoadError,
 };
 
 /// The name the sentinels monitor the master under.
@@ -213,4 +215,51 @@ fn field(reply: &str, name: &str) -> Option<u64> {
         .iter()
         .find(|l| !l.starts_with('$'))
         .and_then(|l| l.parse().ok())
+}
+
+/// redis-failover: kills the master (SIGKILL), waits for the sentinels to promote a
+/// replica and for every pod to reach the store again with no recovery hold (ownership
+/// may change again). The window is the "outage" its gates count pushes in.
+pub async fn fail_over(c: &mut Cluster, a: &mut Action) -> Result<Cut, LoadError> {
+    let limit = Duration::from_secs(60);
+    let sentinels = c
+        .sentinels
+        .as_ref()
+        .ok_or_else(|| LoadError::Plan("redis-failover needs the sentinels".into()))?;
+    let old = c.redis.addr().port();
+    let from_unix_ms = unix_ms();
+    c.redis.kill().await;
+    let new = sentinels.wait_promoted(old, limit).await?;
+    let promoted_ms = unix_ms() - from_unix_ms;
+    let started = Instant::now();
+    loop {
+        let mut back = true;
+        for pod in c.pods.iter().filter(|p| !p.faulted) {
+            back &= pod.cluster(&c.client).await.is_ok_and(|v| {
+                v.store.verdict == "reachable" && v.store.recovery_hold_ms.is_none()
+            });
+        }
+        if back {
+            break;
+        }
+        if started.elapsed() > limit {
+            return Err(LoadError::Timeout {
+                what: "every pod reaching the promoted master with no recovery hold".into(),
+                limit,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let to_unix_ms = unix_ms();
+    a.notes.push(format!(
+        "master on port {old} killed (SIGKILL); the sentinels promoted the replica on port \
+         {new} after {promoted_ms} ms; every pod reached it with no recovery hold (ownership \
+         may change again) {} ms after the kill",
+        to_unix_ms - from_unix_ms
+    ));
+    Ok(Cut {
+        pods: c.pods.iter().map(|p| p.id.clone()).collect(),
+        from_unix_ms,
+        to_unix_ms,
+    })
 }

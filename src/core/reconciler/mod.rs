@@ -38,6 +38,7 @@
 //! What it does not do: talk to Redis, dial terminals, or decide *which* pod should own a
 //! shard (that is [`crate::core::placement`] and [`crate::core::ring`]).
 
+mod answers;
 mod inputs;
 mod lifecycle;
 mod placing;

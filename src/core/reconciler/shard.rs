@@ -11,8 +11,12 @@
 //! This module decides nothing: which transition to make, and when, is for the rules in
 //! `super` (the reconciler), which see all shards and the cluster at once.
 
+mod claims;
+
 use std::time::Instant;
 
+pub use self::claims::{ClaimEnd, Stray};
+use self::claims::{Owed, Reclaim};
 use crate::core::Epoch;
 
 /// Where one shard stands for this pod.
@@ -39,33 +43,6 @@ pub enum AfterStop {
     Release,
     /// The lease is already lost or unreachable: just forget it.
     Forget,
-}
-
-/// Whether the store may hold a lease naming this pod that the shard's phase does not
-/// account for ("maybe ours", rule 6): an acquire landed too late to serve on, or its call
-/// failed while the shard was not held. Such a shard is claimed afresh or released rather
-/// than forgotten.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Stray {
-    None,
-    MaybeOurs,
-}
-
-/// How an acquire ended without this pod serving on its answer, as far as a lease it may
-/// have left in the store is concerned.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ClaimEnd {
-    /// Answered in time (held by another pod, or the shard stopped meanwhile): nothing of
-    /// ours is stray.
-    Answered,
-    /// Answered with the lease, but too late to serve on (the pod was paused): the lease
-    /// may be ours, with a fresh TTL, beyond any deadline this pod keeps.
-    Late,
-    /// The call failed: it may or may not have taken effect. A shard that is not held may
-    /// then have a lease of ours; a held one's key names us anyway, so it records nothing.
-    Failed,
-    /// The store's generation had changed, so the call wrote nothing.
-    Void,
 }
 
 /// One shard's local record: its phase, and when the last fresh claim was sent.
@@ -116,65 +93,6 @@ enum Phase {
         sent: bool,
         unanswered: Option<Instant>,
     },
-}
-
-/// A re-claim (`SET NX`, or the owner-checked bump of `acquire.lua`) a held shard owes:
-/// after a new store generation, a store that came back after the deadline passed, a
-/// renewal that found the lease lost by the store, or a terminal that has seen a higher
-/// epoch than the one held.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Owed {
-    /// To be sent once the store answers.
-    Due,
-    /// In flight since the instant.
-    Sent(Instant),
-    /// The store shows another pod's lease with a lower epoch than the one held: a lease
-    /// from before this pod's acquisition, which the store lost (a failover that lost
-    /// writes) while it still keeps the older lease, until its pod releases it (it finds
-    /// it stray) or it expires. Due again after the next snapshot.
-    Blocked,
-}
-
-/// Where the re-claim of a served shard stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Reclaim {
-    /// None is needed: renewals keep the lease.
-    NotNeeded,
-    Owed(Owed),
-    /// In flight since the instant, but no longer needed: a renewal resumed the shard
-    /// meanwhile. Its answer still counts (it may carry a new epoch); its failure leaves
-    /// the lease to the renewals.
-    Overtaken(Instant),
-}
-
-impl Owed {
-    fn in_flight(self) -> Option<Instant> {
-        match self {
-            Owed::Sent(sent) => Some(sent),
-            Owed::Due | Owed::Blocked => None,
-        }
-    }
-}
-
-impl Reclaim {
-    fn in_flight(self) -> Option<Instant> {
-        match self {
-            Reclaim::Owed(owed) => owed.in_flight(),
-            Reclaim::Overtaken(sent) => Some(sent),
-            Reclaim::NotNeeded => None,
-        }
-    }
-}
-
-impl Stray {
-    /// What is stray after an acquire of a held or stopping shard ended (see [`ClaimEnd`]).
-    fn after(self, end: ClaimEnd) -> Stray {
-        match end {
-            ClaimEnd::Answered => Stray::None,
-            ClaimEnd::Late => Stray::MaybeOurs,
-            ClaimEnd::Failed | ClaimEnd::Void => self,
-        }
-    }
 }
 
 impl Shard {

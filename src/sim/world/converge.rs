@@ -2,11 +2,28 @@
 //! placement is a balanced table over exactly the live pods, every shard is served
 //! by exactly its pod, and each of its terminals has exactly one session, with that pod.
 
+use std::time::Duration;
+
 use super::World;
 use crate::core::PodId;
 use crate::sim::checks::Violation;
+use crate::sim::SimConfig;
+
+/// How long a run goes on after the faults end: long enough for every shard to settle
+/// on its assigned pod.
+pub(super) fn settle(cfg: &SimConfig) -> Duration {
+    cfg.core.lease_ttl.max(cfg.core.member_ttl) + Duration::from_secs(3)
+}
 
 impl World<'_> {
+    /// When the run ends and convergence is judged: [`settle`] after the faults, plus
+    /// how far the store's clock is behind true time (a failover to a replica whose
+    /// clock lags keeps every TTL alive that much longer: liveness is the store's).
+    pub(super) fn end(&self) -> Duration {
+        let lag = Duration::from_millis(self.store_clock_ms.min(0).unsigned_abs());
+        self.cfg.fault_end + settle(self.cfg) + lag
+    }
+
     /// After faults stop and the settle time passes: the stored placement is a balanced
     /// table over exactly the live pods, and each shard is served by exactly its pod.
     pub(super) fn converged(&mut self) -> Result<(), Violation> {

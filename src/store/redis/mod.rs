@@ -73,6 +73,7 @@ mod follow;
 mod invoke;
 mod ops;
 mod reply;
+mod scripts;
 pub mod sentinel_url;
 
 use std::fmt;
@@ -92,6 +93,7 @@ use self::client::{bounded, cannot_connect, lazy_manager};
 use self::endpoint::{address, may_have_moved, Endpoint};
 use self::events::{Events, Subscription};
 pub use self::invoke::Wait;
+use self::scripts::Scripts;
 use super::keys::Keys;
 use super::StoreError;
 use crate::core::ShardId;
@@ -147,44 +149,6 @@ fn link_to(client: Client, opts: &RedisOptions) -> Result<Link, StoreError> {
         client,
         manager,
     })
-}
-
-/// A script body with the shared helpers prepended, flagged as a writing script (the
-/// `#!lua` line without `no-writes`; see the module docs).
-macro_rules! script {
-    ($file:literal) => {
-        Script::new(concat!(
-            "#!lua\n",
-            include_str!("../lua/lib.lua"),
-            include_str!(concat!("../lua/", $file))
-        ))
-    };
-}
-
-struct Scripts {
-    pin_meta: Script,
-    heartbeat: Script,
-    deregister: Script,
-    acquire: Script,
-    renew: Script,
-    release: Script,
-    snapshot: Script,
-    place: Script,
-}
-
-impl Scripts {
-    fn new() -> Self {
-        Scripts {
-            pin_meta: script!("pin_meta.lua"),
-            heartbeat: script!("heartbeat.lua"),
-            deregister: script!("deregister.lua"),
-            acquire: script!("acquire.lua"),
-            renew: script!("renew.lua"),
-            release: script!("release.lua"),
-            snapshot: script!("snapshot.lua"),
-            place: script!("place.lua"),
-        }
-    }
 }
 
 /// The connection to the master as last found.
