@@ -23,7 +23,7 @@ fn terminals(url: &str, args: &[&str]) -> Output {
 }
 
 /// [`terminals`], asserting success; returns stdout.
-fn ok(url: &str, args: &[&str]) -> String {
+pub(crate) fn ok(url: &str, args: &[&str]) -> String {
     let out = terminals(url, args);
     assert!(
         out.status.success(),
@@ -34,20 +34,20 @@ fn ok(url: &str, args: &[&str]) -> String {
     text(&out.stdout)
 }
 
-fn count(url: &str) -> u64 {
+pub(crate) fn count(url: &str) -> u64 {
     ok(url, &["count"])
         .trim()
         .parse()
         .expect("count prints a number")
 }
 
-fn write(dir: &Path, name: &str, content: &str) -> PathBuf {
+pub(crate) fn write(dir: &Path, name: &str, content: &str) -> PathBuf {
     let path = dir.join(name);
     std::fs::write(&path, content).unwrap();
     path
 }
 
-fn good_csv(n: usize) -> String {
+pub(crate) fn good_csv(n: usize) -> String {
     let mut s = String::from("id,addr,server_name\n");
     for i in 0..n {
         if i % 2 == 0 {

@@ -28,7 +28,7 @@ use posgate_loadtest::load::pushgen::Targets;
 use crate::support::farm::{self, connect_limit, Farm};
 use crate::support::gateway::{open_loop, summary};
 use crate::support::leases;
-use crate::support::pod::{self, store_options, CLUSTER, SHARDS};
+use crate::support::pod::{self, store_options, Setup, CLUSTER, SHARDS};
 use crate::support::wait::{secs, wait_for};
 use crate::support::RedisServer;
 
@@ -224,7 +224,7 @@ async fn the_script_writes_only_a_lost_shard_for_its_current_epoch_holder() {
 async fn start_pod(i: usize, redis: &RedisServer, farm: &Farm) -> (PodHandle, String) {
     let name = format!("restore-pod-{i}");
     let tokens = format!("{TENANT}:{TOKEN}");
-    pod::start_with_api(&name, &redis.url(), farm, 1_000, &tokens).await
+    pod::start_with_api(&Setup::default(), &name, &redis.url(), farm, 1_000, &tokens).await
 }
 
 /// The shard's lease holder and epoch, as the pods serve it now.

@@ -22,7 +22,7 @@ use posgate::pod::PodHandle;
 
 use crate::support::api::{self, Http, Push};
 use crate::support::farm::{self, Farm};
-use crate::support::pod;
+use crate::support::pod::{self, Setup};
 use crate::support::wait::{secs, wait_for, wait_for_async};
 use crate::support::RedisServer;
 
@@ -87,7 +87,15 @@ async fn push_for(
 
 async fn start(redis: &RedisServer, farm: &Farm) -> (PodHandle, String) {
     let tokens = format!("acme:{TOKEN}");
-    pod::start_with_api("outage-pod", &redis.url(), farm, 2_000, &tokens).await
+    pod::start_with_api(
+        &Setup::default(),
+        "outage-pod",
+        &redis.url(),
+        farm,
+        2_000,
+        &tokens,
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

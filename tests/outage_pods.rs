@@ -22,7 +22,7 @@ use posgate::pod::PodHandle;
 use crate::support::api::{self, Push};
 use crate::support::cluster::{core, Cluster, Kind, TestPod};
 use crate::support::farm::{self, connect_limit, Farm};
-use crate::support::pod::{self, served, SHARDS};
+use crate::support::pod::{self, served, Setup, SHARDS};
 use crate::support::redis_server::free_port;
 use crate::support::wait::{secs, wait_for, wait_for_async};
 use crate::support::RedisServer;
@@ -139,7 +139,7 @@ const TOKEN: &str = "outage-pods-token-0123456789";
 /// A pod with terminals from `farm` and the push API, against `redis`.
 async fn start_pod(name: &str, redis: &RedisServer, farm: &Farm) -> (PodHandle, String) {
     let tokens = format!("outage:{TOKEN}");
-    pod::start_with_api(name, &redis.url(), farm, 1_000, &tokens).await
+    pod::start_with_api(&Setup::default(), name, &redis.url(), farm, 1_000, &tokens).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -21,7 +21,7 @@ use posgate::store::redis::RedisStore;
 
 use crate::support::api::{self, Http, Push};
 use crate::support::farm::{self, Farm};
-use crate::support::pod::{self, store_options, CLUSTER, SHARDS};
+use crate::support::pod::{self, store_options, Setup, CLUSTER, SHARDS};
 use crate::support::wait::wait_for;
 use crate::support::RedisServer;
 
@@ -34,7 +34,7 @@ const PUSHED: usize = 100;
 async fn start_pod(i: usize, redis_url: &str, farm: &Farm) -> (PodHandle, String) {
     let name = format!("pos-pod-{i}");
     let tokens = format!("e2e:{API_TOKEN}");
-    pod::start_with_api(&name, redis_url, farm, 1_000, &tokens).await
+    pod::start_with_api(&Setup::default(), &name, redis_url, farm, 1_000, &tokens).await
 }
 
 /// Pushes to each of `terminals` with its own key `{tag}-{i}` through `first[i % 2]`,

@@ -54,6 +54,10 @@ fn text(s: impl Into<String>) -> Tok {
     Tok::Text(s.into())
 }
 
+fn held_by(s: ShardId, owner: &PodId, epoch: Epoch) -> Vec<Tok> {
+    vec![text(format!("HeldBy({owner})")), Tok::Epoch(s, epoch)]
+}
+
 impl Transcript {
     fn push(&mut self, op: &str, toks: Vec<Tok>) {
         let mut line = vec![text(format!("{op}:"))];
@@ -82,7 +86,14 @@ impl Transcript {
         }
     }
 
-    fn acquire(&mut self, shards: &[ShardId], r: Result<Checked<Vec<AcquireOutcome>>, StoreError>) {
+    /// One line for a batch answer: `[shard]` and the tokens `each` gives its outcome.
+    fn outcomes<O>(
+        &mut self,
+        op: &str,
+        shards: &[ShardId],
+        r: Result<Checked<Vec<O>>, StoreError>,
+        mut each: impl FnMut(&mut Self, ShardId, &O) -> Vec<Tok>,
+    ) {
         let toks = match &r {
             Err(e) => Self::error(e),
             Ok(c) => Self::checked(c, |outs| {
@@ -90,50 +101,37 @@ impl Transcript {
                 let mut toks = Vec::new();
                 for (&s, o) in shards.iter().zip(outs) {
                     toks.push(text(format!("[{s}]")));
-                    match o {
-                        AcquireOutcome::Acquired { epoch, released_by } => {
-                            self.acquired.entry(s).or_default().push(*epoch);
-                            toks.extend([text("Acquired"), Tok::Epoch(s, *epoch)]);
-                            if let Some(m) = released_by {
-                                toks.push(text(format!("released by {}", m.pod)));
-                            }
-                        }
-                        AcquireOutcome::AlreadyMine { epoch } => {
-                            toks.extend([text("AlreadyMine"), Tok::Epoch(s, *epoch)])
-                        }
-                        AcquireOutcome::HeldBy { owner, epoch } => {
-                            toks.extend([text(format!("HeldBy({owner})")), Tok::Epoch(s, *epoch)])
-                        }
-                    }
+                    toks.extend(each(self, s, o));
                 }
                 toks
             }),
         };
-        self.push("acquire", toks);
+        self.push(op, toks);
+    }
+
+    fn acquire(&mut self, shards: &[ShardId], r: Result<Checked<Vec<AcquireOutcome>>, StoreError>) {
+        self.outcomes("acquire", shards, r, |t, s, o| match o {
+            AcquireOutcome::Acquired { epoch, released_by } => {
+                t.acquired.entry(s).or_default().push(*epoch);
+                let mut toks = vec![text("Acquired"), Tok::Epoch(s, *epoch)];
+                if let Some(m) = released_by {
+                    toks.push(text(format!("released by {}", m.pod)));
+                }
+                toks
+            }
+            AcquireOutcome::AlreadyMine { epoch } => {
+                vec![text("AlreadyMine"), Tok::Epoch(s, *epoch)]
+            }
+            AcquireOutcome::HeldBy { owner, epoch } => held_by(s, owner, *epoch),
+        });
     }
 
     fn renew(&mut self, shards: &[ShardId], r: Result<Checked<Vec<RenewOutcome>>, StoreError>) {
-        let toks = match &r {
-            Err(e) => Self::error(e),
-            Ok(c) => Self::checked(c, |outs| {
-                assert_eq!(outs.len(), shards.len());
-                let mut toks = Vec::new();
-                for (&s, o) in shards.iter().zip(outs) {
-                    toks.push(text(format!("[{s}]")));
-                    match o {
-                        RenewOutcome::Renewed => toks.push(text("Renewed")),
-                        RenewOutcome::Missing { epoch } => {
-                            toks.extend([text("Missing"), Tok::Epoch(s, *epoch)])
-                        }
-                        RenewOutcome::HeldBy { owner, epoch } => {
-                            toks.extend([text(format!("HeldBy({owner})")), Tok::Epoch(s, *epoch)])
-                        }
-                    }
-                }
-                toks
-            }),
-        };
-        self.push("renew", toks);
+        self.outcomes("renew", shards, r, |_, s, o| match o {
+            RenewOutcome::Renewed => vec![text("Renewed")],
+            RenewOutcome::Missing { epoch } => vec![text("Missing"), Tok::Epoch(s, *epoch)],
+            RenewOutcome::HeldBy { owner, epoch } => held_by(s, owner, *epoch),
+        });
     }
 
     fn unit(&mut self, op: &str, r: Result<Checked<()>, StoreError>) {

@@ -1,6 +1,8 @@
 //! Redis high availability (issue 16) against real `redis-server` and `redis-sentinel`
 //! processes (`support::redis_ha`: a master, two replicas, three sentinels on loopback):
 //!
+//! - `cli`: `posgate terminals` commands through a `redis+sentinel://` URL reach the
+//!   promoted master after a failover, unchanged;
 //! - `store`: the store behind a `redis+sentinel://` URL follows a planned failover
 //!   (`SENTINEL FAILOVER`) and a killed master, its event subscription too; a direct
 //!   `redis://` endpoint whose node becomes a replica (a managed Redis's DNS-switched
@@ -14,6 +16,7 @@
 //! - `isolation`: a master cut off with one pod (`min-replicas-to-write`) refuses its
 //!   writes, so that pod gives its shards up before the others take them.
 
+mod cli;
 mod isolation;
 mod pods;
 mod store;

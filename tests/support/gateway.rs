@@ -172,7 +172,7 @@ impl Gateway {
         let name = format!("gw-pod-{}", self.started);
         self.started += 1;
         let tokens = format!("{TENANT}:{TOKEN}");
-        let (handle, url) = pod::start_with_api_as(
+        let (handle, url) = pod::start_with_api(
             &self.setup,
             &name,
             store_url,
@@ -223,10 +223,14 @@ impl Gateway {
     }
 
     /// Every shard is served by exactly one pod and every terminal holds a current
-    /// session with its shard's epoch.
+    /// session with its shard's epoch, on its only open connection: a connection of an
+    /// earlier owner still closing (a superseded session, a dial that lost a race) would
+    /// otherwise close after a test took its baseline and count as a disconnect.
     pub fn current(&self) -> bool {
         let handles = self.handles();
-        pod::settled(handles.iter().copied()) && self.farm.all_sessions_current(&handles)
+        pod::settled(handles.iter().copied())
+            && self.farm.all_sessions_current(&handles)
+            && self.farm.all_settled()
     }
 
     /// Who serves each shard now, with which epoch.

@@ -112,21 +112,10 @@ impl Default for Setup {
     }
 }
 
-/// Pod `name` against the Redis at `redis_url`, dialing the terminals of `farm` at most
-/// `dial_rate` per second, with the push API open to `tokens` (`tenant:token,...`): its
-/// handle and base URL.
+/// Pod `name` set up as `setup` against the Redis at `redis_url`, dialing the terminals
+/// of `farm` at most `dial_rate` per second, with the push API open to `tokens`
+/// (`tenant:token,...`): its handle and base URL.
 pub async fn start_with_api(
-    name: &str,
-    redis_url: &str,
-    farm: &Farm,
-    dial_rate: u32,
-    tokens: &str,
-) -> (PodHandle, String) {
-    start_with_api_as(&Setup::default(), name, redis_url, farm, dial_rate, tokens).await
-}
-
-/// [`start_with_api`] with `setup`.
-pub async fn start_with_api_as(
     setup: &Setup,
     name: &str,
     redis_url: &str,

@@ -22,14 +22,13 @@ use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
 
+use posgate_loadtest::load::sentinels;
+/// The master's name and the sentinels' down-after: the load harness's own.
+pub use posgate_loadtest::load::sentinels::{DOWN_AFTER, MASTER};
+
 use super::redis_server::{free_port, program};
 use super::wait::wait_for;
 use super::{RedisProxy, RedisServer};
-
-/// The name the sentinels monitor the master under.
-pub const MASTER: &str = "posgate";
-/// How long the sentinels wait before they call an unanswering master down.
-pub const DOWN_AFTER: Duration = Duration::from_millis(1000);
 
 /// How the deployment is set up.
 #[derive(Clone, Copy, Debug, Default)]
@@ -130,12 +129,7 @@ impl RedisHa {
 
     /// `redis+sentinel://` URL of the three sentinels.
     pub fn url(&self) -> String {
-        let hosts: Vec<String> = self
-            .sentinels
-            .iter()
-            .map(|s| format!("127.0.0.1:{}", s.port))
-            .collect();
-        format!("redis+sentinel://{}/{MASTER}", hosts.join(","))
+        sentinels::url(self.sentinels.iter().map(|s| s.port))
     }
 
     /// The port of the node the sentinels name master now (the first master's own port,

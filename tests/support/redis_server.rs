@@ -9,6 +9,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use posgate_loadtest::load::redis::loopback_args;
+
 use super::tls::TestPki;
 
 /// A running `redis-server` in its own temporary directory.
@@ -160,24 +162,15 @@ impl RedisServer {
         if let Some(offset) = self.clock_offset {
             super::clock_shift::shift(&mut cmd, offset);
         }
-        cmd.args([
-            "--port",
-            &self.port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .arg("--dir")
-        .arg(self.dir.path())
-        .arg("--logfile")
-        .arg(&log)
-        .args(&self.args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
+        cmd.args(loopback_args(self.port))
+            .arg("--dir")
+            .arg(self.dir.path())
+            .arg("--logfile")
+            .arg(&log)
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
         let mut child = cmd.spawn().expect("spawn redis-server");
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {

@@ -29,6 +29,22 @@ pub struct RedisServer {
     starts: u32,
 }
 
+/// `redis-server` arguments for a throwaway node on loopback `port`: no snapshots, no
+/// append-only file (a test or a run starts from nothing and leaves nothing behind).
+pub fn loopback_args(port: u16) -> [String; 8] {
+    [
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+    ]
+    .map(String::from)
+}
+
 impl RedisServer {
     /// Starts `redis-server` on a free port and waits until it answers.
     pub async fn start(log_dir: &Path) -> Result<Self, LoadError> {
@@ -44,8 +60,7 @@ impl RedisServer {
 
     async fn spawn(&mut self) -> Result<(), LoadError> {
         let mut cmd = Command::new("redis-server");
-        cmd.args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"]);
+        cmd.args(loopback_args(self.port));
         self.starts += 1;
         let name = format!("redis-server #{}", self.starts);
         self.proc = Some(ChildProc::spawn(&name, cmd, &self.log)?);

@@ -15,7 +15,7 @@ use tokio::process::Command;
 use super::{
     cluster::Cluster,
     procs::{free_port, ChildProc},
-    redis::{command, RedisServer},
+    redis::{command, loopback_args, RedisServer},
     scenarios::{Action, Cut},
     unix_ms, LoadError,
 };
@@ -24,6 +24,15 @@ use super::{
 pub const MASTER: &str = "posgate";
 /// How long the sentinels wait before they call an unanswering master down.
 pub const DOWN_AFTER: Duration = Duration::from_millis(1000);
+
+/// `redis+sentinel://` URL of the sentinels on loopback `ports`, for [`MASTER`].
+pub fn url(ports: impl IntoIterator<Item = u16>) -> String {
+    let hosts: Vec<String> = ports
+        .into_iter()
+        .map(|port| format!("127.0.0.1:{port}"))
+        .collect();
+    format!("redis+sentinel://{}/{MASTER}", hosts.join(","))
+}
 
 /// One process of the deployment: a replica or a sentinel.
 struct Node {
@@ -75,24 +84,18 @@ impl Sentinels {
         let mut replicas = Vec::new();
         for i in 0..2 {
             let port = free_port()?;
-            let args = [
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
+            let mut args = loopback_args(port).to_vec();
+            let replica = [
                 "--repl-diskless-sync-delay",
                 "0",
                 "--replicaof",
                 "127.0.0.1",
-                &master_port.to_string(),
             ];
+            args.extend(replica.map(String::from));
+            args.push(master_port.to_string());
             let name = format!("redis-replica-{i}");
             let log = logs.join(format!("{name}.log"));
-            let proc = spawn("redis-server", args.map(String::from).to_vec(), &log, &name).await?;
+            let proc = spawn("redis-server", args, &log, &name).await?;
             answering(port, &name).await?;
             replicas.push(Node { port, _proc: proc });
         }
@@ -159,12 +162,7 @@ impl Sentinels {
 
     /// `redis+sentinel://` URL of the three sentinels.
     pub fn url(&self) -> String {
-        let hosts: Vec<String> = self
-            .sentinels
-            .iter()
-            .map(|s| format!("127.0.0.1:{}", s.port))
-            .collect();
-        format!("redis+sentinel://{}/{MASTER}", hosts.join(","))
+        url(self.sentinels.iter().map(|s| s.port))
     }
 
     /// The master's port as the first sentinel that answers names it.

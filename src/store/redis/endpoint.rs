@@ -50,19 +50,27 @@ struct Node {
     certs: Option<TlsCertificates>,
 }
 
+/// A TCP address, verified TLS when `tls` (the certificates come with the client).
+fn addr(tls: bool, host: String, port: u16) -> ConnectionAddr {
+    if tls {
+        ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure: false,
+            tls_params: None,
+        }
+    } else {
+        ConnectionAddr::Tcp(host, port)
+    }
+}
+
 impl Node {
     fn client(&self, host: String, port: u16) -> Result<Client, redis::RedisError> {
-        let addr = if self.tls {
-            ConnectionAddr::TcpTls {
-                host,
-                port,
-                insecure: false,
-                tls_params: None,
-            }
-        } else {
-            ConnectionAddr::Tcp(host, port)
-        };
-        build(addr, self.redis.clone(), self.certs.clone())
+        build(
+            addr(self.tls, host, port),
+            self.redis.clone(),
+            self.certs.clone(),
+        )
     }
 }
 
@@ -164,17 +172,7 @@ impl Endpoint {
             .sentinels
             .iter()
             .map(|(host, port)| {
-                let (host, port) = (host.clone(), *port);
-                let addr = if parsed.tls {
-                    ConnectionAddr::TcpTls {
-                        host,
-                        port,
-                        insecure: false,
-                        tls_params: None,
-                    }
-                } else {
-                    ConnectionAddr::Tcp(host, port)
-                };
+                let addr = addr(parsed.tls, host.clone(), *port);
                 build(addr, sentinel.clone(), certs.clone())
             })
             .collect::<Result<Vec<_>, _>>()

@@ -177,14 +177,7 @@ fn a_lease_the_store_lost_is_reclaimed_not_dropped() {
         assert_eq!(r.serving(shard, t), Some(7), "served until its deadline");
         assert_eq!(r.holding(t), went_back);
         assert_eq!(r.rollbacks(), u64::from(went_back));
-        r.handle_acquire(
-            t,
-            &[shard],
-            Ok(Checked::Ok(vec![AcquireOutcome::Acquired {
-                epoch: 8,
-                released_by: None,
-            }])),
-        );
+        acquired(&mut r, t, &[shard], 8);
         assert_eq!(drain(&mut r), [Action::StartServing { shard, epoch: 8 }]);
     }
 }
@@ -227,14 +220,7 @@ fn an_older_lease_of_another_pod_blocks_the_reclaim_until_it_is_gone() {
     // b released it: the re-claim wins, with an epoch above a's.
     r.handle_snapshot(t, Ok(snapshot(&r, "g", &["a", "b"], vec![None; 8])));
     assert_eq!(claims(&drain(&mut r)), [(shard, 7)]);
-    r.handle_acquire(
-        t,
-        &[shard],
-        Ok(Checked::Ok(vec![AcquireOutcome::Acquired {
-            epoch: 8,
-            released_by: None,
-        }])),
-    );
+    acquired(&mut r, t, &[shard], 8);
     assert_eq!(drain(&mut r), [Action::StartServing { shard, epoch: 8 }]);
     // A newer owner, though, stops it as before (rule 3).
     let t = t + cfg().renew_interval;

@@ -88,6 +88,18 @@ fn renewal_due(r: &mut Reconciler, t: Instant) -> Vec<ShardId> {
     }
 }
 
+/// Answers an acquisition of `shards`: every one acquired with `epoch`, from nobody.
+fn acquired(r: &mut Reconciler, t: Instant, shards: &[ShardId], epoch: Epoch) {
+    let outcomes = shards
+        .iter()
+        .map(|_| AcquireOutcome::Acquired {
+            epoch,
+            released_by: None,
+        })
+        .collect();
+    r.handle_acquire(t, shards, Ok(Checked::Ok(outcomes)));
+}
+
 fn acquires(actions: &[Action]) -> Vec<ShardId> {
     actions
         .iter()
@@ -122,14 +134,7 @@ fn serving_pod(me: &str, members: &[&str]) -> (Reconciler, Instant) {
     let actions = settle(&mut r, t1);
     let mine = acquires(&actions);
     assert!(!mine.is_empty(), "{actions:?}");
-    let outcomes = mine
-        .iter()
-        .map(|_| AcquireOutcome::Acquired {
-            epoch: 7,
-            released_by: None,
-        })
-        .collect();
-    r.handle_acquire(t1, &mine, Ok(Checked::Ok(outcomes)));
+    acquired(&mut r, t1, &mine, 7);
     for s in &mine {
         assert_eq!(r.serving(*s, t1), Some(7));
     }
@@ -348,14 +353,7 @@ fn a_late_acquire_answer_is_not_served_on() {
     let (mut r, t1, claimed) = claiming_alone("a");
     // The pod froze; the answer arrives after the serve window.
     let late = t1 + cfg().serve_window();
-    let outcomes = claimed
-        .iter()
-        .map(|_| AcquireOutcome::Acquired {
-            epoch: 5,
-            released_by: None,
-        })
-        .collect();
-    r.handle_acquire(late, &claimed, Ok(Checked::Ok(outcomes)));
+    acquired(&mut r, late, &claimed, 5);
     let actions = drain(&mut r);
     assert!(
         !actions

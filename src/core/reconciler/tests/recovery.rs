@@ -129,14 +129,7 @@ fn a_new_generation_reclaims_held_shards_and_holds_everything_else() {
         "no stop: {actions:?}"
     );
     // Re-claims succeed with new epochs: serving continues with them.
-    let outcomes = reclaimed
-        .iter()
-        .map(|_| AcquireOutcome::Acquired {
-            epoch: 9,
-            released_by: None,
-        })
-        .collect();
-    r.handle_acquire(t, &reclaimed, Ok(Checked::Ok(outcomes)));
+    acquired(&mut r, t, &reclaimed, 9);
     assert_eq!(r.serving(0, t), Some(9));
     r.handle_place(t, restored.clone(), Ok(true));
     // The view without a (only b) is stable past the debounce, but the placement only
@@ -210,14 +203,7 @@ fn cluster_wide_outage_suspends_and_isolation_gives_up() {
             r.handle_snapshot(past, Ok(snapshot(&r, "g", &["a", "b", "c"], vec![None; 8])));
             let reclaim = acquires(&drain(&mut r));
             assert!(reclaim.contains(&s), "{reclaim:?}");
-            let outcomes = reclaim
-                .iter()
-                .map(|_| AcquireOutcome::Acquired {
-                    epoch: 8,
-                    released_by: None,
-                })
-                .collect();
-            r.handle_acquire(past, &reclaim, Ok(Checked::Ok(outcomes)));
+            acquired(&mut r, past, &reclaim, 8);
             assert!(drain(&mut r).contains(&Action::StartServing { shard: s, epoch: 8 }));
             assert_eq!(r.serving(s, past), Some(8));
         } else {
@@ -248,14 +234,7 @@ fn a_new_generation_reclaims_suspended_shards() {
     );
     // While the re-claim is in flight the shard waits for the store's word.
     assert_eq!(r.serving(shards[0], past), None);
-    let outcomes = reclaimed
-        .iter()
-        .map(|_| AcquireOutcome::Acquired {
-            epoch: 8,
-            released_by: None,
-        })
-        .collect();
-    r.handle_acquire(past, &reclaimed, Ok(Checked::Ok(outcomes)));
+    acquired(&mut r, past, &reclaimed, 8);
     assert_eq!(r.serving(shards[0], past), Some(8));
 }
 
