@@ -365,18 +365,11 @@ impl RedisStore {
         self.run(op, script, &keys, &args, None).await
     }
 
-    /// A lease or placement write: one whose loss in a failover could let two pods
-    /// believe they own a shard past the deadline rule. With [`RedisOptions::wait`] it
-    /// counts only once that many replicas have it.
-    async fn call_durable(
-        &self,
-        op: &'static str,
-        script: &Script,
-        keys: Vec<String>,
-        args: Vec<String>,
-    ) -> Result<Value, StoreError> {
-        self.run(op, script, &keys, &args, self.shared.opts.wait)
-            .await
+    /// What a lease or placement write waits for: one whose loss in a failover could let
+    /// two pods believe they own a shard past the deadline rule. With
+    /// [`RedisOptions::wait`] it counts only once that many replicas have it.
+    fn durable(&self) -> Option<Wait> {
+        self.shared.opts.wait
     }
 
     async fn run(

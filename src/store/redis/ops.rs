@@ -94,7 +94,8 @@ impl CoordStore for RedisStore {
         keys.extend(shards.iter().map(|&s| k.release_note(s)));
         let mut args = shard_args(lease_args(call), &shards);
         args.extend(claims.iter().map(|c| c.floor.to_string()));
-        let reply = self.call_durable("acquire", &self.shared.scripts.acquire, keys, args);
+        let script = &self.shared.scripts.acquire;
+        let reply = self.run("acquire", script, &keys, &args, self.durable());
         map_ok(checked(reply.await?, None, shards.len())?, |v| {
             v.into_iter().map(acquire_outcome).collect()
         })
@@ -108,7 +109,8 @@ impl CoordStore for RedisStore {
         let k = &self.shared.keys;
         let keys = self.with_leases(vec![k.generation(), k.epochs()], shards);
         let args = shard_args(lease_args(call), shards);
-        let reply = self.call_durable("renew", &self.shared.scripts.renew, keys, args);
+        let script = &self.shared.scripts.renew;
+        let reply = self.run("renew", script, &keys, &args, self.durable());
         map_ok(checked(reply.await?, None, shards.len())?, |v| {
             v.into_iter().map(renew_outcome).collect()
         })
@@ -160,12 +162,8 @@ impl CoordStore for RedisStore {
             placement_table(placement)?,
             k.events(),
         ];
-        let reply = self.call_durable(
-            "place",
-            &self.shared.scripts.place,
-            vec![k.placement()],
-            args,
-        );
+        let (script, keys) = (&self.shared.scripts.place, [k.placement()]);
+        let reply = self.run("place", script, &keys, &args, self.durable());
         match uint(&reply.await?)? {
             0 => Ok(false),
             1 => Ok(true),
