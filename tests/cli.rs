@@ -184,11 +184,11 @@ fn serve_without_api_tokens_refuses_unless_insecure() {
     );
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("tokens");
-    std::fs::write(&file, "acme:a-good-token-0123456789\nacme\n").unwrap();
+    std::fs::write(&file, "# tenants\nacme:a-good-token-0123456789\nacme\n").unwrap();
     refused(
         &["serve", "--api-tokens-file", file.to_str().unwrap()],
         &[secret],
-        "error: invalid --api-tokens-file: entry 2: expected tenant:token",
+        "error: invalid --api-tokens-file: line 3: expected tenant:token",
     );
     refused(
         &["serve", "--max-push-bytes", "0"],

@@ -1,7 +1,8 @@
 //! Bearer tokens of the push API: which tenant a request speaks for.
 //!
 //! Tokens come from `--api-tokens-file` (one `tenant:token` per line; `#` comments and
-//! blank lines ignored) or `POSGATE_API_TOKENS` (the same entries, comma-separated). A
+//! blank lines ignored; a UTF-8 byte-order mark and CRLF line ends, as editors on Windows
+//! write them, are accepted) or `POSGATE_API_TOKENS` (the same entries, comma-separated). A
 //! tenant may have several tokens, so a token can be rotated without downtime. Only
 //! SHA-256 digests are kept, and a presented token is compared against every entry in
 //! constant time, so neither timing nor a memory dump gives a token away.
@@ -33,17 +34,34 @@ impl std::fmt::Debug for ApiTokens {
     }
 }
 
+/// Where a bad entry is: a line of the tokens file (counting comments and blank lines,
+/// as an editor does) or an entry of `POSGATE_API_TOKENS`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Place {
+    Line(usize),
+    Entry(usize),
+}
+
+impl std::fmt::Display for Place {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Place::Line(n) => write!(f, "line {n}"),
+            Place::Entry(n) => write!(f, "entry {n}"),
+        }
+    }
+}
+
 /// Why a token list cannot be used; never contains a token.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum TokensError {
-    #[error("entry {entry}: expected tenant:token")]
-    Shape { entry: usize },
-    #[error("entry {entry}: tenant must match [A-Za-z0-9._-]{{1,64}}")]
-    Tenant { entry: usize },
-    #[error("entry {entry}: token must be {MIN_TOKEN_LEN}..=256 visible ASCII characters")]
-    Token { entry: usize },
-    #[error("entry {entry}: the same token is listed twice")]
-    Duplicate { entry: usize },
+    #[error("{at}: expected tenant:token")]
+    Shape { at: Place },
+    #[error("{at}: tenant must match [A-Za-z0-9._-]{{1,64}}")]
+    Tenant { at: Place },
+    #[error("{at}: token must be {MIN_TOKEN_LEN}..=256 visible ASCII characters")]
+    Token { at: Place },
+    #[error("{at}: the same token is listed twice")]
+    Duplicate { at: Place },
     #[error("no tokens")]
     Empty,
 }
@@ -63,36 +81,37 @@ fn valid_token(t: &str) -> bool {
 }
 
 impl ApiTokens {
-    /// Parses the lines of a tokens file.
+    /// Parses the lines of a tokens file (`lines` ends them at `\n` or `\r\n`).
     pub fn from_file_text(text: &str) -> Result<Self, TokensError> {
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         Self::parse(
             text.lines()
                 .map(str::trim)
-                .filter(|l| !l.is_empty() && !l.starts_with('#')),
+                .enumerate()
+                .filter(|(_, l)| !l.is_empty() && !l.starts_with('#'))
+                .map(|(i, l)| (Place::Line(i + 1), l)),
         )
     }
 
     /// Parses `POSGATE_API_TOKENS`: comma-separated entries.
     pub fn from_env_value(value: &str) -> Result<Self, TokensError> {
-        Self::parse(value.split(',').map(str::trim).filter(|e| !e.is_empty()))
+        let entries = value.split(',').map(str::trim).filter(|e| !e.is_empty());
+        Self::parse(entries.enumerate().map(|(i, e)| (Place::Entry(i + 1), e)))
     }
 
-    fn parse<'a>(entries: impl Iterator<Item = &'a str>) -> Result<Self, TokensError> {
+    fn parse<'a>(entries: impl Iterator<Item = (Place, &'a str)>) -> Result<Self, TokensError> {
         let mut parsed: Vec<(Tenant, [u8; 32])> = Vec::new();
-        for (i, entry) in entries.enumerate() {
-            let entry_no = i + 1;
-            let (tenant, token) = entry
-                .split_once(':')
-                .ok_or(TokensError::Shape { entry: entry_no })?;
+        for (at, entry) in entries {
+            let (tenant, token) = entry.split_once(':').ok_or(TokensError::Shape { at })?;
             if !valid_tenant(tenant) {
-                return Err(TokensError::Tenant { entry: entry_no });
+                return Err(TokensError::Tenant { at });
             }
             if !valid_token(token) {
-                return Err(TokensError::Token { entry: entry_no });
+                return Err(TokensError::Token { at });
             }
             let d = digest(token);
             if parsed.iter().any(|(_, known)| *known == d) {
-                return Err(TokensError::Duplicate { entry: entry_no });
+                return Err(TokensError::Duplicate { at });
             }
             parsed.push((Tenant(tenant.to_string()), d));
         }
@@ -152,15 +171,38 @@ mod tests {
     #[test]
     fn bad_lists_are_refused_without_echoing_tokens() {
         let err = |t: &str| ApiTokens::from_file_text(t).unwrap_err();
-        assert_eq!(err("acme"), TokensError::Shape { entry: 1 });
-        assert_eq!(err(&format!("a b:{A1}")), TokensError::Tenant { entry: 1 });
-        assert_eq!(err("acme:short"), TokensError::Token { entry: 1 });
+        let line = |n| Place::Line(n);
+        assert_eq!(err("acme"), TokensError::Shape { at: line(1) });
+        assert_eq!(
+            err(&format!("a b:{A1}")),
+            TokensError::Tenant { at: line(1) }
+        );
+        assert_eq!(err("acme:short"), TokensError::Token { at: line(1) });
         assert_eq!(
             err(&format!("acme:{A1}\nother:{A1}")),
-            TokensError::Duplicate { entry: 2 }
+            TokensError::Duplicate { at: line(2) }
         );
         assert_eq!(err("# nothing\n"), TokensError::Empty);
         assert!(!err("acme:short").to_string().contains("short"));
+        // A file names the line an editor shows, comments and blank lines counted; the
+        // environment variable names the entry.
+        assert_eq!(
+            err(&format!("# tenants\n\nacme:{A1}\nbad\n")).to_string(),
+            "line 4: expected tenant:token"
+        );
+        let env = ApiTokens::from_env_value(&format!("acme:{A1},,bad")).unwrap_err();
+        assert_eq!(env.to_string(), "entry 2: expected tenant:token");
+    }
+
+    #[test]
+    fn a_file_saved_with_a_byte_order_mark_and_crlf_line_ends_is_read() {
+        let text = format!("\u{feff}# tenants\r\nacme:{A1}\r\n\r\nbank-2:{B1}\r\n");
+        let tokens = ApiTokens::from_file_text(&text).unwrap();
+        assert_eq!(tokens.tenant_of(A1), Some(Tenant("acme".into())));
+        assert_eq!(tokens.tenant_of(B1), Some(Tenant("bank-2".into())));
+        // A mark on the first entry itself, not on a comment.
+        let text = format!("\u{feff}acme:{A1}\r\n");
+        assert!(ApiTokens::from_file_text(&text).is_ok());
     }
 
     #[test]
