@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::fmt;
 
-use super::Terminal;
+use super::{Shown, Terminal};
 
 /// The required first line.
 pub const HEADER: &str = "id,addr,server_name";
@@ -95,8 +95,8 @@ pub fn parse(text: &str) -> Result<Vec<Terminal>, Vec<LineError>> {
         errors.push(LineError {
             line: 1,
             reason: format!(
-                "expected the header {HEADER:?}, got {:?}",
-                header.unwrap_or("")
+                "expected the header {HEADER:?}, got {}",
+                Shown::new(header.unwrap_or(""))
             ),
         });
         return Err(errors);
@@ -182,6 +182,35 @@ mod tests {
         let lines: Vec<usize> = errors.iter().map(|e| e.line).collect();
         assert_eq!(lines, vec![3, 4, 5, 6, 7, 8], "{errors:?}");
         assert!(errors[2].reason.contains("first on line 2"), "{errors:?}");
+    }
+
+    #[test]
+    fn a_huge_bad_value_is_named_not_echoed() {
+        let huge = "x".repeat(1 << 20);
+        for text in [
+            format!("id,addr,server_name\n{huge},h:1,\n"),
+            format!("id,addr,server_name\nok,{huge},\n"),
+            format!("id,addr,server_name\nok,h:1,{huge}\n"),
+            format!("{huge}\n"),
+        ] {
+            let errors = parse(&text).unwrap_err();
+            let shown = errors[0].to_string();
+            assert!(
+                shown.len() < 300,
+                "{} bytes: {}...",
+                shown.len(),
+                &shown[..300]
+            );
+            assert!(shown.contains("(1048576 bytes in all)"), "{shown}");
+        }
+        // A multi-byte character at the cut is not split.
+        let wide = "\u{e9}".repeat(80);
+        let shown = Shown::new(&wide).to_string();
+        assert!(
+            shown.starts_with(&format!("{:?}", "\u{e9}".repeat(50))),
+            "{shown}"
+        );
+        assert!(shown.ends_with("... (160 bytes in all)"), "{shown}");
     }
 
     #[test]

@@ -150,20 +150,55 @@ impl WriteSummary {
     }
 }
 
+/// Bytes of a bad value an error shows, at most.
+pub const SHOWN_BYTES: usize = 100;
+
+/// A value from the input, as an error shows it: quoted, cut to [`SHOWN_BYTES`] (at a
+/// character boundary) with its whole length named, so that a huge field (a 1 MB cell
+/// of an import file) names what is wrong without flooding the terminal or the log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Shown {
+    start: String,
+    len: usize,
+}
+
+impl Shown {
+    pub fn new(value: &str) -> Shown {
+        let mut end = value.len().min(SHOWN_BYTES);
+        while !value.is_char_boundary(end) {
+            end -= 1;
+        }
+        Shown {
+            start: value[..end].to_string(),
+            len: value.len(),
+        }
+    }
+}
+
+impl fmt::Display for Shown {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.start)?;
+        if self.len > self.start.len() {
+            write!(f, "... ({} bytes in all)", self.len)?;
+        }
+        Ok(())
+    }
+}
+
 /// Why a terminal cannot be listed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidTerminal {
-    #[error("invalid id {0:?}: must be 1-64 characters of [A-Za-z0-9._:-]")]
-    Id(String),
-    #[error("invalid addr {addr:?}: {reason}")]
-    Addr { addr: String, reason: &'static str },
-    #[error("invalid server_name {0:?}: not a valid DNS name or IP address")]
-    ServerName(String),
+    #[error("invalid id {0}: must be 1-64 characters of [A-Za-z0-9._:-]")]
+    Id(Shown),
+    #[error("invalid addr {addr}: {reason}")]
+    Addr { addr: Shown, reason: &'static str },
+    #[error("invalid server_name {0}: not a valid DNS name or IP address")]
+    ServerName(Shown),
     #[error(
-        "no server_name, and the host of addr {0:?} is not a valid DNS name or IP address \
+        "no server_name, and the host of addr {0} is not a valid DNS name or IP address \
          to default to; give server_name"
     )]
-    DefaultServerName(String),
+    DefaultServerName(Shown),
     #[error("duplicate id {0:?}")]
     Duplicate(String),
 }
@@ -218,17 +253,17 @@ impl Terminal {
     /// `addr`, without brackets.
     pub fn new(id: &str, addr: &str, server_name: Option<&str>) -> Result<Self, InvalidTerminal> {
         if !valid_terminal_id(id) {
-            return Err(InvalidTerminal::Id(id.to_string()));
+            return Err(InvalidTerminal::Id(Shown::new(id)));
         }
         let host = addr_host(addr).map_err(|reason| InvalidTerminal::Addr {
-            addr: addr.to_string(),
+            addr: Shown::new(addr),
             reason,
         })?;
         let server_name = match server_name.filter(|s| !s.is_empty()) {
             Some(name) if valid_server_name(name) => name,
-            Some(name) => return Err(InvalidTerminal::ServerName(name.to_string())),
+            Some(name) => return Err(InvalidTerminal::ServerName(Shown::new(name))),
             None if valid_server_name(host) => host,
-            None => return Err(InvalidTerminal::DefaultServerName(addr.to_string())),
+            None => return Err(InvalidTerminal::DefaultServerName(Shown::new(addr))),
         };
         Ok(Terminal {
             id: id.to_string(),
@@ -240,7 +275,7 @@ impl Terminal {
     /// Checks a terminal built by hand (fields are public); `server_name` must be set.
     pub fn validate(&self) -> Result<(), InvalidTerminal> {
         if self.server_name.is_empty() {
-            return Err(InvalidTerminal::ServerName(String::new()));
+            return Err(InvalidTerminal::ServerName(Shown::new("")));
         }
         Terminal::new(&self.id, &self.addr, Some(&self.server_name)).map(|_| ())
     }
@@ -302,7 +337,7 @@ pub fn ids_by_shard(
     let mut out: BTreeMap<ShardId, BTreeSet<String>> = BTreeMap::new();
     for id in ids {
         if !valid_terminal_id(id) {
-            return Err(InvalidTerminal::Id(id.clone()));
+            return Err(InvalidTerminal::Id(Shown::new(id)));
         }
         if !out
             .entry(shard_of(id, shards))
