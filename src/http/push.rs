@@ -40,11 +40,12 @@ pub(super) async fn require_token(
     mut request: Request,
     next: Next,
 ) -> Response {
-    let presented = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(ApiTokens::bearer);
+    let presented = match single(request.headers(), header::AUTHORIZATION.as_str()) {
+        Ok(value) => value
+            .and_then(|v| v.to_str().ok())
+            .and_then(ApiTokens::bearer),
+        Err(answer) => return respond(answer),
+    };
     let tenant = match state.credentials.tenant_of(presented) {
         None => Tenant(INSECURE_TENANT.to_string()),
         Some(found) => match found {
@@ -61,6 +62,20 @@ pub(super) async fn require_token(
     };
     request.extensions_mut().insert(tenant);
     next.run(request).await
+}
+
+/// The value of a header that may be sent once, if sent. Two or more are a `400`:
+/// which one counts would be a guess, and proxies guess differently (one keeps the
+/// first, another the last), so a key or a token could mean one thing to a proxy and
+/// another here.
+fn single<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a HeaderValue>, Answer> {
+    let mut values = headers.get_all(name).iter();
+    let first = values.next();
+    if values.next().is_some() {
+        let message = format!("the {name} header is sent more than once");
+        return Err(Answer::error(ErrorCode::InvalidRequest, message));
+    }
+    Ok(first)
 }
 
 /// A fresh UUID v4 for a push sent without a key.
@@ -140,7 +155,7 @@ async fn checked(
     if !valid_terminal_id(&terminal) {
         return Err(Answer::error(ErrorCode::InvalidRequest, BAD_ID));
     }
-    let key = match headers.get(IDEMPOTENCY_KEY) {
+    let key = match single(headers, IDEMPOTENCY_KEY)? {
         None => new_key(),
         Some(value) => match value.to_str() {
             Ok(key) if valid_key(key) => key.to_string(),
@@ -158,7 +173,7 @@ async fn checked(
         tenant,
         terminal,
         key,
-        content_type: headers.get(header::CONTENT_TYPE).cloned(),
+        content_type: single(headers, header::CONTENT_TYPE.as_str())?.cloned(),
         body,
         received,
     };

@@ -131,6 +131,39 @@ async fn status_400_for_a_bad_terminal_id_key_or_timeout() {
             "{body}"
         );
     }
+    // A header that may be sent once, sent twice: which one counts would be a guess.
+    let bearer = format!("Bearer {ACME}");
+    for (name, values) in [
+        (
+            "authorization",
+            [bearer.as_str(), "Bearer someone-elses-token-0123"],
+        ),
+        ("idempotency-key", ["twice-1", "twice-2"]),
+        ("content-type", ["application/json", "text/plain"]),
+    ] {
+        let mut request = Request::post(format!("{}/v1/terminals/{t}/push", c.urls[0]));
+        for (header, value) in [
+            ("authorization", bearer.as_str()),
+            ("idempotency-key", "twice-1"),
+            ("content-type", "application/json"),
+        ] {
+            if header != name {
+                request = request.header(header, value);
+            }
+        }
+        for value in values {
+            request = request.header(name, value);
+        }
+        let request = request.body(Full::new(Bytes::from("{}"))).unwrap();
+        let (status, _, body) = send(&http, request).await;
+        assert_eq!(
+            (status, error_of(&body)),
+            (StatusCode::BAD_REQUEST, "invalid_request"),
+            "{name} twice: {body}"
+        );
+        assert!(body["message"].as_str().unwrap().contains(name), "{body}");
+    }
+    assert_eq!(deliveries(&c, &t, "acme:twice-1"), 0, "nothing delivered");
 }
 
 /// No token or a wrong one; `/v1/cluster` needs one too; probes never do.
