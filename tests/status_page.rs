@@ -1,6 +1,7 @@
 //! The status page (`GET /`) rendered by a real browser: a pod on the embedded store,
-//! headless Chromium loading the page with a token in the URL fragment, and checks on
-//! the rendered DOM (members, 64 shard rows with owners and epochs); and a pod over a
+//! its Content-Security-Policy (the browser enforces it: a wrong hash of the page's
+//! script leaves the page blank), headless Chromium loading the page with a token in the
+//! URL fragment, and checks on the rendered DOM (members, 64 shard rows with owners and epochs); and a pod over a
 //! real `redis-server` frozen with SIGSTOP past the lease TTL, whose page shows the
 //! cluster-wide verdict and every shard held and delivering, then Redis back. Chromium is the
 //! Debian package `chromium` (`scripts/test` installs it); without it the test says so
@@ -89,6 +90,24 @@ async fn the_status_page_renders_the_ring() {
         pod.status.borrow().ready
     })
     .await;
+
+    // Served with a policy that lets it run only its own script and style, and be
+    // framed by nobody.
+    let request = http::Request::get(format!("{url}/"))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let answer = crate::support::api::client()
+        .request(request)
+        .await
+        .unwrap();
+    let header = |name: &str| answer.headers()[name].to_str().unwrap().to_string();
+    let policy = header("content-security-policy");
+    assert!(
+        policy.starts_with("default-src 'none'; script-src 'sha256-"),
+        "{policy}"
+    );
+    assert!(policy.contains("frame-ancestors 'none'"), "{policy}");
+    assert_eq!(header("x-frame-options"), "DENY");
 
     let page = format!("{url}/#token={TOKEN}");
     let dom = dump_dom(bin, &page).await;

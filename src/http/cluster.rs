@@ -12,8 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Query, State};
-use axum::http::header;
-use axum::response::{Html, IntoResponse, Response};
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::future::join_all;
 use serde::{Deserialize, Serialize};
@@ -139,13 +138,4 @@ pub(super) async fn shard_terminals(State(state): State<Arc<HttpState>>) -> Resp
         shards: state.stats.connected_by_shard(),
     })
     .into_response()
-}
-
-/// `GET /`: the status page (self-contained: no external assets).
-pub(super) async fn status_page() -> Response {
-    (
-        [(header::CACHE_CONTROL, "no-store")],
-        Html(include_str!("status_page.html")),
-    )
-        .into_response()
 }

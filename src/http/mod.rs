@@ -17,6 +17,7 @@ mod errors;
 mod head_errors;
 mod internal;
 mod push;
+mod status_page;
 pub mod tls;
 
 use std::future::Future;
@@ -104,7 +105,7 @@ pub fn router(state: HttpState) -> Router {
             push::require_token,
         ));
     Router::new()
-        .route("/", get(cluster::status_page))
+        .route("/", get(status_page::serve))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
