@@ -29,6 +29,10 @@ async fn terminal_commands_follow_the_master_through_a_failover() {
     let old = ha.master_addr().await;
     ha.failover().await;
     let (new, _) = ha.wait_failed_over(&old, Duration::from_secs(30)).await;
+    // Until every sentinel names the new master and the old one is demoted, a command
+    // may still be sent to the old one and its write be lost with it (what an operator
+    // avoids by waiting, or by `min-replicas-to-write`: docs/operations.md).
+    ha.wait_settled(&old, &new, Duration::from_secs(30)).await;
 
     // The same URL now reaches the promoted master: the import is there, and a removal
     // is written to it (read back straight from that node, not through the sentinels).

@@ -145,14 +145,31 @@ impl RedisHa {
     /// The master's address as the sentinels name it now (`127.0.0.1:<port>`; the first
     /// master's is the proxy's the sentinels watch it through).
     pub async fn master_addr(&self) -> String {
-        let mut conn = connect(self.sentinels[0].port).await;
-        let (host, port): (String, u16) = redis::cmd("SENTINEL")
-            .arg("GET-MASTER-ADDR-BY-NAME")
-            .arg(MASTER)
-            .query_async(&mut conn)
-            .await
-            .expect("the sentinel names a master");
-        format!("{host}:{port}")
+        master_named_by(self.sentinels[0].port).await
+    }
+
+    /// Waits until the failover from `old` to `new` is over everywhere: every sentinel
+    /// names `new`, and `old` answers as a replica. Until then a client that asks another
+    /// sentinel may still be sent to `old`, which takes writes it loses when it is
+    /// demoted (asynchronous replication: a planned failover loses them too).
+    pub async fn wait_settled(&self, old: &str, new: &str, limit: Duration) {
+        let started = Instant::now();
+        loop {
+            let mut named = Vec::new();
+            for s in &self.sentinels {
+                named.push(master_named_by(s.port).await);
+            }
+            let demoted = role(old).await.as_deref() == Some("slave");
+            if demoted && named.iter().all(|n| n == new) {
+                return;
+            }
+            assert!(
+                started.elapsed() < limit,
+                "the failover to {new} not over within {limit:?}: sentinels name {named:?}, \
+                 {old} demoted: {demoted}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// How far the clock of the node at `addr` (`TIME`) is behind the real one.
@@ -304,6 +321,18 @@ fn link_port(link: &RedisProxy) -> u16 {
         .next()
         .and_then(|p| p.trim_end_matches('/').parse().ok())
         .expect("a proxy URL ends with its port")
+}
+
+/// The master the sentinel at `port` names.
+async fn master_named_by(port: u16) -> String {
+    let mut conn = connect(port).await;
+    let (host, port): (String, u16) = redis::cmd("SENTINEL")
+        .arg("GET-MASTER-ADDR-BY-NAME")
+        .arg(MASTER)
+        .query_async(&mut conn)
+        .await
+        .expect("the sentinel names a master");
+    format!("{host}:{port}")
 }
 
 async fn connect(port: u16) -> MultiplexedConnection {
