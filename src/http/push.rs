@@ -167,6 +167,14 @@ async fn checked(
             }
         },
     };
+    if let Some(encoding) = single(headers, header::CONTENT_ENCODING.as_str())? {
+        if !encoding.as_bytes().eq_ignore_ascii_case(b"identity") {
+            return Err(Answer::error(
+                ErrorCode::UnsupportedEncoding,
+                "Content-Encoding must be absent or identity: the body is delivered as sent",
+            ));
+        }
+    }
     let timeout = deadline_of(uri).map_err(|m| Answer::error(ErrorCode::InvalidRequest, m))?;
     let body = read_bounded(headers, body, service.settings().max_push_bytes).await?;
     let request = PushRequest {

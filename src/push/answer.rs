@@ -15,12 +15,13 @@ use crate::core::{Epoch, PodId, ShardId};
 pub const RETRY_AFTER_SECS: u32 = 1;
 
 /// Every error code, the internal `shard_moved` last.
-pub const ALL_ERROR_CODES: [ErrorCode; 15] = [
+pub const ALL_ERROR_CODES: [ErrorCode; 16] = [
     ErrorCode::InvalidRequest,
     ErrorCode::Unauthorized,
     ErrorCode::UnknownTerminal,
     ErrorCode::IdempotencyConflict,
     ErrorCode::PayloadTooLarge,
+    ErrorCode::UnsupportedEncoding,
     ErrorCode::PosRejected,
     ErrorCode::TerminalUnavailable,
     ErrorCode::Overloaded,
@@ -62,6 +63,9 @@ pub enum ErrorCode {
     UnknownTerminal,
     IdempotencyConflict,
     PayloadTooLarge,
+    /// A `Content-Encoding` other than `identity`: the body is forwarded as it is, and
+    /// a terminal would take compressed bytes for the push.
+    UnsupportedEncoding,
     PosRejected,
     TerminalUnavailable,
     Overloaded,
@@ -88,6 +92,7 @@ impl ErrorCode {
             ErrorCode::UnknownTerminal => "unknown_terminal",
             ErrorCode::IdempotencyConflict => "idempotency_conflict",
             ErrorCode::PayloadTooLarge => "payload_too_large",
+            ErrorCode::UnsupportedEncoding => "unsupported_encoding",
             ErrorCode::PosRejected => "pos_rejected",
             ErrorCode::TerminalUnavailable => "terminal_unavailable",
             ErrorCode::Overloaded => "overloaded",
@@ -113,6 +118,7 @@ impl ErrorCode {
             ErrorCode::UnknownTerminal => StatusCode::NOT_FOUND,
             ErrorCode::IdempotencyConflict => StatusCode::CONFLICT,
             ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::UnsupportedEncoding => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ErrorCode::PosRejected => StatusCode::BAD_GATEWAY,
             ErrorCode::TerminalUnavailable | ErrorCode::Overloaded => {
                 StatusCode::SERVICE_UNAVAILABLE

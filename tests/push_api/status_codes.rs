@@ -207,7 +207,7 @@ async fn status_404_for_a_terminal_not_in_the_directory() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn status_413_over_max_push_bytes() {
+async fn status_413_over_max_push_bytes_and_415_for_an_encoded_body() {
     let (c, http, t) = cluster().await;
     let big = "x".repeat(2000);
     let p = Push {
@@ -219,6 +219,25 @@ async fn status_413_over_max_push_bytes() {
         (status, error_of(&body)),
         (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large")
     );
+    // A compressed body would reach the terminal as the push itself: refused, and
+    // nothing delivered; `identity` is no encoding.
+    for (encoding, expected) in [
+        ("gzip", StatusCode::UNSUPPORTED_MEDIA_TYPE),
+        ("identity", StatusCode::OK),
+    ] {
+        let key = format!("encoded-{encoding}");
+        let request = Request::post(format!("{}/v1/terminals/{t}/push", c.urls[0]))
+            .header("authorization", format!("Bearer {ACME}"))
+            .header("idempotency-key", key.as_str())
+            .header("content-type", "application/json")
+            .header("content-encoding", encoding)
+            .body(Full::new(Bytes::from_static(b"\x1f\x8b\x08\x00")))
+            .unwrap();
+        let (status, _, body) = send(&http, request).await;
+        assert_eq!(status, expected, "{encoding}: {body}");
+        let delivered = usize::from(expected == StatusCode::OK);
+        assert_eq!(deliveries(&c, &t, &format!("acme:{key}")), delivered);
+    }
 }
 
 /// `GET /v1/terminals/{id}` from both pods agrees with the owner.
