@@ -58,7 +58,10 @@ impl Server {
             Arc::new(NoTerminals),
             credentials.clone(),
             Duration::from_secs(1),
-            PushSettings::default(),
+            PushSettings {
+                body_read_timeout: BODY_READ_TIMEOUT,
+                ..PushSettings::default()
+            },
             metrics.clone(),
         );
         let peers = PeerClient::new(pod("test-pod"), credentials.clone(), Duration::from_secs(1));
@@ -350,6 +353,31 @@ fn assert_json_error(case: &str, answer: &(u16, HeaderMap, String), status: u16,
         json["message"].as_str().is_some_and(|m| !m.is_empty()),
         "{case}: {body}"
     );
+}
+
+/// `--body-read-timeout` of the test server.
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A body that announces more than it sends, or never ends, holds nothing for long: the
+/// request is answered `408` once the body read timeout passes, and the connection ends.
+#[tokio::test]
+async fn a_body_that_never_arrives_whole_is_a_408() {
+    let server = Server::start(None).await;
+    for path in ["/v1/terminals/pos-1/push", "/internal/v1/push/pos-1"] {
+        let request = format!(
+            "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+             content-length: 100\r\n\r\n{{\"partial\""
+        );
+        let started = std::time::Instant::now();
+        let answer = raw_exchange(&server.base, request.as_bytes()).await;
+        let took = started.elapsed();
+        assert_json_error(path, &answer, 408, "request_timeout");
+        assert!(
+            took < BODY_READ_TIMEOUT + Duration::from_secs(5),
+            "{path}: answered after {took:?}"
+        );
+    }
+    server.stop().await;
 }
 
 #[tokio::test]

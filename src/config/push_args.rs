@@ -44,6 +44,10 @@ pub struct PushArgs {
     /// Most idempotency keys remembered per pod (oldest forgotten first)
     #[arg(long, env = "POSGATE_IDEMPOTENCY_CAPACITY", default_value_t = 100_000)]
     pub idempotency_capacity: usize,
+    /// How long a request body (a push, a peer request) may take to arrive whole; 408
+    /// after
+    #[arg(long, env = "POSGATE_BODY_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub body_read_timeout: Duration,
 }
 
 impl PushArgs {
@@ -67,8 +71,13 @@ impl PushArgs {
                 return Err(invalid(flag, "must be greater than zero"));
             }
         }
-        if self.idempotency_ttl.is_zero() {
-            return Err(invalid("idempotency-ttl", "must be greater than zero"));
+        for (flag, value) in [
+            ("idempotency-ttl", self.idempotency_ttl),
+            ("body-read-timeout", self.body_read_timeout),
+        ] {
+            if value.is_zero() {
+                return Err(invalid(flag, "must be greater than zero"));
+            }
         }
         let path_ok = self.pos_push_path.starts_with('/')
             && self
@@ -104,6 +113,7 @@ impl PushArgs {
             push_path: self.pos_push_path,
             idempotency_ttl: self.idempotency_ttl,
             idempotency_capacity: self.idempotency_capacity,
+            body_read_timeout: self.body_read_timeout,
         };
         Ok((tokens, settings))
     }

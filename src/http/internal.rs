@@ -65,7 +65,7 @@ pub(super) async fn authenticate(
     let limit = state.internal_body_limit();
     let checked = match state.credentials.accepted_secrets() {
         None => match check_announced(&parts.headers, limit) {
-            Ok(()) => read_body(body, limit, |_| {})
+            Ok(()) => read_body(body, limit, state.body_read_timeout(), |_| {})
                 .await
                 .map(|body| (body, None))
                 .map_err(Refused::Answer),
@@ -123,7 +123,8 @@ async fn checked_body<'a>(
             let id = RequestKey::Id(head.request_id);
             let reserved = replay.reserve(id, head.timestamp, unix_seconds(now))?;
             let mut digest = BodyDigest::default();
-            let body = read_body(body, limit, |chunk| digest.update(chunk))
+            let time = state.body_read_timeout();
+            let body = read_body(body, limit, time, |chunk| digest.update(chunk))
                 .await
                 .map_err(Refused::Answer)?;
             digest.check(&head)?;
@@ -137,7 +138,7 @@ async fn checked_body<'a>(
             if !legacy_members(state) {
                 return Err(AuthError::LegacyRefused.into());
             }
-            let body = read_body(body, limit, |_| {})
+            let body = read_body(body, limit, state.body_read_timeout(), |_| {})
                 .await
                 .map_err(Refused::Answer)?;
             let (timestamp, signature) = legacy::verify(

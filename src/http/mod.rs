@@ -74,6 +74,11 @@ impl HttpState {
     fn internal_body_limit(&self) -> usize {
         MAX_INTERNAL_BODY.max(self.push.settings().max_push_bytes)
     }
+
+    /// How long any request body may take to arrive (`--body-read-timeout`).
+    fn body_read_timeout(&self) -> Duration {
+        self.push.settings().body_read_timeout
+    }
 }
 
 /// The pod's routes. See the module docs.
@@ -148,12 +153,17 @@ pub async fn serve_tls(
         .await
 }
 
-/// Reads a request body of at most `limit` bytes. An announced oversize body is refused
-/// (`413`) before any of it is read; one that lies about or omits its length is cut off
-/// at the limit.
-async fn read_bounded(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, Answer> {
+/// Reads a request body of at most `limit` bytes within `time`. An announced oversize
+/// body is refused (`413`) before any of it is read; one that lies about or omits its
+/// length is cut off at the limit.
+async fn read_bounded(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+    time: Duration,
+) -> Result<Bytes, Answer> {
     check_announced(headers, limit)?;
-    read_body(body, limit, |_| {}).await
+    read_body(body, limit, time, |_| {}).await
 }
 
 /// `413` when `headers` announce a body over `limit` bytes.
@@ -169,8 +179,28 @@ fn check_announced(headers: &HeaderMap, limit: usize) -> Result<(), Answer> {
 }
 
 /// Reads `body` (at most `limit` bytes, `413` beyond), showing each chunk to `seen` as
-/// it arrives.
-async fn read_body(body: Body, limit: usize, mut seen: impl FnMut(&[u8])) -> Result<Bytes, Answer> {
+/// it arrives. A body not whole within `time` (`--body-read-timeout`) is `408`: a client
+/// that announces more than it sends, or sends it a byte at a time, would otherwise hold
+/// the request, its connection and an in-flight slot for as long as it likes.
+async fn read_body(
+    body: Body,
+    limit: usize,
+    time: Duration,
+    seen: impl FnMut(&[u8]),
+) -> Result<Bytes, Answer> {
+    tokio::time::timeout(time, read_limited(body, limit, seen))
+        .await
+        .unwrap_or_else(|_| {
+            let message = format!("the request body did not arrive whole within {time:?}");
+            Err(Answer::error(ErrorCode::RequestTimeout, message))
+        })
+}
+
+async fn read_limited(
+    body: Body,
+    limit: usize,
+    mut seen: impl FnMut(&[u8]),
+) -> Result<Bytes, Answer> {
     let mut body = Limited::new(body, limit);
     let mut out = BytesMut::new();
     while let Some(frame) = body.frame().await {

@@ -176,7 +176,14 @@ async fn checked(
         }
     }
     let timeout = deadline_of(uri).map_err(|m| Answer::error(ErrorCode::InvalidRequest, m))?;
-    let body = read_bounded(headers, body, service.settings().max_push_bytes).await?;
+    let settings = service.settings();
+    let body = read_bounded(
+        headers,
+        body,
+        settings.max_push_bytes,
+        settings.body_read_timeout,
+    )
+    .await?;
     let request = PushRequest {
         tenant,
         terminal,

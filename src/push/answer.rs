@@ -15,13 +15,14 @@ use crate::core::{Epoch, PodId, ShardId};
 pub const RETRY_AFTER_SECS: u32 = 1;
 
 /// Every error code, the internal `shard_moved` last.
-pub const ALL_ERROR_CODES: [ErrorCode; 16] = [
+pub const ALL_ERROR_CODES: [ErrorCode; 17] = [
     ErrorCode::InvalidRequest,
     ErrorCode::Unauthorized,
     ErrorCode::UnknownTerminal,
     ErrorCode::IdempotencyConflict,
     ErrorCode::PayloadTooLarge,
     ErrorCode::UnsupportedEncoding,
+    ErrorCode::RequestTimeout,
     ErrorCode::PosRejected,
     ErrorCode::TerminalUnavailable,
     ErrorCode::Overloaded,
@@ -66,6 +67,8 @@ pub enum ErrorCode {
     /// A `Content-Encoding` other than `identity`: the body is forwarded as it is, and
     /// a terminal would take compressed bytes for the push.
     UnsupportedEncoding,
+    /// The request body did not arrive whole within `--body-read-timeout`.
+    RequestTimeout,
     PosRejected,
     TerminalUnavailable,
     Overloaded,
@@ -93,6 +96,7 @@ impl ErrorCode {
             ErrorCode::IdempotencyConflict => "idempotency_conflict",
             ErrorCode::PayloadTooLarge => "payload_too_large",
             ErrorCode::UnsupportedEncoding => "unsupported_encoding",
+            ErrorCode::RequestTimeout => "request_timeout",
             ErrorCode::PosRejected => "pos_rejected",
             ErrorCode::TerminalUnavailable => "terminal_unavailable",
             ErrorCode::Overloaded => "overloaded",
@@ -119,6 +123,7 @@ impl ErrorCode {
             ErrorCode::IdempotencyConflict => StatusCode::CONFLICT,
             ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::UnsupportedEncoding => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ErrorCode::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ErrorCode::PosRejected => StatusCode::BAD_GATEWAY,
             ErrorCode::TerminalUnavailable | ErrorCode::Overloaded => {
                 StatusCode::SERVICE_UNAVAILABLE

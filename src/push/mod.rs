@@ -61,6 +61,9 @@ pub struct PushSettings {
     /// `--idempotency-ttl` and `--idempotency-capacity`.
     pub idempotency_ttl: Duration,
     pub idempotency_capacity: usize,
+    /// `--body-read-timeout`: how long a request body (a push, a peer request) may take
+    /// to arrive whole; `408` after.
+    pub body_read_timeout: Duration,
 }
 
 impl Default for PushSettings {
@@ -72,6 +75,7 @@ impl Default for PushSettings {
             push_path: crate::pos::wire::DEFAULT_PUSH_PATH.to_string(),
             idempotency_ttl: Duration::from_secs(600),
             idempotency_capacity: 100_000,
+            body_read_timeout: Duration::from_secs(10),
         }
     }
 }
