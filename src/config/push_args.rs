@@ -32,6 +32,10 @@ pub struct PushArgs {
     /// Pushes this pod handles at once (received or forwarded to it); beyond: 503
     #[arg(long, env = "POSGATE_MAX_INFLIGHT", default_value_t = 10_000)]
     pub max_inflight: usize,
+    /// Of those, at most this many of one tenant; beyond: 503 for that tenant only
+    /// [default: half of --max-inflight; a single-tenant pod sets it to --max-inflight]
+    #[arg(long, env = "POSGATE_MAX_INFLIGHT_PER_TENANT")]
+    pub max_inflight_per_tenant: Option<usize>,
     /// Pushes that may wait for one terminal's session; beyond: 503
     #[arg(long, env = "POSGATE_MAX_WAITING_PER_TERMINAL", default_value_t = 64)]
     pub max_waiting_per_terminal: usize,
@@ -71,6 +75,15 @@ impl PushArgs {
                 return Err(invalid(flag, "must be greater than zero"));
             }
         }
+        let per_tenant = self
+            .max_inflight_per_tenant
+            .unwrap_or(self.max_inflight.div_ceil(2));
+        if per_tenant == 0 || per_tenant > self.max_inflight {
+            return Err(invalid(
+                "max-inflight-per-tenant",
+                format!("must be 1..=--max-inflight ({})", self.max_inflight),
+            ));
+        }
         for (flag, value) in [
             ("idempotency-ttl", self.idempotency_ttl),
             ("body-read-timeout", self.body_read_timeout),
@@ -109,6 +122,7 @@ impl PushArgs {
         let settings = PushSettings {
             max_push_bytes: self.max_push_bytes,
             max_inflight: self.max_inflight,
+            max_inflight_per_tenant: per_tenant,
             max_waiting_per_terminal: self.max_waiting_per_terminal,
             push_path: self.pos_push_path,
             idempotency_ttl: self.idempotency_ttl,

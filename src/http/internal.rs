@@ -26,6 +26,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use super::errors::respond;
+use super::push::full_message;
 use super::{check_announced, read_body, HttpState};
 use crate::api::valid_terminal_id;
 use crate::clock;
@@ -259,15 +260,17 @@ pub(super) async fn push(
         Ok(forwarded) => forwarded,
         Err(why) => return bad_forward(why),
     };
-    let Some(_slot) = state.push.admit() else {
-        return respond(Answer::error(
-            ErrorCode::Overloaded,
-            "the owner pod is at its in-flight push limit",
-        ));
+    let tenant = Tenant(forwarded.tenant);
+    let _slot = match state.push.admit(&tenant) {
+        Ok(slot) => slot,
+        Err(full) => {
+            let message = format!("the owner pod: {}", full_message(full));
+            return respond(Answer::error(ErrorCode::Overloaded, message));
+        }
     };
     let budget = forwarded.deadline.min(MAX_TIMEOUT);
     let request = PushRequest {
-        tenant: Tenant(forwarded.tenant),
+        tenant,
         terminal: forwarded.terminal,
         key: forwarded.key,
         content_type: forwarded.content_type,

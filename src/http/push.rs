@@ -24,6 +24,7 @@ use crate::clock;
 use crate::credentials::{ApiTokens, Tenant};
 use crate::metrics::{GaugeUnit, Metrics};
 use crate::push::answer::{Answer, ErrorBody, ErrorCode};
+use crate::push::slots::Full;
 use crate::push::{PushRequest, PushService, DEFAULT_TIMEOUT, MAX_TIMEOUT};
 
 /// The tenant of requests when the API runs without tokens (`--insecure`).
@@ -128,12 +129,12 @@ pub(super) async fn push(
     // Held until the answer is ready; dropped with the future if the caller goes away.
     let in_flight = GaugeUnit::hold(&state.metrics.pushes_in_flight);
     let (answer, path) = match checked(service, tenant, terminal, &uri, &headers, body).await {
-        Ok((request, timeout)) => match service.admit() {
-            Some(_slot) => {
+        Ok((request, timeout)) => match service.admit(&request.tenant) {
+            Ok(_slot) => {
                 let deadline = clock::now() + timeout;
                 service.push(request, deadline).await
             }
-            None => (overloaded(&request), "none"),
+            Err(full) => (overloaded(&request, full), "none"),
         },
         Err(answer) => (answer, "none"),
     };
@@ -195,15 +196,23 @@ async fn checked(
     Ok((request, timeout))
 }
 
-fn overloaded(request: &PushRequest) -> Answer {
+fn overloaded(request: &PushRequest, full: Full) -> Answer {
     Answer::error_with(
         ErrorCode::Overloaded,
         ErrorBody {
-            message: "this pod is at its in-flight push limit".into(),
+            message: full_message(full).into(),
             idempotency_key: Some(request.key.clone()),
             ..ErrorBody::default()
         },
     )
+}
+
+/// What a `503 overloaded` for want of a slot says.
+pub(super) fn full_message(full: Full) -> &'static str {
+    match full {
+        Full::Pod => "this pod is at its in-flight push limit",
+        Full::Tenant => "this tenant is at its share of the pod's in-flight pushes",
+    }
 }
 
 const BAD_ID: &str = "terminal id must match [A-Za-z0-9._:-]{1,64}";

@@ -16,6 +16,7 @@ pub mod handoff;
 pub mod idempotency;
 mod owner;
 mod route;
+pub mod slots;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,7 +25,7 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use http::HeaderValue;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 
 use self::idempotency::IdempotencyCache;
 use crate::core::lease::StaleEpoch;
@@ -54,6 +55,8 @@ pub struct PushSettings {
     pub max_push_bytes: usize,
     /// `--max-inflight`: pushes this pod handles at once (received or forwarded to it).
     pub max_inflight: usize,
+    /// `--max-inflight-per-tenant`: of those, at most this many of one tenant.
+    pub max_inflight_per_tenant: usize,
     /// `--max-waiting-per-terminal`: pushes waiting for one terminal's session.
     pub max_waiting_per_terminal: usize,
     /// `--pos-push-path`: where terminals take pushes.
@@ -71,6 +74,7 @@ impl Default for PushSettings {
         PushSettings {
             max_push_bytes: 64 * 1024,
             max_inflight: 10_000,
+            max_inflight_per_tenant: 5_000,
             max_waiting_per_terminal: 64,
             push_path: crate::pos::wire::DEFAULT_PUSH_PATH.to_string(),
             idempotency_ttl: Duration::from_secs(600),
@@ -176,7 +180,7 @@ pub struct PushService {
     fetching: watch::Receiver<handoff::Fetching>,
     forward: forward::ForwardClient,
     settings: PushSettings,
-    inflight: Arc<Semaphore>,
+    inflight: slots::Slots,
     metrics: Arc<Metrics>,
 }
 
@@ -212,7 +216,7 @@ impl PushService {
             sessions,
             cache: IdempotencyCache::new(settings.idempotency_ttl, settings.idempotency_capacity),
             fetching: watch::channel(handoff::Fetching::new()).1,
-            inflight: Arc::new(Semaphore::new(settings.max_inflight.max(1))),
+            inflight: slots::Slots::new(settings.max_inflight, settings.max_inflight_per_tenant),
             settings,
             metrics,
         }
@@ -253,8 +257,9 @@ impl PushService {
         self.sessions.drained()
     }
 
-    /// A slot of `--max-inflight`, or `None` when the pod is at its limit.
-    pub fn admit(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        self.inflight.clone().try_acquire_owned().ok()
+    /// A slot of `--max-inflight` for a push of `tenant` (`slots`), or which bound the
+    /// push is past.
+    pub fn admit(&self, tenant: &Tenant) -> Result<slots::Slot, slots::Full> {
+        self.inflight.admit(&tenant.0)
     }
 }

@@ -292,6 +292,40 @@ async fn status_503_overloaded_while_another_push_waits_for_the_terminal() {
     );
 }
 
+/// One tenant at its share of the pod's in-flight pushes is refused; another is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn status_503_overloaded_for_a_tenant_at_its_share_only() {
+    let settings = PushSettings {
+        max_inflight_per_tenant: 1,
+        ..PushSettings::default()
+    };
+    let c = Cluster::start(2, 100, &[("pos-offline", "127.0.0.1:1")], settings).await;
+    let (http, t) = (client(), c.ids()[0].clone());
+    let a = &c.urls[0];
+    let waiting = Push {
+        query: "?timeout_ms=2000",
+        ..acme()
+    };
+    let (held, (acme_again, bank)) = tokio::join!(push(&http, a, "pos-offline", waiting), async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        tokio::join!(
+            push(&http, a, &t, acme()),
+            push(&http, a, &t, Push::new(BANK))
+        )
+    });
+    assert_eq!(error_of(&held.2), "terminal_unavailable");
+    assert_eq!(
+        (acme_again.0, error_of(&acme_again.2)),
+        (StatusCode::SERVICE_UNAVAILABLE, "overloaded"),
+        "{}",
+        acme_again.2
+    );
+    assert!(acme_again.2["message"].as_str().unwrap().contains("tenant"));
+    assert_eq!(bank.0, StatusCode::OK, "{}", bank.2);
+    // The slot is back once the waiting push ended.
+    assert_eq!(push(&http, a, &t, acme()).await.0, StatusCode::OK);
+}
+
 /// The terminal answers non-2xx; stored, so a retry replays it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn status_502_pos_rejected_is_stored_and_replayed() {
