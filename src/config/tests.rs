@@ -164,6 +164,8 @@ fn api_tokens_and_push_limits() {
     );
     assert_eq!(config.push.max_push_bytes, 1024);
     assert_eq!(config.push.max_inflight, 7);
+    assert_eq!(config.push.max_inflight_per_tenant, 4, "half, rounded up");
+    assert_eq!(config.push.body_read_timeout, Duration::from_secs(10));
     assert_eq!(config.push.push_path, "/push");
     assert!(!format!("{config:?}").contains("abcdef-token"));
     // Secret but no tokens: refused unless --insecure.
@@ -181,6 +183,12 @@ fn api_tokens_and_push_limits() {
         ("--max-inflight 0", "max-inflight"),
         ("--max-waiting-per-terminal 0", "max-waiting-per-terminal"),
         ("--idempotency-ttl 0s", "idempotency-ttl"),
+        ("--max-inflight-per-tenant 0", "max-inflight-per-tenant"),
+        (
+            "--max-inflight 10 --max-inflight-per-tenant 11",
+            "max-inflight-per-tenant",
+        ),
+        ("--body-read-timeout 0s", "body-read-timeout"),
         ("--pos-push-path push", "pos-push-path"),
     ] {
         assert_eq!(blamed(&resolve(args).unwrap_err()), flag, "{args}");
