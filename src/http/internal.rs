@@ -26,7 +26,6 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use super::errors::respond;
-use super::push::full_message;
 use super::{check_announced, read_body, HttpState};
 use crate::api::valid_terminal_id;
 use crate::clock;
@@ -264,7 +263,7 @@ pub(super) async fn push(
     let _slot = match state.push.admit(&tenant) {
         Ok(slot) => slot,
         Err(full) => {
-            let message = format!("the owner pod: {}", full_message(full));
+            let message = format!("the owner pod: {}", full.message());
             return respond(Answer::error(ErrorCode::Overloaded, message));
         }
     };

@@ -200,19 +200,11 @@ fn overloaded(request: &PushRequest, full: Full) -> Answer {
     Answer::error_with(
         ErrorCode::Overloaded,
         ErrorBody {
-            message: full_message(full).into(),
+            message: full.message().into(),
             idempotency_key: Some(request.key.clone()),
             ..ErrorBody::default()
         },
     )
-}
-
-/// What a `503 overloaded` for want of a slot says.
-pub(super) fn full_message(full: Full) -> &'static str {
-    match full {
-        Full::Pod => "this pod is at its in-flight push limit",
-        Full::Tenant => "this tenant is at its share of the pod's in-flight pushes",
-    }
 }
 
 const BAD_ID: &str = "terminal id must match [A-Za-z0-9._:-]{1,64}";

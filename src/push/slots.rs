@@ -20,6 +20,16 @@ pub enum Full {
     Tenant,
 }
 
+impl Full {
+    /// What the `503 overloaded` says.
+    pub fn message(self) -> &'static str {
+        match self {
+            Full::Pod => "this pod is at its in-flight push limit",
+            Full::Tenant => "this tenant is at its share of the pod's in-flight pushes",
+        }
+    }
+}
+
 /// See the module docs.
 #[derive(Debug)]
 pub struct Slots {
@@ -59,7 +69,13 @@ impl Slots {
             .clone()
             .try_acquire_owned()
             .map_err(|_| Full::Pod)?;
-        held.insert(tenant.to_string(), mine + 1);
+        // A tenant's name is copied into the map only when its first push arrives.
+        match held.get_mut(tenant) {
+            Some(n) => *n += 1,
+            None => {
+                held.insert(tenant.to_string(), 1);
+            }
+        }
         Ok(Slot {
             _pod: permit,
             tenant: tenant.to_string(),
