@@ -355,7 +355,7 @@ fn spawn_pod<S: CoordStore, H: ServingHook>(
             store,
             meta,
             config.store_timeout,
-            (listener, server_tls),
+            (listener, server_tls, config.connections),
             http_state,
             stopped,
             sampler,
@@ -389,23 +389,24 @@ async fn run_pod<S: CoordStore, H: ServingHook>(
     store: Arc<S>,
     meta: ClusterMeta,
     store_timeout: Duration,
-    (listener, tls): (TcpListener, Option<Arc<rustls::ServerConfig>>),
+    (listener, tls, limits): (
+        TcpListener,
+        Option<Arc<rustls::ServerConfig>>,
+        http::ConnectionLimits,
+    ),
     http_state: HttpState,
     mut stopped: oneshot::Receiver<()>,
     sampler: impl Future<Output = ()>,
 ) -> Result<(), PodError> {
     let (stop_http, http_stopped) = oneshot::channel::<()>();
     let push = http_state.push.clone();
+    let metrics = http_state.metrics.clone();
     let router = http::router(http_state);
     let http_stopped = async move {
         let _ = http_stopped.await;
     };
-    let http = async move {
-        match tls {
-            Some(tls) => http::serve_tls(listener, router, tls, http_stopped).await,
-            None => http::serve(listener, router, http_stopped).await,
-        }
-    };
+    let http =
+        async move { http::serve(listener, tls, router, limits, metrics, http_stopped).await };
     let ownership = async move {
         tokio::select! {
             pinned = pin_meta(&*store, &meta, store_timeout) => pinned.map_err(PodError::Meta)?,

@@ -3,9 +3,9 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use crate::support::router::{self, assert_json_error, raw_exchange, Server};
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, StatusCode};
 use http_body_util::combinators::BoxBody;
@@ -18,84 +18,14 @@ use posgate::core::membership::Member;
 use posgate::core::reconciler::Outage;
 use posgate::core::PodId;
 use posgate::credentials::{ClusterSecret, Credentials};
-use posgate::http::{router, serve, HttpState, ReadyLatch};
-use posgate::metrics::Metrics;
 use posgate::peer::signing::{self, legacy};
 use posgate::peer::wire::STORE_REACHABLE_ROUTE;
 use posgate::peer::{
-    PeerAnswer, PeerClient, PeerError, PeerReceiver, PeerTarget, MAX_INTERNAL_BODY, PEER_PROTOCOL,
+    PeerAnswer, PeerClient, PeerError, PeerTarget, MAX_INTERNAL_BODY, PEER_PROTOCOL,
 };
-use posgate::push::{NoTerminals, PushService, PushSettings};
-use posgate::serving::NoSessions;
-use posgate::serving::ServingTable;
 use posgate::status::{PodStatus, ShardStatus, StoreStatus};
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
-use tokio::sync::{oneshot, watch};
-
-/// A running router plus the handles the test drives it with.
-struct Server {
-    base: String,
-    status: watch::Sender<PodStatus>,
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<std::io::Result<()>>,
-}
-
-impl Server {
-    async fn start(secrets: Option<Vec<ClusterSecret>>) -> Server {
-        let (status, receiver) = watch::channel(PodStatus::default());
-        // The first secret is the current one; a second one is the previous (rotation).
-        let credentials = match secrets {
-            Some(list) => Credentials::rotating(None, list.first().cloned(), list.get(1).cloned()),
-            None => Credentials::new(None, None),
-        };
-        let metrics = Arc::new(Metrics::new());
-        let push = PushService::new(
-            pod("test-pod"),
-            64,
-            ServingTable::new(64),
-            receiver.clone(),
-            Arc::new(NoTerminals),
-            credentials.clone(),
-            Duration::from_secs(1),
-            PushSettings {
-                body_read_timeout: BODY_READ_TIMEOUT,
-                ..PushSettings::default()
-            },
-            metrics.clone(),
-        );
-        let peers = PeerClient::new(pod("test-pod"), credentials.clone(), Duration::from_secs(1));
-        let app = router(HttpState {
-            status: receiver,
-            credentials,
-            push: Arc::new(push),
-            stats: Arc::new(NoSessions),
-            metrics,
-            peers,
-            ready: ReadyLatch::default(),
-            peer: PeerReceiver::default(),
-        });
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(serve(listener, app, async {
-            let _ = stopped.await;
-        }));
-        Server {
-            base,
-            status,
-            stop: Some(stop),
-            task,
-        }
-    }
-
-    /// Shuts the server down gracefully and checks it ended cleanly.
-    async fn stop(mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        let ended = tokio::time::timeout(Duration::from_secs(5), self.task).await;
-        ended.expect("graceful shutdown finishes").unwrap().unwrap();
-    }
-}
 
 fn secret(byte: u8) -> ClusterSecret {
     ClusterSecret::new(vec![byte; 32]).unwrap()
@@ -296,68 +226,6 @@ async fn unknown_routes_and_methods_are_json_errors() {
     server.stop().await;
 }
 
-/// One raw HTTP/1.1 exchange on a new connection: writes `request` as is and reads the
-/// answer until the server closes (every request here ends the connection), so requests
-/// no client library would send can be tried.
-///
-/// The write runs beside the read: the server may answer (and close) before it has
-/// read all of an oversized request, and a client that only reads after writing
-/// everything would then depend on socket buffer sizes.
-async fn raw_exchange(base: &str, request: &[u8]) -> (u16, HeaderMap, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let addr = base.trim_start_matches("http://");
-    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (mut reader, mut writer) = tcp.into_split();
-    let bytes = request.to_vec();
-    // The server may refuse before reading everything; a reset write is part of that.
-    let write = tokio::spawn(async move { writer.write_all(&bytes).await.map(|()| writer) });
-    let mut answer = Vec::new();
-    // Generous: a loaded CI machine can take seconds to push 500 KiB through loopback.
-    let read = tokio::time::timeout(Duration::from_secs(20), reader.read_to_end(&mut answer));
-    let outcome = read.await;
-    write.abort();
-    if outcome.is_err() {
-        let first_line = String::from_utf8_lossy(&request[..request.len().min(60)]);
-        let got = String::from_utf8_lossy(&answer[..answer.len().min(300)]);
-        panic!("the connection was still open after 20 s: {first_line:?}; received {got:?}");
-    }
-    let text = String::from_utf8_lossy(&answer).into_owned();
-    parse_raw(&text)
-}
-
-/// The first HTTP/1.1 response in `text`: status, headers, body (by content-length).
-fn parse_raw(text: &str) -> (u16, HeaderMap, String) {
-    let (head, rest) = text.split_once("\r\n\r\n").expect("a complete head");
-    let mut lines = head.split("\r\n");
-    let status = lines.next().unwrap()[9..12].parse().unwrap();
-    let mut headers = HeaderMap::new();
-    for line in lines {
-        let (name, value) = line.split_once(": ").unwrap();
-        headers.append(
-            http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
-            value.parse().unwrap(),
-        );
-    }
-    let length: usize = headers["content-length"].to_str().unwrap().parse().unwrap();
-    (status, headers, rest[..length].to_string())
-}
-
-/// Asserts the documented JSON error with `status` and `code`.
-fn assert_json_error(case: &str, answer: &(u16, HeaderMap, String), status: u16, code: &str) {
-    let (got, headers, body) = answer;
-    assert_eq!(*got, status, "{case}: {body}");
-    assert_eq!(headers["content-type"], "application/json", "{case}");
-    let json: Value = serde_json::from_str(body).unwrap_or_else(|_| panic!("{case}: {body:?}"));
-    assert_eq!(json["error"], code, "{case}: {body}");
-    assert!(
-        json["message"].as_str().is_some_and(|m| !m.is_empty()),
-        "{case}: {body}"
-    );
-}
-
-/// `--body-read-timeout` of the test server.
-const BODY_READ_TIMEOUT: Duration = Duration::from_secs(1);
-
 /// A body that announces more than it sends, or never ends, holds nothing for long: the
 /// request is answered `408` once the body read timeout passes, and the connection ends.
 #[tokio::test]
@@ -373,7 +241,7 @@ async fn a_body_that_never_arrives_whole_is_a_408() {
         let took = started.elapsed();
         assert_json_error(path, &answer, 408, "request_timeout");
         assert!(
-            took < BODY_READ_TIMEOUT + Duration::from_secs(5),
+            took < router::BODY_READ_TIMEOUT + Duration::from_secs(5),
             "{path}: answered after {took:?}"
         );
     }
@@ -496,7 +364,7 @@ async fn errors_below_the_handlers_are_json() {
     };
     assert_json_error(
         "a malformed request after a good one",
-        &parse_raw(&rest),
+        &router::parse_raw(&rest),
         400,
         "invalid_request",
     );
@@ -749,26 +617,14 @@ async fn a_pod_whose_driver_is_gone_does_not_vouch_for_the_store() {
     let peer = target(&server.base, "pod-b");
     assert!(client.store_reachable(&peer).await.unwrap().store_reachable);
     // The driver owns the sender; it is dropped when the pod's coordination loop ends.
-    let Server {
-        base,
-        status,
-        stop,
-        task,
-    } = server;
-    drop(status);
+    let mut server = server;
+    server.drop_status();
     let err = client.store_reachable(&peer).await.unwrap_err();
     assert!(
         matches!(err, PeerError::Status { status: 503, .. }),
         "{err}"
     );
-    Server {
-        base,
-        status: watch::channel(PodStatus::default()).0,
-        stop,
-        task,
-    }
-    .stop()
-    .await;
+    server.stop().await;
 }
 
 #[tokio::test]

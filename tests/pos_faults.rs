@@ -708,7 +708,7 @@ async fn a_certificate_for_the_wrong_name_is_refused_with_one_clear_log_line() {
     let wrong = Terminal::new(WRONG, &server.addr.to_string(), Some("wrong.example")).unwrap();
     import(&redis, &[wrong]).await;
 
-    let mut pod = binary::terminal_pod("wrong-name-pod", &redis.url(), &bundle, t.dir.path());
+    let mut pod = binary::terminal_pod("wrong-name-pod", &redis.url(), &bundle, t.dir.path(), &[]);
     let took = wait_for(
         "every good terminal with a session",
         connect_limit(),
@@ -793,8 +793,8 @@ async fn a_pod_stopped_past_its_ttl_and_resumed_causes_no_session_overlap() {
     // the protocol asks of terminals ("closes its older sessions").
     config.supersede_grace = Duration::from_millis(500);
     let t = Farm::with_directory(&redis, config).await;
-    let mut a = binary::terminal_pod("stop-pod-a", &redis.url(), &t.ca_file, t.dir.path());
-    let mut b = binary::terminal_pod("stop-pod-b", &redis.url(), &t.ca_file, t.dir.path());
+    let mut a = binary::terminal_pod("stop-pod-a", &redis.url(), &t.ca_file, t.dir.path(), &[]);
+    let mut b = binary::terminal_pod("stop-pod-b", &redis.url(), &t.ca_file, t.dir.path(), &[]);
 
     let startup = Instant::now();
     while startup.elapsed() < connect_limit() + Duration::from_secs(5)

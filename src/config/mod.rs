@@ -10,7 +10,8 @@
 //! one line naming the flag. Layout: this file holds the resolved settings and the error
 //! type, `serve_args.rs` the clap flags and their resolution, `pos_args.rs` the POS
 //! connection flags (flattened into `ServeArgs`) and their [`PosSettings`], `push_args.rs`
-//! the push API flags (tokens, limits), `tls_args.rs` the HTTPS flags (listener
+//! the push API flags (tokens, limits), `connection_args.rs` the limits of the HTTP
+//! listener's client connections, `tls_args.rs` the HTTPS flags (listener
 //! certificate, peer CA), `redis_args.rs` the Redis connection flags (shared with
 //! `posgate terminals`, whose flags are in `terminals_args.rs`), `secrets.rs` where
 //! secrets come from and how a Redis URL carries or hides one. The `rediss://` TLS files
@@ -20,6 +21,7 @@
 //! What this module does not do: logging setup or connecting (that is the binary,
 //! `src/bin/posgate/`), or the timing rules themselves ([`CoreConfig::validate`]).
 
+mod connection_args;
 mod pos_args;
 mod push_args;
 mod redis_args;
@@ -38,9 +40,11 @@ use crate::core::{CoreConfig, PodId};
 use crate::credentials::{ApiTokens, ClusterSecret, Credentials};
 use crate::driver::DriverConfig;
 use crate::http::tls::ServerTlsFiles;
+use crate::http::ConnectionLimits;
 use crate::push::PushSettings;
 use crate::store::redis::{ClientCert, RedisOptions, Wait};
 
+pub use self::connection_args::{fd_limit, ConnectionArgs, MAX_DEFAULT_CONNECTIONS};
 pub use self::pos_args::{
     PosArgs, PosSettings, DEFAULT_DRAIN_BUDGET, MAX_DIRECTORY_POLL, MAX_DRAIN_BUDGET,
 };
@@ -92,6 +96,8 @@ pub struct PodConfig {
     /// `--peer-ca-file`: CA bundle `https://` peers are verified against; `None`: the
     /// system roots.
     pub peer_ca_file: Option<PathBuf>,
+    /// How long and how many client connections the HTTP listener holds.
+    pub connections: ConnectionLimits,
 }
 
 impl PodConfig {
@@ -131,6 +137,7 @@ impl PodConfig {
             push: PushSettings::default(),
             tls: None,
             peer_ca_file: None,
+            connections: ConnectionLimits::default(),
         }
     }
 }

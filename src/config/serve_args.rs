@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::connection_args::{fd_limit, ConnectionArgs};
 use super::push_args::PushArgs;
 use super::redis_args::RedisArgs;
 use super::secrets::secret_from;
@@ -106,6 +107,8 @@ pub struct ServeArgs {
     pub pos: PosArgs,
     #[command(flatten)]
     pub push: PushArgs,
+    #[command(flatten)]
+    pub connections: ConnectionArgs,
 }
 
 impl ServeArgs {
@@ -149,6 +152,7 @@ impl ServeArgs {
         }
 
         let pos = self.pos.resolve()?;
+        let connections = self.connections.resolve(fd_limit())?;
         let (tls, peer_ca_file) = self.tls.resolve()?;
         let scheme = if tls.is_some() { "https" } else { "http" };
 
@@ -205,6 +209,7 @@ impl ServeArgs {
             push,
             tls,
             peer_ca_file,
+            connections,
         };
         Ok((config, store, self.listen))
     }

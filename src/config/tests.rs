@@ -380,3 +380,41 @@ fn reloadable_files_are_the_secret_and_certificate_files() {
     let off = parse("--reload-poll-interval 0s").unwrap();
     assert!(off.reload_poll_interval.is_zero());
 }
+
+#[test]
+fn connection_limits_default_to_a_share_of_the_open_file_limit() {
+    let (config, _, _) = resolve("").unwrap();
+    let limits = config.connections;
+    assert_eq!(limits.header_read_timeout, Duration::from_secs(10));
+    assert_eq!(limits.idle_timeout, Duration::from_secs(120));
+    assert_eq!(limits.max_streams, 200);
+    let fd_limit = super::fd_limit();
+    assert_eq!(
+        limits.max_connections as u64,
+        (fd_limit / 4).min(super::MAX_DEFAULT_CONNECTIONS)
+    );
+    let args = parse("").unwrap().connections;
+    let share = |fd_limit| args.resolve(fd_limit).map(|l| l.max_connections);
+    assert_eq!(share(1_024), Ok(256));
+    assert_eq!(share(20_000), Ok(5_000));
+    assert_eq!(share(1 << 20), Ok(10_000), "at most 10,000 by default");
+    assert_eq!(share(u64::MAX), Ok(10_000), "an unlimited process");
+    let too_low = share(40).unwrap_err();
+    assert_eq!(blamed(&too_low), "max-connections");
+    assert!(too_low.to_string().contains("ulimit -n"), "{too_low}");
+    let explicit = parse("--max-connections 500").unwrap().connections;
+    assert_eq!(explicit.resolve(1_024).map(|l| l.max_connections), Ok(500));
+    let over = explicit.resolve(998).unwrap_err().to_string();
+    assert!(over.contains("half the open-file limit of 998"), "{over}");
+    for (args, flag) in [
+        ("--header-read-timeout 0s", "header-read-timeout"),
+        ("--idle-timeout 90s", "idle-timeout"),
+        ("--max-connections 15", "max-connections"),
+        (
+            "--max-streams-per-connection 0",
+            "max-streams-per-connection",
+        ),
+    ] {
+        assert_eq!(blamed(&resolve(args).unwrap_err()), flag, "{args}");
+    }
+}

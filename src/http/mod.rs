@@ -7,16 +7,19 @@
 //! a health probe. Every error answer is JSON `{"error": code, "message": text}`.
 //!
 //! [`serve`] speaks HTTP/1.1 and HTTP/2 with prior knowledge (h2c) on one port; peers use
-//! h2c (see [`crate::peer::PeerClient`]), probes and people HTTP/1.1. [`serve_tls`] is the
-//! same over TLS (`--tls-cert`, `tls.rs`), HTTP/2 or HTTP/1.1 chosen by ALPN.
+//! h2c (see [`crate::peer::PeerClient`]), probes and people HTTP/1.1; or the same over
+//! TLS (`--tls-cert`, `tls.rs`), HTTP/2 or HTTP/1.1 chosen by ALPN. It holds client
+//! connections under [`ConnectionLimits`] (`connections.rs`, `serve.rs`).
 //!
 //! What it does not do: terminal traffic, or deciding anything about shards.
 
 mod cluster;
+mod connections;
 mod errors;
 mod head_errors;
 mod internal;
 mod push;
+mod serve;
 mod status_page;
 pub mod tls;
 
@@ -47,6 +50,7 @@ use crate::push::PushService;
 use crate::serving::SessionStats;
 use crate::status::PodStatus;
 
+pub use self::connections::{ConnectionLimits, MAX_CLOSING};
 pub use self::errors::MAX_URI_BYTES;
 pub use self::push::INSECURE_TENANT;
 
@@ -123,34 +127,39 @@ pub fn router(state: HttpState) -> Router {
         .with_state(state)
 }
 
-/// Serves `router` on `listener` (HTTP/1.1 and h2c) until `shutdown` resolves, then stops
-/// accepting and waits for in-flight requests to finish.
+/// Serves `router` on `listener` until `shutdown` resolves, then stops accepting and
+/// waits for the requests in flight: HTTP/1.1 and h2c, or with `tls` (see
+/// [`tls::ServerCert::server_config`]) HTTP/2 or HTTP/1.1 by ALPN, only connections
+/// whose handshake finished reaching the router. Connections are held under `limits`
+/// (`serve.rs`).
 pub async fn serve(
     listener: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
     router: Router,
-    shutdown: impl Future<Output = ()> + Send + 'static,
+    limits: ConnectionLimits,
+    metrics: Arc<Metrics>,
+    shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, "http listening");
-    axum::serve(JsonHeadErrorsListener(listener), router)
-        .with_graceful_shutdown(shutdown)
-        .await
-}
-
-/// [`serve`], over TLS with `tls` (see [`tls::ServerCert::server_config`]): only
-/// connections whose handshake finished reach the router.
-pub async fn serve_tls(
-    listener: TcpListener,
-    router: Router,
-    tls: Arc<rustls::ServerConfig>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    let addr = listener.local_addr()?;
-    tracing::info!(%addr, "https listening");
-    let listener = JsonHeadErrorsListener(tls::TlsListener::new(listener, tls));
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
+    tracing::info!(
+        %addr,
+        tls = tls.is_some(),
+        max_connections = limits.max_connections,
+        header_read_timeout = ?limits.header_read_timeout,
+        idle_timeout = ?limits.idle_timeout,
+        "http listening"
+    );
+    match tls {
+        None => {
+            let listener = JsonHeadErrorsListener(listener);
+            serve::run(listener, router, limits, metrics, shutdown).await;
+        }
+        Some(tls) => {
+            let listener = JsonHeadErrorsListener(tls::TlsListener::new(listener, tls));
+            serve::run(listener, router, limits, metrics, shutdown).await;
+        }
+    }
+    Ok(())
 }
 
 /// Reads a request body of at most `limit` bytes within `time`. An announced oversize

@@ -134,6 +134,11 @@ impl Metrics {
         for reason in ["lost", "stopped", "hello_failed"] {
             let _ = self.connections_closed.get_or_create(&[("reason", reason)]);
         }
+        for reason in ["timeout", "evicted", "refused"] {
+            let _ = self
+                .http_connections_closed
+                .get_or_create(&[("reason", reason)]);
+        }
         for path in ["local", "forwarded", "none"] {
             let _ = self.push_duration.get_or_create(&[("path", path)]);
             let _ = self

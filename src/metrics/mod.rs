@@ -116,6 +116,8 @@ pub struct Metrics {
     pub reloads: Family<Label, Counter>,
     pub peer_refusals: Family<Label, Counter>,
     pub peer_legacy_accepted: Counter,
+    pub http_connections: Gauge,
+    pub http_connections_closed: Family<Label, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -177,6 +179,8 @@ impl Metrics {
             reloads: Family::default(),
             peer_refusals: Family::default(),
             peer_legacy_accepted: Counter::default(),
+            http_connections: Gauge::default(),
+            http_connections_closed: Family::default(),
         };
         m.register();
         m.zero_known_series();
@@ -365,6 +369,12 @@ impl Metrics {
             "Peer requests accepted in protocol 1 (from pods of the previous release during a rolling upgrade)",
             self.peer_legacy_accepted.clone(),
         );
+        r.register(
+            "posgate_http_connections",
+            "Client connections the HTTP listener holds now (pushes, peers, probes; not terminal sessions)",
+            self.http_connections.clone(),
+        );
+        r.register("posgate_http_connections_closed", "Client connections the listener closed itself, by reason (timeout: no request head within --header-read-timeout, or no request for --idle-timeout; evicted: the oldest waiting without a request, to make room at --max-connections; refused: at --max-connections with every connection in a request)", self.http_connections_closed.clone());
     }
 
     /// The OpenMetrics text of every metric.

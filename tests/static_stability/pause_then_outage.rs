@@ -39,8 +39,8 @@ async fn a_pod_frozen_past_its_ttl_and_woken_into_an_outage_delivers_nothing() {
     // after its grace, kept below the 1 s session-overlap threshold.
     config.supersede_grace = Duration::from_millis(500);
     let t = Farm::with_directory(&redis, config).await;
-    let mut a = binary::terminal_pod("pause-pod-a", &redis.url(), &t.ca_file, t.dir.path());
-    let mut b = binary::terminal_pod("pause-pod-b", &redis.url(), &t.ca_file, t.dir.path());
+    let mut a = binary::terminal_pod("pause-pod-a", &redis.url(), &t.ca_file, t.dir.path(), &[]);
+    let mut b = binary::terminal_pod("pause-pod-b", &redis.url(), &t.ca_file, t.dir.path(), &[]);
     let took = wait_for_async(
         "both pods serving and every terminal settled",
         connect_limit() + Duration::from_secs(5),

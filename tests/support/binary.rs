@@ -83,6 +83,11 @@ impl BinPod {
         BinPod { child, port, log }
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Sends `sig` (`-STOP`, `-HUP`, ...) with `kill`.
     pub fn signal(&self, sig: &str) {
         signal(self.child.id(), sig);
@@ -151,9 +156,15 @@ impl BinPod {
 
 /// `posgate serve` as pod `id` of the Redis at `redis_url` with the fast timings, its
 /// push API open to [`API_TOKEN`], trusting the POS CA in `ca_file`, dialing at most
-/// 1,000 terminals per second, logging JSON at info; its secret and token files go to
-/// `dir`.
-pub fn terminal_pod(id: &str, redis_url: &str, ca_file: &Path, dir: &Path) -> BinPod {
+/// 1,000 terminals per second, logging JSON at info, with the `extra` flags; its secret
+/// and token files go to `dir`.
+pub fn terminal_pod(
+    id: &str,
+    redis_url: &str,
+    ca_file: &Path,
+    dir: &Path,
+    extra: &[&str],
+) -> BinPod {
     let secret_file = dir.join("cluster-secret");
     std::fs::write(&secret_file, "terminal-pod-test-cluster-secret").unwrap();
     let tokens_file = dir.join("api-tokens");
@@ -178,6 +189,7 @@ pub fn terminal_pod(id: &str, redis_url: &str, ca_file: &Path, dir: &Path) -> Bi
     args.extend(["--cluster-secret-file".into(), secret_file.into()]);
     args.extend(["--api-tokens-file".into(), tokens_file.into()]);
     args.extend(["--pos-ca".into(), ca_file.into()]);
+    args.extend(extra.iter().map(OsString::from));
     BinPod::serve(port, args)
 }
 

@@ -10,7 +10,8 @@
 //! - `gateway`: in-process pods with terminals and the push API, each behind its own
 //!   `RedisProxy`, and the load harness's open-loop pushes through them;
 //! - `binary`: the `posgate` binary, one command or a `posgate serve` process;
-//! - `api`: a pod's HTTP API (pushes, GETs, `/metrics`); `peer_tap`: a recording relay on
+//! - `api`: a pod's HTTP API (pushes, GETs, `/metrics`); `router`: the HTTP router alone
+//!   on a socket, and raw HTTP/1.1 exchanges with it; `peer_tap`: a recording relay on
 //!   the pod network;
 //! - `wait`: polling for a condition; `tls`: a throwaway CA; `tools`: the rule for test
 //!   tools that may be missing.
@@ -29,6 +30,7 @@ pub mod peer_tap;
 pub mod pod;
 pub mod redis_ha;
 pub mod redis_server;
+pub mod router;
 pub mod stall_proxy;
 pub mod tls;
 pub mod tools;

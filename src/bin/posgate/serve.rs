@@ -25,6 +25,9 @@ pub fn main(args: ServeArgs) -> ExitCode {
     // Kept to read the secret files again on SIGHUP or when they change; the poller
     // compares with their content from before anything read them.
     let reload_args = args.clone();
+    // Terminal sessions and client connections are file descriptors; take what the
+    // hard limit allows before the connection cap is derived from it (config).
+    let raised = rlimit::increase_nofile_limit(u64::MAX);
     let watched = posgate::reload::Fingerprints::read(&args.reloadable_files());
     let resolved = log_settings(&args).and_then(|log| Ok((log, args.resolve()?)));
     let ((format, filter), (config, settings, listen)) = match resolved {
@@ -35,6 +38,15 @@ pub fn main(args: ServeArgs) -> ExitCode {
         }
     };
     init_tracing(format, filter);
+    match raised {
+        Ok(fd_limit) => tracing::info!(
+            fd_limit,
+            max_connections = config.connections.max_connections,
+            "open-file limit; client connections are capped at max_connections, the rest \
+             is for terminal sessions, peers and the store"
+        ),
+        Err(error) => tracing::warn!(%error, "cannot raise the open-file limit"),
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(err) => {

@@ -1,0 +1,348 @@
+//! The accept loop: takes connections from a listener (plain TCP, or TLS whose
+//! handshake finished), serves each with hyper (HTTP/1.1 or HTTP/2) under the
+//! [`ConnectionLimits`], and on shutdown stops accepting and lets the requests in flight
+//! finish. The [`Connections`] table decides which connection waits too long and which
+//! one makes room; this loop only carries its verdicts out.
+//!
+//! Why not `axum::serve`: it holds every connection for as long as the client likes. A
+//! client that opens connections and sends nothing, or a head a byte at a time, held
+//! them forever, each a file descriptor the pod's terminal sessions need.
+//!
+//! Not for: routing (`super::router`), TLS handshakes (`super::tls::TlsListener`), the
+//! JSON bodies of hyper's own answers (`super::head_errors`).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use axum::extract::Request;
+use axum::Router;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto::Builder;
+use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinSet;
+use tower_service::Service;
+
+use super::connections::{Admission, ConnId, ConnectionLimits, Connections, Deadline};
+use crate::metrics::Metrics;
+use crate::rate_log::RateLog;
+
+/// How long a connection closed for waiting too long after a request gets to finish its
+/// close (an HTTP/2 GOAWAY exchange) before it is dropped.
+const CLOSE_GRACE: Duration = Duration::from_secs(5);
+/// The same for a connection without a request in flight when the pod shuts down.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
+
+/// The table, how to tell a connection's task to look at it again, and how the accept
+/// loop learns that a connection is gone.
+struct Shared {
+    inner: Mutex<Inner>,
+    /// Notified whenever a connection's descriptor is dropped.
+    freed: Notify,
+}
+
+struct Inner {
+    table: Connections,
+    wakers: HashMap<ConnId, Arc<Notify>>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Serves `router` on `listener` under `limits` until `shutdown` resolves, then stops
+/// accepting and waits for the connections to finish their requests in flight.
+pub async fn run<L>(
+    mut listener: L,
+    router: Router,
+    limits: ConnectionLimits,
+    metrics: Arc<Metrics>,
+    shutdown: impl Future<Output = ()>,
+) where
+    L: axum::serve::Listener,
+    L::Io: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let builder = Arc::new(builder(limits));
+    let shared = Arc::new(Shared {
+        inner: Mutex::new(Inner {
+            table: Connections::new(limits),
+            wakers: HashMap::new(),
+        }),
+        freed: Notify::new(),
+    });
+    let shed_log = RateLog::default();
+    let shed = |reason: &'static str, message: &'static str| {
+        metrics
+            .http_connections_closed
+            .get_or_create(&[("reason", reason)])
+            .inc();
+        if let Some(suppressed) = shed_log.admit(reason, Instant::now()) {
+            let max_connections = limits.max_connections;
+            tracing::warn!(max_connections, suppressed, "{message}");
+        }
+    };
+    let (stop, stopping) = watch::channel(());
+    // Dropped (aborting every connection) if this future is: the pod bounds its drain.
+    let mut tasks = JoinSet::new();
+    let mut shutdown = pin!(shutdown);
+    loop {
+        // Too many chosen to make room are still held: accept nothing more until one is
+        // gone (newcomers wait in the kernel's queue meanwhile).
+        if !shared.lock().table.may_accept() {
+            tokio::select! {
+                _ = shared.freed.notified() => {}
+                Some(_) = tasks.join_next() => {}
+                _ = &mut shutdown => break,
+            }
+            continue;
+        }
+        let (io, _addr) = tokio::select! {
+            accepted = listener.accept() => accepted,
+            Some(_) = tasks.join_next() => continue,
+            _ = &mut shutdown => break,
+        };
+        let (id, wake, evicted) = {
+            let mut inner = shared.lock();
+            let (id, evicted) = match inner.table.handle_accept(Instant::now()) {
+                Admission::Admitted(id) => (id, None),
+                Admission::Evicting { admitted, evict } => {
+                    (admitted, inner.wakers.get(&evict).cloned())
+                }
+                Admission::Refused => {
+                    drop(inner);
+                    shed(
+                        "refused",
+                        "client connection refused: every connection is in a request",
+                    );
+                    continue;
+                }
+            };
+            let wake = Arc::new(Notify::new());
+            inner.wakers.insert(id, wake.clone());
+            metrics.http_connections.set(inner.table.len() as i64);
+            (id, wake, evicted)
+        };
+        if let Some(evicted) = evicted {
+            evicted.notify_one();
+            shed(
+                "evicted",
+                "client connections full: closed the one waiting longest without a request",
+            );
+        }
+        let conn = Conn {
+            id,
+            wake,
+            shared: shared.clone(),
+            metrics: metrics.clone(),
+        };
+        let router = router.clone();
+        tasks.spawn(conn.serve(io, builder.clone(), router, stopping.clone()));
+    }
+    drop(listener);
+    let _ = stop.send(());
+    while tasks.join_next().await.is_some() {}
+}
+
+/// hyper's connection settings for `limits`.
+fn builder(limits: ConnectionLimits) -> Builder<TokioExecutor> {
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(limits.max_streams);
+    builder
+}
+
+/// Where a connection's task is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Serving requests.
+    Open,
+    /// Told to close (HTTP/2 GOAWAY, HTTP/1.1 no further request): dropped at `until`,
+    /// or whenever its requests are done if `None`.
+    Closing { until: Option<tokio::time::Instant> },
+}
+
+impl Phase {
+    fn closing_within(grace: Duration) -> Phase {
+        Phase::Closing {
+            until: Some(tokio::time::Instant::now() + grace),
+        }
+    }
+
+    /// Resolves when a closing connection's time is up; never otherwise.
+    async fn expired(self) {
+        match self {
+            Phase::Closing { until: Some(until) } => tokio::time::sleep_until(until).await,
+            _ => std::future::pending().await,
+        }
+    }
+}
+
+/// One accepted connection.
+struct Conn {
+    id: ConnId,
+    /// Told when its entry in the table changed (a request ended, it was evicted).
+    wake: Arc<Notify>,
+    shared: Arc<Shared>,
+    metrics: Arc<Metrics>,
+}
+
+impl Conn {
+    async fn serve<I>(
+        self,
+        io: I,
+        builder: Arc<Builder<TokioExecutor>>,
+        router: Router,
+        mut stopping: watch::Receiver<()>,
+    ) where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let wake = self.wake.clone();
+        let service = TowerToHyperService::new(Requests {
+            id: self.id,
+            shared: self.shared.clone(),
+            wake: wake.clone(),
+            router,
+        });
+        let mut conn = pin!(builder.serve_connection(TokioIo::new(io), service));
+        let mut phase = Phase::Open;
+        loop {
+            let deadline = match self.shared.lock().table.poll_deadline(self.id) {
+                // Evicted (counted by the accept loop): it has no request in flight.
+                Deadline::Closed => break,
+                Deadline::FirstRequest(at) | Deadline::NextRequest(at) => Some(at),
+                Deadline::InRequest => None,
+            };
+            let deadline_passed = async {
+                match deadline {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                served = conn.as_mut() => {
+                    if let (Err(error), Phase::Open) = (served, phase) {
+                        // hyper's own header read timeout (HTTP/1.1).
+                        let timed_out = error
+                            .downcast_ref::<hyper::Error>()
+                            .is_some_and(hyper::Error::is_timeout);
+                        if timed_out {
+                            self.closed("timeout");
+                        }
+                        tracing::debug!(%error, "client connection ended with an error");
+                    }
+                    break;
+                }
+                // A request started or ended, or the connection was evicted: look again.
+                _ = wake.notified() => {}
+                _ = stopping.changed(), if phase == Phase::Open => {
+                    // Shutdown: requests in flight finish (the pod bounds the wait); a
+                    // connection without one gets a moment to see the GOAWAY.
+                    conn.as_mut().graceful_shutdown();
+                    phase = match deadline {
+                        None => Phase::Closing { until: None },
+                        Some(_) => Phase::closing_within(SHUTDOWN_GRACE),
+                    };
+                }
+                _ = deadline_passed, if phase == Phase::Open => {
+                    match self.shared.lock().table.poll_deadline(self.id) {
+                        Deadline::FirstRequest(at) if at <= Instant::now() => {
+                            // Never brought a request (a slowloris, a silent client):
+                            // nothing to finish or to tell.
+                            self.closed("timeout");
+                            break;
+                        }
+                        Deadline::NextRequest(at) if at <= Instant::now() => {
+                            self.closed("timeout");
+                            conn.as_mut().graceful_shutdown();
+                            phase = Phase::closing_within(CLOSE_GRACE);
+                        }
+                        _ => {}
+                    }
+                }
+                _ = phase.expired() => break,
+            }
+        }
+        {
+            let mut inner = self.shared.lock();
+            inner.table.handle_close(self.id);
+            inner.wakers.remove(&self.id);
+            self.metrics.http_connections.set(inner.table.len() as i64);
+        }
+        self.shared.freed.notify_one();
+    }
+
+    fn closed(&self, reason: &'static str) {
+        self.metrics
+            .http_connections_closed
+            .get_or_create(&[("reason", reason)])
+            .inc();
+    }
+}
+
+/// The router, telling the table when each request starts and ends.
+#[derive(Clone)]
+struct Requests {
+    id: ConnId,
+    shared: Arc<Shared>,
+    wake: Arc<Notify>,
+    router: Router,
+}
+
+impl Service<Request<Incoming>> for Requests {
+    type Response = axum::response::Response;
+    type Error = std::convert::Infallible;
+    type Future = futures::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<Incoming>) -> Self::Future {
+        self.shared.lock().table.handle_request_start(self.id);
+        self.wake.notify_one();
+        let in_flight = InFlight {
+            id: self.id,
+            shared: self.shared.clone(),
+            wake: self.wake.clone(),
+        };
+        let answer = self.router.call(request.map(axum::body::Body::new));
+        Box::pin(async move {
+            let answer = answer.await;
+            drop(in_flight);
+            answer
+        })
+    }
+}
+
+/// One request in flight; its end is recorded when dropped, answered or abandoned.
+struct InFlight {
+    id: ConnId,
+    shared: Arc<Shared>,
+    wake: Arc<Notify>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.shared
+            .lock()
+            .table
+            .handle_request_end(self.id, Instant::now());
+        self.wake.notify_one();
+    }
+}

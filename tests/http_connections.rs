@@ -1,0 +1,157 @@
+//! The HTTP listener's hold on client connections (`posgate::http::serve` under
+//! `ConnectionLimits`) over real sockets: a connection that brings no request head, or
+//! stays without a request, is closed; a full listener makes room by closing the
+//! connection that has waited longest without a request, so a probe still gets in; the
+//! counts are in `/metrics`.
+//!
+//! The slowloris of 2,000 connections against a whole `posgate serve` process with its
+//! terminals is in `slowloris.rs`.
+
+use std::time::{Duration, Instant};
+
+use posgate::http::ConnectionLimits;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::support::api;
+use crate::support::router::{raw_exchange, Server};
+
+/// A head that never ends: what a slowloris sends.
+const PARTIAL_HEAD: &[u8] = b"GET /healthz HTTP/1.1\r\nhost: x\r\n";
+/// The HTTP/2 client preface, and nothing after it.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+async fn open(base: &str, first_bytes: &[u8]) -> TcpStream {
+    let mut tcp = TcpStream::connect(base.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    tcp.write_all(first_bytes).await.unwrap();
+    tcp
+}
+
+/// Whether the server closed `tcp` (EOF or reset) within `within`; whatever it wrote
+/// before closing (an HTTP/2 GOAWAY, a `408`) is read past.
+async fn closed_within(tcp: &mut TcpStream, within: Duration) -> bool {
+    let mut buf = [0u8; 1024];
+    let read_to_end = async {
+        loop {
+            match tcp.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    };
+    tokio::time::timeout(within, read_to_end).await.is_ok()
+}
+
+/// `/healthz` on a fresh connection answers `200`.
+async fn healthy(base: &str) -> bool {
+    let answer = raw_exchange(
+        base,
+        b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    answer.0 == 200
+}
+
+fn limits(max_connections: usize, header_read_timeout: Duration) -> ConnectionLimits {
+    ConnectionLimits {
+        header_read_timeout,
+        idle_timeout: Duration::from_secs(1),
+        max_connections,
+        ..ConnectionLimits::default()
+    }
+}
+
+#[tokio::test]
+async fn connections_without_a_request_head_are_closed_after_the_header_read_timeout() {
+    let timeout = Duration::from_secs(1);
+    let server = Server::start_with(None, limits(64, timeout)).await;
+    // HTTP/1.1 with half a head (hyper's header timer and the table's both apply), and
+    // HTTP/2 with only the preface (only the table's applies).
+    for (case, first_bytes) in [("HTTP/1.1", PARTIAL_HEAD), ("HTTP/2", H2_PREFACE)] {
+        let started = Instant::now();
+        let mut tcp = open(&server.base, first_bytes).await;
+        assert!(
+            closed_within(&mut tcp, timeout + Duration::from_secs(8)).await,
+            "{case}: still open {:?} after it opened",
+            started.elapsed()
+        );
+    }
+    let scrape = api::metrics(&api::client(), &server.base).await;
+    assert!(
+        api::scraped(
+            &scrape,
+            "posgate_http_connections_closed_total{reason=\"timeout\"}"
+        ) >= 1.0,
+        "{scrape}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_connection_without_a_request_after_its_first_is_closed_after_the_idle_timeout() {
+    let server = Server::start_with(None, limits(64, Duration::from_secs(30))).await;
+    // HTTP/2 with prior knowledge, as peers call: one request, then nothing.
+    let http2 = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<http_body_util::Full<bytes::Bytes>>();
+    let answer = http2
+        .get(format!("{}/healthz", server.base).parse().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    let gone = crate::support::wait::wait_for_async(
+        "the idle HTTP/2 connection closed by the server",
+        Duration::from_secs(15),
+        || async {
+            let scrape = api::metrics(&api::client(), &server.base).await;
+            api::scraped(
+                &scrape,
+                "posgate_http_connections_closed_total{reason=\"timeout\"}",
+            ) >= 1.0
+        },
+    )
+    .await;
+    eprintln!("closed {gone:?} after its request (idle timeout 1 s)");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_full_listener_closes_the_connection_waiting_longest_so_a_probe_gets_in() {
+    const MAX: usize = 8;
+    const FLOOD: usize = 20;
+    let server = Server::start_with(None, limits(MAX, Duration::from_secs(60))).await;
+    let mut flood = Vec::new();
+    for _ in 0..FLOOD {
+        flood.push(open(&server.base, PARTIAL_HEAD).await);
+        // Accepted in order: the table's notion of "longest waiting" is accept time.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        healthy(&server.base).await,
+        "a probe is answered by a full listener"
+    );
+    // FLOOD - MAX made room for the rest of the flood, one more for the probe: the
+    // oldest ones, the newest MAX - 1 still held.
+    let evicted = FLOOD - MAX + 1;
+    for (i, tcp) in flood.iter_mut().enumerate() {
+        let closed = closed_within(
+            tcp,
+            Duration::from_millis(if i < evicted { 8_000 } else { 300 }),
+        )
+        .await;
+        assert_eq!(closed, i < evicted, "flood connection {i} of {FLOOD}");
+    }
+    // The probe's place is free again: the scrape takes it without closing another.
+    let scrape = api::metrics(&api::client(), &server.base).await;
+    assert_eq!(
+        api::scraped(
+            &scrape,
+            "posgate_http_connections_closed_total{reason=\"evicted\"}"
+        ),
+        evicted as f64,
+        "{scrape}"
+    );
+    server.stop().await;
+}
