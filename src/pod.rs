@@ -269,7 +269,7 @@ fn tls_parts(config: &PodConfig) -> Result<(Option<ServerCert>, PeerTls), PodErr
         Some(files) => Some(ServerCert::new(files.load()?)),
         None => None,
     };
-    Ok((server_cert, PeerTls::new(config.peer_ca_file.as_deref())?))
+    Ok((server_cert, PeerTls::new(&config.peers)?))
 }
 
 /// What a pod has besides its driver and store: its credentials (replaced on reload),

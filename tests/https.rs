@@ -36,7 +36,7 @@ use crate::support::binary::BinPod;
 use crate::support::farm::{self, Farm};
 use crate::support::pod::{self, SHARDS};
 use crate::support::redis_server::free_port;
-use crate::support::tls::TestPki;
+use crate::support::tls::{TestPki, PEER_NAME};
 use crate::support::wait::{wait_for, wait_for_async};
 
 /// How long a pod may take to listen, serve or present a new certificate.
@@ -69,8 +69,17 @@ async fn tls_connect(
     addr: SocketAddr,
     config: Arc<rustls::ClientConfig>,
 ) -> std::io::Result<TlsStream<TcpStream>> {
+    tls_connect_as(addr, config, "127.0.0.1").await
+}
+
+/// [`tls_connect`], the certificate checked for `name`.
+async fn tls_connect_as(
+    addr: SocketAddr,
+    config: Arc<rustls::ClientConfig>,
+    name: &'static str,
+) -> std::io::Result<TlsStream<TcpStream>> {
     let tcp = TcpStream::connect(addr).await?;
-    let name = ServerName::try_from("127.0.0.1").unwrap();
+    let name = ServerName::try_from(name).unwrap();
     TlsConnector::from(config).connect(name, tcp).await
 }
 
@@ -119,6 +128,16 @@ fn push_request(terminal: &str) -> Request<Full<Bytes>> {
         .unwrap()
 }
 
+/// [`push_request`] with the caller's deadline `timeout_ms`.
+fn push_request_within(terminal: &str, timeout_ms: u64) -> Request<Full<Bytes>> {
+    let mut request = push_request(terminal);
+    *request.uri_mut() =
+        format!("https://127.0.0.1/v1/terminals/{terminal}/push?timeout_ms={timeout_ms}")
+            .parse()
+            .unwrap();
+    request
+}
+
 async fn answer(response: http::Response<hyper::body::Incoming>) -> (StatusCode, Bytes) {
     let status = response.status();
     (
@@ -136,7 +155,7 @@ fn tls_config(name: &str, addr: SocketAddr, pki: &TestPki, peer_ca: &Path) -> Po
         cert_file: pki.path("server"),
         key_file: pki.path("server-key"),
     });
-    config.peer_ca_file = Some(peer_ca.to_owned());
+    config.peers.ca_file = Some(peer_ca.to_owned());
     config
 }
 
@@ -144,6 +163,15 @@ fn tls_config(name: &str, addr: SocketAddr, pki: &TestPki, peer_ca: &Path) -> Po
 /// `peer_ca`, over the embedded store and a farm of 40 simulated terminals; returns once
 /// each shard is served by one pod and every terminal is connected.
 async fn tls_cluster(pki: &TestPki, peer_ca: &Path) -> (Farm, Vec<Terminal>, Vec<TlsPod>) {
+    tls_cluster_with(pki, peer_ca, |_| {}).await
+}
+
+/// [`tls_cluster`] with each pod's config changed by `adjust` first.
+async fn tls_cluster_with(
+    pki: &TestPki,
+    peer_ca: &Path,
+    adjust: impl Fn(&mut PodConfig),
+) -> (Farm, Vec<Terminal>, Vec<TlsPod>) {
     let farm = Farm::start(farm::config(40)).await;
     let entries = farm.entries();
     let directory = Arc::new(MemoryDirectory::new());
@@ -155,6 +183,7 @@ async fn tls_cluster(pki: &TestPki, peer_ca: &Path) -> (Farm, Vec<Terminal>, Vec
         let addr = listener.local_addr().unwrap();
         let mut config = tls_config(&format!("tls-pod-{i}"), addr, pki, peer_ca);
         config.pos = pod::pos(&farm.ca_file, PosSettings::default().dial_rate.get());
+        adjust(&mut config);
         let pod =
             Pod::start_with_directory(config, store.clone(), directory.clone(), listener).unwrap();
         pods.push((pod, addr));
@@ -220,6 +249,56 @@ async fn pushes_over_https_reach_owners_through_https_peers() {
     assert!(tls_connect(pods[0].1, stranger).await.is_err());
 }
 
+/// Pods sharing one certificate (a Secret) that names neither of their addresses:
+/// with `--peer-tls-name` they verify each other by that name and forward; without it
+/// (the address is verified) they refuse to, like an untrusted peer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pods_sharing_one_certificate_verify_peers_by_name() {
+    let pki = TestPki::generate();
+    for by_name in [true, false] {
+        let shared = |config: &mut PodConfig| {
+            config.tls = Some(ServerTlsFiles {
+                cert_file: pki.path("peer"),
+                key_file: pki.path("peer-key"),
+            });
+            config.peers.name = by_name.then(|| ServerName::try_from(PEER_NAME).unwrap());
+        };
+        let (_farm, entries, pods) = tls_cluster_with(&pki, &pki.path("ca"), shared).await;
+        let (pod, addr) = &pods[0];
+        let now = tokio::time::Instant::now().into_std();
+        let elsewhere: Vec<&Terminal> = entries
+            .iter()
+            .filter(|t| pod.serving.serving(shard_of(&t.id, SHARDS), now).is_none())
+            .collect();
+        let client = client_tls(&[&pki.path("ca")], &[b"h2"]);
+        let tls = tls_connect_as(*addr, client, PEER_NAME).await.unwrap();
+        let mut send = http2(tls).await;
+        let request = push_request_within(&elsewhere[0].id, 1_000);
+        let (status, body) = answer(send.send_request(request).await.unwrap()).await;
+        let body: Value = serde_json::from_slice(&body).unwrap();
+        if by_name {
+            assert_eq!(
+                status,
+                StatusCode::OK,
+                "forwarded, verified by name: {body}"
+            );
+            assert_ne!(
+                body["pod"],
+                pod.status.borrow().pod.as_ref().unwrap().to_string()
+            );
+        } else {
+            assert_eq!(
+                (status, body["error"].as_str()),
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    Some("terminal_unavailable")
+                ),
+                "not forwarded, the address is not in the certificate: {body}"
+            );
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn peers_with_an_untrusted_certificate_get_no_forwarded_push() {
     // The pods' peer CA did not issue their certificates: each delivers to its own
@@ -238,13 +317,7 @@ async fn peers_with_an_untrusted_certificate_get_no_forwarded_push() {
     let mut send = http2(tls).await;
     let (status, body) = answer(send.send_request(push_request(&mine[0].id)).await.unwrap()).await;
     assert_eq!(status, StatusCode::OK, "{body:?}");
-    let mut request = push_request(&elsewhere[0].id);
-    *request.uri_mut() = format!(
-        "https://127.0.0.1/v1/terminals/{}/push?timeout_ms=500",
-        elsewhere[0].id
-    )
-    .parse()
-    .unwrap();
+    let request = push_request_within(&elsewhere[0].id, 500);
     let (status, body) = answer(send.send_request(request).await.unwrap()).await;
     let body: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
@@ -301,7 +374,12 @@ async fn a_reloaded_certificate_serves_new_handshakes_and_keeps_open_connections
         .unwrap();
     open.ready().await.unwrap();
     let (status, _) = answer(open.send_request(cluster).await.unwrap()).await;
-    assert_eq!(status, StatusCode::OK, "the old token must still work");
+    // Known (a tenant's token may not see the cluster: 403), not unknown (401).
+    assert_eq!(
+        status,
+        StatusCode::FORBIDDEN,
+        "the old token must still work"
+    );
 }
 
 /// Points `<dir>/..data` at `<dir>/<version>` by an atomic rename, as the kubelet

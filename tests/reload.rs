@@ -67,11 +67,11 @@ fn serve(redis: &RedisServer, tokens: &Path, secret: &Path, extra: &[&str]) -> B
     BinPod::serve(port, args)
 }
 
-/// The token file (`ops` with the OLD token) and the first cluster secret, in `dir`.
+/// The token file (`operator` with the OLD token) and the first cluster secret, in `dir`.
 fn first_files(dir: &Path) -> (PathBuf, PathBuf) {
     let tokens = dir.join("tokens");
     let secret = dir.join("secret");
-    std::fs::write(&tokens, format!("ops:{OLD}\n")).unwrap();
+    std::fs::write(&tokens, format!("operator:{OLD}\n")).unwrap();
     std::fs::write(&secret, "first-cluster-secret-0123").unwrap();
     (tokens, secret)
 }
@@ -99,7 +99,7 @@ async fn sighup_rotates_tokens_and_secret_without_a_rebalance() {
     .await;
     let before = owners(&pod, OLD).await;
 
-    std::fs::write(&tokens, format!("ops:{NEW}\n")).unwrap();
+    std::fs::write(&tokens, format!("operator:{NEW}\n")).unwrap();
     std::fs::write(&secret, "second-cluster-secret-0123").unwrap();
     pod.signal("-HUP");
     wait_for_async("the new token works", LIMIT, || async {
@@ -141,7 +141,7 @@ async fn the_poller_reloads_a_changed_token_file_without_a_signal() {
 
     // Replaced the way an editor or `kubectl cp` would: a new file renamed over the old.
     let staged = dir.path().join("tokens.new");
-    std::fs::write(&staged, format!("ops:{NEW}\n")).unwrap();
+    std::fs::write(&staged, format!("operator:{NEW}\n")).unwrap();
     std::fs::rename(&staged, &tokens).unwrap();
     wait_for_async("the poller applies the new token", LIMIT, || async {
         status(&pod, "/v1/cluster", NEW).await == 200

@@ -144,10 +144,6 @@ async fn a_slowloris_is_shed_while_probes_pushes_and_terminal_sessions_keep_work
             .unwrap();
         longest_held = longest_held.max(held);
     }
-    assert!(
-        longest_held <= HEADER_READ_TIMEOUT + secs(3),
-        "a connection without a request head was held {longest_held:?}"
-    );
     pod.assert_running();
     // The allocator gives freed pages back to the OS after a decay time (jemalloc's
     // default: 10 s), in a background thread.
@@ -172,6 +168,12 @@ async fn a_slowloris_is_shed_while_probes_pushes_and_terminal_sessions_keep_work
          {probes} probes and {pushes} pushes answered during; the last connections held \
          at most {longest_held:.1?}; {closed:?}",
         before.0, peak.0, during.0, after.0, before.1, peak.1, after.1
+    );
+    // From the client's connect, so it includes the wait in the pod's accept queue
+    // (seconds on a loaded machine) before the header read timeout starts.
+    assert!(
+        longest_held <= 3 * HEADER_READ_TIMEOUT,
+        "a connection without a request head was held {longest_held:?}"
     );
     // Those making room while they close, the probe's and the push's.
     assert!(

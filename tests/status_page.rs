@@ -71,10 +71,10 @@ async fn dump_dom(bin: &str, page: &str) -> String {
     String::from_utf8_lossy(&dump.stdout).into_owned()
 }
 
-/// A pod config with the page's API token.
+/// A pod config with the page's operator token.
 fn page_config(id: &str, url: &str) -> posgate::config::PodConfig {
     let mut config = pod::config(id, url);
-    config.api_tokens = Some(ApiTokens::from_env_value(&format!("ops:{TOKEN}")).unwrap());
+    config.api_tokens = Some(ApiTokens::from_env_value(&format!("operator:{TOKEN}")).unwrap());
     config
 }
 
@@ -131,7 +131,7 @@ async fn the_status_page_renders_the_ring() {
     // Without the token the page asks for one instead of showing data.
     let bare = dump_dom(bin, &format!("{url}/")).await;
     assert!(
-        bare.contains("class=\"error\">this pod needs an API token"),
+        bare.contains("class=\"error\">this pod needs an operator token"),
         "{bare}"
     );
     assert!(!bare.contains("<td>page-pod</td>"), "{bare}");

@@ -41,6 +41,7 @@ use crate::credentials::{ApiTokens, ClusterSecret, Credentials};
 use crate::driver::DriverConfig;
 use crate::http::tls::ServerTlsFiles;
 use crate::http::ConnectionLimits;
+use crate::peer::tls::PeerVerify;
 use crate::push::PushSettings;
 use crate::store::redis::{ClientCert, RedisOptions, Wait};
 
@@ -93,9 +94,8 @@ pub struct PodConfig {
     /// `--tls-cert`/`--tls-key`: the HTTP listener serves TLS with these files; `None`
     /// is plain HTTP.
     pub tls: Option<ServerTlsFiles>,
-    /// `--peer-ca-file`: CA bundle `https://` peers are verified against; `None`: the
-    /// system roots.
-    pub peer_ca_file: Option<PathBuf>,
+    /// How `https://` peers are verified (`--peer-ca-file`, `--peer-tls-name`).
+    pub peers: PeerVerify,
     /// How long and how many client connections the HTTP listener holds.
     pub connections: ConnectionLimits,
 }
@@ -136,7 +136,7 @@ impl PodConfig {
             api_tokens: None,
             push: PushSettings::default(),
             tls: None,
-            peer_ca_file: None,
+            peers: PeerVerify::default(),
             connections: ConnectionLimits::default(),
         }
     }

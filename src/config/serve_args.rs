@@ -153,7 +153,7 @@ impl ServeArgs {
 
         let pos = self.pos.resolve()?;
         let connections = self.connections.resolve(fd_limit())?;
-        let (tls, peer_ca_file) = self.tls.resolve()?;
+        let (tls, peers) = self.tls.resolve()?;
         let scheme = if tls.is_some() { "https" } else { "http" };
 
         let hostname = hostname(&env);
@@ -208,7 +208,7 @@ impl ServeArgs {
             api_tokens,
             push,
             tls,
-            peer_ca_file,
+            peers,
             connections,
         };
         Ok((config, store, self.listen))

@@ -158,10 +158,10 @@ fn cluster_secret_sources() {
 fn api_tokens_and_push_limits() {
     let (config, _, _) = resolve("--max-push-bytes 1024 --max-inflight 7").unwrap();
     let tokens = config.api_tokens.as_ref().expect("tokens from the env");
-    assert_eq!(
-        tokens.tenant_of("0123456789abcdef-token").map(|t| t.0),
-        Some("acme".to_string())
-    );
+    assert!(matches!(
+        tokens.grant_of("0123456789abcdef-token"),
+        Some(crate::credentials::Grant::Tenant { tenant, .. }) if tenant.0 == "acme"
+    ));
     assert_eq!(config.push.max_push_bytes, 1024);
     assert_eq!(config.push.max_inflight, 7);
     assert_eq!(config.push.max_inflight_per_tenant, 4, "half, rounded up");
@@ -324,10 +324,13 @@ fn pos_flags_are_checked() {
 #[test]
 fn tls_flags_come_in_pairs_and_make_the_default_advertise_url_https() {
     let (config, _, _) = resolve("--listen 127.0.0.1:8443").unwrap();
-    assert_eq!((config.tls, config.peer_ca_file), (None, None));
+    assert_eq!(
+        (config.tls, config.peers),
+        (None, crate::peer::tls::PeerVerify::default())
+    );
     let (config, _, _) = resolve(
         "--listen 127.0.0.1:8443 --tls-cert /tls/tls.crt --tls-key /tls/tls.key \
-         --peer-ca-file /tls/ca.crt",
+         --peer-ca-file /tls/ca.crt --peer-tls-name posgate-peer.posgate.svc",
     )
     .unwrap();
     let files = config.tls.unwrap();
@@ -337,12 +340,18 @@ fn tls_flags_come_in_pairs_and_make_the_default_advertise_url_https() {
     );
     assert_eq!(config.advertise_url, "https://127.0.0.1:8443");
     assert_eq!(
-        config.peer_ca_file.as_deref(),
+        config.peers.ca_file.as_deref(),
         Some(std::path::Path::new("/tls/ca.crt"))
+    );
+    assert_eq!(
+        config.peers.name.map(|n| n.to_str().into_owned()),
+        Some("posgate-peer.posgate.svc".to_string())
     );
     for (args, flag) in [
         ("--tls-cert /tls/tls.crt", "tls-cert"),
         ("--tls-key /tls/tls.key", "tls-key"),
+        ("--peer-tls-name 10.0.0.1", "peer-tls-name"),
+        ("--peer-tls-name not..valid", "peer-tls-name"),
         (
             "--tls-cert c --tls-key k --advertise-url http://pod:8080",
             "advertise-url",

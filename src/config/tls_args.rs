@@ -1,6 +1,6 @@
 //! [`TlsArgs`]: the flags of `posgate serve` about HTTPS — the listener's certificate
-//! (`--tls-cert`/`--tls-key`) and the CA peers' certificates are verified against
-//! (`--peer-ca-file`) — and their resolution.
+//! (`--tls-cert`/`--tls-key`) and how peers' certificates are verified (`--peer-ca-file`,
+//! `--peer-tls-name`) — and their resolution.
 //!
 //! What it does not do: read the files (the pod does when it starts, naming a bad file,
 //! and again on every reload).
@@ -8,7 +8,10 @@
 use std::path::PathBuf;
 
 use super::{invalid, ConfigError};
+use rustls::pki_types::ServerName;
+
 use crate::http::tls::ServerTlsFiles;
+use crate::peer::tls::PeerVerify;
 
 /// HTTPS flags of `posgate serve`.
 #[derive(Clone, clap::Args)]
@@ -24,13 +27,17 @@ pub struct TlsArgs {
     /// the system store
     #[arg(long, env = "POSGATE_PEER_CA_FILE", value_name = "FILE")]
     pub peer_ca_file: Option<PathBuf>,
+    /// Verify every https:// peer's certificate for this DNS name instead of the host of
+    /// its URL, so all pods can share one certificate from a Secret
+    #[arg(long, env = "POSGATE_PEER_TLS_NAME", value_name = "NAME")]
+    pub peer_tls_name: Option<String>,
 }
 
 impl TlsArgs {
-    /// The listener's certificate files (`None`: plain HTTP) and the peer CA file. Both
-    /// or neither of `--tls-cert` and `--tls-key`: one alone is a mistake, not a wish for
-    /// plain HTTP.
-    pub fn resolve(self) -> Result<(Option<ServerTlsFiles>, Option<PathBuf>), ConfigError> {
+    /// The listener's certificate files (`None`: plain HTTP) and how peers are verified.
+    /// Both or neither of `--tls-cert` and `--tls-key`: one alone is a mistake, not a
+    /// wish for plain HTTP.
+    pub fn resolve(self) -> Result<(Option<ServerTlsFiles>, PeerVerify), ConfigError> {
         let server = match (self.tls_cert, self.tls_key) {
             (Some(cert_file), Some(key_file)) => Some(ServerTlsFiles {
                 cert_file,
@@ -50,6 +57,17 @@ impl TlsArgs {
                 ))
             }
         };
-        Ok((server, self.peer_ca_file))
+        let name = match self.peer_tls_name {
+            None => None,
+            Some(name) => match ServerName::try_from(name) {
+                Ok(dns @ ServerName::DnsName(_)) => Some(dns),
+                _ => return Err(invalid("peer-tls-name", "must be a DNS name")),
+            },
+        };
+        let peers = PeerVerify {
+            ca_file: self.peer_ca_file,
+            name,
+        };
+        Ok((server, peers))
     }
 }

@@ -16,7 +16,7 @@ mod secret;
 mod tokens;
 
 pub use self::secret::{ClusterSecret, SecretTooShort, MIN_SECRET_LEN};
-pub use self::tokens::{ApiTokens, Tenant, TokensError, MIN_TOKEN_LEN};
+pub use self::tokens::{ApiTokens, Grant, Scope, Tenant, TokensError, MIN_TOKEN_LEN, OPERATOR};
 
 #[derive(Debug)]
 struct State {
@@ -67,11 +67,11 @@ impl Credentials {
         self.state.read().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// `None` in insecure mode; otherwise the tenant of `token`, if any.
-    pub fn tenant_of(&self, token: Option<&str>) -> Option<Option<Tenant>> {
+    /// `None` in insecure mode; otherwise what `token` may do, if it is known.
+    pub fn grant_of(&self, token: Option<&str>) -> Option<Option<Grant>> {
         let state = self.read();
         let tokens = state.tokens.as_ref()?;
-        Some(token.and_then(|t| tokens.tenant_of(t)))
+        Some(token.and_then(|t| tokens.grant_of(t)))
     }
 
     /// The secret to sign peer requests with (`None`: insecure mode).
@@ -125,11 +125,11 @@ mod tests {
     fn rotation_keeps_the_previous_secret_and_swaps_tokens() {
         let tokens = |t: &str| Some(ApiTokens::from_env_value(&format!("acme:{t}")).unwrap());
         let c = Credentials::new(tokens("token-one-0123456789"), Some(secret(1)));
-        assert!(c.tenant_of(Some("token-one-0123456789")).unwrap().is_some());
+        assert!(c.grant_of(Some("token-one-0123456789")).unwrap().is_some());
         c.reload(tokens("token-two-0123456789"), Some(secret(2)))
             .unwrap();
-        assert!(c.tenant_of(Some("token-one-0123456789")).unwrap().is_none());
-        assert!(c.tenant_of(Some("token-two-0123456789")).unwrap().is_some());
+        assert!(c.grant_of(Some("token-one-0123456789")).unwrap().is_none());
+        assert!(c.grant_of(Some("token-two-0123456789")).unwrap().is_some());
         assert!(c.signing_secret().unwrap().same_as(&secret(2)));
         let accepted = c.accepted_secrets().unwrap();
         assert_eq!(accepted.len(), 2);
@@ -144,7 +144,7 @@ mod tests {
             Err(ModeChanged("API tokens"))
         );
         let open = Credentials::new(None, None);
-        assert_eq!(open.tenant_of(Some("x")), None);
+        assert_eq!(open.grant_of(Some("x")), None);
         assert!(open.accepted_secrets().is_none());
     }
 }

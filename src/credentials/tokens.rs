@@ -1,11 +1,17 @@
-//! Bearer tokens of the push API: which tenant a request speaks for.
+//! Bearer tokens of the `/v1` API: what a request may do ([`Grant`]).
 //!
-//! Tokens come from `--api-tokens-file` (one `tenant:token` per line; `#` comments and
-//! blank lines ignored; a UTF-8 byte-order mark and CRLF line ends, as editors on Windows
-//! write them, are accepted) or `POSGATE_API_TOKENS` (the same entries, comma-separated). A
-//! tenant may have several tokens, so a token can be rotated without downtime. Only
-//! SHA-256 digests are kept, and a presented token is compared against every entry in
-//! constant time, so neither timing nor a memory dump gives a token away.
+//! Tokens come from `--api-tokens-file` (one `tenant:token[:pattern,...]` per line; `#`
+//! comments and blank lines ignored; a UTF-8 byte-order mark and CRLF line ends, as
+//! editors on Windows write them, are accepted) or `POSGATE_API_TOKENS` (the same
+//! entries, comma-separated; there a comma-separated item without `:` is one more
+//! pattern of the entry before it). A tenant's token pushes to, and looks up, the
+//! terminals whose ids match one of its glob patterns (every terminal without any), so
+//! a token given to one vendor or one shop cannot reach another's terminals. The
+//! reserved tenant name [`OPERATOR`] is the operator role: the cluster view and the
+//! status page, no pushes. A tenant may have several tokens, so a token can be rotated
+//! without downtime. Only SHA-256 digests are kept, and a presented token is compared
+//! against every entry in constant time, so neither timing nor a memory dump gives a
+//! token away.
 //!
 //! Not for: pod-to-pod authentication (`crate::peer`, signed with the cluster secret).
 
@@ -15,19 +21,58 @@ use subtle::ConstantTimeEq;
 /// Shortest token accepted: guessing one must be hopeless.
 pub const MIN_TOKEN_LEN: usize = 16;
 
+/// The tenant name whose tokens are the operator role.
+pub const OPERATOR: &str = "operator";
+
 /// The tenant a request was authenticated as.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Tenant(pub String);
 
+/// The terminals a tenant's token may reach.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Scope {
+    /// Every terminal (a `tenant:token` entry).
+    All,
+    /// The terminals whose id matches one of these.
+    Matching(Vec<glob::Pattern>),
+}
+
+impl Scope {
+    pub fn allows(&self, terminal: &str) -> bool {
+        match self {
+            Scope::All => true,
+            Scope::Matching(patterns) => patterns.iter().any(|p| p.matches(terminal)),
+        }
+    }
+}
+
+/// What a token may do.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Grant {
+    /// Push to, and look up, the terminals of `scope`, as `tenant`.
+    Tenant { tenant: Tenant, scope: Scope },
+    /// See the cluster (`/v1/cluster`, the status page); no pushes.
+    Operator,
+}
+
+impl Grant {
+    fn name(&self) -> &str {
+        match self {
+            Grant::Tenant { tenant, .. } => &tenant.0,
+            Grant::Operator => OPERATOR,
+        }
+    }
+}
+
 /// The configured tokens. `Debug` shows tenants only.
 #[derive(Clone)]
 pub struct ApiTokens {
-    entries: Vec<(Tenant, [u8; 32])>,
+    entries: Vec<(Grant, [u8; 32])>,
 }
 
 impl std::fmt::Debug for ApiTokens {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let tenants: Vec<&str> = self.entries.iter().map(|(t, _)| t.0.as_str()).collect();
+        let tenants: Vec<&str> = self.entries.iter().map(|(g, _)| g.name()).collect();
         f.debug_struct("ApiTokens")
             .field("tenants", &tenants)
             .finish()
@@ -54,8 +99,15 @@ impl std::fmt::Display for Place {
 /// Why a token list cannot be used; never contains a token.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum TokensError {
-    #[error("{at}: expected tenant:token")]
+    #[error("{at}: expected tenant:token or tenant:token:pattern,...")]
     Shape { at: Place },
+    #[error(
+        "{at}: a terminal pattern must be a glob (*, ?, [..]) over terminal-id characters \
+         [A-Za-z0-9._:-]"
+    )]
+    Pattern { at: Place },
+    #[error("{at}: operator tokens take no terminal patterns (they cannot push)")]
+    OperatorScope { at: Place },
     #[error("{at}: tenant must match [A-Za-z0-9._-]{{1,64}}")]
     Tenant { at: Place },
     #[error("{at}: token must be {MIN_TOKEN_LEN}..=256 visible ASCII characters")]
@@ -77,7 +129,19 @@ fn valid_tenant(t: &str) -> bool {
 }
 
 fn valid_token(t: &str) -> bool {
-    (MIN_TOKEN_LEN..=256).contains(&t.len()) && t.bytes().all(|b| b.is_ascii_graphic())
+    (MIN_TOKEN_LEN..=256).contains(&t.len())
+        && t.bytes()
+            .all(|b| b.is_ascii_graphic() && b != b':' && b != b',')
+}
+
+/// A glob over terminal ids: their characters and the glob's own, so a misplaced token
+/// fragment (`+`, `/`, `=`) is refused rather than taken for a pattern nothing matches.
+fn pattern(text: &str) -> Option<glob::Pattern> {
+    let ok = (1..=128).contains(&text.len())
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._:-*?[]!".contains(&b));
+    ok.then(|| glob::Pattern::new(text).ok()).flatten()
 }
 
 impl ApiTokens {
@@ -93,27 +157,58 @@ impl ApiTokens {
         )
     }
 
-    /// Parses `POSGATE_API_TOKENS`: comma-separated entries.
+    /// Parses `POSGATE_API_TOKENS`: comma-separated entries, an item without `:` being
+    /// one more pattern of the entry before it.
     pub fn from_env_value(value: &str) -> Result<Self, TokensError> {
-        let entries = value.split(',').map(str::trim).filter(|e| !e.is_empty());
-        Self::parse(entries.enumerate().map(|(i, e)| (Place::Entry(i + 1), e)))
+        let mut entries: Vec<(Place, String)> = Vec::new();
+        let items = value.split(',').map(str::trim).filter(|e| !e.is_empty());
+        for item in items {
+            match entries.last_mut() {
+                Some((_, entry)) if !item.contains(':') && entry.matches(':').count() >= 2 => {
+                    entry.push(',');
+                    entry.push_str(item);
+                }
+                _ => entries.push((Place::Entry(entries.len() + 1), item.to_string())),
+            }
+        }
+        Self::parse(entries.iter().map(|(at, e)| (*at, e.as_str())))
     }
 
     fn parse<'a>(entries: impl Iterator<Item = (Place, &'a str)>) -> Result<Self, TokensError> {
-        let mut parsed: Vec<(Tenant, [u8; 32])> = Vec::new();
+        let mut parsed: Vec<(Grant, [u8; 32])> = Vec::new();
         for (at, entry) in entries {
-            let (tenant, token) = entry.split_once(':').ok_or(TokensError::Shape { at })?;
+            let mut fields = entry.splitn(3, ':');
+            let (Some(tenant), Some(token)) = (fields.next(), fields.next()) else {
+                return Err(TokensError::Shape { at });
+            };
             if !valid_tenant(tenant) {
                 return Err(TokensError::Tenant { at });
             }
             if !valid_token(token) {
                 return Err(TokensError::Token { at });
             }
+            let scope = match fields.next() {
+                None => Scope::All,
+                Some(list) => Scope::Matching(
+                    list.split(',')
+                        .map(|p| pattern(p.trim()))
+                        .collect::<Option<_>>()
+                        .ok_or(TokensError::Pattern { at })?,
+                ),
+            };
+            let grant = match (tenant, scope) {
+                (OPERATOR, Scope::All) => Grant::Operator,
+                (OPERATOR, Scope::Matching(_)) => return Err(TokensError::OperatorScope { at }),
+                (tenant, scope) => Grant::Tenant {
+                    tenant: Tenant(tenant.to_string()),
+                    scope,
+                },
+            };
             let d = digest(token);
             if parsed.iter().any(|(_, known)| *known == d) {
                 return Err(TokensError::Duplicate { at });
             }
-            parsed.push((Tenant(tenant.to_string()), d));
+            parsed.push((grant, d));
         }
         if parsed.is_empty() {
             return Err(TokensError::Empty);
@@ -121,14 +216,14 @@ impl ApiTokens {
         Ok(ApiTokens { entries: parsed })
     }
 
-    /// The tenant `token` belongs to. Every entry is compared, matched or not, so the
-    /// time taken does not depend on where (or whether) the token is listed.
-    pub fn tenant_of(&self, token: &str) -> Option<Tenant> {
+    /// What `token` may do. Every entry is compared, matched or not, so the time taken
+    /// does not depend on where (or whether) the token is listed.
+    pub fn grant_of(&self, token: &str) -> Option<Grant> {
         let presented = digest(token);
         let mut found = None;
-        for (tenant, known) in &self.entries {
+        for (grant, known) in &self.entries {
             if bool::from(known.ct_eq(&presented)) {
-                found = Some(tenant);
+                found = Some(grant);
             }
         }
         found.cloned()
@@ -152,17 +247,24 @@ mod tests {
     const A2: &str = "token-a-rotated-0123";
     const B1: &str = "token-b-0123456789";
 
+    fn tenant(tokens: &ApiTokens, token: &str) -> Option<Tenant> {
+        match tokens.grant_of(token)? {
+            Grant::Tenant { tenant, .. } => Some(tenant),
+            Grant::Operator => None,
+        }
+    }
+
     #[test]
     fn tokens_map_to_their_tenants_including_rotated_ones() {
         let text = format!("# tenants\nacme:{A1}\n\nacme:{A2}\n  bank-2:{B1}  \n");
         let tokens = ApiTokens::from_file_text(&text).unwrap();
-        assert_eq!(tokens.tenant_of(A1), Some(Tenant("acme".into())));
-        assert_eq!(tokens.tenant_of(A2), Some(Tenant("acme".into())));
-        assert_eq!(tokens.tenant_of(B1), Some(Tenant("bank-2".into())));
-        assert_eq!(tokens.tenant_of("token-a-012345678"), None);
-        assert_eq!(tokens.tenant_of(""), None);
+        assert_eq!(tenant(&tokens, A1), Some(Tenant("acme".into())));
+        assert_eq!(tenant(&tokens, A2), Some(Tenant("acme".into())));
+        assert_eq!(tenant(&tokens, B1), Some(Tenant("bank-2".into())));
+        assert_eq!(tenant(&tokens, "token-a-012345678"), None);
+        assert_eq!(tenant(&tokens, ""), None);
         let env = ApiTokens::from_env_value(&format!("acme:{A1}, bank-2:{B1}")).unwrap();
-        assert_eq!(env.tenant_of(B1), Some(Tenant("bank-2".into())));
+        assert_eq!(tenant(&env, B1), Some(Tenant("bank-2".into())));
         // Debug never shows a token.
         let shown = format!("{tokens:?}");
         assert!(shown.contains("acme") && !shown.contains("token-a"));
@@ -188,21 +290,83 @@ mod tests {
         // environment variable names the entry.
         assert_eq!(
             err(&format!("# tenants\n\nacme:{A1}\nbad\n")).to_string(),
-            "line 4: expected tenant:token"
+            "line 4: expected tenant:token or tenant:token:pattern,..."
         );
         let env = ApiTokens::from_env_value(&format!("acme:{A1},,bad")).unwrap_err();
-        assert_eq!(env.to_string(), "entry 2: expected tenant:token");
+        assert_eq!(
+            env.to_string(),
+            "entry 2: expected tenant:token or tenant:token:pattern,..."
+        );
     }
 
     #[test]
     fn a_file_saved_with_a_byte_order_mark_and_crlf_line_ends_is_read() {
         let text = format!("\u{feff}# tenants\r\nacme:{A1}\r\n\r\nbank-2:{B1}\r\n");
         let tokens = ApiTokens::from_file_text(&text).unwrap();
-        assert_eq!(tokens.tenant_of(A1), Some(Tenant("acme".into())));
-        assert_eq!(tokens.tenant_of(B1), Some(Tenant("bank-2".into())));
+        assert_eq!(tenant(&tokens, A1), Some(Tenant("acme".into())));
+        assert_eq!(tenant(&tokens, B1), Some(Tenant("bank-2".into())));
         // A mark on the first entry itself, not on a comment.
         let text = format!("\u{feff}acme:{A1}\r\n");
         assert!(ApiTokens::from_file_text(&text).is_ok());
+    }
+
+    #[test]
+    fn patterns_scope_a_token_and_the_operator_name_is_a_role() {
+        let text = format!(
+            "acme:{A1}:acme-*,shop-1?\nbank-2:{B1}\noperator:{A2}\nhub:token-hub-0123456789:hub:[ab]*\n"
+        );
+        let tokens = ApiTokens::from_file_text(&text).unwrap();
+        let Some(Grant::Tenant {
+            tenant: acme,
+            scope,
+        }) = tokens.grant_of(A1)
+        else {
+            panic!("a tenant's token");
+        };
+        assert_eq!(acme, Tenant("acme".into()));
+        assert!(scope.allows("acme-7") && scope.allows("shop-12"));
+        assert!(!scope.allows("bank-1") && !scope.allows("shop-123"));
+        let Some(Grant::Tenant { scope, .. }) = tokens.grant_of(B1) else {
+            panic!("a tenant's token");
+        };
+        assert_eq!(scope, Scope::All);
+        assert_eq!(tokens.grant_of(A2), Some(Grant::Operator));
+        // Terminal ids may hold a colon; so may their patterns.
+        let Some(Grant::Tenant { scope, .. }) = tokens.grant_of("token-hub-0123456789") else {
+            panic!("a tenant's token");
+        };
+        assert!(scope.allows("hub:a1") && !scope.allows("hub:c1"));
+        // The environment variable: items without a colon are more patterns.
+        let env =
+            ApiTokens::from_env_value(&format!("acme:{A1}:acme-*, shop-*, bank-2:{B1}")).unwrap();
+        let Some(Grant::Tenant { scope, .. }) = env.grant_of(A1) else {
+            panic!("a tenant's token");
+        };
+        assert!(scope.allows("shop-3") && !scope.allows("bank-3"));
+        assert_eq!(tenant(&env, B1), Some(Tenant("bank-2".into())));
+
+        let err = |t: &str| ApiTokens::from_file_text(t).unwrap_err();
+        let at = Place::Line(1);
+        assert_eq!(err(&format!("acme:{A1}:")), TokensError::Pattern { at });
+        assert_eq!(err(&format!("acme:{A1}:a*,")), TokensError::Pattern { at });
+        // A token with a colon in it: its tail is no terminal pattern.
+        assert_eq!(err("acme:abc:def+ghi/jkl=mno"), TokensError::Token { at });
+        assert_eq!(
+            err(&format!("acme:{A1}:def+ghi/jk=")),
+            TokensError::Pattern { at }
+        );
+        assert_eq!(err(&format!("acme:{A1}:[a")), TokensError::Pattern { at });
+        assert_eq!(
+            err(&format!("operator:{A1}:a*")),
+            TokensError::OperatorScope { at }
+        );
+        let env = ApiTokens::from_env_value(&format!("acme:{A1},shop-*")).unwrap_err();
+        assert_eq!(
+            env,
+            TokensError::Shape {
+                at: Place::Entry(2)
+            }
+        );
     }
 
     #[test]

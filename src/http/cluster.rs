@@ -13,10 +13,12 @@ use std::time::Duration;
 
 use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use futures::future::join_all;
 use serde::{Deserialize, Serialize};
 
+use super::caller::Caller;
+use super::errors::respond;
 use super::HttpState;
 use crate::clock::now;
 use crate::core::{PodId, ShardId};
@@ -76,8 +78,12 @@ enum Include {
 /// `GET /v1/cluster[?include=terminals]`.
 pub(super) async fn cluster(
     State(state): State<Arc<HttpState>>,
+    Extension(caller): Extension<Caller>,
     Query(query): Query<ClusterQuery>,
 ) -> Response {
+    if let Err(answer) = caller.operator() {
+        return respond(answer);
+    }
     let include_peers = query.include == Some(Include::Terminals);
     let mut counts: BTreeMap<ShardId, usize> =
         state.stats.connected_by_shard().into_iter().collect();

@@ -13,6 +13,7 @@
 //!
 //! What it does not do: terminal traffic, or deciding anything about shards.
 
+mod caller;
 mod cluster;
 mod connections;
 mod errors;
@@ -50,9 +51,9 @@ use crate::push::PushService;
 use crate::serving::SessionStats;
 use crate::status::PodStatus;
 
+pub use self::caller::INSECURE_TENANT;
 pub use self::connections::{ConnectionLimits, MAX_CLOSING};
 pub use self::errors::MAX_URI_BYTES;
-pub use self::push::INSECURE_TENANT;
 
 /// What the HTTP handlers read.
 pub struct HttpState {

@@ -17,25 +17,24 @@ use axum::Extension;
 use rand::Rng;
 use serde::Deserialize;
 
+use super::caller::Caller;
 use super::errors::respond;
 use super::{read_bounded, HttpState};
 use crate::api::{valid_key, valid_terminal_id, IDEMPOTENCY_KEY, TIMEOUT_PARAM};
 use crate::clock;
-use crate::credentials::{ApiTokens, Tenant};
+use crate::credentials::ApiTokens;
 use crate::metrics::{GaugeUnit, Metrics};
 use crate::push::answer::{Answer, ErrorBody, ErrorCode};
 use crate::push::slots::Full;
 use crate::push::{PushRequest, PushService, DEFAULT_TIMEOUT, MAX_TIMEOUT};
 
-/// The tenant of requests when the API runs without tokens (`--insecure`).
-pub const INSECURE_TENANT: &str = "default";
-
 fn error(code: ErrorCode, message: impl Into<String>) -> Response {
     respond(Answer::error(code, message))
 }
 
-/// Authenticates `/v1/*`: a valid bearer token names the tenant; none or a wrong one is
-/// `401`. Without configured tokens every request is [`INSECURE_TENANT`].
+/// Authenticates `/v1/*`: a valid bearer token says what the request may do
+/// ([`Caller`]); none or a wrong one is `401`. Without configured tokens every request
+/// may do everything ([`Caller::Insecure`]).
 pub(super) async fn require_token(
     State(state): State<Arc<HttpState>>,
     mut request: Request,
@@ -47,10 +46,10 @@ pub(super) async fn require_token(
             .and_then(ApiTokens::bearer),
         Err(answer) => return respond(answer),
     };
-    let tenant = match state.credentials.tenant_of(presented) {
-        None => Tenant(INSECURE_TENANT.to_string()),
+    let caller = match state.credentials.grant_of(presented) {
+        None => Caller::Insecure,
         Some(found) => match found {
-            Some(tenant) => tenant,
+            Some(grant) => Caller::Granted(grant),
             None => {
                 let mut response =
                     error(ErrorCode::Unauthorized, "missing or invalid bearer token");
@@ -61,7 +60,7 @@ pub(super) async fn require_token(
             }
         },
     };
-    request.extensions_mut().insert(tenant);
+    request.extensions_mut().insert(caller);
     next.run(request).await
 }
 
@@ -118,7 +117,7 @@ pub(super) struct NoQuery {}
 /// `POST /v1/terminals/{id}/push`.
 pub(super) async fn push(
     State(state): State<Arc<HttpState>>,
-    Extension(tenant): Extension<Tenant>,
+    Extension(caller): Extension<Caller>,
     Path(terminal): Path<String>,
     uri: Uri,
     headers: HeaderMap,
@@ -128,7 +127,7 @@ pub(super) async fn push(
     let service = &state.push;
     // Held until the answer is ready; dropped with the future if the caller goes away.
     let in_flight = GaugeUnit::hold(&state.metrics.pushes_in_flight);
-    let (answer, path) = match checked(service, tenant, terminal, &uri, &headers, body).await {
+    let (answer, path) = match checked(service, &caller, terminal, &uri, &headers, body).await {
         Ok((request, timeout)) => match service.admit(&request.tenant) {
             Ok(_slot) => {
                 let deadline = clock::now() + timeout;
@@ -146,7 +145,7 @@ pub(super) async fn push(
 /// The push and its timeout, or the `400`/`413`/`503 overloaded` answer.
 async fn checked(
     service: &PushService,
-    tenant: Tenant,
+    caller: &Caller,
     terminal: String,
     uri: &Uri,
     headers: &HeaderMap,
@@ -156,6 +155,7 @@ async fn checked(
     if !valid_terminal_id(&terminal) {
         return Err(Answer::error(ErrorCode::InvalidRequest, BAD_ID));
     }
+    let tenant = caller.tenant_for(&terminal)?;
     let key = match single(headers, IDEMPOTENCY_KEY)? {
         None => new_key(),
         Some(value) => match value.to_str() {
@@ -233,11 +233,15 @@ fn count(metrics: &Metrics, path: &'static str, answer: &Answer, received: Insta
 /// `GET /v1/terminals/{id}`.
 pub(super) async fn terminal(
     State(state): State<Arc<HttpState>>,
+    Extension(caller): Extension<Caller>,
     Path(terminal): Path<String>,
     Query(NoQuery {}): Query<NoQuery>,
 ) -> Response {
     if !valid_terminal_id(&terminal) {
         return error(ErrorCode::InvalidRequest, BAD_ID);
+    }
+    if let Err(answer) = caller.tenant_for(&terminal) {
+        return respond(answer);
     }
     respond(state.push.terminal_view(&terminal, DEFAULT_TIMEOUT).await)
 }

@@ -1,7 +1,8 @@
 //! `https://` peers: the TLS half of [`super::PeerClient`]'s transport.
 //!
 //! A pod advertising an `https://` URL (it serves with `--tls-cert`) is reached over
-//! TLS with ALPN `h2`, its certificate verified for the URL's host against
+//! TLS with ALPN `h2`, its certificate verified for the URL's host (or for
+//! `--peer-tls-name`, when every pod presents one shared certificate) against
 //! `--peer-ca-file`, or the system roots when that is not given (like `--pos-ca` and
 //! `--redis-ca-file`). Verification is never turned off: the HMAC signs requests, but
 //! only the certificate keeps a forwarded push's body from being read on the way.
@@ -14,7 +15,7 @@
 
 use std::future::Future;
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::task::{Context, Poll};
@@ -33,23 +34,47 @@ use tokio_rustls::TlsConnector;
 use crate::tls::ALPN_H2;
 use crate::tls::{provider, roots_from_file, system_roots, TlsConfigError};
 
+/// How `https://` peers are verified.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PeerVerify {
+    /// `--peer-ca-file`: the CA bundle; `None`: the system roots.
+    pub ca_file: Option<PathBuf>,
+    /// `--peer-tls-name`: the name every peer's certificate must hold; `None`: the host
+    /// of the peer's advertised URL.
+    pub name: Option<ServerName<'static>>,
+}
+
 /// The TLS client config for `https://` peers; cheap to clone, clones share it.
 #[derive(Clone, Debug, Default)]
 pub struct PeerTls {
     /// `None`: the system roots, loaded at the first `https://` peer, so a pod whose
     /// peers are all `http://` never needs a trust store.
     config: Arc<RwLock<Option<Arc<ClientConfig>>>>,
+    /// `--peer-tls-name`: the name every peer's certificate is verified for; `None`:
+    /// the host of its URL.
+    name: Option<ServerName<'static>>,
 }
 
 impl PeerTls {
-    /// Verifies peers against the CA bundle `ca_file` (read now), or against the system
-    /// roots when `None`.
-    pub fn new(ca_file: Option<&Path>) -> Result<Self, TlsConfigError> {
-        let tls = PeerTls::default();
-        if let Some(path) = ca_file {
+    /// Verifies peers as `peers` says: against its CA bundle (read now) or the system
+    /// roots, for its name or each peer's host.
+    pub fn new(peers: &PeerVerify) -> Result<Self, TlsConfigError> {
+        let tls = PeerTls {
+            name: peers.name.clone(),
+            ..PeerTls::default()
+        };
+        if let Some(path) = &peers.ca_file {
             tls.set(client_config(Some(path))?);
         }
         Ok(tls)
+    }
+
+    /// The name a peer at `host` is verified for.
+    fn name_for(&self, host: String) -> Result<ServerName<'static>, BoxError> {
+        match &self.name {
+            Some(name) => Ok(name.clone()),
+            None => Ok(ServerName::try_from(host)?),
+        }
     }
 
     /// Uses `config` for every new peer connection from now on.
@@ -117,14 +142,14 @@ impl tower_service::Service<Uri> for PeerConnector {
             .trim_start_matches('[')
             .trim_end_matches(']')
             .to_string();
-        let tls = https.then(|| self.tls.current());
+        let tls = https.then(|| (self.tls.current(), self.tls.name_for(host)));
         let connecting = tower_service::Service::call(&mut self.http, uri);
         Box::pin(async move {
             let tcp = connecting.await?;
-            let Some(config) = tls else {
+            let Some((config, name)) = tls else {
                 return Ok(PeerStream::Plain(tcp));
             };
-            let name = ServerName::try_from(host)?;
+            let name = name?;
             let stream = TlsConnector::from(config?)
                 .connect(name, tcp.into_inner())
                 .await?;

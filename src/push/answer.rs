@@ -15,9 +15,10 @@ use crate::core::{Epoch, PodId, ShardId};
 pub const RETRY_AFTER_SECS: u32 = 1;
 
 /// Every error code, the internal `shard_moved` last.
-pub const ALL_ERROR_CODES: [ErrorCode; 17] = [
+pub const ALL_ERROR_CODES: [ErrorCode; 18] = [
     ErrorCode::InvalidRequest,
     ErrorCode::Unauthorized,
+    ErrorCode::Forbidden,
     ErrorCode::UnknownTerminal,
     ErrorCode::IdempotencyConflict,
     ErrorCode::PayloadTooLarge,
@@ -61,6 +62,9 @@ pub struct Delivered {
 pub enum ErrorCode {
     InvalidRequest,
     Unauthorized,
+    /// The token may not do this: a terminal outside its patterns, a push with an
+    /// operator token, the cluster view with a tenant's.
+    Forbidden,
     UnknownTerminal,
     IdempotencyConflict,
     PayloadTooLarge,
@@ -92,6 +96,7 @@ impl ErrorCode {
         match self {
             ErrorCode::InvalidRequest => "invalid_request",
             ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::Forbidden => "forbidden",
             ErrorCode::UnknownTerminal => "unknown_terminal",
             ErrorCode::IdempotencyConflict => "idempotency_conflict",
             ErrorCode::PayloadTooLarge => "payload_too_large",
@@ -119,6 +124,7 @@ impl ErrorCode {
         match self {
             ErrorCode::InvalidRequest => StatusCode::BAD_REQUEST,
             ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
+            ErrorCode::Forbidden => StatusCode::FORBIDDEN,
             ErrorCode::UnknownTerminal => StatusCode::NOT_FOUND,
             ErrorCode::IdempotencyConflict => StatusCode::CONFLICT,
             ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,

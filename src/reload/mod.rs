@@ -88,7 +88,7 @@ impl Reloader {
             (Some(_), None) => return Err(ReloadError::TlsMode("with --tls-cert")),
             (None, Some(_)) => return Err(ReloadError::TlsMode("without --tls-cert")),
         };
-        let peer_tls = match &config.peer_ca_file {
+        let peer_tls = match &config.peers.ca_file {
             Some(path) => Some(peer::tls::client_config(Some(path))?),
             None => None,
         };

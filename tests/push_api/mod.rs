@@ -22,6 +22,7 @@ mod delivery;
 mod kept_answers;
 mod lifecycle;
 mod peer_replay;
+mod scopes;
 mod status_codes;
 mod terminal_dedup;
 
@@ -44,6 +45,11 @@ use crate::support::RedisServer;
 
 const ACME: &str = "acme-token-0123456789";
 const BANK: &str = "bank-token-0123456789";
+/// A tenant whose token reaches the farm's first ten terminals only.
+const SHOP: &str = "shop-token-0123456789";
+const SHOP_PATTERN: &str = "pos-0000?";
+/// The operator's token: the cluster view, no pushes.
+const OPERATOR: &str = "operator-token-0123456789";
 
 /// A cluster of pods over one Redis and one farm.
 struct Cluster {
@@ -56,12 +62,12 @@ struct Cluster {
     taps: Vec<PeerTap>,
 }
 
-/// A pod's config: fast timings, both tenants' tokens, `push` limits, dialing at most
+/// A pod's config: fast timings, the tenants' and the operator's tokens, `push` limits, dialing at most
 /// 2,000 terminals per second.
 fn pod_config(name: &str, url: &str, farm: &Farm, push: PushSettings) -> PodConfig {
     let mut config = pod::config(name, url);
-    config.api_tokens =
-        Some(ApiTokens::from_env_value(&format!("acme:{ACME},bank:{BANK}")).unwrap());
+    let tokens = format!("acme:{ACME},bank:{BANK},shop:{SHOP}:{SHOP_PATTERN},operator:{OPERATOR}");
+    config.api_tokens = Some(ApiTokens::from_env_value(&tokens).unwrap());
     config.push = push;
     config.pos = pod::pos(&farm.ca_file, 2_000);
     config

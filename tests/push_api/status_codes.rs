@@ -12,7 +12,7 @@ use posgate::core::shard::shard_of;
 use posgate::push::PushSettings;
 use posgate_loadtest::pos_sim::FaultConfig;
 
-use super::{acme, error_of, Cluster, ACME, BANK};
+use super::{acme, error_of, Cluster, ACME, BANK, OPERATOR};
 use crate::support::api::{self, client, get, push, send, Http, Push};
 use crate::support::pod::SHARDS;
 
@@ -166,7 +166,7 @@ async fn status_400_for_a_bad_terminal_id_key_or_timeout() {
     assert_eq!(deliveries(&c, &t, "acme:twice-1"), 0, "nothing delivered");
 }
 
-/// No token or a wrong one; `/v1/cluster` needs one too; probes never do.
+/// No token or a wrong one; `/v1/cluster` needs one too, an operator's; probes never do.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn status_401_without_a_valid_token_and_probes_need_none() {
     let (c, http, t) = cluster().await;
@@ -185,6 +185,12 @@ async fn status_401_without_a_valid_token_and_probes_need_none() {
     );
     assert_eq!(
         get(&http, &format!("{a}/v1/cluster"), Some(ACME)).await.0,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        get(&http, &format!("{a}/v1/cluster"), Some(OPERATOR))
+            .await
+            .0,
         StatusCode::OK
     );
     assert_eq!(
@@ -451,7 +457,7 @@ async fn the_cluster_view_counts_every_connected_terminal_once() {
     let (c, http, _) = cluster().await;
     for base in &c.urls {
         let url = format!("{base}/v1/cluster?include=terminals");
-        let (status, view) = get(&http, &url, Some(ACME)).await;
+        let (status, view) = get(&http, &url, Some(OPERATOR)).await;
         assert_eq!(status, StatusCode::OK);
         let shards = view["shards"].as_array().unwrap();
         assert_eq!(shards.len(), SHARDS as usize);

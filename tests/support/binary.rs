@@ -18,6 +18,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use super::pod::{CLUSTER, STORE_TIMEOUT};
 use super::redis_server::free_port;
 
+/// The operator token of a [`terminal_pod`] (the cluster view).
+pub use posgate_loadtest::load::pods::OPERATOR_TOKEN;
 /// The bearer token of a [`terminal_pod`]'s push API: the load harness's (tenant
 /// `load`), so its push generator can push through the process too.
 pub use posgate_loadtest::load::pods::TOKEN as API_TOKEN;
@@ -117,7 +119,7 @@ impl BinPod {
     /// `GET /v1/cluster`: the shards this pod serves, with their epochs (`None` if it
     /// did not answer).
     pub async fn serving(&self) -> Option<Vec<(ShardId, u64)>> {
-        let (200, body) = self.get("/v1/cluster", API_TOKEN).await? else {
+        let (200, body) = self.get("/v1/cluster", OPERATOR_TOKEN).await? else {
             return None;
         };
         let view: serde_json::Value = serde_json::from_str(&body).ok()?;
@@ -155,7 +157,7 @@ impl BinPod {
 }
 
 /// `posgate serve` as pod `id` of the Redis at `redis_url` with the fast timings, its
-/// push API open to [`API_TOKEN`], trusting the POS CA in `ca_file`, dialing at most
+/// push API open to [`API_TOKEN`] and its cluster view to [`OPERATOR_TOKEN`], trusting the POS CA in `ca_file`, dialing at most
 /// 1,000 terminals per second, logging JSON at info, with the `extra` flags; its secret
 /// and token files go to `dir`.
 pub fn terminal_pod(
@@ -169,7 +171,8 @@ pub fn terminal_pod(
     std::fs::write(&secret_file, "terminal-pod-test-cluster-secret").unwrap();
     let tokens_file = dir.join("api-tokens");
     let tenant = posgate_loadtest::load::pods::TENANT;
-    std::fs::write(&tokens_file, format!("{tenant}:{API_TOKEN}\n")).unwrap();
+    let tokens = format!("{tenant}:{API_TOKEN}\noperator:{OPERATOR_TOKEN}\n");
+    std::fs::write(&tokens_file, tokens).unwrap();
     let port = free_port();
     let advertise = format!("http://127.0.0.1:{port}");
     let mut args: Vec<OsString> = ["--redis-url", redis_url, "--cluster", CLUSTER]

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use posgate::core::{Epoch, PodId, ShardId};
 use posgate::pod::PodHandle;
-use posgate_loadtest::load::pods::{TENANT, TOKEN};
+
 use posgate_loadtest::load::push_summary::{summarize, PushSummary};
 use posgate_loadtest::load::pushgen::{PushGen, PushPlan, PushRecord, Targets};
 use posgate_loadtest::load::{http, unix_ms};
@@ -171,7 +171,7 @@ impl Gateway {
     async fn add_pod_with(&mut self, proxy: Option<RedisProxy>, store_url: &str) -> usize {
         let name = format!("gw-pod-{}", self.started);
         self.started += 1;
-        let tokens = format!("{TENANT}:{TOKEN}");
+        let tokens = posgate_loadtest::load::pods::api_tokens();
         let (handle, url) = pod::start_with_api(
             &self.setup,
             &name,

@@ -1,6 +1,7 @@
 //! `TestPki`: a throwaway private CA that issued a server certificate for `localhost` and
-//! 127.0.0.1 and a client certificate, as PEM files in a temporary directory, for the
-//! `rediss://` tests.
+//! 127.0.0.1, a client certificate, and a server certificate for the name
+//! [`PEER_NAME`] only (one certificate all pods share), as PEM files in a temporary
+//! directory, for the `rediss://` and HTTPS tests.
 //!
 //! What it does not do: anything a real PKI needs (revocation, rotation, intermediates).
 
@@ -10,6 +11,9 @@ use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
     KeyPair, KeyUsagePurpose,
 };
+
+/// The only name in the `peer` certificate.
+pub const PEER_NAME: &str = "posgate-peer.posgate.svc";
 
 /// A CA and the certificates it issued, each written to `<dir>/<name>.pem`.
 pub struct TestPki {
@@ -32,11 +36,16 @@ impl TestPki {
         let pki = TestPki { dir };
         pki.write("ca", &ca.pem());
 
-        for (name, purpose) in [
-            ("server", ExtendedKeyUsagePurpose::ServerAuth),
-            ("client", ExtendedKeyUsagePurpose::ClientAuth),
+        let local = || vec!["localhost".to_string(), "127.0.0.1".to_string()];
+        for (name, purpose, names) in [
+            ("server", ExtendedKeyUsagePurpose::ServerAuth, local()),
+            ("client", ExtendedKeyUsagePurpose::ClientAuth, local()),
+            (
+                "peer",
+                ExtendedKeyUsagePurpose::ServerAuth,
+                vec![PEER_NAME.to_string()],
+            ),
         ] {
-            let names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
             let mut params = CertificateParams::new(names).expect("leaf params");
             params
                 .distinguished_name
@@ -54,7 +63,8 @@ impl TestPki {
         std::fs::write(self.path(name), pem).expect("write PEM file");
     }
 
-    /// `<dir>/<name>.pem`: `ca`, `server`, `server-key`, `client` or `client-key`.
+    /// `<dir>/<name>.pem`: `ca`, `server`, `server-key`, `client`, `client-key`, `peer`
+    /// or `peer-key`.
     pub fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(format!("{name}.pem"))
     }

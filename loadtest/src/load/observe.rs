@@ -13,7 +13,7 @@ use tokio::{sync::watch, task::JoinHandle, task::JoinSet};
 
 use super::{
     http::HttpClient,
-    pods::{ClusterView, TOKEN},
+    pods::{ClusterView, OPERATOR_TOKEN},
     pushgen::Targets,
     sims::SimFarm,
     unix_ms,
@@ -117,8 +117,13 @@ async fn views_now(client: &HttpClient, targets: &Targets) -> Vec<Option<(Cluste
     for (i, url) in urls.iter().cloned().enumerate() {
         let client = client.clone();
         asks.spawn(async move {
-            let got =
-                super::http::get_json::<ClusterView>(&client, &url, Some(TOKEN), POD_TIMEOUT).await;
+            let got = super::http::get_json::<ClusterView>(
+                &client,
+                &url,
+                Some(OPERATOR_TOKEN),
+                POD_TIMEOUT,
+            )
+            .await;
             (i, got.ok().map(|v| (v, unix_ms())))
         });
     }

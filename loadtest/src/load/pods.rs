@@ -24,6 +24,12 @@ pub const CLUSTER: &str = "load";
 /// Tenant and bearer token the harness pushes with.
 pub const TENANT: &str = "load";
 pub const TOKEN: &str = "load-harness-token-0123456789";
+/// The operator token the harness reads `/v1/cluster` with (a tenant's token may not).
+pub const OPERATOR_TOKEN: &str = "load-harness-operator-0123456789";
+/// `POSGATE_API_TOKENS` of the pods: the harness's tenant and operator tokens.
+pub fn api_tokens() -> String {
+    format!("{TENANT}:{TOKEN},operator:{OPERATOR_TOKEN}")
+}
 const SECRET: &str = "load-harness-cluster-secret-0123456789";
 
 /// Which build a pod runs.
@@ -192,7 +198,7 @@ impl PodProc {
         cmd.env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("POSGATE_CLUSTER_SECRET", SECRET)
-            .env("POSGATE_API_TOKENS", format!("{TENANT}:{TOKEN}"))
+            .env("POSGATE_API_TOKENS", api_tokens())
             .args(plan.serve_args(&id, port, &store_url));
         let proc = ChildProc::spawn(&id, cmd, &plan.log_dir.join(format!("{id}.log")))?;
         Ok(PodProc {
@@ -223,7 +229,7 @@ impl PodProc {
     /// This pod's `/v1/cluster`.
     pub async fn cluster(&self, client: &HttpClient) -> Result<ClusterView, LoadError> {
         let url = format!("{}/v1/cluster", self.url);
-        http::get_json(client, &url, Some(TOKEN), Duration::from_secs(1)).await
+        http::get_json(client, &url, Some(OPERATOR_TOKEN), Duration::from_secs(1)).await
     }
 
     pub async fn signal(&self, sig: Signal) -> Result<(), LoadError> {

@@ -74,7 +74,10 @@ struct Demo {
     backing: Backing,
     farm: PosFarm,
     ca_file: std::path::PathBuf,
+    /// The tenant `demo`'s token (pushes).
     token: String,
+    /// The operator's token (the status page).
+    operator_token: String,
     secret: ClusterSecret,
     pods: Vec<(String, String, Option<PodHandle>)>,
 }
@@ -147,6 +150,7 @@ pub async fn run(
         }
     };
     let token = Alphanumeric.sample_string(&mut rand::rng(), 32);
+    let operator_token = Alphanumeric.sample_string(&mut rand::rng(), 32);
     let secret = ClusterSecret::new(Alphanumeric.sample_string(&mut rand::rng(), 32))
         .expect("32 characters is long enough");
     let mut demo = Demo {
@@ -155,6 +159,7 @@ pub async fn run(
         farm,
         ca_file,
         token,
+        operator_token,
         secret,
         pods: Vec::new(),
     };
@@ -162,7 +167,7 @@ pub async fn run(
         demo.add_pod().await?;
     }
     let first = demo.pods[0].1.clone();
-    println!("status page: {first}/#token={}", demo.token);
+    println!("status page: {first}/#token={}", demo.operator_token);
     println!(
         "push: curl -H 'Authorization: Bearer {}' -d '{{\"amount\":1}}' {first}/v1/terminals/pos-00042/push",
         demo.token
@@ -215,7 +220,8 @@ impl Demo {
             Some(self.secret.clone()),
         );
         config.cluster = CLUSTER.to_string();
-        config.api_tokens = Some(ApiTokens::from_env_value(&format!("demo:{}", self.token))?);
+        let tokens = format!("demo:{},operator:{}", self.token, self.operator_token);
+        config.api_tokens = Some(ApiTokens::from_env_value(&tokens)?);
         config.pos = PosSettings {
             tls: TlsFiles {
                 ca_file: Some(self.ca_file.clone()),
