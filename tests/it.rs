@@ -34,6 +34,7 @@ mod redis_store;
 mod redis_tls;
 mod reload;
 mod ring_properties;
+mod schema_fuzz;
 mod simulation;
 mod slowloris;
 mod static_stability;

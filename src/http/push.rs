@@ -142,7 +142,7 @@ pub(super) async fn push(
     respond(answer)
 }
 
-/// The push and its timeout, or the `400`/`413`/`503 overloaded` answer.
+/// The push and its timeout, or the `400`/`403`/`413`/`415`/`408` answer.
 async fn checked(
     service: &PushService,
     caller: &Caller,
@@ -152,10 +152,44 @@ async fn checked(
     body: Body,
 ) -> Result<(PushRequest, Duration), Answer> {
     let received = Instant::now();
-    if !valid_terminal_id(&terminal) {
+    let head = push_head(&terminal, uri, headers)?;
+    let tenant = caller.tenant_for(&terminal)?;
+    let settings = service.settings();
+    let body = read_bounded(
+        headers,
+        body,
+        settings.max_push_bytes,
+        settings.body_read_timeout,
+    )
+    .await?;
+    let request = PushRequest {
+        tenant,
+        terminal,
+        key: head.key,
+        content_type: head.content_type,
+        body,
+        received,
+    };
+    Ok((request, head.timeout))
+}
+
+/// What a push's target and headers say, checked.
+#[derive(Debug)]
+pub struct PushHead {
+    /// `Idempotency-Key`, or a fresh UUID when it is absent.
+    pub key: String,
+    /// `timeout_ms`, or [`DEFAULT_TIMEOUT`].
+    pub timeout: Duration,
+    pub content_type: Option<HeaderValue>,
+}
+
+/// Checks a push's terminal id, query and headers, without IO (a fuzz target's entry,
+/// `fuzz/`): an invalid id, key or `timeout_ms`, an unknown query parameter or a
+/// repeated singleton header is `400`, a `Content-Encoding` other than identity `415`.
+pub fn push_head(terminal: &str, uri: &Uri, headers: &HeaderMap) -> Result<PushHead, Answer> {
+    if !valid_terminal_id(terminal) {
         return Err(Answer::error(ErrorCode::InvalidRequest, BAD_ID));
     }
-    let tenant = caller.tenant_for(&terminal)?;
     let key = match single(headers, IDEMPOTENCY_KEY)? {
         None => new_key(),
         Some(value) => match value.to_str() {
@@ -177,23 +211,12 @@ async fn checked(
         }
     }
     let timeout = deadline_of(uri).map_err(|m| Answer::error(ErrorCode::InvalidRequest, m))?;
-    let settings = service.settings();
-    let body = read_bounded(
-        headers,
-        body,
-        settings.max_push_bytes,
-        settings.body_read_timeout,
-    )
-    .await?;
-    let request = PushRequest {
-        tenant,
-        terminal,
+    let content_type = single(headers, header::CONTENT_TYPE.as_str())?.cloned();
+    Ok(PushHead {
         key,
-        content_type: single(headers, header::CONTENT_TYPE.as_str())?.cloned(),
-        body,
-        received,
-    };
-    Ok((request, timeout))
+        timeout,
+        content_type,
+    })
 }
 
 fn overloaded(request: &PushRequest, full: Full) -> Answer {

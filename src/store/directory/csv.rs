@@ -211,6 +211,17 @@ mod tests {
             "{shown}"
         );
         assert!(shown.ends_with("... (160 bytes in all)"), "{shown}");
+        // Control bytes escape to six characters each: the cut counts what is shown
+        // (the fuzz target terminals_csv found a 158-byte value shown in 631).
+        let control = "\u{10}".repeat(150);
+        let shown = Shown::new(&control).to_string();
+        assert!(
+            shown.len() <= super::super::SHOWN_BYTES + 30,
+            "{} bytes: {shown}",
+            shown.len()
+        );
+        assert!(shown.starts_with("\"\\u{10}"), "{shown}");
+        assert!(shown.ends_with("... (150 bytes in all)"), "{shown}");
     }
 
     #[test]

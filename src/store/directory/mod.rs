@@ -150,26 +150,38 @@ impl WriteSummary {
     }
 }
 
-/// Bytes of a bad value an error shows, at most.
+/// Bytes of a bad value an error shows, at most (escapes included).
 pub const SHOWN_BYTES: usize = 100;
 
-/// A value from the input, as an error shows it: quoted, cut to [`SHOWN_BYTES`] (at a
-/// character boundary) with its whole length named, so that a huge field (a 1 MB cell
-/// of an import file) names what is wrong without flooding the terminal or the log.
+/// A value from the input, as an error shows it: quoted and escaped like `{:?}`, cut
+/// (between characters) so the escaped text is at most [`SHOWN_BYTES`], with its whole
+/// length named, so that a huge field (a 1 MB cell of an import file) or one of
+/// control bytes (each escaped to six) names what is wrong without flooding the
+/// terminal or the log.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Shown {
+    /// The escaped start of the value, without quotes.
     start: String,
+    /// Whether `start` is all of it.
+    whole: bool,
     len: usize,
 }
 
 impl Shown {
     pub fn new(value: &str) -> Shown {
-        let mut end = value.len().min(SHOWN_BYTES);
-        while !value.is_char_boundary(end) {
-            end -= 1;
+        let mut start = String::new();
+        let mut whole = true;
+        for c in value.chars() {
+            let escaped = c.escape_debug();
+            if start.len() + escaped.len() > SHOWN_BYTES {
+                whole = false;
+                break;
+            }
+            start.extend(escaped);
         }
         Shown {
-            start: value[..end].to_string(),
+            start,
+            whole,
             len: value.len(),
         }
     }
@@ -177,8 +189,8 @@ impl Shown {
 
 impl fmt::Display for Shown {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?}", self.start)?;
-        if self.len > self.start.len() {
+        write!(f, "\"{}\"", self.start)?;
+        if !self.whole {
             write!(f, "... ({} bytes in all)", self.len)?;
         }
         Ok(())
