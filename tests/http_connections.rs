@@ -67,8 +67,7 @@ fn limits(max_connections: usize, header_read_timeout: Duration) -> ConnectionLi
 async fn connections_without_a_request_head_are_closed_after_the_header_read_timeout() {
     let timeout = Duration::from_secs(1);
     let server = Server::start_with(None, limits(64, timeout)).await;
-    // HTTP/1.1 with half a head (hyper's header timer and the table's both apply), and
-    // HTTP/2 with only the preface (only the table's applies).
+    // HTTP/1.1 with half a head, and HTTP/2 with only the preface.
     for (case, first_bytes) in [("HTTP/1.1", PARTIAL_HEAD), ("HTTP/2", H2_PREFACE)] {
         let started = Instant::now();
         let mut tcp = open(&server.base, first_bytes).await;
@@ -114,6 +113,39 @@ async fn a_connection_without_a_request_after_its_first_is_closed_after_the_idle
     )
     .await;
     eprintln!("closed {gone:?} after its request (idle timeout 1 s)");
+    server.stop().await;
+}
+
+/// An HTTP/1.1 keep-alive connection outlives the header read timeout between requests
+/// (a load balancer keeps its connections for a minute) and is closed after the idle
+/// timeout.
+#[tokio::test]
+async fn a_keep_alive_connection_lasts_until_the_idle_timeout_not_the_header_timeout() {
+    let limits = ConnectionLimits {
+        header_read_timeout: Duration::from_secs(1),
+        idle_timeout: Duration::from_secs(4),
+        ..ConnectionLimits::default()
+    };
+    let server = Server::start_with(None, limits).await;
+    let mut tcp = open(&server.base, b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n").await;
+    let mut answer = [0u8; 512];
+    let n = tcp.read(&mut answer).await.unwrap();
+    assert!(
+        answer[..n].starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        &answer[..n]
+    );
+    let answered = Instant::now();
+    assert!(
+        !closed_within(&mut tcp, Duration::from_millis(2_500)).await,
+        "closed {:?} after its answer, before the idle timeout",
+        answered.elapsed()
+    );
+    assert!(
+        closed_within(&mut tcp, Duration::from_secs(8)).await,
+        "still open {:?} after its answer",
+        answered.elapsed()
+    );
     server.stop().await;
 }
 

@@ -52,14 +52,16 @@ fn usage(pid: u32) -> (usize, u64) {
 /// until the pod closes it; then, after a pause, another, until `stop` (2,000 of them
 /// reconnecting at once without a pause measure the machine's accept rate, not the
 /// pod's limits, and starve the test's own terminals). Returns how long the pod held
-/// the last one (from the connect, which may have waited in the pod's accept queue).
+/// the last one, from the end of its TCP handshake (a SYN dropped by a full accept
+/// queue is retried after 1, 3, 7 s...; that wait is the client's), which includes
+/// its wait in the pod's accept queue.
 async fn client(port: u16, stop: Arc<AtomicBool>) -> Duration {
     loop {
-        let opened = Instant::now();
         let Ok(mut tcp) = TcpStream::connect(("127.0.0.1", port)).await else {
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
+        let opened = Instant::now();
         let _ = tcp.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n").await;
         let mut buf = [0u8; 512];
         loop {
@@ -169,7 +171,7 @@ async fn a_slowloris_is_shed_while_probes_pushes_and_terminal_sessions_keep_work
          at most {longest_held:.1?}; {closed:?}",
         before.0, peak.0, during.0, after.0, before.1, peak.1, after.1
     );
-    // From the client's connect, so it includes the wait in the pod's accept queue
+    // From the client's side, so it includes the wait in the pod's accept queue
     // (seconds on a loaded machine) before the header read timeout starts.
     assert!(
         longest_held <= 3 * HEADER_READ_TIMEOUT,

@@ -23,12 +23,13 @@ const MIN_CONNECTIONS: u64 = 16;
 /// Connection flags of `posgate serve`.
 #[derive(Clone, clap::Args)]
 pub struct ConnectionArgs {
-    /// How long a new client connection may take to send its first request head, and
-    /// an HTTP/1.1 connection each further one; closed after
+    /// How long a new client connection may take to send its first request head;
+    /// closed after
     #[arg(long, env = "POSGATE_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub header_read_timeout: Duration,
     /// How long a client connection may stay without a request in flight after its
-    /// first; must exceed 90 s, how long peers keep an idle connection to reuse
+    /// first (HTTP/1.1 keep-alive and HTTP/2); must exceed 90 s, how long peers keep an
+    /// idle connection to reuse (and should exceed a load balancer's idle timeout)
     #[arg(long, env = "POSGATE_IDLE_TIMEOUT", default_value = "120s", value_parser = parse_duration)]
     pub idle_timeout: Duration,
     /// Client connections held at once; when full, the one waiting longest without a

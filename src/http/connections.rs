@@ -28,12 +28,12 @@ pub const MAX_CLOSING: usize = 64;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConnectionLimits {
     /// `--header-read-timeout`: how long a new connection may take to bring its first
-    /// request head, and an HTTP/1.1 connection each further head (so it also bounds an
-    /// idle keep-alive connection).
+    /// request head.
     pub header_read_timeout: Duration,
     /// `--idle-timeout`: how long a connection that answered a request may stay without
-    /// one in flight (HTTP/2: peers keep one connection per pod; their pool forgets an
-    /// idle one after 90 s, so this must be longer).
+    /// one in flight, HTTP/1.1 keep-alive and HTTP/2 alike. Peers keep one connection
+    /// per pod and their pool forgets an idle one after 90 s, and load balancers keep
+    /// theirs for about a minute: the pod must not close first.
     pub idle_timeout: Duration,
     /// `--max-connections`: client connections held at once.
     pub max_connections: usize,

@@ -150,13 +150,18 @@ pub async fn run<L>(
     while tasks.join_next().await.is_some() {}
 }
 
-/// hyper's connection settings for `limits`.
+/// hyper's connection settings for `limits`. hyper's own HTTP/1.1 header read timeout
+/// is off: its timer also runs between keep-alive requests, so it would close an idle
+/// keep-alive connection after the header timeout, and a load balancer or ingress that
+/// keeps connections to the pod for a minute would send requests into closing ones
+/// (intermittent 502s). The table bounds the first head by the header read timeout and
+/// the time between requests by the idle timeout instead.
 fn builder(limits: ConnectionLimits) -> Builder<TokioExecutor> {
     let mut builder = Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout);
+        .header_read_timeout(None);
     builder
         .http2()
         .timer(TokioTimer::new())
@@ -233,14 +238,7 @@ impl Conn {
             };
             tokio::select! {
                 served = conn.as_mut() => {
-                    if let (Err(error), Phase::Open) = (served, phase) {
-                        // hyper's own header read timeout (HTTP/1.1).
-                        let timed_out = error
-                            .downcast_ref::<hyper::Error>()
-                            .is_some_and(hyper::Error::is_timeout);
-                        if timed_out {
-                            self.closed("timeout");
-                        }
+                    if let Err(error) = served {
                         tracing::debug!(%error, "client connection ended with an error");
                     }
                     break;

@@ -374,7 +374,7 @@ impl Metrics {
             "Client connections the HTTP listener holds now (pushes, peers, probes; not terminal sessions)",
             self.http_connections.clone(),
         );
-        r.register("posgate_http_connections_closed", "Client connections the listener closed itself, by reason (timeout: no request head within --header-read-timeout, or no request for --idle-timeout; evicted: the oldest waiting without a request, to make room at --max-connections; refused: at --max-connections with every connection in a request)", self.http_connections_closed.clone());
+        r.register("posgate_http_connections_closed", "Client connections the listener closed itself, by reason (timeout: no first request head within --header-read-timeout, or no request for --idle-timeout; evicted: the oldest waiting without a request, to make room at --max-connections; refused: at --max-connections with every connection in a request)", self.http_connections_closed.clone());
     }
 
     /// The OpenMetrics text of every metric.
