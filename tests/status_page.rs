@@ -44,6 +44,9 @@ fn headless(bin: &str) -> Command {
         "--disable-dev-shm-usage",
         // Lets the page's fetch and its first renders run before the DOM is dumped.
         "--virtual-time-budget=3000",
+        // The page's console lines, on stderr.
+        "--enable-logging=stderr",
+        "--v=0",
     ]);
     cmd
 }
@@ -55,8 +58,9 @@ fn browser() -> Option<&'static str> {
     crate::support::tools::require(chromium(), "chromium", unchecked, install)
 }
 
-/// The DOM of `page` after the browser ran its script.
-async fn dump_dom(bin: &str, page: &str) -> String {
+/// The DOM of `page` after the browser ran its script, and what the page wrote to its
+/// console.
+async fn dump_dom(bin: &str, page: &str) -> (String, String) {
     let dump = tokio::task::spawn_blocking({
         let (bin, page) = (bin.to_string(), page.to_string());
         move || headless(&bin).arg("--dump-dom").arg(page).output().unwrap()
@@ -68,7 +72,12 @@ async fn dump_dom(bin: &str, page: &str) -> String {
         "{}",
         String::from_utf8_lossy(&dump.stderr)
     );
-    String::from_utf8_lossy(&dump.stdout).into_owned()
+    let console = String::from_utf8_lossy(&dump.stderr)
+        .lines()
+        .filter(|l| l.contains(":CONSOLE"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    (String::from_utf8_lossy(&dump.stdout).into_owned(), console)
 }
 
 /// A pod config with the page's operator token.
@@ -110,7 +119,13 @@ async fn the_status_page_renders_the_ring() {
     assert_eq!(header("x-frame-options"), "DENY");
 
     let page = format!("{url}/#token={TOKEN}");
-    let dom = dump_dom(bin, &page).await;
+    let (dom, console) = dump_dom(bin, &page).await;
+    // The token left the address bar (and the history) once read.
+    assert!(
+        console.contains(&format!("the address is now {url}/\"")),
+        "{console}"
+    );
+    assert!(!console.contains(TOKEN), "{console}");
     let rows = dom.matches("<tr").count();
     eprintln!(
         "[page] rendered {rows} table rows, {} bytes of DOM",
@@ -129,7 +144,7 @@ async fn the_status_page_renders_the_ring() {
     assert!(dom.matches("<td>page-pod</td>").count() >= 128, "{dom}");
 
     // Without the token the page asks for one instead of showing data.
-    let bare = dump_dom(bin, &format!("{url}/")).await;
+    let (bare, _) = dump_dom(bin, &format!("{url}/")).await;
     assert!(
         bare.contains("class=\"error\">this pod needs an operator token"),
         "{bare}"
@@ -176,7 +191,7 @@ async fn the_status_page_shows_shards_held_through_a_redis_outage() {
         held,
     )
     .await;
-    let dom = dump_dom(bin, &page).await;
+    let (dom, _) = dump_dom(bin, &page).await;
     eprintln!(
         "[page] every shard held {:.2} s after Redis froze",
         secs(took)
@@ -202,7 +217,7 @@ async fn the_status_page_shows_shards_held_through_a_redis_outage() {
         status.store.reachable() && status.shards.iter().all(|s| s.serving && !s.suspended)
     })
     .await;
-    let dom = dump_dom(bin, &page).await;
+    let (dom, _) = dump_dom(bin, &page).await;
     assert!(dom.contains(">Redis reachable</div>"), "{dom}");
     assert_eq!(dom.matches("<td>held</td>").count(), 0, "{dom}");
     assert!(
