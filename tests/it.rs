@@ -24,6 +24,7 @@ mod observability;
 mod openapi_sync;
 mod outage_observability;
 mod outage_pods;
+mod peer_flood;
 mod pos_connections;
 mod pos_faults;
 mod push_api;
