@@ -138,6 +138,7 @@ async fn a_slowloris_is_shed_while_probes_pushes_and_terminal_sessions_keep_work
     }
     let during = usage(pid);
     stop.store(true, Ordering::Relaxed);
+    let stopped = Instant::now();
     let mut longest_held = Duration::ZERO;
     for c in clients {
         let held = tokio::time::timeout(HEADER_READ_TIMEOUT + secs(10), c)
@@ -146,6 +147,7 @@ async fn a_slowloris_is_shed_while_probes_pushes_and_terminal_sessions_keep_work
             .unwrap();
         longest_held = longest_held.max(held);
     }
+    let drained = stopped.elapsed();
     pod.assert_running();
     // The allocator gives freed pages back to the OS after a decay time (jemalloc's
     // default: 10 s), in a background thread.
@@ -168,14 +170,15 @@ async fn a_slowloris_is_shed_while_probes_pushes_and_terminal_sessions_keep_work
         "[slowloris] {CLIENTS} clients for {ATTACK:?}, --max-connections {MAX_CONNECTIONS}: \
          fds {} -> peak {} (at the end {}) -> {} after; RSS {} -> peak {} -> {} KiB after ({returned:.1?} after the last close); \
          {probes} probes and {pushes} pushes answered during; the last connections held \
-         at most {longest_held:.1?}; {closed:?}",
+         at most {longest_held:.1?}, all closed {drained:.1?} after the clients stopped; {closed:?}",
         before.0, peak.0, during.0, after.0, before.1, peak.1, after.1
     );
-    // From the client's side, so it includes the wait in the pod's accept queue
-    // (seconds on a loaded machine) before the header read timeout starts.
+    // Counted from the stop: the header read timeout of the connections held then, and
+    // the wait in the pod's accept queue of those not yet accepted (seconds, when the
+    // whole test suite shares two cores).
     assert!(
-        longest_held <= 3 * HEADER_READ_TIMEOUT,
-        "a connection without a request head was held {longest_held:?}"
+        drained <= HEADER_READ_TIMEOUT + secs(10),
+        "the pod still held connections {drained:?} after the clients stopped"
     );
     // Those making room while they close, the probe's and the push's.
     assert!(
