@@ -16,7 +16,7 @@ use crate::http::ConnectionLimits;
 
 /// `--max-connections`' default never exceeds this, however high the fd limit: each
 /// connection also costs buffers.
-pub const MAX_DEFAULT_CONNECTIONS: u64 = 10_000;
+pub(super) const MAX_DEFAULT_CONNECTIONS: u64 = 10_000;
 /// Fewer connections than this cannot serve probes, peers and pushes side by side.
 const MIN_CONNECTIONS: u64 = 16;
 
@@ -104,6 +104,6 @@ impl ConnectionArgs {
 }
 
 /// The process's open-file soft limit (`u64::MAX` if it cannot be read).
-pub fn fd_limit() -> u64 {
+pub(super) fn fd_limit() -> u64 {
     rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(u64::MAX, |(soft, _)| soft)
 }

@@ -45,7 +45,7 @@ use crate::peer::tls::PeerVerify;
 use crate::push::PushSettings;
 use crate::store::redis::{ClientCert, RedisOptions, Wait};
 
-pub use self::connection_args::{fd_limit, ConnectionArgs, MAX_DEFAULT_CONNECTIONS};
+pub use self::connection_args::ConnectionArgs;
 pub use self::pos_args::{
     PosArgs, PosSettings, DEFAULT_DRAIN_BUDGET, MAX_DIRECTORY_POLL, MAX_DRAIN_BUDGET,
 };

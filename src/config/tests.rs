@@ -397,10 +397,10 @@ fn connection_limits_default_to_a_share_of_the_open_file_limit() {
     assert_eq!(limits.header_read_timeout, Duration::from_secs(10));
     assert_eq!(limits.idle_timeout, Duration::from_secs(120));
     assert_eq!(limits.max_streams, 200);
-    let fd_limit = super::fd_limit();
+    let fd_limit = super::connection_args::fd_limit();
     assert_eq!(
         limits.max_connections as u64,
-        (fd_limit / 4).min(super::MAX_DEFAULT_CONNECTIONS)
+        (fd_limit / 4).min(super::connection_args::MAX_DEFAULT_CONNECTIONS)
     );
     let args = parse("").unwrap().connections;
     let share = |fd_limit| args.resolve(fd_limit).map(|l| l.max_connections);
