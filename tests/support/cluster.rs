@@ -271,6 +271,7 @@ impl Cluster {
             pod: id.clone(),
             events: self.events.clone(),
         };
+        super::capture_logs();
         let handle = Pod::start(pod::config(&name, &url), store, listener, hook).unwrap();
         self.sampler.watch(id.clone(), handle.serving.clone());
         self.pods.push(TestPod { id, proxy, handle });

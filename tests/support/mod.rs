@@ -40,3 +40,19 @@ pub mod wait;
 /// load harness uses the same one.
 pub use posgate_loadtest::load::proxy::RedisProxy;
 pub use redis_server::RedisServer;
+
+/// Sends the pods' `tracing` output to the test's captured output, so a failing test
+/// prints what its pods logged (a passing one prints nothing). `POSGATE_TEST_LOG` sets
+/// the filter (`EnvFilter` syntax, `off` for none); the default is `posgate=info`, the
+/// reconciler's decisions and the connection layer's closes. Idempotent: the first call
+/// installs the one global subscriber.
+pub fn capture_logs() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("POSGATE_TEST_LOG")
+        .unwrap_or_else(|_| EnvFilter::new("posgate=info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .with_ansi(false)
+        .try_init();
+}

@@ -91,6 +91,7 @@ fn start_with_store(
     options: RedisOptions,
     listener: TcpListener,
 ) -> PodHandle {
+    super::capture_logs();
     let store = RedisStore::connect_lazy(redis_url, CLUSTER, options).unwrap();
     Pod::start_with_terminals(config, store, listener).unwrap()
 }
