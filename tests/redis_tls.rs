@@ -59,7 +59,7 @@ async fn round_trip(store: &RedisStore) {
         handover: 0,
     };
     let beat = store.heartbeat(&generation.id, &member, &meta, TTL).await;
-    assert!(matches!(beat, Ok(Checked::Ok(()))), "heartbeat: {beat:?}");
+    assert!(matches!(beat, Ok(Checked::Ok(_))), "heartbeat: {beat:?}");
     let snap = store.snapshot(SHARDS).await.expect("snapshot");
     assert_eq!(snap.generation.id, generation.id);
     assert_eq!(snap.members, vec![member]);

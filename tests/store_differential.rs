@@ -134,10 +134,10 @@ impl Transcript {
         });
     }
 
-    fn unit(&mut self, op: &str, r: Result<Checked<()>, StoreError>) {
+    fn unit<T: std::fmt::Debug>(&mut self, op: &str, r: Result<Checked<T>, StoreError>) {
         let toks = match &r {
             Err(e) => Self::error(e),
-            Ok(c) => Self::checked(c, |_| vec![text("Ok")]),
+            Ok(c) => Self::checked(c, |v| vec![text(format!("Ok {v:?}"))]),
         };
         self.push(op, toks);
     }
@@ -156,6 +156,7 @@ impl Transcript {
         }
         toks.push(text("placement"));
         toks.push(text(format!("{:?}", snap.placement)));
+        toks.push(text(format!("heartbeats {}", snap.heartbeats)));
         self.push("snapshot", toks);
     }
 

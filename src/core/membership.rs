@@ -71,4 +71,8 @@ pub struct Snapshot {
     /// The stored placement; `None` before the first one is written and after the store
     /// lost its data.
     pub placement: Option<Placement>,
+    /// How many heartbeats the store has taken in this generation (pods of releases
+    /// before this count was kept add none). It only grows, so a pod that saw a higher
+    /// count learns that the store lost acknowledged writes: registrations among them.
+    pub heartbeats: u64,
 }

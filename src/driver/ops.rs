@@ -27,7 +27,7 @@ pub(super) const WARN_EVERY: Duration = Duration::from_secs(10);
 /// A finished operation, to be fed to the matching `Reconciler::handle_*`.
 pub(super) enum Done {
     Snapshot(Result<Snapshot, StoreError>),
-    Heartbeat(Result<Checked<()>, StoreError>),
+    Heartbeat(Result<Checked<u64>, StoreError>),
     Acquire(
         Vec<ShardId>,
         Result<Checked<Vec<AcquireOutcome>>, StoreError>,

@@ -62,7 +62,7 @@ enum Call {
 
 #[derive(Clone, Debug)]
 enum Reply {
-    Heartbeat(OpResult<Checked<()>>),
+    Heartbeat(OpResult<Checked<u64>>),
     Snapshot(OpResult<Snapshot>),
     Acquire(Vec<ShardId>, OpResult<Checked<Vec<AcquireOutcome>>>),
     Renew(Vec<ShardId>, OpResult<Checked<Vec<RenewOutcome>>>),

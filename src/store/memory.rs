@@ -46,6 +46,8 @@ pub struct MemoryState {
     rng: StdRng,
     /// Generation id and creation time (store ms).
     generation: Option<(String, u64)>,
+    /// Heartbeats taken in this generation (the `heartbeats` field of Redis's `gen`).
+    heartbeats: u64,
     meta: Option<ClusterMeta>,
     /// Pod -> (registration expiry ms, details).
     members: BTreeMap<PodId, (u64, Member)>,
@@ -65,6 +67,7 @@ impl MemoryState {
         MemoryState {
             rng: StdRng::seed_from_u64(seed),
             generation: None,
+            heartbeats: 0,
             meta: None,
             members: BTreeMap::new(),
             epochs: BTreeMap::new(),
@@ -120,6 +123,7 @@ impl MemoryState {
                     (now_ms % 1000) * 1000
                 );
                 self.generation = Some((id.clone(), now_ms));
+                self.heartbeats = 0;
                 Some(GenerationInfo {
                     id,
                     age: Duration::ZERO,
@@ -159,7 +163,7 @@ impl MemoryState {
         member: &Member,
         meta: &ClusterMeta,
         ttl: Duration,
-    ) -> Result<Checked<()>, StoreError> {
+    ) -> Result<Checked<u64>, StoreError> {
         if let Some(info) = self.check_generation(now_ms, generation) {
             return Ok(Checked::GenerationChanged(info));
         }
@@ -172,7 +176,8 @@ impl MemoryState {
         if !matches!(old, Some((old_expiry, _)) if old_expiry >= now_ms) {
             self.notifications += 1;
         }
-        Ok(Checked::Ok(()))
+        self.heartbeats += 1;
+        Ok(Checked::Ok(self.heartbeats))
     }
 
     /// See `lua/deregister.lua`: removes the registration (expired or not) and notifies
@@ -325,6 +330,7 @@ impl MemoryState {
             members,
             leases,
             placement: self.placement.clone(),
+            heartbeats: self.heartbeats,
         }
     }
 
@@ -422,7 +428,7 @@ impl CoordStore for MemoryStore {
         member: &Member,
         meta: &ClusterMeta,
         ttl: Duration,
-    ) -> Result<Checked<()>, StoreError> {
+    ) -> Result<Checked<u64>, StoreError> {
         self.with_state(|s, now| s.heartbeat(now, generation, member, meta, ttl))
     }
 

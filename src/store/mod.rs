@@ -104,14 +104,15 @@ pub trait CoordStore: Send + Sync + 'static {
 
     /// Registers or refreshes `member` for `ttl` (by the store clock) and re-pins `meta`
     /// if the store lost it. Publishes a join notification when the member was not
-    /// registered before.
+    /// registered before. Answers the generation's heartbeat count including this one
+    /// ([`crate::core::membership::Snapshot::heartbeats`]).
     fn heartbeat(
         &self,
         generation: &str,
         member: &Member,
         meta: &ClusterMeta,
         ttl: Duration,
-    ) -> impl Future<Output = Result<Checked<()>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Checked<u64>, StoreError>> + Send;
 
     /// Removes `pod`'s registration at once and publishes a leave notification.
     fn deregister(&self, pod: &PodId) -> impl Future<Output = Result<(), StoreError>> + Send;

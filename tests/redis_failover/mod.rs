@@ -10,7 +10,8 @@
 //! - `pods`: three pods over a few hundred simulated terminals under open-loop pushes with
 //!   same-key retries, through (a) a planned failover, (b) `kill -9` of the master, (c) a
 //!   failover that loses lease writes (replication cut just before a pod joins, then the
-//!   master killed), (d) a promoted replica whose clock is behind; each: pushes 200,
+//!   master killed), (d) a promoted replica whose clock is behind, (e) a failover that
+//!   loses every registration (replication cut for a member TTL); each: pushes 200,
 //!   no terminal disconnected, no session overlap, no key twice, no epoch a terminal
 //!   refused, the same owners afterwards, and the time until ownership can change again;
 //! - `isolation`: a master cut off with one pod (`min-replicas-to-write`) refuses its

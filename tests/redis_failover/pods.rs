@@ -1,6 +1,6 @@
 //! Three pods over 300 simulated terminals and a Sentinel deployment, under open-loop
 //! pushes (100/s, a key of its own each, retried with the same key through another pod
-//! when not answered 200), through four failovers of the master. What each must keep:
+//! when not answered 200), through five failovers of the master. What each must keep:
 //! pushes answered 200 (at least 99.9% in the end), no terminal disconnected or
 //! redialed, no session overlap, no key taken twice, no epoch a terminal refused (the
 //! store never handed out one below what a terminal had seen), the same owner for every
@@ -42,6 +42,11 @@ enum Failover {
     /// (d) The master killed; the promoted replica's clock is [`CLOCK_BEHIND_SECS`] off.
     /// Afterwards a pod joins, so shards are acquired on it.
     ClockBehind,
+    /// (e) The replication links stalled for longer than a member TTL, then a planned
+    /// failover: the promoted replica shows every registration and lease expired, but
+    /// the same placement. Only the heartbeat count it lost tells the pods the store
+    /// went back; without it they place the shards on whoever registered again first.
+    LosingRegistrations,
 }
 
 /// Fails the test if a terminal connection closed or opened since `before`.
@@ -59,6 +64,9 @@ async fn through(failover: Failover, test: &str) {
     let behind = matches!(failover, Failover::LosingWrites | Failover::ClockBehind);
     let opts = HaOptions {
         replica_clock: behind.then_some(CLOCK_BEHIND_SECS),
+        // The stalled links must outlast the setup and the stall: see the option.
+        failover_timeout: (failover == Failover::LosingRegistrations)
+            .then_some(Duration::from_secs(60)),
         ..HaOptions::default()
     };
     let (ha, master) = RedisHa::start(opts).await;
@@ -87,13 +95,19 @@ async fn through(failover: Failover, test: &str) {
             secs(joined)
         );
     }
+    if failover == Failover::LosingRegistrations {
+        ha.stall_replication();
+        let core = Setup::default().core;
+        tokio::time::sleep(core.member_ttl + core.heartbeat_interval).await;
+        eprintln!("[{test}] replication stalled for a member TTL and a heartbeat interval");
+    }
     let owners = gw.owners();
     let before = gw.farm.counters();
     let old = ha.master_addr().await;
     let began = unix_ms();
     let failed_at = Instant::now();
     match failover {
-        Failover::Planned => ha.failover().await,
+        Failover::Planned | Failover::LosingRegistrations => ha.failover().await,
         _ => gw.redis.stop(),
     }
     let (new, promoted) = ha.wait_failed_over(&old, Duration::from_secs(30)).await;
@@ -180,8 +194,11 @@ async fn through(failover: Failover, test: &str) {
         renewed.len()
     );
     assert!(owners.iter().all(|(s, (_, e))| now[s].1 >= *e));
-    if failover == Failover::LosingWrites {
-        // The joined pod's acquisitions were lost: its leases were re-claimed above them.
+    if matches!(
+        failover,
+        Failover::LosingWrites | Failover::LosingRegistrations
+    ) {
+        // Acquisitions or renewals were lost: those leases were re-claimed above them.
         assert!(!renewed.is_empty(), "[{test}] no lease was re-claimed");
         let rollbacks: u64 = gw
             .handles()
@@ -241,6 +258,11 @@ async fn a_planned_failover_costs_no_delivery() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_killed_master_costs_no_delivery() {
     through(Failover::Killed, "ha-killed").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failover_that_loses_registrations_keeps_every_owner() {
+    through(Failover::LosingRegistrations, "ha-lost-registrations").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -4,7 +4,11 @@
 //!
 //! The links a test may cut go through [`RedisProxy`]s: each replica replicates from the
 //! master through one (`cut_replication`: the master keeps accepting writes its replicas
-//! never receive), and, with [`HaOptions::isolable`], the sentinels watch the master
+//! never receive, until the sentinels point the replicas at the master itself: one
+//! `failover-timeout` after they first saw them, see [`HaOptions::failover_timeout`]),
+//! behind a [`StallProxy`] (`stall_replication`:
+//! the links stay up but carry nothing, so the sentinels leave them as they are and a
+//! replica promoted later lacks every write since), and, with [`HaOptions::isolable`], the sentinels watch the master
 //! through one (`isolate_master`, with the replication links: a master cut off from
 //! everyone but the pods that reach it directly; the sentinels then know the first master
 //! by the proxy's address, so such a deployment is good for one failover). After a
@@ -27,6 +31,7 @@ use posgate_loadtest::load::sentinels;
 pub use posgate_loadtest::load::sentinels::{DOWN_AFTER, MASTER};
 
 use super::redis_server::{free_port, program};
+use super::stall_proxy::StallProxy;
 use super::wait::wait_for;
 use super::{RedisProxy, RedisServer};
 
@@ -42,6 +47,11 @@ pub struct HaOptions {
     /// The sentinels watch the first master through a proxy, so `isolate_master` can cut
     /// them off from it.
     pub isolable: bool,
+    /// The sentinels' `failover-timeout` (10 s when `None`). They point a replica that
+    /// replicates from another address than theirs for the master (the proxies) at the
+    /// master itself once it is that old: the links a test stalls or cuts only shape
+    /// replication until then. A longer one also delays a second failover.
+    pub failover_timeout: Option<Duration>,
 }
 
 /// One `redis-sentinel` process.
@@ -64,6 +74,8 @@ pub struct RedisHa {
     first: u16,
     pub replicas: Vec<RedisServer>,
     links: Vec<RedisProxy>,
+    /// In front of `links`, one each: what the replicas connect to.
+    stalls: Vec<StallProxy>,
     sentinel_link: Option<RedisProxy>,
     sentinels: Vec<Sentinel>,
 }
@@ -85,10 +97,12 @@ impl RedisHa {
         }
         let master = RedisServer::start_with(&node_args);
         let mut links = Vec::new();
+        let mut stalls = Vec::new();
         let mut replicas = Vec::new();
         for _ in 0..2 {
             let link = RedisProxy::start(master.addr()).await.unwrap();
-            let port = link_port(&link).to_string();
+            let stall = StallProxy::start(([127, 0, 0, 1], link_port(&link)).into()).await;
+            let port = stall.port().to_string();
             let mut replica_args = node_args.clone();
             replica_args.extend(["--replicaof", "127.0.0.1", &port]);
             let replica = match opts.replica_clock {
@@ -96,6 +110,7 @@ impl RedisHa {
                 None => RedisServer::start_with(&replica_args),
             };
             links.push(link);
+            stalls.push(stall);
             replicas.push(replica);
         }
         let sentinel_link = match opts.isolable {
@@ -103,11 +118,13 @@ impl RedisHa {
             false => None,
         };
         let watched = sentinel_link.as_ref().map_or(master.port(), link_port);
-        let sentinels = (0..3).map(|_| Sentinel::start(watched)).collect();
+        let timeout = opts.failover_timeout.unwrap_or(Duration::from_secs(10));
+        let sentinels = (0..3).map(|_| Sentinel::start(watched, timeout)).collect();
         let ha = RedisHa {
             first: master.port(),
             replicas,
             links,
+            stalls,
             sentinel_link,
             sentinels,
         };
@@ -249,6 +266,13 @@ impl RedisHa {
         self.links.iter().for_each(RedisProxy::cut);
     }
 
+    /// Freezes both replication links half-open: the master accepts writes its replicas
+    /// never see, and neither side nor the sentinels notice for the replication timeout
+    /// (60 s).
+    pub fn stall_replication(&self) {
+        self.stalls.iter().for_each(StallProxy::stall);
+    }
+
     /// Cuts the master off from its replicas and the sentinels (not from the pods that
     /// reach it directly): the sentinels fail over, the master stays writable for
     /// whoever still reaches it, unless `min-replicas-to-write` stops it.
@@ -259,7 +283,7 @@ impl RedisHa {
 }
 
 impl Sentinel {
-    fn start(master_port: u16) -> Sentinel {
+    fn start(master_port: u16, failover_timeout: Duration) -> Sentinel {
         let dir = tempfile::tempdir().expect("temp dir for redis-sentinel");
         for _ in 0..5 {
             let port = free_port();
@@ -270,11 +294,12 @@ impl Sentinel {
                     "port {port}\nbind 127.0.0.1\ndir {}\nlogfile {}\n\
                      sentinel monitor {MASTER} 127.0.0.1 {master_port} 2\n\
                      sentinel down-after-milliseconds {MASTER} {}\n\
-                     sentinel failover-timeout {MASTER} 10000\n\
+                     sentinel failover-timeout {MASTER} {}\n\
                      sentinel parallel-syncs {MASTER} 2\n",
                     dir.path().display(),
                     dir.path().join("sentinel.log").display(),
                     DOWN_AFTER.as_millis(),
+                    failover_timeout.as_millis(),
                 ),
             )
             .expect("write sentinel.conf");

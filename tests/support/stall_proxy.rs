@@ -45,6 +45,11 @@ impl StallProxy {
         }
     }
 
+    /// The port it listens on (on 127.0.0.1).
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
     /// `redis://<proxy addr>/`.
     pub fn redis_url(&self) -> String {
         format!("redis://{}/", self.addr)

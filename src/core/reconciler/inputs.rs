@@ -34,27 +34,40 @@ impl Reconciler {
                 self.store_ok(now);
                 let same_generation = self.generation.as_deref() == Some(&snap.generation.id);
                 self.observe_generation(now, &snap.generation);
+                let was_registered = self.registered;
                 self.registered = snap.members.iter().any(|m| m.pod == self.me);
+                if was_registered && !self.registered {
+                    // Our registration is gone while we run (lost by a failover, or it
+                    // expired while we could not write): peers drop us after one
+                    // debounce, so register again now rather than at the next interval.
+                    self.heartbeat.reschedule(now);
+                }
+                let sent_here = sent.filter(|_| same_generation);
+                let mut went_back = self
+                    .witness
+                    .heartbeats_read(sent_here, snap.heartbeats, now);
                 match snap.placement {
                     // Read after this pod learned a newer version, in the same
                     // generation: the store lost it. Keep following ours and put it
                     // back (`placing`).
                     Some(p)
-                        if same_generation
-                            && p.version < self.placement.version
-                            && sent.zip(self.placement_known).is_some_and(|(s, k)| s >= k) =>
+                        if p.version < self.placement.version
+                            && self.witness.proves_placement_lost(sent_here) =>
                     {
                         self.stored = Stored::Version(p.version);
-                        self.store_went_back(now);
+                        went_back = true;
                     }
                     Some(p) => {
                         self.stored = Stored::Version(p.version);
                         if p.version != self.placement.version {
-                            self.placement_known = Some(now);
+                            self.witness.placement_followed(now);
                         }
                         self.placement = p;
                     }
                     None => self.stored = Stored::Absent,
+                }
+                if went_back {
+                    self.store_went_back(now);
                 }
                 let ids: Vec<PodId> = snap.members.iter().map(|m| m.pod.clone()).collect();
                 self.debounce
@@ -87,7 +100,7 @@ impl Reconciler {
                 self.store_ok(now);
                 self.stored = Stored::Version(placement.version);
                 self.placement = placement;
-                self.placement_known = Some(now);
+                self.witness.placement_followed(now);
             }
             Ok(false) => {
                 self.store_ok(now);
@@ -98,7 +111,8 @@ impl Reconciler {
         self.reconcile(now);
     }
 
-    pub fn handle_heartbeat(&mut self, now: Instant, result: OpResult<Checked<()>>) {
+    /// The answer to [`Action::Heartbeat`]: with the generation's heartbeat count.
+    pub fn handle_heartbeat(&mut self, now: Instant, result: OpResult<Checked<u64>>) {
         match result {
             Err(OpFailed) => {
                 self.heartbeat.finish(now + self.cfg.heartbeat_interval / 4);
@@ -109,9 +123,10 @@ impl Reconciler {
                 self.store_ok(now);
                 self.observe_generation(now, &info);
             }
-            Ok(Checked::Ok(())) => {
+            Ok(Checked::Ok(count)) => {
                 self.heartbeat.finish(now + self.cfg.heartbeat_interval);
                 self.store_ok(now);
+                self.witness.heartbeat_answered(count, now);
             }
         }
         self.reconcile(now);

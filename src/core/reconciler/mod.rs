@@ -24,8 +24,8 @@
 //!    the local deadlines passed, held shards are re-claimed with `SET NX` and nothing else
 //!    is claimed or released until the generation is one member TTL old
 //!    ([`recovery`]). A store that went back in time (a failover that lost acknowledged
-//!    writes: a lower placement version, a renewal that finds this pod's acquisition
-//!    gone) is recovered from the same way: the shards it forgot are re-claimed, the
+//!    writes: a lower placement version or heartbeat count, a renewal that finds this
+//!    pod's acquisition gone) is recovered from the same way: the shards it forgot are re-claimed, the
 //!    placement is put back, and nothing else moves for one member TTL.
 //! 6. When the store is unreachable, peers are asked whether they reach it: only when
 //!    some answer and none does (a cluster-wide outage) are expiring shards suspended
@@ -49,6 +49,7 @@ mod store_view;
 #[cfg(test)]
 mod tests;
 mod timers;
+mod witness;
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -60,6 +61,7 @@ use self::lifecycle::Lifecycle;
 use self::shard::Shard;
 use self::store_view::StoreView;
 use self::timers::{Debounce, Timer};
+use self::witness::Witness;
 use super::config::CoreConfig;
 use super::lease::{Claim, MAX_EPOCH};
 use super::membership::{Lease, Member};
@@ -221,9 +223,8 @@ pub struct Reconciler {
     /// reported having seen. The floor of every claim (rule 7). Kept across store
     /// generations: terminals keep theirs.
     floors: Vec<Epoch>,
-    /// When the answer that made this pod follow the current placement version arrived:
-    /// a snapshot sent after it that shows an older version proves the store lost it.
-    placement_known: Option<Instant>,
+    /// What this pod saw the store acknowledge, to prove it went back in time.
+    witness: Witness,
     /// Times the store was found to have gone back in time (see [`Reconciler::rollbacks`]).
     rollbacks: u64,
     registered: bool,
@@ -250,7 +251,7 @@ impl Reconciler {
             leases: vec![None; cfg.shards as usize],
             last_holders: vec![None; cfg.shards as usize],
             floors: vec![0; cfg.shards as usize],
-            placement_known: None,
+            witness: Witness::default(),
             rollbacks: 0,
             placement: Placement::none(cfg.shards),
             stored: Stored::Unknown,

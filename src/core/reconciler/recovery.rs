@@ -46,6 +46,7 @@ impl Reconciler {
         }
         // Everything the store knew is gone: leases, registrations, our view of holders.
         self.registered = false;
+        self.witness.new_generation();
         self.heartbeat.reschedule(now);
         self.leases.iter_mut().for_each(|l| *l = None);
         for s in 0..self.cfg.shards {
@@ -82,7 +83,8 @@ impl Reconciler {
     }
 
     /// The store went back in time: it lost writes it had acknowledged (a failover to a
-    /// replica they had not reached; the generation is the same, so this is not a wipe).
+    /// replica they had not reached; the generation is the same, so this is not a wipe;
+    /// `witness.rs` says how that is proven).
     /// What it forgot is recovered like a data loss, for the part that was lost: the
     /// pods whose leases it forgot re-claim them (their renewals tell them), the
     /// placement is put back by the pods that followed it (`placing`), this pod

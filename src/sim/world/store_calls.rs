@@ -25,7 +25,7 @@ impl World<'_> {
                 let r = store
                     .heartbeat(ms, &g, &member, &meta, core.member_ttl)
                     .map_err(|_| OpFailed);
-                if !matches!(r, Ok(Checked::Ok(()))) {
+                if !matches!(r, Ok(Checked::Ok(_))) {
                     self.check
                         .log(self.now, format_args!("store: {id} heartbeat {r:?}"));
                 }

@@ -2,7 +2,7 @@
 -- KEYS[1] gen, KEYS[2] members, KEYS[3] member-info, KEYS[4] meta
 -- ARGV[1] caller generation, ARGV[2] nonce, ARGV[3] pod id, ARGV[4] member JSON,
 -- ARGV[5] metadata JSON, ARGV[6] ttl ms, ARGV[7] events channel
--- Reply: {'gen', id, age_ms} | {'meta', stored_json} | {'ok'}
+-- Reply: {'gen', id, age_ms} | {'meta', stored_json} | {'ok', heartbeats}
 -- Order matters and is mirrored by MemoryState: generation, then metadata, then writes.
 local g, now = check_gen(KEYS[1], ARGV[1], ARGV[2])
 if g then
@@ -20,4 +20,10 @@ redis.call('HSET', KEYS[3], pod, ARGV[4])
 if (not old) or tonumber(old) < now then
   redis.call('PUBLISH', ARGV[7], 'join ' .. pod)
 end
-return {'ok'}
+-- The generation's heartbeat count only grows: a pod that saw a higher one than the
+-- store shows later knows it lost writes (a failover to a replica they had not reached)
+-- and holds rebalancing until every pod registered again. HGET + HSET, not HINCRBY,
+-- so the Redis ACL needs no new command.
+local beats = (tonumber(redis.call('HGET', KEYS[1], 'heartbeats')) or 0) + 1
+redis.call('HSET', KEYS[1], 'heartbeats', int(beats))
+return {'ok', beats}

@@ -3,8 +3,9 @@
 -- KEYS[1] gen, KEYS[2] members, KEYS[3] member-info, KEYS[4] epochs, KEYS[5] placement,
 -- KEYS[6..] lease:<shard> for shards 0..n-1
 -- ARGV[1] nonce, ARGV[2..] shard ids aligned with KEYS[6..]
--- Reply: {gen_id, age_ms, {member_json...}, {lease...}, placement} where lease is {}
--- (free) or {owner, epoch}, and placement is {} (none) or {version, table_json}. Members are not sorted here: Lua compares strings with the server's
+-- Reply: {gen_id, age_ms, {member_json...}, {lease...}, placement, heartbeats} where
+-- lease is {} (free) or {owner, epoch}, placement is {} (none) or {version, table_json},
+-- and heartbeats is the generation's heartbeat count (see heartbeat.lua). Members are not sorted here: Lua compares strings with the server's
 -- locale, so the client sorts by pod id.
 -- '' never matches a generation id, so check_gen always answers the current one.
 local g, now = check_gen(KEYS[1], '', ARGV[1])
@@ -45,4 +46,5 @@ local stored = redis.call('HMGET', KEYS[5], 'version', 'table')
 if stored[1] and stored[2] then
   placement = {stored[1], stored[2]}
 end
-return {g[2], g[3], members, leases, placement}
+local beats = tonumber(redis.call('HGET', KEYS[1], 'heartbeats')) or 0
+return {g[2], g[3], members, leases, placement, beats}

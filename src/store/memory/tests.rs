@@ -164,12 +164,17 @@ fn membership_notifications_and_meta() {
     let meta = ClusterMeta::current(64);
     assert_eq!(
         s.heartbeat(0, &g, &member("b"), &meta, TTL).unwrap(),
-        Checked::Ok(())
+        Checked::Ok(1)
     );
     s.heartbeat(0, &g, &member("a"), &meta, TTL).unwrap();
-    s.heartbeat(500, &g, &member("a"), &meta, TTL).unwrap();
+    assert_eq!(
+        s.heartbeat(500, &g, &member("a"), &meta, TTL).unwrap(),
+        Checked::Ok(3),
+        "every heartbeat counts"
+    );
     assert_eq!(s.notifications(), 2, "a refresh is not a join");
     let snap = s.snapshot(1_000, 2);
+    assert_eq!(snap.heartbeats, 3);
     assert_eq!(
         snap.members
             .iter()

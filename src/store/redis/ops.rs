@@ -57,7 +57,7 @@ impl CoordStore for RedisStore {
         member: &Member,
         meta: &ClusterMeta,
         ttl: Duration,
-    ) -> Result<Checked<()>, StoreError> {
+    ) -> Result<Checked<u64>, StoreError> {
         let k = &self.shared.keys;
         let keys = vec![k.generation(), k.members(), k.member_info(), k.meta()];
         let args = vec![
@@ -70,7 +70,9 @@ impl CoordStore for RedisStore {
             k.events(),
         ];
         let reply = self.call("heartbeat", &self.shared.scripts.heartbeat, keys, args);
-        map_ok(checked(reply.await?, Some(meta), 0)?, |_| Ok(()))
+        map_ok(checked(reply.await?, Some(meta), 1)?, |beats| {
+            uint(&beats[0])
+        })
     }
 
     async fn deregister(&self, pod: &PodId) -> Result<(), StoreError> {

@@ -189,9 +189,9 @@ pub(super) fn released(reply: Value, shards: usize) -> Result<Vec<bool>, StoreEr
 }
 
 pub(super) fn parse_snapshot(reply: Value, shards: u32) -> Result<Snapshot, StoreError> {
-    let [id, age, members, leases, placement]: [Value; 5] = items(reply)?
+    let [id, age, members, leases, placement, heartbeats]: [Value; 6] = items(reply)?
         .try_into()
-        .map_err(|v: Vec<Value>| bad(format!("snapshot has {} parts, expected 5", v.len())))?;
+        .map_err(|v: Vec<Value>| bad(format!("snapshot has {} parts, expected 6", v.len())))?;
     let mut members = items(members)?
         .iter()
         .map(|m| {
@@ -232,6 +232,7 @@ pub(super) fn parse_snapshot(reply: Value, shards: u32) -> Result<Snapshot, Stor
         members,
         leases,
         placement,
+        heartbeats: uint(&heartbeats)?,
     })
 }
 

@@ -312,3 +312,69 @@ fn a_placement_the_store_lost_is_put_back_unchanged() {
     );
     assert!(stops(&actions).is_empty(), "{actions:?}");
 }
+
+/// A pod of `members` whose last heartbeat was answered with the count [`BEATS`] + 10;
+/// then a poll one interval later, whose snapshot is `snap`: the actions taken on that
+/// answer, and those of the debounce period after it.
+fn after_a_failover_snapshot(
+    members: &[&str],
+    snap: impl Fn(&Reconciler) -> Snapshot,
+) -> (Reconciler, Vec<Action>, Vec<Action>) {
+    let (mut r, t) = serving_pod("a", members);
+    drain(&mut r);
+    r.handle_heartbeat(t, Ok(Checked::Ok(BEATS + 10)));
+    let t = t + cfg().poll_interval;
+    r.handle_timeout(t);
+    assert!(drain(&mut r).contains(&Action::Poll));
+    let snap = snap(&r);
+    r.handle_snapshot(t, Ok(snap));
+    let at_once = drain(&mut r);
+    let later = t + cfg().debounce * 2;
+    r.handle_timeout(later);
+    let mut actions = at_once.clone();
+    actions.extend(drain(&mut r));
+    (r, at_once, actions)
+}
+
+fn heartbeats(actions: &[Action]) -> usize {
+    actions
+        .iter()
+        .filter(|a| matches!(a, Action::Heartbeat { .. }))
+        .count()
+}
+
+#[test]
+fn registrations_a_failover_lost_move_no_shard() {
+    // The promoted replica lacks b's last heartbeats (its registration expired there)
+    // and some of a's: its count is below the one a was answered with.
+    let (r, at_once, actions) = after_a_failover_snapshot(&["a", "b"], |r| Snapshot {
+        heartbeats: BEATS + 7,
+        ..snapshot(r, "g", &["a"], vec![None; 8])
+    });
+    assert_eq!(r.rollbacks(), 1);
+    assert!(places(&actions).is_empty(), "{actions:?}");
+    assert!(stops(&actions).is_empty(), "{actions:?}");
+    assert_eq!(
+        heartbeats(&at_once),
+        1,
+        "a registers again at once: {at_once:?}"
+    );
+    // The same member list from a store that lost nothing: b left, its shards move.
+    let (r, _, actions) = after_a_failover_snapshot(&["a", "b"], |r| Snapshot {
+        heartbeats: BEATS + 10,
+        ..snapshot(r, "g", &["a"], vec![None; 8])
+    });
+    assert_eq!(r.rollbacks(), 0);
+    assert_eq!(places(&actions).len(), 1, "{actions:?}");
+}
+
+#[test]
+fn a_pod_whose_registration_vanished_registers_again_at_once() {
+    // The count did not go back (no proof of a loss), but a is missing from the list.
+    let (r, at_once, _) = after_a_failover_snapshot(&["a", "b"], |r| Snapshot {
+        heartbeats: BEATS + 10,
+        ..snapshot(r, "g", &["b"], vec![None; 8])
+    });
+    assert!(!r.registered());
+    assert_eq!(heartbeats(&at_once), 1, "{at_once:?}");
+}

@@ -18,6 +18,10 @@ fn generation(id: &str, age: Duration) -> GenerationInfo {
     GenerationInfo { id: id.into(), age }
 }
 
+/// The heartbeat count of every test store: it answers heartbeats with it and shows it
+/// in snapshots, so only a test that lowers it makes the store go back.
+const BEATS: u64 = 1;
+
 /// A snapshot of a store whose placement is the one `r` follows (what it wrote last).
 fn snapshot(r: &Reconciler, gen: &str, members: &[&str], leases: Vec<Option<Lease>>) -> Snapshot {
     Snapshot {
@@ -25,6 +29,7 @@ fn snapshot(r: &Reconciler, gen: &str, members: &[&str], leases: Vec<Option<Leas
         members: members.iter().map(|m| member(m)).collect(),
         leases,
         placement: r.placement().cloned(),
+        heartbeats: BEATS,
     }
 }
 
@@ -128,7 +133,7 @@ fn serving_pod(me: &str, members: &[&str]) -> (Reconciler, Instant) {
     r.handle_timeout(t0);
     assert_eq!(drain(&mut r), vec![Action::Poll]);
     r.handle_snapshot(t0, Ok(snapshot(&r, "g", members, vec![None; 8])));
-    r.handle_heartbeat(t0, Ok(Checked::Ok(())));
+    r.handle_heartbeat(t0, Ok(Checked::Ok(BEATS)));
     let t1 = t0 + cfg().debounce;
     r.handle_timeout(t1);
     let actions = settle(&mut r, t1);

@@ -105,6 +105,7 @@ fn a_new_generation_reclaims_held_shards_and_holds_everything_else() {
         members: vec![member("b")],
         leases: vec![None; 8],
         placement: None,
+        heartbeats: 0,
     };
     r.handle_snapshot(t, Ok(snap));
     let actions = drain(&mut r);
@@ -223,6 +224,7 @@ fn a_new_generation_reclaims_suspended_shards() {
         members: vec![],
         leases: vec![None; 8],
         placement: None,
+        heartbeats: 0,
     };
     r.handle_snapshot(past, Ok(snap));
     let actions = drain(&mut r);
