@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use posgate::core::shard::shard_of;
 use posgate::core::{Epoch, PodId, ShardId};
+use posgate::metrics::Exposition;
 use posgate_loadtest::load::unix_ms;
 use posgate_loadtest::pos_sim::DarkInterval;
 
@@ -122,7 +123,7 @@ impl Handovers {
     fn of(gw: &Gateway) -> BTreeMap<PodId, Handovers> {
         let mut pods = BTreeMap::new();
         for pod in &gw.pods {
-            let text = pod.handle.metrics.encode();
+            let text = pod.handle.metrics.encode(Exposition::OpenMetrics);
             let count = |series: &str| scraped(&text, series);
             let counted = Handovers {
                 released: count("posgate_handover_dark_seconds_count"),

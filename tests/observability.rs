@@ -14,7 +14,9 @@
 //!   query;
 //! - a live pod (`Pod::start_with_terminals` against a real `redis-server`, like
 //!   `tests/push_api.rs`) serves every metric the dashboard and the rules use, and its
-//!   scrape passes `promtool check metrics` (when promtool is installed).
+//!   scrape passes `promtool check metrics` (when promtool is installed) in the classic
+//!   text format it gets without asking for OpenMetrics, and Prometheus' `Accept` gets
+//!   OpenMetrics with the same samples.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -389,19 +391,12 @@ fn dashboard_is_valid_json_with_a_query_per_panel() {
     );
 }
 
-/// Metric families in a scrape, by their `# TYPE` lines; OpenMetrics names counter
-/// families without `_total`, the series (and docs/metrics.md) with it.
+/// Metric families in a classic-format scrape, by their `# TYPE` lines (counters named
+/// with `_total`, like their series and docs/metrics.md).
 fn scraped_families(text: &str) -> BTreeSet<String> {
     text.lines()
         .filter_map(|l| l.strip_prefix("# TYPE "))
-        .map(|l| {
-            let (name, kind) = l.split_once(' ').expect("`# TYPE name kind`");
-            if kind.trim() == "counter" {
-                format!("{name}_total")
-            } else {
-                name.to_string()
-            }
-        })
+        .map(|l| l.split_once(' ').expect("`# TYPE name kind`").0.to_string())
         .collect()
 }
 
@@ -476,6 +471,7 @@ async fn live_scrape_has_every_metric_the_dashboard_and_rules_use() {
     );
 
     check_metrics_with_promtool(&text);
+    check_content_negotiation(&http, &base).await;
 
     pod.shutdown();
     tokio::time::timeout(Duration::from_secs(10), pod.wait())
@@ -484,71 +480,56 @@ async fn live_scrape_has_every_metric_the_dashboard_and_rules_use() {
         .expect("pod stops cleanly");
 }
 
-/// `promtool check metrics` on a scrape. promtool (2.42) parses the classic Prometheus
-/// text format, not OpenMetrics: there a counter family is `# TYPE posgate_x counter`
-/// with series `posgate_x_total`, which promtool reads as a second, untyped family
-/// `posgate_x_total` and reports as "no help text". That and only that is accepted on
-/// the raw scrape (for counter families of the scrape); the same scrape rewritten to the
-/// classic format (counter HELP/TYPE names with `_total`, no `# EOF`) must pass clean.
-fn check_metrics_with_promtool(text: &str) {
+/// `promtool check metrics` on a scrape in the classic text format (what `/metrics`
+/// answers a client that does not ask for OpenMetrics): clean, no exception.
+fn check_metrics_with_promtool(classic: &str) {
     let unchecked = "the scrape not checked";
-    let Some(raw) = promtool(&["check", "metrics"], Some(text.as_bytes()), unchecked) else {
+    let Some(out) = promtool(&["check", "metrics"], Some(classic.as_bytes()), unchecked) else {
         return;
     };
-    let counters: BTreeSet<&str> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("# TYPE "))
-        .filter_map(|l| l.strip_suffix(" counter"))
-        .collect();
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&raw.stdout),
-        String::from_utf8_lossy(&raw.stderr)
-    );
-    let problems: Vec<&str> = said.lines().filter(|l| !l.trim().is_empty()).collect();
-    let unexpected: Vec<&&str> = problems
-        .iter()
-        .filter(|p| {
-            !p.strip_suffix("_total no help text")
-                .is_some_and(|name| counters.contains(name))
-        })
-        .collect();
     assert!(
-        unexpected.is_empty(),
-        "promtool check metrics, beyond the OpenMetrics counter naming: {unexpected:?}\n{}",
-        describe(&raw)
-    );
-    if !problems.is_empty() {
-        eprintln!(
-            "[observability] promtool check metrics on the raw OpenMetrics scrape: exit {:?}, \
-             only the OpenMetrics counter naming ({} counters: `<name>_total no help text`)",
-            raw.status.code(),
-            problems.len()
-        );
-    }
-
-    let classic: String = text
-        .lines()
-        .filter(|l| *l != "# EOF")
-        .map(|l| {
-            for prefix in ["# HELP ", "# TYPE "] {
-                if let Some(rest) = l.strip_prefix(prefix) {
-                    let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
-                    if counters.contains(name) {
-                        return format!("{prefix}{name}_total {tail}\n");
-                    }
-                }
-            }
-            format!("{l}\n")
-        })
-        .collect();
-    let out = run_promtool(&["check", "metrics"], Some(classic.as_bytes())).expect("promtool");
-    assert!(
-        out.status.success(),
+        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
         "promtool check metrics (classic text format): {}",
         describe(&out)
     );
-    eprintln!("[observability] promtool check metrics on the scrape in classic text format: ok");
+    eprintln!("[observability] promtool check metrics on the classic scrape: clean");
+}
+
+/// What Prometheus 2.x sends as `Accept` on a scrape.
+const PROMETHEUS_ACCEPT: &str = "application/openmetrics-text;version=1.0.0,\
+    application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+
+/// The same pod scraped as Prometheus does and as curl does: OpenMetrics (counter
+/// families without `_total`, `# EOF` last) and the classic format (counters named like
+/// their samples, no `# EOF`), with the same sample lines.
+async fn check_content_negotiation(http: &api::Http, base: &str) {
+    let (om_type, om) = api::metrics_as(http, base, Some(PROMETHEUS_ACCEPT)).await;
+    let (classic_type, classic) = api::metrics_as(http, base, Some("text/plain")).await;
+    assert!(
+        om_type.starts_with("application/openmetrics-text; version=1.0.0"),
+        "{om_type}"
+    );
+    assert!(
+        classic_type.starts_with("text/plain; version=0.0.4"),
+        "{classic_type}"
+    );
+    assert!(om.ends_with("# EOF\n") && !classic.contains("# EOF"));
+    assert!(om.contains("# TYPE posgate_dials counter\n"), "{om}");
+    assert!(
+        classic.contains("# TYPE posgate_dials_total counter\n"),
+        "{classic}"
+    );
+    // Samples equal, apart from the gauges that moved between the two scrapes.
+    let samples = |text: &str| -> BTreeSet<String> {
+        text.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.split_once(' ').map(|(series, _)| series.to_string()))
+            .collect()
+    };
+    assert_eq!(samples(&om), samples(&classic));
+    eprintln!(
+        "[observability] /metrics: OpenMetrics for Prometheus' Accept, classic for text/plain"
+    );
 }
 
 #[test]

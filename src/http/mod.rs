@@ -44,7 +44,7 @@ use tokio::sync::watch;
 use self::head_errors::JsonHeadErrorsListener;
 use crate::api;
 use crate::credentials::Credentials;
-use crate::metrics::Metrics;
+use crate::metrics::{Exposition, Metrics};
 use crate::peer::{wire, PeerClient, PeerReceiver, MAX_INTERNAL_BODY};
 use crate::push::answer::{Answer, ErrorCode};
 use crate::push::PushService;
@@ -230,15 +230,17 @@ async fn read_limited(
     Ok(out.freeze())
 }
 
-/// Prometheus scrape: OpenMetrics text. No token: metrics carry no tenant data.
-async fn metrics(State(state): State<Arc<HttpState>>) -> Response {
-    let text = state.metrics.encode();
+/// Prometheus scrape: OpenMetrics text when the scraper asks for it, the classic text
+/// format otherwise ([`Exposition::negotiate`]). No token: metrics carry no tenant data.
+async fn metrics(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Response {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let format = Exposition::negotiate(accept);
     (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        text,
+        [
+            (header::CONTENT_TYPE, format.content_type()),
+            (header::VARY, "accept"),
+        ],
+        state.metrics.encode(format),
     )
         .into_response()
 }

@@ -1,6 +1,7 @@
 //! The pod's Prometheus metrics: one [`Metrics`] value per pod (no process-global
-//! registry, so one process can run many pods), shared by `Arc`, served as OpenMetrics
-//! text on `GET /metrics`. Every name, type and label is listed in `docs/metrics.md`.
+//! registry, so one process can run many pods), shared by `Arc`, served on
+//! `GET /metrics` as OpenMetrics or classic Prometheus text, whichever the scraper asks
+//! for ([`Exposition`]). Every name, type and label is listed in `docs/metrics.md`.
 //!
 //! Counters and histograms are bumped where things happen (driver store calls, dials,
 //! pushes); gauges that describe state (shards, terminals by state, queue depth) are
@@ -10,9 +11,11 @@
 //!
 //! Not for: deciding anything. Nothing reads these values back except `/metrics`.
 
+mod exposition;
 mod known_series;
 pub mod sampler;
 
+pub use self::exposition::Exposition;
 pub use self::known_series::{PEER_REFUSAL_REASONS, SUSPENDED_DELIVERY};
 
 use std::sync::atomic::AtomicU64;
@@ -377,12 +380,15 @@ impl Metrics {
         r.register("posgate_http_connections_closed", "Client connections the listener closed itself, by reason (timeout: no first request head within --header-read-timeout, or no request for --idle-timeout; evicted: the oldest waiting without a request, to make room at --max-connections; refused: at --max-connections with every connection in a request)", self.http_connections_closed.clone());
     }
 
-    /// The OpenMetrics text of every metric.
-    pub fn encode(&self) -> String {
+    /// Every metric, as text in `format`.
+    pub fn encode(&self, format: Exposition) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
         encode(&mut out, &self.registry).expect("encoding into a String");
-        out
+        match format {
+            Exposition::OpenMetrics => out,
+            Exposition::Classic => exposition::classic(&out),
+        }
     }
 
     /// Records one store call.
@@ -414,7 +420,7 @@ mod tests {
         m.lease_outcome("renew", "renewed", 4);
         m.dials.get_or_create(&[("result", "ok")]).inc();
         m.shard_served.get_or_create(&[("shard", 7)]).set(1);
-        let text = m.encode();
+        let text = m.encode(Exposition::OpenMetrics);
         assert!(
             text.contains("posgate_store_errors_total{op=\"renew\"} 1"),
             "{text}"

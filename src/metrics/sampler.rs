@@ -139,6 +139,7 @@ mod tests {
     use super::*;
     use crate::core::reconciler::Outage;
     use crate::core::PodId;
+    use crate::metrics::Exposition;
     use crate::serving::TerminalCounts;
     use crate::status::{ShardStatus, StoreStatus};
 
@@ -210,7 +211,7 @@ mod tests {
             &fake,
             t0 + Duration::from_secs(4),
         );
-        let text = m.encode();
+        let text = m.encode(Exposition::OpenMetrics);
         assert!(text.contains("posgate_rebalances_total 1"), "{text}");
         assert!(
             text.contains("posgate_rebalance_duration_seconds_count 1"),
@@ -233,7 +234,7 @@ mod tests {
         let mut sampler = Sampler::default();
         let t0 = Instant::now();
         sampler.sample(&m, &status(&me, &[0, 1, 2], &[0, 1, 2]), &fake, t0);
-        let text = m.encode();
+        let text = m.encode(Exposition::OpenMetrics);
         assert!(
             text.contains("posgate_store_verdict{verdict=\"reachable\"} 1"),
             "{text}"
@@ -256,7 +257,7 @@ mod tests {
             s.suspended = true;
         }
         sampler.sample(&m, &outage, &fake, t0 + Duration::from_millis(12_500));
-        let text = m.encode();
+        let text = m.encode(Exposition::OpenMetrics);
         for line in [
             "posgate_store_reachable 0",
             "posgate_store_unreachable_seconds 12.5",

@@ -6,7 +6,7 @@
 //! time limit: [`super::binary::request`]).
 
 use bytes::Bytes;
-use http::{HeaderMap, Request, StatusCode};
+use http::{header, HeaderMap, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -41,19 +41,33 @@ pub async fn get(http: &Http, url: &str, token: Option<&str>) -> (StatusCode, Va
     (status, body)
 }
 
-/// The `/metrics` text of the pod at `base` (`http://host:port`); panics unless it is
-/// served with 200.
+/// The `/metrics` text of the pod at `base` (`http://host:port`), asked for without an
+/// `Accept` header (the classic text format); panics unless it is served with 200.
 pub async fn metrics(http: &Http, base: &str) -> String {
-    let request = Request::get(format!("{base}/metrics"))
-        .body(Full::new(Bytes::new()))
-        .unwrap();
+    metrics_as(http, base, None).await.1
+}
+
+/// The `/metrics` answer of the pod at `base` to `accept`: its `Content-Type` and text;
+/// panics unless it is served with 200.
+pub async fn metrics_as(http: &Http, base: &str, accept: Option<&str>) -> (String, String) {
+    let mut request = Request::get(format!("{base}/metrics"));
+    if let Some(accept) = accept {
+        request = request.header(header::ACCEPT, accept);
+    }
     let response = http
-        .request(request)
+        .request(request.body(Full::new(Bytes::new())).unwrap())
         .await
         .expect("the pod answers /metrics");
     assert_eq!(response.status(), StatusCode::OK);
+    let content_type = response.headers()[header::CONTENT_TYPE]
+        .to_str()
+        .expect("an ASCII content type")
+        .to_string();
     let body = response.into_body().collect().await.unwrap().to_bytes();
-    String::from_utf8(body.to_vec()).expect("a UTF-8 scrape")
+    (
+        content_type,
+        String::from_utf8(body.to_vec()).expect("a UTF-8 scrape"),
+    )
 }
 
 /// The value of `series` (its name and labels exactly as scraped, e.g.

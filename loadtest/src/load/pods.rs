@@ -236,7 +236,7 @@ impl PodProc {
         self.proc.signal(sig).await
     }
 
-    /// This pod's `/metrics` (OpenMetrics text).
+    /// This pod's `/metrics` (the classic text format: no `Accept` is sent).
     pub async fn metrics(&self, client: &HttpClient) -> Result<String, LoadError> {
         let url = format!("{}/metrics", self.url);
         http::get_text(client, &url, Duration::from_secs(1)).await

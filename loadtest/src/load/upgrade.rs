@@ -95,7 +95,7 @@ pub struct PeerCounters {
 }
 
 impl PeerCounters {
-    /// Reads the two counters from OpenMetrics text.
+    /// Reads the two counters from a scrape (either text format: only samples are read).
     pub fn parse(text: &str) -> Self {
         let mut c = PeerCounters::default();
         for line in text.lines().filter(|l| !l.starts_with('#')) {
