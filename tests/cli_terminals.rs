@@ -1,7 +1,8 @@
-//! `posgate terminals import|remove|count` run as a binary against a real
+//! `posgate terminals import|export|remove|count` run as a binary against a real
 //! `redis-server`: a good file is imported, a file with bad lines imports nothing and
-//! names each bad line, `--replace` removes what the file lacks, and a Redis that is down
-//! or a cluster with other settings is a clear error.
+//! names each bad line, `--replace` removes what the file lacks, an export imports back
+//! unchanged (a tampered entry is exported as stored and named), and a Redis that is
+//! down or a cluster with other settings is a clear error.
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -192,4 +193,78 @@ fn redis_down_and_other_settings_are_clear_errors() {
     assert_eq!(out.status.code(), Some(2));
     let out = terminals(&url, &["remove"]);
     assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn an_export_imports_back_unchanged() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(dir.path(), "good.csv", &good_csv(1_500));
+    ok(&url, &["import", file.to_str().unwrap()]);
+
+    let out = terminals(&url, &["export"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stderr),
+        "exported 1500 terminals from 64 shards\n"
+    );
+    let exported = text(&out.stdout);
+    let lines: Vec<&str> = exported.lines().collect();
+    assert_eq!(lines.len(), 1_501);
+    assert_eq!(lines[0], "id,addr,server_name");
+    // Sorted by id, every server name written out (imported empty: the host).
+    assert!(lines[1..].windows(2).all(|w| w[0] < w[1]));
+    assert_eq!(lines[1], "pos-0000,10.0.0.0:443,10.0.0.0");
+    assert_eq!(lines[2], "pos-0001,pos-1.shop.example:8443,pos-1.example");
+
+    // Into the same directory it changes nothing; into an empty one it makes the same.
+    let back = write(dir.path(), "export.csv", &exported);
+    let out = ok(&url, &["import", "--replace", back.to_str().unwrap()]);
+    assert!(out.contains("(0 added, 0 updated, 0 removed)"), "{out}");
+    let other = RedisServer::start();
+    ok(&other.url(), &["import", back.to_str().unwrap()]);
+    let again = write(dir.path(), "again.csv", "");
+    let out = ok(
+        &other.url(),
+        &["export", "--output", again.to_str().unwrap()],
+    );
+    assert_eq!(
+        out,
+        format!(
+            "exported 1500 terminals from 64 shards to {}\n",
+            again.display()
+        )
+    );
+    assert_eq!(std::fs::read_to_string(&again).unwrap(), exported);
+    let leftovers = std::fs::read_dir(dir.path()).unwrap().count();
+    assert_eq!(leftovers, 3, "no temporary file left beside the export");
+
+    // An entry edited behind posgate's back is exported as stored and named; the
+    // command fails, and an import of the file refuses exactly that line.
+    let shard = posgate::core::shard::shard_of("pos-0002", 64);
+    let key = format!("posgate:{{default}}:terminals:{shard}");
+    let bad = r#"{"addr":"10.0.0.2","server_name":"x,y"}"#;
+    assert_eq!(redis.command(&["HSET", &key, "pos-0002", bad]), ":0");
+    let out = terminals(&url, &["export"]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("invalid stored terminal \"pos-0002\": ")
+            && stderr.contains("1 stored terminal(s) are not valid"),
+        "{stderr}"
+    );
+    let exported = text(&out.stdout);
+    assert!(
+        exported.contains("\npos-0002,10.0.0.2,\"x,y\"\n"),
+        "{exported}"
+    );
+    let file = write(dir.path(), "tampered.csv", &exported);
+    let out = terminals(&url, &["import", file.to_str().unwrap()]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(":4: ") && stderr.contains("1 invalid line(s)"),
+        "{stderr}"
+    );
 }

@@ -1,5 +1,6 @@
 //! `posgate terminals import`'s CSV: never a panic; an accepted file holds valid, unique
-//! terminal ids; every error names a line of the file and shows a bounded piece of it.
+//! terminal ids, and `export`'s writing of them reads back as the same terminals; every
+//! error names a line of the file and shows a bounded piece of it.
 #![no_main]
 
 use std::collections::HashSet;
@@ -17,6 +18,8 @@ fuzz_target!(|data: &[u8]| {
                 assert!(valid_terminal_id(&t.id), "{:?}", t.id);
                 assert!(seen.insert(t.id.clone()), "duplicate {:?}", t.id);
             }
+            let written = csv::write(&terminals);
+            assert_eq!(csv::parse(&written).as_ref(), Ok(&terminals), "{written}");
         }
         Err(errors) => {
             let lines = text.lines().count().max(1);

@@ -1,5 +1,5 @@
-//! [`TerminalsArgs`]: the flags of `posgate terminals` (`import`, `remove`, `count`),
-//! which edit the terminal directory in Redis.
+//! [`TerminalsArgs`]: the flags of `posgate terminals` (`import`, `export`, `remove`,
+//! `count`), which edit and read the terminal directory in Redis.
 //!
 //! The store flags are those of `posgate serve`, with the same environment variables
 //! (`POSGATE_REDIS_URL`, `POSGATE_REDIS_PASSWORD[_FILE]`, `POSGATE_REDIS_CA_FILE`,
@@ -58,6 +58,13 @@ pub enum TerminalsCommand {
     },
     /// Print the number of terminals in the directory
     Count,
+    /// Write every terminal as CSV (the import format, sorted by id) to stdout, or to
+    /// FILE (written whole, then renamed into place); `import` reads it back unchanged
+    Export {
+        /// Write to this file instead of stdout
+        #[arg(long, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
 }
 
 impl TerminalsArgs {
@@ -109,6 +116,8 @@ fn parse_id(s: &str) -> Result<String, String> {
 mod tests {
     use clap::Parser;
 
+    use std::path::Path;
+
     use super::*;
     use crate::config::REDIS_PASSWORD_ENV;
 
@@ -144,6 +153,14 @@ mod tests {
         assert!(parse(&["remove"]).is_err());
         assert!(parse(&["remove", "bad id"]).is_err());
         assert!(parse(&["count"]).is_ok());
+        let a = parse(&["export", "--output", "all.csv"]).unwrap();
+        assert!(
+            matches!(a.command, TerminalsCommand::Export { output: Some(ref f) } if f == Path::new("all.csv"))
+        );
+        assert!(matches!(
+            parse(&["export"]).unwrap().command,
+            TerminalsCommand::Export { output: None }
+        ));
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! `posgate terminals`: imports, removes and counts the terminals of the directory in
-//! Redis, for operators and scripts (one summary line on stdout).
+//! `posgate terminals`: imports, exports, removes and counts the terminals of the
+//! directory in Redis, for operators and scripts (one summary line on stdout; an export
+//! to stdout prints its summary on stderr).
 //!
 //! Not for: the flags (`posgate::config::terminals_args`), the CSV format
 //! (`posgate::store::directory::csv`) or how the writes are chunked (the store).
@@ -38,8 +39,10 @@ pub fn main(args: TerminalsArgs) -> ExitCode {
         Err(code) => return code,
     };
     match runtime.block_on(run_terminals(&args, settings, import)) {
-        Ok(summary) => {
-            println!("{summary}");
+        Ok(Report { stdout, stderr }) => {
+            // A closed stdout (`| head`) is no reason to panic.
+            let _ = std::io::Write::write_all(&mut std::io::stdout(), stdout.as_bytes());
+            eprint!("{stderr}");
             ExitCode::SUCCESS
         }
         Err(err) => {
@@ -75,13 +78,28 @@ fn read_import(
     })
 }
 
+/// What a command prints.
+struct Report {
+    stdout: String,
+    stderr: String,
+}
+
+impl Report {
+    fn line(summary: String) -> Report {
+        Report {
+            stdout: summary + "\n",
+            stderr: String::new(),
+        }
+    }
+}
+
 /// Connects (eagerly: fails at once if Redis is down), checks the cluster metadata and
-/// runs the action; returns the line to print.
+/// runs the action; returns what to print.
 async fn run_terminals(
     args: &TerminalsArgs,
     settings: StoreSettings,
     import: Vec<posgate::store::directory::Terminal>,
-) -> anyhow::Result<String> {
+) -> anyhow::Result<Report> {
     use posgate::store::directory::DirectoryAdmin;
     use posgate::store::{ClusterMeta, CoordStore};
 
@@ -90,6 +108,7 @@ async fn run_terminals(
     let shards = args.shards;
     store.pin_meta(&ClusterMeta::current(shards)).await?;
     Ok(match &args.command {
+        TerminalsCommand::Export { output } => export(&store, shards, output.as_deref()).await?,
         TerminalsCommand::Import { replace, .. } => {
             let done = if *replace {
                 store.replace_all(shards, &import).await
@@ -101,24 +120,93 @@ async fn run_terminals(
                 .iter()
                 .map(|t| posgate::core::shard::shard_of(&t.id, shards))
                 .collect();
-            format!(
+            Report::line(format!(
                 "imported {} terminals ({} added, {} updated, {} removed) into {} shards",
                 import.len(),
                 done.added,
                 done.updated,
                 done.removed,
                 into.len()
-            )
+            ))
         }
         TerminalsCommand::Remove { ids } => {
             let done = store.remove(shards, ids).await?;
-            format!(
+            Report::line(format!(
                 "removed {} terminals ({} not found) from {} shards",
                 done.removed,
                 done.unchanged,
                 done.changed_shards.len()
-            )
+            ))
         }
-        TerminalsCommand::Count => store.count(shards).await?.to_string(),
+        TerminalsCommand::Count => Report::line(store.count(shards).await?.to_string()),
+    })
+}
+
+/// Reads every shard of the directory (one shard at a time: an import running meanwhile
+/// may be seen in part) and writes the import file of all its terminals, sorted by id,
+/// to `output` (a temporary file renamed into place, so a failed export leaves no half
+/// file) or stdout. A stored terminal that is not valid (the directory was edited behind
+/// posgate's back) is written as stored and named on stderr, and the command fails: an
+/// import of the file would refuse that line.
+async fn export(
+    store: &RedisStore,
+    shards: u32,
+    output: Option<&std::path::Path>,
+) -> anyhow::Result<Report> {
+    use posgate::store::directory::{csv, Directory, Shown};
+
+    let mut all = Vec::new();
+    for shard in 0..shards {
+        all.extend(store.terminals(shard).await?);
+    }
+    all.sort_by(|a, b| a.id.cmp(&b.id));
+    let invalid: Vec<String> = all
+        .iter()
+        .filter_map(|t| {
+            t.validate()
+                .err()
+                .map(|e| format!("{}: {e}", Shown::new(&t.id)))
+        })
+        .collect();
+    let text = csv::write(&all);
+    let summary = format!("exported {} terminals from {shards} shards", all.len());
+    let report = match output {
+        None => Report {
+            stdout: text,
+            stderr: summary + "\n",
+        },
+        Some(file) => {
+            write_whole(file, &text)?;
+            Report::line(format!("{summary} to {}", file.display()))
+        }
+    };
+    if invalid.is_empty() {
+        return Ok(report);
+    }
+    // The file is out; say what an import of it would refuse.
+    let _ = std::io::Write::write_all(&mut std::io::stdout(), report.stdout.as_bytes());
+    for line in &invalid {
+        eprintln!("invalid stored terminal {line}");
+    }
+    anyhow::bail!(
+        "{} stored terminal(s) are not valid; they are in the export as stored, and an \
+         import of it refuses their lines",
+        invalid.len()
+    )
+}
+
+/// Writes `text` to `file` through a temporary file in the same directory, renamed
+/// into place once complete.
+fn write_whole(file: &std::path::Path, text: &str) -> anyhow::Result<()> {
+    let name = file
+        .file_name()
+        .with_context(|| format!("{} names no file", file.display()))?;
+    let mut temp = name.to_owned();
+    temp.push(format!(".{}.tmp", std::process::id()));
+    let temp = file.with_file_name(temp);
+    std::fs::write(&temp, text).with_context(|| format!("cannot write {}", temp.display()))?;
+    std::fs::rename(&temp, file).with_context(|| {
+        let _ = std::fs::remove_file(&temp);
+        format!("cannot move {} to {}", temp.display(), file.display())
     })
 }

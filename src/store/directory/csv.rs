@@ -1,6 +1,7 @@
-//! The import file of `posgate terminals import`: CSV with the exact header
+//! The file of `posgate terminals import` and `export`: CSV with the exact header
 //! `id,addr,server_name`, one terminal per line, `server_name` possibly empty (it then
-//! defaults to the host of `addr`).
+//! defaults to the host of `addr`). [`write`] produces what [`parse`] reads back
+//! unchanged.
 //!
 //! Every line is checked before anything is imported: [`parse`] returns either all
 //! terminals or every bad line with its 1-based line number (the header is line 1).
@@ -9,7 +10,7 @@
 //! accepted. Valid values never contain commas, quotes or line breaks, so a field
 //! spanning lines is an error.
 //!
-//! What it does not do: read the file or talk to a store.
+//! What it does not do: read or write the file, or talk to a store.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -84,6 +85,39 @@ fn fields(line: &str) -> Result<Vec<String>, String> {
     }
 }
 
+/// `terminals` as an import file: the header, then one line per terminal in the order
+/// given, every field written out (an explicit `server_name`). A field that would not
+/// read back as itself (a comma, a quote, a line break, surrounding spaces: only a
+/// directory edited behind posgate's back has one) is quoted, with a line break written
+/// as `\n` or `\r` (files have one line per terminal), so the file stays well formed and
+/// `import` names that line instead of misreading the next ones.
+pub fn write(terminals: &[Terminal]) -> String {
+    let mut out = String::with_capacity(HEADER.len() + 1 + terminals.len() * 64);
+    out.push_str(HEADER);
+    out.push('\n');
+    for t in terminals {
+        for (i, value) in [&t.id, &t.addr, &t.server_name].into_iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            let plain = !value.contains([',', '"', '\n', '\r']) && value.trim() == value;
+            if plain {
+                out.push_str(value);
+            } else {
+                out.push('"');
+                let escaped = value
+                    .replace('"', "\"\"")
+                    .replace('\n', "\\n")
+                    .replace('\r', "\\r");
+                out.push_str(&escaped);
+                out.push('"');
+            }
+        }
+        out.push('\n');
+    }
+    out
+}
+
 /// Every terminal of `text`, or every bad line (sorted by line). Duplicate ids are bad
 /// lines (the later ones, naming the first).
 pub fn parse(text: &str) -> Result<Vec<Terminal>, Vec<LineError>> {
@@ -151,6 +185,31 @@ pub fn parse(text: &str) -> Result<Vec<Terminal>, Vec<LineError>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_written_file_reads_back_unchanged() {
+        let text = "id,addr,server_name\n\
+                    pos-1,10.0.0.1:443,\n\
+                    pos-2,[::1]:8443,pos-2.example\n";
+        let terminals = parse(text).unwrap();
+        let written = write(&terminals);
+        assert_eq!(
+            written,
+            "id,addr,server_name\npos-1,10.0.0.1:443,10.0.0.1\npos-2,[::1]:8443,pos-2.example\n"
+        );
+        assert_eq!(parse(&written).unwrap(), terminals);
+        // A value no valid terminal has (edited in Redis by hand) keeps the file's shape:
+        // the line is refused on import, the others read as they were.
+        let odd = Terminal {
+            id: "odd".into(),
+            addr: "h:1, \"x\"\nid".into(),
+            server_name: " h".into(),
+        };
+        let written = write(&[terminals[0].clone(), odd, terminals[1].clone()]);
+        let errors = parse(&written).unwrap_err();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].line, 3);
+    }
 
     #[test]
     fn good_file() {
