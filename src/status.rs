@@ -29,6 +29,8 @@ pub struct PodStatus {
     pub recovery_hold: Option<Instant>,
     /// Live members from the last poll, sorted by pod id.
     pub members: Vec<Member>,
+    /// The placement this pod follows; `None` before it follows one.
+    pub placement: Option<PlacementStatus>,
     /// One entry per shard, index = shard.
     pub shards: Vec<ShardStatus>,
 }
@@ -87,6 +89,14 @@ impl StoreStatus {
             StoreStatus::Untried | StoreStatus::Reachable => Duration::ZERO,
         }
     }
+}
+
+/// The placement a pod follows: its version, and when the pod learned it (the last
+/// placement change it saw, local monotonic time).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlacementStatus {
+    pub version: u64,
+    pub since: Instant,
 }
 
 /// One shard as this pod sees it.

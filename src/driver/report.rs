@@ -13,7 +13,7 @@ use tracing::{info, warn};
 use crate::core::reconciler::{Outage, Reconciler, ShardState};
 use crate::core::ring::Assignment;
 use crate::core::{PodId, ShardId};
-use crate::status::{PodStatus, ShardStatus, StoreStatus};
+use crate::status::{PlacementStatus, PodStatus, ShardStatus, StoreStatus};
 
 /// The status of the pod behind `rec` at `now`.
 pub(super) fn pod_status(rec: &Reconciler, now: Instant) -> PodStatus {
@@ -37,6 +37,13 @@ pub(super) fn pod_status(rec: &Reconciler, now: Instant) -> PodStatus {
         store: store_status(rec),
         recovery_hold: rec.hold_until(now),
         members: rec.members().to_vec(),
+        placement: rec
+            .placement()
+            .zip(rec.placement_since())
+            .map(|(p, since)| PlacementStatus {
+                version: p.version,
+                since,
+            }),
         shards,
     }
 }

@@ -32,6 +32,8 @@ const PEER_COUNTS_TIMEOUT: Duration = Duration::from_millis(500);
 struct ClusterView<'a> {
     pod: Option<&'a PodId>,
     store: StoreView,
+    /// The placement the answering pod follows; `null` before it follows one.
+    placement: Option<PlacementView>,
     members: Vec<MemberView<'a>>,
     shards: Vec<ShardView<'a>>,
 }
@@ -46,6 +48,14 @@ struct StoreView {
     /// How much longer the recovery hold lasts (no ownership changes but re-claims);
     /// `null` when there is none.
     recovery_hold_ms: Option<u64>,
+}
+
+#[derive(Serialize)]
+struct PlacementView {
+    version: u64,
+    /// How long ago the answering pod learned this version (the last placement change
+    /// it saw).
+    changed_ms_ago: u64,
 }
 
 #[derive(Serialize)]
@@ -115,6 +125,10 @@ pub(super) async fn cluster(
                 .recovery_hold
                 .map(|until| until.saturating_duration_since(now()).as_millis() as u64),
         },
+        placement: status.placement.map(|p| PlacementView {
+            version: p.version,
+            changed_ms_ago: now().saturating_duration_since(p.since).as_millis() as u64,
+        }),
         members: status
             .members
             .iter()

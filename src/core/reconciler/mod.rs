@@ -465,6 +465,12 @@ impl Reconciler {
     pub fn holding(&self, now: Instant) -> bool {
         self.hold_until(now).is_some()
     }
+    /// When this pod learned the placement version it follows (the last placement
+    /// change it saw); `None` before it follows one.
+    pub fn placement_since(&self) -> Option<Instant> {
+        self.witness.placement_since()
+    }
+
     /// When the recovery hold in force at `now` ends, if one is.
     pub fn hold_until(&self, now: Instant) -> Option<Instant> {
         self.hold_until.filter(|&t| now < t)

@@ -36,6 +36,11 @@ impl Witness {
         self.placement = Some(now);
     }
 
+    /// When the answer that made the pod follow its current placement version arrived.
+    pub fn placement_since(&self) -> Option<Instant> {
+        self.placement
+    }
+
     /// Whether a snapshot sent at `sent` that shows an older placement version than the
     /// followed one proves the store lost it.
     pub fn proves_placement_lost(&self, sent: Option<Instant>) -> bool {
