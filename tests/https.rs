@@ -42,6 +42,8 @@ use crate::support::wait::{wait_for, wait_for_async};
 /// How long a pod may take to listen, serve or present a new certificate.
 const LIMIT: Duration = Duration::from_secs(30);
 const TOKEN: &str = "https-test-token-0123456789";
+/// The operator token of the test pods (`posgate status`).
+const OPERATOR: &str = "https-test-operator-0123456789";
 
 /// A client config trusting the CA files `cas`, offering `alpn`. It never resumes a
 /// session: a resumed session shows the certificate of its first handshake, and the
@@ -150,7 +152,8 @@ async fn answer(response: http::Response<hyper::body::Incoming>) -> (StatusCode,
 /// verifying peers against `peer_ca`.
 fn tls_config(name: &str, addr: SocketAddr, pki: &TestPki, peer_ca: &Path) -> PodConfig {
     let mut config = pod::config(name, &format!("https://{addr}"));
-    config.api_tokens = Some(ApiTokens::from_env_value(&format!("acme:{TOKEN}")).unwrap());
+    let tokens = format!("acme:{TOKEN},operator:{OPERATOR}");
+    config.api_tokens = Some(ApiTokens::from_env_value(&tokens).unwrap());
     config.tls = Some(ServerTlsFiles {
         cert_file: pki.path("server"),
         key_file: pki.path("server-key"),
@@ -247,6 +250,32 @@ async fn pushes_over_https_reach_owners_through_https_peers() {
     let other = TestPki::generate();
     let stranger = client_tls(&[&other.path("ca")], &[b"h2"]);
     assert!(tls_connect(pods[0].1, stranger).await.is_err());
+
+    // `posgate status` verifies the pod against --ca-file, and refuses one it cannot.
+    let url = format!("https://{}", pods[0].1);
+    let status = |ca: std::path::PathBuf| {
+        let url = url.clone();
+        tokio::task::spawn_blocking(move || {
+            let ca = ca.to_str().unwrap().to_string();
+            let args = ["status", "--url", &url, "--ca-file", &ca];
+            crate::support::binary::posgate(&args, &[("POSGATE_OPERATOR_TOKEN", OPERATOR)])
+        })
+    };
+    let out = status(pki.path("ca")).await.unwrap();
+    let drawn = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{drawn}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        drawn.contains("\n2 members                    64       64         40\n"),
+        "{drawn}"
+    );
+    let out = status(other.path("ca")).await.unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("request failed"), "{said}");
 }
 
 /// Pods sharing one certificate (a Secret) that names neither of their addresses:

@@ -27,6 +27,7 @@ mod push_args;
 mod redis_args;
 mod secrets;
 mod serve_args;
+pub mod status_args;
 pub mod terminals_args;
 #[cfg(test)]
 mod tests;

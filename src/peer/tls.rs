@@ -107,15 +107,16 @@ pub fn client_config(ca_file: Option<&Path>) -> Result<Arc<ClientConfig>, TlsCon
     Ok(Arc::new(config))
 }
 
-/// Connects to `http://` peers in plain TCP and to `https://` peers with TLS.
+/// Connects to `http://` peers in plain TCP and to `https://` peers with TLS (also what
+/// `posgate status` reaches a pod with).
 #[derive(Clone, Debug)]
-pub(crate) struct PeerConnector {
+pub struct PeerConnector {
     http: HttpConnector,
     tls: PeerTls,
 }
 
 impl PeerConnector {
-    pub(crate) fn new(mut http: HttpConnector, tls: PeerTls) -> Self {
+    pub fn new(mut http: HttpConnector, tls: PeerTls) -> Self {
         // The TLS layer is ours; the TCP connector must accept `https://` URIs too.
         http.enforce_http(false);
         PeerConnector { http, tls }
@@ -159,7 +160,7 @@ impl tower_service::Service<Uri> for PeerConnector {
 }
 
 /// One connection to a peer, plain or TLS.
-pub(crate) enum PeerStream {
+pub enum PeerStream {
     Plain(TokioIo<TcpStream>),
     // Boxed: a TLS stream is a few hundred bytes larger than a TCP one.
     Tls(Box<TokioIo<TlsStream<TcpStream>>>),

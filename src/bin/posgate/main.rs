@@ -18,6 +18,7 @@ mod demo;
 mod ring_report;
 mod serve;
 mod simulate;
+mod status;
 mod terminals;
 
 use std::process::ExitCode;
@@ -27,6 +28,7 @@ use crate::ring_report::RingReportArgs;
 use crate::simulate::SimulateArgs;
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{Parser, Subcommand};
+use posgate::config::status_args::StatusArgs;
 use posgate::config::terminals_args::TerminalsArgs;
 use posgate::config::{LogFormat, ServeArgs};
 use tracing_subscriber::EnvFilter;
@@ -56,8 +58,10 @@ enum Command {
     RingReport(RingReportArgs),
     /// Run the deterministic cluster simulation over many seeds, or replay one.
     Simulate(SimulateArgs),
-    /// Edit the terminal directory in Redis: import a CSV file, remove, count.
+    /// Edit the terminal directory in Redis: import a CSV file, export, remove, count.
     Terminals(TerminalsArgs),
+    /// Show the cluster as one pod sees it (needs an operator token).
+    Status(StatusArgs),
     /// Run a whole cluster in this process: pods, simulated terminals, push traffic.
     Demo(DemoArgs),
 }
@@ -87,6 +91,7 @@ fn main() -> ExitCode {
         }
         Command::Simulate(args) => simulate::main(&args),
         Command::Terminals(args) => terminals::main(args),
+        Command::Status(args) => status::main(args),
         Command::Demo(args) => demo::main(args),
     }
 }
