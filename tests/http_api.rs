@@ -23,7 +23,7 @@ use posgate::peer::wire::STORE_REACHABLE_ROUTE;
 use posgate::peer::{
     PeerAnswer, PeerClient, PeerError, PeerTarget, MAX_INTERNAL_BODY, PEER_PROTOCOL,
 };
-use posgate::status::{PodStatus, ShardStatus, StoreStatus};
+use posgate::status::{PlacementStatus, PodStatus, ShardStatus, StoreStatus};
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 
@@ -166,7 +166,12 @@ async fn cluster_view_shape() {
         peer_protocol: 2,
         handover: 0,
     };
+    let learned = Instant::now() - Duration::from_millis(1500);
     server.status.send_replace(PodStatus {
+        placement: Some(PlacementStatus {
+            version: 3,
+            since: learned,
+        }),
         members: vec![
             member("pod-a", "http://a:8080"),
             member("pod-b", "http://b:8080"),
@@ -193,16 +198,26 @@ async fn cluster_view_shape() {
     });
     let (code, body) = get(&format!("{}/v1/cluster", server.base)).await;
     assert_eq!(code, StatusCode::OK);
+    let mut body: Value = serde_json::from_str(&body).unwrap();
+    let ago = body["placement"]["changed_ms_ago"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no placement age: {body}"));
+    assert!(
+        (1500..=learned.elapsed().as_millis() as u64).contains(&ago),
+        "{ago}"
+    );
+    body["placement"]["changed_ms_ago"] = json!(1500);
     let expected = json!({
         "pod": "pod-a",
         "store": {"verdict": "reachable", "unreachable_ms": null, "recovery_hold_ms": null},
+        "placement": {"version": 3, "changed_ms_ago": 1500},
         "members": [{"pod": "pod-a", "url": "http://a:8080"}, {"pod": "pod-b", "url": "http://b:8080"}],
         "shards": [
             {"shard": 0, "assigned": "pod-a", "owner": "pod-a", "epoch": 7, "serving": true, "suspended": false, "terminals_connected": null},
             {"shard": 1, "assigned": "pod-b", "owner": null, "epoch": null, "serving": false, "suspended": true, "terminals_connected": null},
         ],
     });
-    assert_eq!(serde_json::from_str::<Value>(&body).unwrap(), expected);
+    assert_eq!(body, expected);
     server.stop().await;
 }
 
