@@ -12,6 +12,7 @@ mod cli;
 mod cli_status;
 mod cli_terminals;
 mod cluster_redis;
+mod conformance;
 mod dark_time;
 mod demo;
 mod directory;

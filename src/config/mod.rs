@@ -21,6 +21,7 @@
 //! What this module does not do: logging setup or connecting (that is the binary,
 //! `src/bin/posgate/`), or the timing rules themselves ([`CoreConfig::validate`]).
 
+pub mod conformance_args;
 mod connection_args;
 mod pos_args;
 mod push_args;

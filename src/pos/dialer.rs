@@ -149,10 +149,11 @@ impl Dialer {
         }
     }
 
-    /// Everything before the hello: TCP, TLS, ALPN check, HTTP/2 handshake. Dropping
-    /// the future at any await leaves no connection behind: the connection task is
-    /// spawned only right before returning the session.
-    async fn connect(&self, terminal: &Terminal) -> Result<Session, DialError> {
+    /// Everything before the hello: TCP, TLS, ALPN check, HTTP/2 handshake (the
+    /// conformance kit sends its own hellos on it). Dropping the future at any await
+    /// leaves no connection behind: the connection task is spawned only right before
+    /// returning the session.
+    pub async fn connect(&self, terminal: &Terminal) -> Result<Session, DialError> {
         let name = ServerName::try_from(terminal.server_name.clone()).map_err(|e| {
             DialError::BadTerminal(format!("server name {:?}: {e}", terminal.server_name))
         })?;

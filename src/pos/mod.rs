@@ -5,6 +5,7 @@
 //! terminal directory (who to dial) is `crate::store::directory`.
 
 pub mod backoff;
+pub mod conformance;
 pub mod dialer;
 pub mod handover;
 mod link;

@@ -292,6 +292,9 @@ fn hello(ctx: &ConnCtx, headers: &HeaderMap) -> Response<Full<Bytes>> {
     debug!(terminal = %ctx.id, conn = ctx.conn, epoch, pod = header(headers, H_POD), ?outcome, "hello");
     match outcome {
         HelloOutcome::Accepted { .. } => respond(StatusCode::OK, "hello\n"),
+        HelloOutcome::Stale { .. } if s.faults().accept_stale_epochs => {
+            respond(StatusCode::OK, "hello (stale, accepted: fault)\n")
+        }
         HelloOutcome::Stale { highest } => refuse(ctx, headers, "hello", epoch, highest),
         HelloOutcome::Closing => respond(
             StatusCode::MISDIRECTED_REQUEST,
@@ -334,8 +337,18 @@ async fn push(ctx: &ConnCtx, req: Request<Incoming>) -> Response<Full<Bytes>> {
         .terminal(ctx.index)
         .push(ctx.conn, epoch, pod, key, now, &s.counters);
     debug!(terminal = %ctx.id, conn = ctx.conn, epoch, key, size, ?outcome, "push");
+    let faults = s.faults();
     match outcome {
         PushOutcome::Accepted => respond(StatusCode::OK, "accepted\n"),
+        PushOutcome::Repeated { .. } if faults.forget_keys => {
+            respond(StatusCode::OK, "accepted (again: fault)\n")
+        }
+        PushOutcome::Stale { .. } if faults.accept_stale_epochs => {
+            respond(StatusCode::OK, "accepted (stale: fault)\n")
+        }
+        PushOutcome::NoSession if faults.accept_without_hello => {
+            respond(StatusCode::OK, "accepted (no session: fault)\n")
+        }
         PushOutcome::Repeated {
             copy,
             previous,

@@ -29,6 +29,14 @@ pub struct FaultConfig {
     /// Answer every push with this HTTP status instead of accepting it (0: off). The
     /// push is not recorded as accepted.
     pub push_status: u16,
+    /// Protocol breakage (what `posgate conformance` must catch): answer a hello or push
+    /// with a stale epoch `200` instead of `409` (nothing recorded).
+    pub accept_stale_epochs: bool,
+    /// Protocol breakage: answer a repeated key `200` without the duplicate marker.
+    pub forget_keys: bool,
+    /// Protocol breakage: answer a push without an accepted hello on its connection `200`
+    /// instead of `428` (nothing recorded).
+    pub accept_without_hello: bool,
 }
 
 impl FaultConfig {

@@ -14,6 +14,7 @@
 //! each subcommand's runner is a module of its own (`serve.rs`, `simulate.rs`,
 //! `terminals.rs`, `demo/`, `ring_report.rs`).
 
+mod conformance;
 mod demo;
 mod ring_report;
 mod serve;
@@ -28,6 +29,7 @@ use crate::ring_report::RingReportArgs;
 use crate::simulate::SimulateArgs;
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{Parser, Subcommand};
+use posgate::config::conformance_args::ConformanceArgs;
 use posgate::config::status_args::StatusArgs;
 use posgate::config::terminals_args::TerminalsArgs;
 use posgate::config::{LogFormat, ServeArgs};
@@ -62,6 +64,8 @@ enum Command {
     Terminals(TerminalsArgs),
     /// Show the cluster as one pod sees it (needs an operator token).
     Status(StatusArgs),
+    /// Check a terminal implementation against the POS protocol (docs/pos-protocol.md).
+    Conformance(ConformanceArgs),
     /// Run a whole cluster in this process: pods, simulated terminals, push traffic.
     Demo(DemoArgs),
 }
@@ -92,6 +96,7 @@ fn main() -> ExitCode {
         Command::Simulate(args) => simulate::main(&args),
         Command::Terminals(args) => terminals::main(args),
         Command::Status(args) => status::main(args),
+        Command::Conformance(args) => conformance::main(args),
         Command::Demo(args) => demo::main(args),
     }
 }

@@ -1,0 +1,117 @@
+//! `posgate conformance` run as a binary against the POS simulator: the simulator
+//! conforms (every check passes, exit 0); each protocol breakage it can be told to make
+//! fails exactly the checks of the rule it breaks (exit 1); a terminal whose certificate
+//! does not hold the name fails `tls-h2` and skips the rest. Each run gets a terminal of
+//! its own, so no run sees another's epochs or keys.
+
+use std::collections::BTreeSet;
+
+use posgate_loadtest::pos_sim::FaultConfig;
+use serde_json::Value;
+
+use crate::support::binary::posgate;
+use crate::support::farm::{self, Farm};
+
+/// `posgate conformance --json` against terminal `index` of `farm`: exit code, and the
+/// ids of the checks by result.
+async fn run(farm: &Farm, index: usize, server_name: Option<&str>) -> (i32, Vec<(String, String)>) {
+    let t = &farm.entries()[index];
+    let args = vec![
+        "conformance".to_string(),
+        "--json".into(),
+        "--addr".into(),
+        t.addr.clone(),
+        "--terminal-id".into(),
+        t.id.clone(),
+        "--ca".into(),
+        farm.ca_file.to_str().unwrap().into(),
+        "--server-name".into(),
+        server_name.unwrap_or(&t.server_name).into(),
+    ];
+    let out = tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        posgate(&args, &[])
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let report: Value = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("{e}: {stdout}{}", String::from_utf8_lossy(&out.stderr)));
+    let checks = report["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .map(|c| {
+            (
+                c["id"].as_str().unwrap().to_string(),
+                c["outcome"]["result"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    (out.status.code().unwrap(), checks)
+}
+
+fn with(checks: &[(String, String)], result: &str) -> BTreeSet<String> {
+    checks
+        .iter()
+        .filter(|(_, r)| r == result)
+        .map(|(id, _)| id.clone())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_simulator_conforms_and_each_breakage_fails_its_checks() {
+    let farm = Farm::start(farm::config(5)).await;
+    let (code, checks) = run(&farm, 0, None).await;
+    eprintln!("[conformance] pos-sim: {checks:?}");
+    assert_eq!(checks.len(), posgate::pos::conformance::ALL.len());
+    assert_eq!(with(&checks, "pass").len(), checks.len(), "{checks:?}");
+    assert_eq!(code, 0);
+
+    let broken: [(FaultConfig, &[&str]); 3] = [
+        (
+            FaultConfig {
+                accept_stale_epochs: true,
+                ..FaultConfig::default()
+            },
+            &["stale-hello-refused", "stale-push-refused"],
+        ),
+        (
+            FaultConfig {
+                forget_keys: true,
+                ..FaultConfig::default()
+            },
+            &["duplicate-marked"],
+        ),
+        (
+            FaultConfig {
+                accept_without_hello: true,
+                ..FaultConfig::default()
+            },
+            &["push-without-hello-refused"],
+        ),
+    ];
+    for (index, (faults, breaks)) in broken.into_iter().enumerate() {
+        farm.set_faults(faults.clone()).unwrap();
+        let (code, checks) = run(&farm, index + 1, None).await;
+        let failed = with(&checks, "fail");
+        let expected: BTreeSet<String> = breaks.iter().map(|s| s.to_string()).collect();
+        assert_eq!(failed, expected, "{faults:?}: {checks:?}");
+        assert_eq!(with(&checks, "pass").len(), checks.len() - breaks.len());
+        assert_eq!(code, 1, "{faults:?}");
+    }
+    farm.set_faults(FaultConfig::default()).unwrap();
+
+    // A name the certificate does not hold: nothing else can be checked.
+    let (code, checks) = run(&farm, 4, Some("not-this-terminal.example")).await;
+    assert_eq!(
+        with(&checks, "fail"),
+        BTreeSet::from(["tls-h2".to_string()])
+    );
+    assert_eq!(
+        with(&checks, "skipped").len(),
+        checks.len() - 1,
+        "{checks:?}"
+    );
+    assert_eq!(code, 1);
+}
