@@ -1,8 +1,8 @@
 //! The HTTP listener's hold on client connections (`posgate::http::serve` under
 //! `ConnectionLimits`) over real sockets: a connection that brings no request head, or
 //! stays without a request, is closed; a full listener makes room by closing the
-//! connection that has waited longest without a request, so a probe still gets in; the
-//! counts are in `/metrics`.
+//! connection that has waited longest without a request, so a probe still gets in; an
+//! HTTP/2 connection is told the stream limit; the counts are in `/metrics`.
 //!
 //! The slowloris of 2,000 connections against a whole `posgate serve` process with its
 //! terminals is in `slowloris.rs`.
@@ -186,4 +186,26 @@ async fn a_full_listener_closes_the_connection_waiting_longest_so_a_probe_gets_i
         "{scrape}"
     );
     server.stop().await;
+}
+
+#[tokio::test]
+async fn an_http2_connection_is_told_the_stream_limit() {
+    let streams = ConnectionLimits {
+        max_streams: 7,
+        ..limits(64, Duration::from_secs(30))
+    };
+    let server = Server::start_with(None, streams).await;
+    let tcp = TcpStream::connect(server.base.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let mut client = client.ready().await.unwrap();
+    // The server's SETTINGS have arrived once it answered a request.
+    let request = http::Request::get(format!("{}/healthz", server.base))
+        .body(())
+        .unwrap();
+    let (response, _) = client.send_request(request, true).unwrap();
+    assert_eq!(response.await.unwrap().status(), 200);
+    assert_eq!(client.current_max_send_streams(), 7);
 }
