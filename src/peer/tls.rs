@@ -95,9 +95,18 @@ impl PeerTls {
 /// The client config for `https://` peers: ALPN `h2`, trusting `ca_file` or the system
 /// roots.
 pub fn client_config(ca_file: Option<&Path>) -> Result<Arc<ClientConfig>, TlsConfigError> {
+    h2_client_config("--peer-ca-file", ca_file)
+}
+
+/// A client config for pods' HTTPS (ALPN `h2`), trusting `ca_file` or the system roots;
+/// errors name `flag`, the flag that gave `ca_file` (`posgate status` has its own).
+pub fn h2_client_config(
+    flag: &'static str,
+    ca_file: Option<&Path>,
+) -> Result<Arc<ClientConfig>, TlsConfigError> {
     let roots = match ca_file {
-        Some(path) => roots_from_file("peer TLS CA file (--peer-ca-file)", path)?,
-        None => system_roots("--peer-ca-file")?,
+        Some(path) => roots_from_file(flag, path)?,
+        None => system_roots(flag)?,
     };
     let mut config = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()?

@@ -149,19 +149,15 @@ impl Kit<'_> {
         Ok((response.status(), response.headers().clone()))
     }
 
+    /// A pod's hello ([`wire::hello`]) with `epoch` as the header's text, so a malformed
+    /// one can be sent too.
     fn hello_request(&self, epoch: &str) -> Request<Full<Bytes>> {
-        Request::builder()
-            .method(Method::POST)
-            .uri(format!(
-                "https://{}{}",
-                self.terminal.server_name,
-                wire::HELLO_PATH
-            ))
-            .header(wire::EPOCH_HEADER, epoch)
-            .header(wire::POD_HEADER, self.dialer.pod().as_str())
-            .header(wire::TERMINAL_HEADER, &self.terminal.id)
-            .body(Full::new(Bytes::new()))
-            .expect("a valid hello")
+        let origin = format!("https://{}", self.terminal.server_name);
+        let mut hello =
+            wire::hello(&origin, 0, self.dialer.pod(), &self.terminal.id).expect("a valid hello");
+        let epoch = http::HeaderValue::from_str(epoch).expect("an ASCII epoch");
+        hello.headers_mut().insert(wire::EPOCH_HEADER, epoch);
+        hello
     }
 
     async fn hello(&self, session: &mut Session, epoch: Epoch) -> Result<Answer, String> {

@@ -11,7 +11,6 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use bytes::Bytes;
@@ -21,7 +20,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use posgate::config::status_args::{StatusArgs, StatusSettings};
-use posgate::peer::tls::{PeerConnector, PeerTls};
+use posgate::peer::tls::{h2_client_config, PeerConnector, PeerTls};
 use serde::Deserialize;
 
 use crate::{runtime, USAGE_ERROR};
@@ -82,16 +81,7 @@ type Http = Client<PeerConnector, Empty<Bytes>>;
 fn client(settings: &StatusSettings) -> anyhow::Result<Http> {
     let tls = PeerTls::default();
     if settings.cluster_url.scheme_str() == Some("https") {
-        let roots = match &settings.ca_file {
-            Some(path) => posgate::tls::roots_from_file("--ca-file", path)?,
-            None => posgate::tls::system_roots("--ca-file")?,
-        };
-        let mut config = rustls::ClientConfig::builder_with_provider(posgate::tls::provider())
-            .with_safe_default_protocol_versions()?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        config.alpn_protocols = vec![posgate::tls::ALPN_H2.to_vec()];
-        tls.set(Arc::new(config));
+        tls.set(h2_client_config("--ca-file", settings.ca_file.as_deref())?);
     }
     let mut http = HttpConnector::new();
     http.set_connect_timeout(Some(settings.timeout));
