@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::{
-    by_shard, diff_shard, ids_by_shard, Directory, DirectoryAdmin, Entry, Refusal, Restore,
-    Restored, Terminal, Versions, WriteSummary,
+    Directory, DirectoryAdmin, Entry, Grouped, Refusal, Restore, Restored, Terminal, Versions,
+    WriteSummary,
 };
 use crate::core::lease::Checked;
 use crate::core::ShardId;
@@ -39,7 +39,7 @@ impl State {
         }
     }
 
-    fn upsert(&mut self, grouped: BTreeMap<ShardId, BTreeMap<String, Entry>>) -> WriteSummary {
+    fn upsert(&mut self, grouped: Grouped<Entry>) -> WriteSummary {
         let mut sum = WriteSummary::default();
         for (shard, entries) in grouped {
             let held = self.terminals.entry(shard).or_default();
@@ -146,45 +146,19 @@ impl Directory for MemoryDirectory {
 }
 
 impl DirectoryAdmin for MemoryDirectory {
-    async fn upsert(
-        &self,
-        shards: u32,
-        terminals: &[Terminal],
-    ) -> Result<WriteSummary, StoreError> {
-        let grouped = by_shard(shards, terminals)?;
+    async fn write_upserts(&self, grouped: Grouped<Entry>) -> Result<WriteSummary, StoreError> {
         let mut state = self.lock();
         let sum = state.upsert(grouped);
         state.bump(&sum.changed_shards);
         Ok(sum)
     }
 
-    async fn remove(&self, shards: u32, ids: &[String]) -> Result<WriteSummary, StoreError> {
-        let grouped = ids_by_shard(shards, ids)?;
+    async fn write_removals(
+        &self,
+        grouped: BTreeMap<ShardId, BTreeSet<String>>,
+    ) -> Result<WriteSummary, StoreError> {
         let mut state = self.lock();
         let sum = state.remove(grouped);
-        state.bump(&sum.changed_shards);
-        Ok(sum)
-    }
-
-    async fn replace_all(
-        &self,
-        shards: u32,
-        terminals: &[Terminal],
-    ) -> Result<WriteSummary, StoreError> {
-        let desired = by_shard(shards, terminals)?;
-        let empty = BTreeMap::new();
-        let mut state = self.lock();
-        let mut sum = WriteSummary::default();
-        for shard in 0..shards {
-            let diff = diff_shard(
-                &state.terminals(shard),
-                desired.get(&shard).unwrap_or(&empty),
-            );
-            let mut part = state.upsert(by_shard(shards, &diff.upserts)?);
-            part.merge(state.remove(ids_by_shard(shards, &diff.removals)?));
-            part.unchanged = diff.unchanged;
-            sum.merge(part);
-        }
         state.bump(&sum.changed_shards);
         Ok(sum)
     }

@@ -36,6 +36,7 @@ use std::fmt;
 use std::future::Future;
 use std::net::Ipv6Addr;
 
+use futures::{stream, StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 
 use crate::core::lease::Checked;
@@ -99,32 +100,90 @@ pub struct Versions {
 /// Writes to the directory. `shards` is the cluster's shard count (it decides each
 /// terminal's shard); every call validates its input first and writes nothing if any
 /// terminal or id is invalid or repeated (`StoreError::Config`).
+///
+/// A store implements the two grouped writes and `count`; validation, grouping and the
+/// per-shard diff of `replace_all` are the provided methods, so every store checks its
+/// input by the same rules and writes only the shards that change.
 pub trait DirectoryAdmin: Directory {
+    /// Writes already validated terminals, grouped by shard ([`by_shard`]).
+    fn write_upserts(
+        &self,
+        grouped: Grouped<Entry>,
+    ) -> impl Future<Output = Result<WriteSummary, StoreError>> + Send;
+
+    /// Deletes already validated ids, grouped by shard ([`ids_by_shard`]); absent ones
+    /// count as `unchanged`.
+    fn write_removals(
+        &self,
+        grouped: BTreeMap<ShardId, BTreeSet<String>>,
+    ) -> impl Future<Output = Result<WriteSummary, StoreError>> + Send;
+
+    /// The number of terminals in shards `0..shards`.
+    fn count(&self, shards: u32) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
     /// Adds or updates `terminals`; versions change only for shards whose content changed.
     fn upsert(
         &self,
         shards: u32,
         terminals: &[Terminal],
-    ) -> impl Future<Output = Result<WriteSummary, StoreError>> + Send;
+    ) -> impl Future<Output = Result<WriteSummary, StoreError>> + Send {
+        async move { self.write_upserts(by_shard(shards, terminals)?).await }
+    }
 
     /// Removes the terminals with these ids (absent ones count as `unchanged`).
     fn remove(
         &self,
         shards: u32,
         ids: &[String],
-    ) -> impl Future<Output = Result<WriteSummary, StoreError>> + Send;
+    ) -> impl Future<Output = Result<WriteSummary, StoreError>> + Send {
+        async move { self.write_removals(ids_by_shard(shards, ids)?).await }
+    }
 
     /// Makes the directory hold exactly `terminals` in shards `0..shards`: reads each
-    /// shard, computes the difference ([`diff_shard`]) and applies only that.
+    /// shard, computes the difference ([`diff_shard`]) and applies only that. Not atomic
+    /// (a write racing with it may be undone or kept); repeating it converges.
     fn replace_all(
         &self,
         shards: u32,
         terminals: &[Terminal],
-    ) -> impl Future<Output = Result<WriteSummary, StoreError>> + Send;
-
-    /// The number of terminals in shards `0..shards`.
-    fn count(&self, shards: u32) -> impl Future<Output = Result<u64, StoreError>> + Send;
+    ) -> impl Future<Output = Result<WriteSummary, StoreError>> + Send {
+        async move {
+            let desired = by_shard(shards, terminals)?;
+            let current: Vec<(ShardId, Vec<Terminal>)> = stream::iter(0..shards)
+                .map(|s| async move { Ok::<_, StoreError>((s, self.terminals(s).await?)) })
+                .buffered(READS_IN_FLIGHT)
+                .try_collect()
+                .await?;
+            let empty = BTreeMap::new();
+            let (mut upserts, mut removals) = (BTreeMap::new(), BTreeMap::new());
+            let mut unchanged = 0;
+            for (shard, held) in current {
+                let diff = diff_shard(&held, desired.get(&shard).unwrap_or(&empty));
+                unchanged += diff.unchanged;
+                if !diff.upserts.is_empty() {
+                    let entries = diff.upserts.into_iter().map(|t| {
+                        let entry = t.entry();
+                        (t.id, entry)
+                    });
+                    upserts.insert(shard, entries.collect());
+                }
+                if !diff.removals.is_empty() {
+                    removals.insert(shard, diff.removals.into_iter().collect());
+                }
+            }
+            let mut summary = self.write_upserts(upserts).await?;
+            summary.merge(self.write_removals(removals).await?);
+            summary.unchanged += unchanged;
+            Ok(summary)
+        }
+    }
 }
+
+/// Validated entries grouped by shard, then id: what [`by_shard`] returns.
+pub type Grouped<T> = BTreeMap<ShardId, BTreeMap<String, T>>;
+
+/// Shards `replace_all` reads at once.
+const READS_IN_FLIGHT: usize = 8;
 
 /// What a write did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -321,11 +380,8 @@ impl Entry {
 
 /// Validates every terminal and refuses repeated ids; returns them grouped by shard
 /// (sorted by shard, then id).
-pub fn by_shard(
-    shards: u32,
-    terminals: &[Terminal],
-) -> Result<BTreeMap<ShardId, BTreeMap<String, Entry>>, InvalidTerminal> {
-    let mut out: BTreeMap<ShardId, BTreeMap<String, Entry>> = BTreeMap::new();
+pub fn by_shard(shards: u32, terminals: &[Terminal]) -> Result<Grouped<Entry>, InvalidTerminal> {
+    let mut out: Grouped<Entry> = BTreeMap::new();
     for t in terminals {
         t.validate()?;
         let shard = shard_of(&t.id, shards);

@@ -10,9 +10,9 @@
 //! | `terminals` | `directory_read.lua` `scan`: `HSCAN` pages of [`PAGE`] entries, so a big shard is never one giant reply |
 //! | `versions` | `directory_read.lua` `versions`: the generation id and `HMGET` (missing = 0), one call |
 //! | `count` | `directory_read.lua` `count`: sum of `HLEN` |
-//! | `upsert` | `directory_upsert.lua` per chunk of [`WRITE_CHUNK`] terminals: `HGET`, `HSET` if different, then one version bump per changed shard |
-//! | `remove` | `directory_remove.lua` per chunk: `HDEL`, version bump per changed shard |
-//! | `replace_all` | `terminals` of every shard, [`diff_shard`], then `upsert` + `remove` of only the difference |
+//! | `upsert` (`write_upserts`) | `directory_upsert.lua` per chunk of [`WRITE_CHUNK`] terminals: `HGET`, `HSET` if different, then one version bump per changed shard |
+//! | `remove` (`write_removals`) | `directory_remove.lua` per chunk: `HDEL`, version bump per changed shard |
+//! | `replace_all` | the trait's own: `terminals` of every shard, `directory::diff_shard`, then the two writes above for only the difference |
 //! | `restore` | `directory_restore.lua`, one call per shard (so the checks of `directory::restore` and the write are one atomic step): generation, lease owner + epoch, shard untouched in this generation; then `HSET` every entry, the version, and the `terminals-restored` record |
 //!
 //! Writes are sorted by shard before chunking, so a chunk touches few shards; up to
@@ -24,7 +24,7 @@
 //! a Redis that lost its data by itself: the owners write back what they hold
 //! (`restore`), and shards nobody held need a re-import (versions still move forward).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::LazyLock;
 
 use futures::{StreamExt, TryStreamExt};
@@ -35,8 +35,8 @@ use super::RedisStore;
 use crate::core::lease::Checked;
 use crate::core::ShardId;
 use crate::store::directory::{
-    by_shard, diff_shard, ids_by_shard, Directory, DirectoryAdmin, Entry, Restore, Restored,
-    Terminal, Versions, WriteSummary, WRITE_CHUNK,
+    Directory, DirectoryAdmin, Entry, Grouped, Restore, Restored, Terminal, Versions, WriteSummary,
+    WRITE_CHUNK,
 };
 use crate::store::StoreError;
 
@@ -169,34 +169,6 @@ impl RedisStore {
         changed_shards(changed, &mut summary)?;
         Ok(summary)
     }
-
-    /// Upserts already validated terminals, grouped by shard.
-    async fn upsert_grouped(
-        &self,
-        grouped: BTreeMap<ShardId, BTreeMap<String, Entry>>,
-    ) -> Result<WriteSummary, StoreError> {
-        let mut all = Vec::new();
-        for (shard, entries) in grouped {
-            for (id, entry) in entries {
-                let json = serde_json::to_string(&entry)
-                    .map_err(|e| bad(format!("cannot encode: {e}")))?;
-                all.push((shard, (id, json)));
-            }
-        }
-        write_chunks(all, |c| self.upsert_chunk(c)).await
-    }
-
-    /// Removes already validated ids, grouped by shard.
-    async fn remove_grouped(
-        &self,
-        grouped: BTreeMap<ShardId, impl IntoIterator<Item = String>>,
-    ) -> Result<WriteSummary, StoreError> {
-        let all: Vec<(ShardId, String)> = grouped
-            .into_iter()
-            .flat_map(|(shard, ids)| ids.into_iter().map(move |id| (shard, id)))
-            .collect();
-        write_chunks(all, |c| self.remove_chunk(c)).await
-    }
 }
 
 /// Splits `all` (sorted by shard) into chunks, writes up to [`IN_FLIGHT`] of them at once
@@ -321,57 +293,27 @@ impl Directory for RedisStore {
 }
 
 impl DirectoryAdmin for RedisStore {
-    async fn upsert(
-        &self,
-        shards: u32,
-        terminals: &[Terminal],
-    ) -> Result<WriteSummary, StoreError> {
-        let grouped = by_shard(shards, terminals)?;
-        self.upsert_grouped(grouped).await
-    }
-
-    async fn remove(&self, shards: u32, ids: &[String]) -> Result<WriteSummary, StoreError> {
-        let grouped = ids_by_shard(shards, ids)?;
-        self.remove_grouped(grouped).await
-    }
-
-    async fn replace_all(
-        &self,
-        shards: u32,
-        terminals: &[Terminal],
-    ) -> Result<WriteSummary, StoreError> {
-        let desired = by_shard(shards, terminals)?;
-        let current: Vec<(ShardId, Vec<Terminal>)> = futures::stream::iter(0..shards)
-            .map(|s| async move { Ok::<_, StoreError>((s, self.terminals(s).await?)) })
-            .buffered(IN_FLIGHT)
-            .try_collect()
-            .await?;
-        let empty = BTreeMap::new();
-        let mut upserts = BTreeMap::new();
-        let mut removals = BTreeMap::new();
-        let mut unchanged = 0;
-        for (shard, held) in current {
-            let diff = diff_shard(&held, desired.get(&shard).unwrap_or(&empty));
-            unchanged += diff.unchanged;
-            if !diff.upserts.is_empty() {
-                let entries: BTreeMap<String, Entry> = diff
-                    .upserts
-                    .into_iter()
-                    .map(|t| {
-                        let entry = t.entry();
-                        (t.id, entry)
-                    })
-                    .collect();
-                upserts.insert(shard, entries);
-            }
-            if !diff.removals.is_empty() {
-                removals.insert(shard, diff.removals);
+    async fn write_upserts(&self, grouped: Grouped<Entry>) -> Result<WriteSummary, StoreError> {
+        let mut all = Vec::new();
+        for (shard, entries) in grouped {
+            for (id, entry) in entries {
+                let json = serde_json::to_string(&entry)
+                    .map_err(|e| bad(format!("cannot encode: {e}")))?;
+                all.push((shard, (id, json)));
             }
         }
-        let mut summary = self.upsert_grouped(upserts).await?;
-        summary.merge(self.remove_grouped(removals).await?);
-        summary.unchanged += unchanged;
-        Ok(summary)
+        write_chunks(all, |c| self.upsert_chunk(c)).await
+    }
+
+    async fn write_removals(
+        &self,
+        grouped: BTreeMap<ShardId, BTreeSet<String>>,
+    ) -> Result<WriteSummary, StoreError> {
+        let all: Vec<(ShardId, String)> = grouped
+            .into_iter()
+            .flat_map(|(shard, ids)| ids.into_iter().map(move |id| (shard, id)))
+            .collect();
+        write_chunks(all, |c| self.remove_chunk(c)).await
     }
 
     async fn count(&self, shards: u32) -> Result<u64, StoreError> {
