@@ -62,28 +62,25 @@ impl Default for PosSettings {
     }
 }
 
-/// POS connection flags of `posgate serve`.
+/// POS connection flags of `posgate serve`. The client certificate and its key go
+/// together (the group: either both or neither).
 #[derive(Clone, clap::Args)]
+#[command(group(
+    clap::ArgGroup::new("pos_client_identity")
+        .args(["pos_client_cert", "pos_client_key"])
+        .multiple(true)
+        .requires_all(["pos_client_cert", "pos_client_key"])
+))]
 pub struct PosArgs {
     /// PEM file with the CA certificates terminals are verified against, instead of the
     /// system store
     #[arg(long, env = "POSGATE_POS_CA", value_name = "FILE")]
     pub pos_ca: Option<PathBuf>,
     /// PEM certificate chain presented to terminals for mutual TLS (with --pos-client-key)
-    #[arg(
-        long,
-        env = "POSGATE_POS_CLIENT_CERT",
-        value_name = "FILE",
-        requires = "pos_client_key"
-    )]
+    #[arg(long, env = "POSGATE_POS_CLIENT_CERT", value_name = "FILE")]
     pub pos_client_cert: Option<PathBuf>,
     /// PEM private key of --pos-client-cert
-    #[arg(
-        long,
-        env = "POSGATE_POS_CLIENT_KEY",
-        value_name = "FILE",
-        requires = "pos_client_cert"
-    )]
+    #[arg(long, env = "POSGATE_POS_CLIENT_KEY", value_name = "FILE")]
     pub pos_client_key: Option<PathBuf>,
     /// Interval of HTTP/2 PING keep-alives on terminal connections
     #[arg(long, env = "POSGATE_POS_KEEPALIVE", default_value = "10s", value_parser = parse_duration)]
