@@ -312,30 +312,31 @@ fn spawn_pod<S: CoordStore, H: ServingHook>(
     let driver = driver.with_peer_tls(peer_tls.clone());
     let status = driver.status();
     let serving = driver.serving_table();
+    // Pushes are forwarded on a client (and connection pool) of their own, apart from
+    // the peer calls of the HTTP layer.
+    let peer_client = || {
+        PeerClient::new(
+            config.pod_id.clone(),
+            credentials.clone(),
+            PEER_CONNECT_TIMEOUT,
+        )
+        .using_tls(peer_tls.clone())
+    };
     let push = PushService::new(
-        config.pod_id.clone(),
-        config.core.shards,
         serving.clone(),
         status.clone(),
         sessions.clone(),
-        credentials.clone(),
-        PEER_CONNECT_TIMEOUT,
+        peer_client(),
         config.push.clone(),
         metrics.clone(),
     )
-    .with_peer_tls(peer_tls.clone())
     .with_handoffs(&handoffs);
     let push = Arc::new(push);
     // Ends when the driver (holding the hook) does.
     tokio::spawn(push.clone().run_handoffs(handoffs));
     let metrics_handle = metrics.clone();
     let sampler = sampler::run(metrics.clone(), status.clone(), stats.clone());
-    let peers = PeerClient::new(
-        config.pod_id.clone(),
-        credentials.clone(),
-        PEER_CONNECT_TIMEOUT,
-    )
-    .using_tls(peer_tls.clone());
+    let peers = peer_client();
     let http_state = HttpState {
         status: status.clone(),
         credentials: credentials.clone(),

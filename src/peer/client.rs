@@ -62,6 +62,11 @@ impl PeerClient {
         PeerClient::build(me, credentials, timeout, PeerTls::default())
     }
 
+    /// The pod requests are signed as coming from.
+    pub fn me(&self) -> &PodId {
+        &self.me
+    }
+
     /// The same client (pod, credentials, timeout) verifying `https://` peers with
     /// `tls`, on a pool of its own.
     pub fn using_tls(&self, tls: PeerTls) -> Self {

@@ -17,8 +17,6 @@ use http::StatusCode;
 
 use super::answer::{Answer, Delivered, ErrorBody, ErrorCode};
 use super::PushRequest;
-use crate::core::PodId;
-use crate::credentials::Credentials;
 use crate::peer::wire::ForwardedPush;
 use crate::peer::{PeerClient, PeerTarget, SendError};
 
@@ -47,18 +45,9 @@ pub struct ForwardClient {
 }
 
 impl ForwardClient {
-    /// The forwarding client of pod `me`.
-    pub fn new(me: PodId, credentials: Credentials, connect_timeout: Duration) -> Self {
-        ForwardClient {
-            peers: PeerClient::new(me, credentials, connect_timeout),
-        }
-    }
-
-    /// The same client, verifying `https://` owners with `tls`.
-    pub fn using_tls(&self, tls: crate::peer::PeerTls) -> Self {
-        ForwardClient {
-            peers: self.peers.using_tls(tls),
-        }
+    /// Forwards over `peers` (this pod's signing client).
+    pub fn new(peers: PeerClient) -> Self {
+        ForwardClient { peers }
     }
 
     /// The transport, for the peer calls that are not pushes.

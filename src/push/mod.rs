@@ -31,9 +31,9 @@ use self::idempotency::IdempotencyCache;
 use crate::core::lease::StaleEpoch;
 use crate::core::membership::Member;
 use crate::core::{PodId, ShardId};
-use crate::credentials::Credentials;
 use crate::credentials::Tenant;
 use crate::metrics::Metrics;
+use crate::peer::PeerClient;
 use crate::pos::handover::Released;
 use crate::pos::manager::{ConnectionManager, Lookup};
 use crate::serving::ServingTable;
@@ -194,23 +194,20 @@ impl std::fmt::Debug for PushService {
 }
 
 impl PushService {
-    /// `peer_timeout` bounds connecting to a peer.
-    #[allow(clippy::too_many_arguments)]
+    /// The push service of the pod `peers` signs as (it forwards with them), over
+    /// `serving`'s shards.
     pub fn new(
-        pod: PodId,
-        shards: u32,
         serving: ServingTable,
         status: watch::Receiver<PodStatus>,
         sessions: Arc<dyn Sessions>,
-        credentials: Credentials,
-        peer_timeout: Duration,
+        peers: PeerClient,
         settings: PushSettings,
         metrics: Arc<Metrics>,
     ) -> Self {
         PushService {
-            forward: forward::ForwardClient::new(pod.clone(), credentials, peer_timeout),
-            pod,
-            shards,
+            pod: peers.me().clone(),
+            shards: serving.shards(),
+            forward: forward::ForwardClient::new(peers),
             serving,
             status,
             sessions,
@@ -220,12 +217,6 @@ impl PushService {
             settings,
             metrics,
         }
-    }
-
-    /// Forwards to `https://` owners verified with `tls` (the pod's reloadable peer CA).
-    pub fn with_peer_tls(mut self, tls: crate::peer::PeerTls) -> Self {
-        self.forward = self.forward.using_tls(tls);
-        self
     }
 
     /// How many shards the cluster has.

@@ -82,6 +82,12 @@ impl ServingTable {
         }
     }
 
+    /// How many shards the table has (the cluster's shard count).
+    pub fn shards(&self) -> u32 {
+        let slots = self.slots.read().unwrap_or_else(PoisonError::into_inner);
+        u32::try_from(slots.len()).expect("made from a u32")
+    }
+
     /// The epoch to deliver on `shard` with at `now`, or `None` when this pod must not
     /// deliver on it. `now` is monotonic time as the driver sees it:
     /// `crate::clock::now()`.

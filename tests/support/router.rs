@@ -47,24 +47,21 @@ impl Server {
             None => Credentials::new(None, None),
         };
         let metrics = Arc::new(Metrics::new());
-        let push = PushService::new(
+        let peers = PeerClient::new(
             PodId::new("test-pod").unwrap(),
-            64,
+            credentials.clone(),
+            Duration::from_secs(1),
+        );
+        let push = PushService::new(
             ServingTable::new(64),
             receiver.clone(),
             Arc::new(NoTerminals),
-            credentials.clone(),
-            Duration::from_secs(1),
+            peers.clone(),
             PushSettings {
                 body_read_timeout: BODY_READ_TIMEOUT,
                 ..PushSettings::default()
             },
             metrics.clone(),
-        );
-        let peers = PeerClient::new(
-            PodId::new("test-pod").unwrap(),
-            credentials.clone(),
-            Duration::from_secs(1),
         );
         let app = router(HttpState {
             status: receiver,
