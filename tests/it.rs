@@ -9,6 +9,7 @@
 mod support;
 
 mod cli;
+mod cli_init;
 mod cli_status;
 mod cli_terminals;
 mod cluster_redis;

@@ -13,7 +13,8 @@
 //! the push API flags (tokens, limits), `connection_args.rs` the limits of the HTTP
 //! listener's client connections, `tls_args.rs` the HTTPS flags (listener
 //! certificate, peer CA), `redis_args.rs` the Redis connection flags (shared with
-//! `posgate terminals`, whose flags are in `terminals_args.rs`), `secrets.rs` where
+//! the operator commands' `store_args.rs`: `posgate terminals`, `terminals_args.rs`, and
+//! `posgate init`, `init_args.rs`), `secrets.rs` where
 //! secrets come from and how a Redis URL carries or hides one. The `rediss://` TLS files
 //! (`--redis-ca-file`, `--redis-client-cert` with `--redis-client-key`) are passed on as
 //! paths: the store reads and checks them when it is created, still before anything runs.
@@ -23,12 +24,14 @@
 
 pub mod conformance_args;
 mod connection_args;
+pub mod init_args;
 mod pos_args;
 mod push_args;
 mod redis_args;
 mod secrets;
 mod serve_args;
 pub mod status_args;
+pub mod store_args;
 pub mod terminals_args;
 #[cfg(test)]
 mod tests;

@@ -1,20 +1,16 @@
 //! [`TerminalsArgs`]: the flags of `posgate terminals` (`import`, `export`, `remove`,
 //! `count`), which edit and read the terminal directory in Redis.
 //!
-//! The store flags are those of `posgate serve`, with the same environment variables
-//! (`POSGATE_REDIS_URL`, `POSGATE_REDIS_PASSWORD[_FILE]`, `POSGATE_REDIS_CA_FILE`,
-//! `POSGATE_REDIS_CLIENT_CERT`/`_KEY`, `POSGATE_CLUSTER`, `POSGATE_SHARDS`), so a command
-//! run in a pod's environment reaches that pod's cluster. `--shards` matters: it decides
-//! each terminal's shard, and is checked against the cluster's pinned metadata.
+//! The store flags ([`StoreArgs`]) are those of `posgate serve`, with the same
+//! environment variables. `--shards` matters here: it decides each terminal's shard.
 //!
 //! What it does not do: connect, or read the import file (that is the binary's
 //! `terminals.rs`).
 
 use std::path::PathBuf;
-use std::time::Duration;
 
-use super::redis_args::RedisArgs;
-use super::{invalid, valid_cluster, ConfigError, StoreSettings, DEFAULT_CLUSTER};
+use super::store_args::StoreArgs;
+use super::{ConfigError, StoreSettings};
 use crate::api::valid_terminal_id;
 
 /// Flags of `posgate terminals`. Every flag is global: it may stand before or after the
@@ -25,16 +21,7 @@ pub struct TerminalsArgs {
     #[command(subcommand)]
     pub command: TerminalsCommand,
     #[command(flatten)]
-    pub redis: RedisArgs,
-    /// Name of the cluster ([A-Za-z0-9._-], 1-64)
-    #[arg(long, env = "POSGATE_CLUSTER", default_value = DEFAULT_CLUSTER)]
-    pub cluster: String,
-    /// Number of shards of the cluster (decides each terminal's shard)
-    #[arg(long, env = "POSGATE_SHARDS", default_value_t = 64)]
-    pub shards: u32,
-    /// Redis response timeout per call (a call writes at most 1,000 terminals)
-    #[arg(long, default_value = "5s", value_parser = parse_timeout)]
-    pub store_timeout: Duration,
+    pub store: StoreArgs,
 }
 
 /// What `posgate terminals` does.
@@ -70,37 +57,7 @@ pub enum TerminalsCommand {
 impl TerminalsArgs {
     /// Validates the store flags: the settings to connect with.
     pub fn resolve(&self) -> Result<StoreSettings, ConfigError> {
-        self.resolve_with(|name| std::env::var(name).ok())
-    }
-
-    /// [`Self::resolve`] with environment variables read through `env`.
-    pub fn resolve_with(
-        &self,
-        env: impl Fn(&str) -> Option<String>,
-    ) -> Result<StoreSettings, ConfigError> {
-        if self.shards == 0 || self.shards > 4096 {
-            return Err(invalid(
-                "shards",
-                format!("must be between 1 and 4096, got {}", self.shards),
-            ));
-        }
-        if !valid_cluster(&self.cluster) {
-            return Err(invalid(
-                "cluster",
-                "must be 1-64 characters of [A-Za-z0-9._-]",
-            ));
-        }
-        self.redis
-            .clone()
-            .resolve(self.cluster.clone(), self.store_timeout, &env)
-    }
-}
-
-fn parse_timeout(s: &str) -> Result<Duration, String> {
-    match humantime::parse_duration(s) {
-        Ok(d) if !d.is_zero() => Ok(d),
-        Ok(_) => Err("must be greater than zero".to_string()),
-        Err(e) => Err(format!("not a duration ({e}); use e.g. 500ms, 5s, 1m")),
+        self.store.resolve()
     }
 }
 
@@ -117,6 +74,7 @@ mod tests {
     use clap::Parser;
 
     use std::path::Path;
+    use std::time::Duration;
 
     use super::*;
     use crate::config::REDIS_PASSWORD_ENV;
@@ -142,13 +100,13 @@ mod tests {
     #[test]
     fn flags_before_or_after_the_action() {
         let a = parse(&["--shards", "8", "import", "f.csv", "--replace"]).unwrap();
-        assert_eq!(a.shards, 8);
+        assert_eq!(a.store.shards, 8);
         assert!(matches!(
             a.command,
             TerminalsCommand::Import { replace: true, .. }
         ));
         let a = parse(&["remove", "a", "b", "--cluster", "c1"]).unwrap();
-        assert_eq!(a.cluster, "c1");
+        assert_eq!(a.store.cluster, "c1");
         assert!(matches!(a.command, TerminalsCommand::Remove { ref ids } if ids.len() == 2));
         assert!(parse(&["remove"]).is_err());
         assert!(parse(&["remove", "bad id"]).is_err());
@@ -167,11 +125,11 @@ mod tests {
     fn resolve_checks_store_flags() {
         let none = |_: &str| None;
         let a = parse(&["count"]).unwrap();
-        let s = a.resolve_with(none).unwrap();
+        let s = a.store.resolve_with(none).unwrap();
         assert_eq!(s.cluster, "default");
         assert_eq!(s.store_timeout, Duration::from_secs(5));
         let pw = |name: &str| (name == REDIS_PASSWORD_ENV).then(|| "s3cret".to_string());
-        let s = a.resolve_with(pw).unwrap();
+        let s = a.store.resolve_with(pw).unwrap();
         assert!(s.redis_url.contains("s3cret"));
         for (args, flag) in [
             (&["count", "--shards", "0"][..], "shards"),
@@ -183,7 +141,7 @@ mod tests {
                 "redis-client-cert",
             ),
         ] {
-            match parse(args).unwrap().resolve_with(none) {
+            match parse(args).unwrap().store.resolve_with(none) {
                 Err(ConfigError::Invalid { flag: f, .. }) => assert_eq!(f, flag, "{args:?}"),
                 other => panic!("{args:?}: {:?}", other.map(|_| ())),
             }

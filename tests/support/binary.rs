@@ -38,6 +38,11 @@ pub fn posgate(args: &[&str], env: &[(&str, &str)]) -> Output {
 /// `posgate serve` flags for the timings of `CoreConfig::fast()` and [`STORE_TIMEOUT`],
 /// so a process runs exactly like the in-process test pods.
 pub fn fast_flags() -> Vec<String> {
+    fast_flags_except(&[])
+}
+
+/// [`fast_flags`] without those of the flags named in `args` (which set their own).
+pub fn fast_flags_except(args: &[&str]) -> Vec<String> {
     let c = CoreConfig::fast();
     [
         ("--lease-ttl", c.lease_ttl),
@@ -52,6 +57,7 @@ pub fn fast_flags() -> Vec<String> {
         ("--store-timeout", STORE_TIMEOUT),
     ]
     .into_iter()
+    .filter(|(flag, _)| !args.contains(flag))
     .flat_map(|(flag, value)| {
         [
             flag.to_string(),
@@ -158,8 +164,8 @@ impl BinPod {
 
 /// `posgate serve` as pod `id` of the Redis at `redis_url` with the fast timings, its
 /// push API open to [`API_TOKEN`] and its cluster view to [`OPERATOR_TOKEN`], trusting the POS CA in `ca_file`, dialing at most
-/// 1,000 terminals per second, logging JSON at info, with the `extra` flags; its secret
-/// and token files go to `dir`.
+/// 1,000 terminals per second, logging JSON at info, with the `extra` flags (which may
+/// replace a fast timing); its secret and token files go to `dir`.
 pub fn terminal_pod(
     id: &str,
     redis_url: &str,
@@ -188,7 +194,7 @@ pub fn terminal_pod(
         ])
         .map(OsString::from)
         .collect();
-    args.extend(fast_flags().into_iter().map(OsString::from));
+    args.extend(fast_flags_except(extra).into_iter().map(OsString::from));
     args.extend(["--cluster-secret-file".into(), secret_file.into()]);
     args.extend(["--api-tokens-file".into(), tokens_file.into()]);
     args.extend(["--pos-ca".into(), ca_file.into()]);

@@ -1,7 +1,7 @@
 //! The `posgate` binary: parses the command line, sets up logging and runs one pod
 //! (`posgate serve`), the ring algorithm report (`posgate ring-report`), the
-//! deterministic cluster simulation (`posgate simulate`) or edits the terminal directory
-//! (`posgate terminals`).
+//! deterministic cluster simulation (`posgate simulate`), readies a new cluster's store
+//! (`posgate init`) or edits the terminal directory (`posgate terminals`).
 //!
 //! This is the only place that uses `anyhow` and decides exit codes: `0` success, `1` a
 //! runtime failure (or an invariant violation in `simulate`), `2` an invalid command line
@@ -12,10 +12,11 @@
 //!
 //! Layout: this file holds the command line, the clap error line and the logging setup;
 //! each subcommand's runner is a module of its own (`serve.rs`, `simulate.rs`,
-//! `terminals.rs`, `demo/`, `ring_report.rs`).
+//! `init.rs`, `terminals.rs`, `demo/`, `ring_report.rs`).
 
 mod conformance;
 mod demo;
+mod init;
 mod ring_report;
 mod serve;
 mod simulate;
@@ -30,9 +31,11 @@ use crate::simulate::SimulateArgs;
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{Parser, Subcommand};
 use posgate::config::conformance_args::ConformanceArgs;
+use posgate::config::init_args::InitArgs;
 use posgate::config::status_args::StatusArgs;
 use posgate::config::terminals_args::TerminalsArgs;
 use posgate::config::{LogFormat, ServeArgs};
+use posgate::store::StoreError;
 use tracing_subscriber::EnvFilter;
 
 /// jemalloc rather than the system allocator: after a slowloris (`tests/slowloris.rs`)
@@ -60,6 +63,8 @@ enum Command {
     RingReport(RingReportArgs),
     /// Run the deterministic cluster simulation over many seeds, or replay one.
     Simulate(SimulateArgs),
+    /// Make a new cluster's store ready before its first pod, so pods claim at once.
+    Init(InitArgs),
     /// Edit the terminal directory in Redis: import a CSV file, export, remove, count.
     Terminals(TerminalsArgs),
     /// Show the cluster as one pod sees it (needs an operator token).
@@ -94,6 +99,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Simulate(args) => simulate::main(&args),
+        Command::Init(args) => init::main(args),
         Command::Terminals(args) => terminals::main(args),
         Command::Status(args) => status::main(args),
         Command::Conformance(args) => conformance::main(args),
@@ -119,6 +125,17 @@ fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
         eprintln!("error: cannot start the async runtime: {err}");
         ExitCode::FAILURE
     })
+}
+
+/// The exit code of an operator command that failed with `err`: 2 for settings the
+/// store refused (cluster metadata mismatch, bad TLS files), like a bad flag; 1 else.
+fn exit_code_for(err: &anyhow::Error) -> ExitCode {
+    match err.downcast_ref::<StoreError>() {
+        Some(StoreError::Config(_) | StoreError::MetaMismatch { .. }) => {
+            ExitCode::from(USAGE_ERROR)
+        }
+        _ => ExitCode::FAILURE,
+    }
 }
 
 /// One line (without the `error: ` prefix) for a command-line error, naming the flag for

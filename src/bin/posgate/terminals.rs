@@ -11,9 +11,8 @@ use anyhow::Context;
 use posgate::config::terminals_args::{TerminalsArgs, TerminalsCommand};
 use posgate::config::StoreSettings;
 use posgate::store::redis::RedisStore;
-use posgate::store::StoreError;
 
-use crate::{runtime, USAGE_ERROR};
+use crate::{exit_code_for, runtime, USAGE_ERROR};
 
 /// `posgate terminals ...`: edits the terminal directory. An import file is read and
 /// checked whole before Redis is contacted; a bad line is reported as `FILE:LINE: reason`
@@ -47,12 +46,7 @@ pub fn main(args: TerminalsArgs) -> ExitCode {
         }
         Err(err) => {
             eprintln!("error: {err:#}");
-            match err.downcast_ref::<StoreError>() {
-                Some(StoreError::Config(_) | StoreError::MetaMismatch { .. }) => {
-                    ExitCode::from(USAGE_ERROR)
-                }
-                _ => ExitCode::FAILURE,
-            }
+            exit_code_for(&err)
         }
     }
 }
@@ -105,7 +99,7 @@ async fn run_terminals(
 
     let options = settings.redis_options();
     let store = RedisStore::connect(&settings.redis_url, &settings.cluster, options).await?;
-    let shards = args.shards;
+    let shards = args.store.shards;
     store.pin_meta(&ClusterMeta::current(shards)).await?;
     Ok(match &args.command {
         TerminalsCommand::Export { output } => export(&store, shards, output.as_deref()).await?,
