@@ -249,9 +249,32 @@ pub async fn import_directory(
     csv: &Path,
     redis: SocketAddr,
 ) -> Result<(), LoadError> {
+    let csv = csv.as_os_str().to_owned();
+    operator_command(posgate, &["terminals".into(), "import".into(), csv], redis).await
+}
+
+/// Runs `posgate init` against Redis at `redis` for pods of `member_ttl`: returns once
+/// the store generation is that old, so pods started afterwards claim at once.
+pub async fn init_store(
+    posgate: &Path,
+    redis: SocketAddr,
+    member_ttl: Duration,
+) -> Result<(), LoadError> {
+    let ttl = format!("{}ms", member_ttl.as_millis());
+    let args = ["init".into(), "--member-ttl".into(), ttl.into()];
+    operator_command(posgate, &args, redis).await
+}
+
+/// Runs the operator command `posgate <args>` against this harness's cluster in Redis
+/// at `redis`; an exit other than 0 is an error with its stderr.
+async fn operator_command(
+    posgate: &Path,
+    args: &[OsString],
+    redis: SocketAddr,
+) -> Result<(), LoadError> {
+    let what = format!("posgate {}", args[0].to_string_lossy());
     let out = Command::new(posgate)
-        .args(["terminals", "import"])
-        .arg(csv)
+        .args(args)
         .args([
             "--redis-url",
             &format!("redis://{redis}/"),
@@ -261,14 +284,14 @@ pub async fn import_directory(
         .output()
         .await
         .map_err(|source| LoadError::Spawn {
-            what: "posgate terminals import".into(),
+            what: what.clone(),
             source,
         })?;
     if out.status.success() {
         Ok(())
     } else {
         Err(LoadError::Exited {
-            what: "posgate terminals import".into(),
+            what,
             status: format!(
                 "{}: {}",
                 out.status,

@@ -322,7 +322,14 @@ pub async fn act(c: &mut Cluster, scenario: Scenario) -> Result<Action, LoadErro
         ..Action::default()
     };
     match scenario {
-        Scenario::ColdStart => start_ready(c, c.profile.pods, Release::Current).await?,
+        Scenario::ColdStart => {
+            a.notes.push(format!(
+                "the store was made ready by `posgate init` before the first pod ({:.1} s, \
+                 once per cluster, not counted): pods claim at once",
+                c.init_took.as_secs_f64()
+            ));
+            start_ready(c, c.profile.pods, Release::Current).await?
+        }
         Scenario::ScaleOut => {
             a.ideal_moved = Some(t / (n + 1));
             start_ready(c, 1, Release::Current).await?;
