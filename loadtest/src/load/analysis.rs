@@ -211,6 +211,26 @@ pub fn open_rise_max_per_s(series: &[(u64, u64)]) -> u64 {
     best
 }
 
+/// The cold-start bound: `1.2 x T + 5 s`, where `T = max(terminals / (pods x dial
+/// rate), terminals / handshakes per s)` is the time the dial limit or the machine's
+/// TLS handshake rate (measured in the same run) allows at best. Returns the bound in
+/// seconds and how T came about.
+pub fn cold_start_bound(
+    terminals: u64,
+    pods: u64,
+    dial_rate: u64,
+    handshakes: u64,
+) -> (f64, String) {
+    let by_rate = terminals as f64 / (pods * dial_rate).max(1) as f64;
+    let by_cpu = terminals as f64 / handshakes.max(1) as f64;
+    let t = by_rate.max(by_cpu);
+    let why = format!(
+        "T = max({terminals} / ({pods} x {dial_rate}/s) = {by_rate:.1} s, \
+         {terminals} / {handshakes} handshakes/s = {by_cpu:.1} s) = {t:.1} s"
+    );
+    (1.2 * t + 5.0, why)
+}
+
 /// Above this, the wall clock running ahead of the monotonic clock is reported.
 const CLOCK_JUMP_MS: u64 = 2_000;
 
@@ -228,6 +248,17 @@ pub fn clock_jump_s(wall_ms: u64, monotonic: std::time::Duration) -> Option<f64>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cold_start_bound_takes_the_slower_of_the_dial_limit_and_the_handshake_rate() {
+        // The dial limit: 50,000 / (20 x 200) = 12.5 s.
+        let (bound, why) = cold_start_bound(50_000, 20, 200, 10_000);
+        assert!((bound - (1.2 * 12.5 + 5.0)).abs() < 1e-9, "{why}");
+        // The machine: 50,000 / 1,000 = 50 s.
+        let (bound, why) = cold_start_bound(50_000, 20, 200, 1_000);
+        assert!((bound - (1.2 * 50.0 + 5.0)).abs() < 1e-9, "{why}");
+        assert!(why.ends_with("= 50.0 s"), "{why}");
+    }
     use crate::load::{
         pushgen::Attempt,
         sims::{Event, TerminalView},

@@ -470,6 +470,18 @@ fn checks(c: &Cluster, sc: Scenario, r: &mut ScenarioReport) {
             );
         }
         Scenario::ColdStart => {
+            let (t, pods, rate) = (
+                c.profile.terminals,
+                c.pods.len() as u64,
+                c.profile.dial_rate,
+            );
+            let (bound, why) = analysis::cold_start_bound(t, pods, rate, r.handshakes_per_s_max);
+            let took = r.converged_after_s.unwrap_or(f64::INFINITY);
+            let d = format!(
+                "{took:.1} s, bound {bound:.1} s, {:.2} x T ({why})",
+                took / (bound - 5.0) * 1.2
+            );
+            r.check("cold start <= 1.2 x T + 5 s", false, took <= bound, d);
             let rt = r.steady_round_trips_per_pod_s.unwrap_or(f64::NAN);
             let d = format!("{rt:.2} round trips/s per pod");
             r.check(
