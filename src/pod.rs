@@ -335,7 +335,8 @@ fn spawn_pod<S: CoordStore, H: ServingHook>(
     // Ends when the driver (holding the hook) does.
     tokio::spawn(push.clone().run_handoffs(handoffs));
     let metrics_handle = metrics.clone();
-    let sampler = sampler::run(metrics.clone(), status.clone(), stats.clone());
+    let failures = &http::PUSH_FAILURES;
+    let sampler = sampler::run(metrics.clone(), status.clone(), stats.clone(), failures);
     let peers = peer_client();
     let http_state = HttpState {
         status: status.clone(),

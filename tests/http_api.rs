@@ -213,9 +213,11 @@ async fn cluster_view_shape() {
         "placement": {"version": 3, "changed_ms_ago": 1500},
         "members": [{"pod": "pod-a", "url": "http://a:8080"}, {"pod": "pod-b", "url": "http://b:8080"}],
         "shards": [
-            {"shard": 0, "assigned": "pod-a", "owner": "pod-a", "epoch": 7, "serving": true, "suspended": false, "terminals_connected": null},
-            {"shard": 1, "assigned": "pod-b", "owner": null, "epoch": null, "serving": false, "suspended": true, "terminals_connected": null},
+            {"shard": 0, "assigned": "pod-a", "owner": "pod-a", "epoch": 7, "serving": true, "suspended": false, "terminals_connected": null, "terminals_listed": null},
+            {"shard": 1, "assigned": "pod-b", "owner": null, "epoch": null, "serving": false, "suspended": true, "terminals_connected": null, "terminals_listed": null},
         ],
+        // No sampler runs here, so the pod's timeline has no points yet.
+        "timelines": [{"pod": "pod-a", "points": []}],
     });
     assert_eq!(body, expected);
     server.stop().await;

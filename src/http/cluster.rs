@@ -1,11 +1,14 @@
 //! The cluster view: `GET /v1/cluster` (JSON), the internal per-shard terminal counts
 //! peers answer, and the status page `GET /` that renders the view every second.
 //!
-//! `/v1/cluster` answers from this pod's latest status, plus connected-terminal counts
-//! for the shards it serves; with `?include=terminals` it also asks every other member
-//! for theirs (signed, 500 ms each, in parallel), so one request shows the whole ring.
-//! A member that does not answer leaves its shards' counts `null`. The view also says
-//! what this pod makes of the store (`store.verdict`, and how long it has failed).
+//! `/v1/cluster` answers from this pod's latest status, plus connected and listed
+//! terminal counts for the shards it serves and its timeline (the last minutes of
+//! terminals connected, dials and pushes, `crate::metrics::timeline`); with
+//! `?include=terminals` it also asks every other member for theirs (signed, 500 ms each,
+//! in parallel), so one request shows the whole ring. A member that does not answer
+//! leaves its shards' counts `null` and its timeline out; one of the previous release
+//! answers connected counts only. The view also says what this pod makes of the store
+//! (`store.verdict`, and how long it has failed).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -22,6 +25,7 @@ use super::errors::respond;
 use super::HttpState;
 use crate::clock::now;
 use crate::core::{PodId, ShardId};
+use crate::metrics::timeline::Point;
 use crate::peer::{PeerTarget, ShardTerminals};
 use crate::status::{ShardStatus, StoreStatus};
 
@@ -36,6 +40,14 @@ struct ClusterView<'a> {
     placement: Option<PlacementView>,
     members: Vec<MemberView<'a>>,
     shards: Vec<ShardView<'a>>,
+    /// This pod's timeline and, with `include=terminals`, each peer's that sent one.
+    timelines: Vec<PodTimeline>,
+}
+
+#[derive(Serialize)]
+struct PodTimeline {
+    pod: PodId,
+    points: Vec<Point>,
 }
 
 /// The coordination store as the answering pod sees it.
@@ -70,6 +82,9 @@ struct ShardView<'a> {
     status: &'a ShardStatus,
     /// Connected terminals, as the pod serving the shard counts them; `null` unknown.
     terminals_connected: Option<usize>,
+    /// Terminals of the shard's directory listing, as the pod serving the shard read
+    /// it; `null` unknown.
+    terminals_listed: Option<usize>,
 }
 
 /// The query of `GET /v1/cluster`: only `include=terminals`.
@@ -95,8 +110,7 @@ pub(super) async fn cluster(
         return respond(answer);
     }
     let include_peers = query.include == Some(Include::Terminals);
-    let mut counts: BTreeMap<ShardId, usize> =
-        state.stats.connected_by_shard().into_iter().collect();
+    let mut answers = vec![own_counts(&state)];
     if include_peers {
         let peers: Vec<PeerTarget> = {
             let status = state.status.borrow();
@@ -110,8 +124,16 @@ pub(super) async fn cluster(
         let asks = peers
             .iter()
             .map(|peer| state.peers.shard_terminals(peer, PEER_COUNTS_TIMEOUT));
-        for theirs in join_all(asks).await.into_iter().flatten() {
-            counts.extend(theirs.shards);
+        answers.extend(join_all(asks).await.into_iter().flatten());
+    }
+    let mut connected: BTreeMap<ShardId, usize> = BTreeMap::new();
+    let mut listed: BTreeMap<ShardId, usize> = BTreeMap::new();
+    let mut timelines = Vec::new();
+    for answer in answers {
+        connected.extend(answer.shards);
+        listed.extend(answer.listed);
+        if let (Some(pod), Some(points)) = (answer.pod, answer.timeline) {
+            timelines.push(PodTimeline { pod, points });
         }
     }
     let status = state.status.borrow();
@@ -142,20 +164,32 @@ pub(super) async fn cluster(
             .iter()
             .map(|s| ShardView {
                 status: s,
-                terminals_connected: counts.get(&s.shard).copied(),
+                terminals_connected: connected.get(&s.shard).copied(),
+                terminals_listed: listed.get(&s.shard).copied(),
             })
             .collect(),
+        timelines,
     };
     // Serialised while the borrow is held; nothing here awaits.
     Json(view).into_response()
 }
 
-/// `GET /internal/v1/shard-terminals`: connected terminals per shard served here.
+/// `GET /internal/v1/shard-terminals`: connected and listed terminals per shard served
+/// here, and this pod's timeline.
 pub(super) async fn shard_terminals(State(state): State<Arc<HttpState>>) -> Response {
-    let pod = state.status.borrow().pod.clone();
-    Json(ShardTerminals {
-        pod,
-        shards: state.stats.connected_by_shard(),
-    })
-    .into_response()
+    Json(own_counts(&state)).into_response()
+}
+
+/// What this pod tells about itself: its shards' counts and its timeline.
+fn own_counts(state: &HttpState) -> ShardTerminals {
+    let counts = state.stats.shard_counts();
+    ShardTerminals {
+        pod: state.status.borrow().pod.clone(),
+        shards: counts.iter().map(|c| (c.shard, c.connected)).collect(),
+        listed: counts
+            .iter()
+            .filter_map(|c| Some((c.shard, c.listed?)))
+            .collect(),
+        timeline: Some(state.metrics.timeline(now())),
+    }
 }

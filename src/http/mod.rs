@@ -54,7 +54,7 @@ use crate::status::PodStatus;
 pub use self::caller::INSECURE_TENANT;
 pub use self::connections::{ConnectionLimits, MAX_CLOSING};
 pub use self::errors::MAX_URI_BYTES;
-pub use self::push::{push_head, PushHead};
+pub use self::push::{push_head, PushHead, PUSH_FAILURES};
 
 /// What the HTTP handlers read.
 pub struct HttpState {

@@ -5,7 +5,7 @@
 //! [`Answer`]s into responses; what happens to a push is `crate::push`. Checks run
 //! cheapest first, and an announced oversize body is refused before any of it is read.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -24,7 +24,7 @@ use crate::api::{valid_key, valid_terminal_id, IDEMPOTENCY_KEY, TIMEOUT_PARAM};
 use crate::clock;
 use crate::credentials::ApiTokens;
 use crate::metrics::{GaugeUnit, Metrics};
-use crate::push::answer::{Answer, ErrorBody, ErrorCode};
+use crate::push::answer::{Answer, ErrorBody, ErrorCode, ALL_ERROR_CODES};
 use crate::push::slots::Full;
 use crate::push::{PushRequest, PushService, DEFAULT_TIMEOUT, MAX_TIMEOUT};
 
@@ -232,6 +232,19 @@ fn overloaded(request: &PushRequest, full: Full) -> Answer {
 
 const BAD_ID: &str = "terminal id must match [A-Za-z0-9._:-]{1,64}";
 
+/// Every `result` of a failed push that [`count`] writes: an error code, or `other`.
+/// The status page's timeline sums them.
+pub static PUSH_FAILURES: LazyLock<Vec<&'static str>> = LazyLock::new(|| {
+    ALL_ERROR_CODES
+        .into_iter()
+        .map(ErrorCode::as_str)
+        .chain([OTHER_FAILURE])
+        .collect()
+});
+
+/// The `result` of an error answer without a known code.
+const OTHER_FAILURE: &str = "other";
+
 /// Counts a push API answer by path and result, with its latency.
 fn count(metrics: &Metrics, path: &'static str, answer: &Answer, received: Instant) {
     let result = if answer.status == StatusCode::OK {
@@ -241,7 +254,7 @@ fn count(metrics: &Metrics, path: &'static str, answer: &Answer, received: Insta
         answer
             .error_code()
             .and_then(|code| ErrorCode::named(&code))
-            .map_or("other", ErrorCode::as_str)
+            .map_or(OTHER_FAILURE, ErrorCode::as_str)
     };
     metrics
         .push_requests

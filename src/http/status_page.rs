@@ -1,7 +1,10 @@
-//! `GET /`: the status page, one self-contained HTML file (`status_page.html`: its own
-//! inline style and script, no external assets), served with headers that let it do
-//! nothing else: a Content-Security-Policy allowing exactly its inline script and style
-//! (by their SHA-256) and fetches to this pod, and no framing by any other page.
+//! `GET /`: the status page, one self-contained HTML document (`status_page.html` with
+//! `status_page.css` and `status_page.js` put inline: no external assets), served with
+//! headers that let it do nothing else: a Content-Security-Policy allowing exactly its
+//! inline script and style (by their SHA-256) and fetches to this pod, and no framing by
+//! any other page. The script draws the shards as an SVG ring coloured by pod, bars of
+//! connected vs expected terminals per pod and the last minutes' timeline; SVG
+//! attributes and classes only, as the policy allows no style attribute.
 //!
 //! Not for: the data it shows (`GET /v1/cluster`, `cluster.rs`, with the operator's
 //! bearer token, which the page keeps in `sessionStorage` and takes out of the URL).
@@ -14,7 +17,25 @@ use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use sha2::{Digest, Sha256};
 
-const PAGE: &str = include_str!("status_page.html");
+/// The page as served: the style and script files inside its empty `<style>` and
+/// `<script>` elements, kept as separate files only to be read and edited as such.
+static PAGE: LazyLock<String> = LazyLock::new(|| {
+    include_str!("status_page.html")
+        .replacen(
+            "<style></style>",
+            &inline("style", include_str!("status_page.css")),
+            1,
+        )
+        .replacen(
+            "<script></script>",
+            &inline("script", include_str!("status_page.js")),
+            1,
+        )
+});
+
+fn inline(tag: &str, text: &str) -> String {
+    format!("<{tag}>\n{text}</{tag}>")
+}
 
 /// The page's policy. Computed from the page itself, so an edit of its script or style
 /// cannot leave a stale hash behind (the browser test would show a blank page).
@@ -47,7 +68,7 @@ pub(super) async fn serve() -> Response {
             (header::REFERRER_POLICY, "no-referrer"),
             (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
         ],
-        Html(PAGE),
+        Html(PAGE.as_str()),
     )
         .into_response()
 }
@@ -65,5 +86,8 @@ mod tests {
         // One of each: a second would go unhashed and be blocked.
         assert_eq!(PAGE.matches("<script").count(), 1);
         assert_eq!(PAGE.matches("<style").count(), 1);
+        // Both files went in, so the hashes cover what the browser runs.
+        assert!(PAGE.contains("function renderRing(") && PAGE.contains(".seg.moving {"));
+        assert!(!PAGE.contains("<script></script>") && !PAGE.contains("<style></style>"));
     }
 }

@@ -42,7 +42,7 @@ const LEASE_OUTCOMES: [(&str, &[&str]); 3] = [
 ];
 
 /// The `result` values of `posgate_dials_total` (see `DialError::label`).
-const DIAL_RESULTS: [&str; 7] = [
+pub(super) const DIAL_RESULTS: [&str; 7] = [
     "ok",
     "refused",
     "timeout",
@@ -51,6 +51,9 @@ const DIAL_RESULTS: [&str; 7] = [
     "rejected",
     "error",
 ];
+
+/// The `path` values of the push API metrics.
+pub(super) const PUSH_PATHS: [&str; 3] = ["local", "forwarded", "none"];
 
 /// The `delivery` values of `posgate_shards_suspended`: held past the lease deadline and
 /// delivering (the cluster-wide verdict stands) or parked (connections kept, nothing
@@ -139,7 +142,7 @@ impl Metrics {
                 .http_connections_closed
                 .get_or_create(&[("reason", reason)]);
         }
-        for path in ["local", "forwarded", "none"] {
+        for path in PUSH_PATHS {
             let _ = self.push_duration.get_or_create(&[("path", path)]);
             let _ = self
                 .push_requests

@@ -9,16 +9,19 @@
 //! path pays for them. Labels are bounded sets only: never a terminal id, a token or an
 //! idempotency key; `shard` has at most `--shards` values.
 //!
-//! Not for: deciding anything. Nothing reads these values back except `/metrics`.
+//! Not for: deciding anything. Nothing reads these values back except `/metrics` and
+//! the status page's [`timeline`], a few of them sampled every few seconds.
 
 mod exposition;
 mod known_series;
 pub mod sampler;
+pub mod timeline;
 
 pub use self::exposition::Exposition;
 pub use self::known_series::{PEER_REFUSAL_REASONS, SUSPENDED_DELIVERY};
 
 use std::sync::atomic::AtomicU64;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use prometheus_client::encoding::text::encode;
@@ -121,6 +124,8 @@ pub struct Metrics {
     pub peer_legacy_accepted: Counter,
     pub http_connections: Gauge,
     pub http_connections_closed: Family<Label, Counter>,
+    /// Samples of a few of the above for the status page (not exported).
+    timeline: Mutex<timeline::Timeline>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -184,6 +189,7 @@ impl Metrics {
             peer_legacy_accepted: Counter::default(),
             http_connections: Gauge::default(),
             http_connections_closed: Family::default(),
+            timeline: Mutex::default(),
         };
         m.register();
         m.zero_known_series();

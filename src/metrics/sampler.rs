@@ -1,6 +1,7 @@
 //! Sets the state gauges from the pod's status and the connection layer every
-//! [`SAMPLE_EVERY`], and times rebalances: from a change of the shards assigned to this
-//! pod until each of them is served and every terminal of them was dialed once.
+//! [`SAMPLE_EVERY`], times rebalances: from a change of the shards assigned to this
+//! pod until each of them is served and every terminal of them was dialed once, and
+//! feeds the status page's timeline (`super::timeline`) when a sample is due.
 //!
 //! Sampling keeps the gauges off the hot paths; the price is up to one period of delay,
 //! which is well below a scrape interval.
@@ -22,18 +23,25 @@ pub const SAMPLE_EVERY: Duration = Duration::from_millis(500);
 /// The sampler's memory between samples.
 #[derive(Debug, Default)]
 struct Sampler {
+    /// The `result` values of a failed push, for the timeline.
+    push_failures: &'static [&'static str],
     members: Option<Vec<String>>,
     assigned: Option<BTreeSet<ShardId>>,
     rebalance_started: Option<Instant>,
 }
 
-/// Samples until `status` closes (the driver is gone).
+/// Samples until `status` closes (the driver is gone). `push_failures`: the `result`
+/// values of `posgate_push_requests_total` that the timeline counts as failed pushes.
 pub async fn run(
     metrics: Arc<Metrics>,
     mut status: watch::Receiver<PodStatus>,
     sessions: Arc<dyn SessionStats>,
+    push_failures: &'static [&'static str],
 ) {
-    let mut sampler = Sampler::default();
+    let mut sampler = Sampler {
+        push_failures,
+        ..Sampler::default()
+    };
     let mut tick = tokio::time::interval(SAMPLE_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -114,6 +122,7 @@ impl Sampler {
             m.terminals.get_or_create(&[("state", state)]).set(n as i64);
         }
         m.dial_queue_depth.set(sessions.dial_queue_depth() as i64);
+        m.sample_timeline(now, self.push_failures);
 
         if self.assigned.as_ref().is_some_and(|prev| *prev != assigned) {
             m.rebalances.inc();
@@ -140,7 +149,7 @@ mod tests {
     use crate::core::reconciler::Outage;
     use crate::core::PodId;
     use crate::metrics::Exposition;
-    use crate::serving::TerminalCounts;
+    use crate::serving::{ShardCount, TerminalCounts};
     use crate::status::{ShardStatus, StoreStatus};
 
     /// Sessions whose undialed count the test sets.
@@ -161,7 +170,7 @@ mod tests {
         fn dial_queue_depth(&self) -> usize {
             3
         }
-        fn connected_by_shard(&self) -> Vec<(ShardId, usize)> {
+        fn shard_counts(&self) -> Vec<ShardCount> {
             Vec::new()
         }
     }

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::api::{valid_key, valid_terminal_id, IDEMPOTENCY_KEY, TENANT_HEADER};
 use crate::core::{PodId, ShardId};
+use crate::metrics::timeline::Point;
 
 /// `POST`: "do you reach the store?" -> [`PeerAnswer`].
 pub const STORE_REACHABLE_ROUTE: &str = "/internal/v1/store-reachable";
@@ -24,7 +25,8 @@ pub const STORE_REACHABLE_ROUTE: &str = "/internal/v1/store-reachable";
 pub const PUSH_ROUTE: &str = "/internal/v1/push/{id}";
 /// `GET`: the owner's view of one terminal -> `TerminalView` JSON, or `421`.
 pub const TERMINAL_ROUTE: &str = "/internal/v1/terminals/{id}";
-/// `GET`: connected terminals per shard served -> [`ShardTerminals`].
+/// `GET`: connected and listed terminals per shard served, and the pod's timeline ->
+/// [`ShardTerminals`].
 pub const SHARD_TERMINALS_ROUTE: &str = "/internal/v1/shard-terminals";
 /// `GET`: the final push answers a pod keeps for one shard's terminals (`{id}` is the
 /// shard) -> [`HandedOver`]. Asked by the pod that acquired the shard from it.
@@ -126,11 +128,19 @@ pub struct PeerAnswer {
     pub store_reachable: bool,
 }
 
-/// A peer's answer on [`SHARD_TERMINALS_ROUTE`].
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// A peer's answer on [`SHARD_TERMINALS_ROUTE`]. Pods of the previous release send only
+/// `pod` and `shards` (the rest defaults), and ignore the rest.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ShardTerminals {
     pub pod: Option<PodId>,
+    /// Connected terminals per served shard.
     pub shards: Vec<(ShardId, usize)>,
+    /// Terminals of each served shard's directory listing (not those still loading).
+    #[serde(default)]
+    pub listed: Vec<(ShardId, usize)>,
+    /// The pod's timeline (`crate::metrics::timeline`), oldest first.
+    #[serde(default)]
+    pub timeline: Option<Vec<Point>>,
 }
 
 /// The body of a request on [`RELEASE_TERMINALS_ROUTE`].

@@ -58,7 +58,7 @@ use crate::core::reconciler::{Close, Stop, StopReason};
 use crate::core::{Epoch, ShardId};
 use crate::metrics::Metrics;
 use crate::serving::ServingHook;
-use crate::serving::{SessionStats, TerminalCounts};
+use crate::serving::{SessionStats, ShardCount, TerminalCounts};
 use crate::store::directory::{Directory, Terminal};
 use crate::store::StoreError;
 

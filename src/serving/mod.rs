@@ -15,7 +15,7 @@
 
 mod stats;
 
-pub use self::stats::{NoSessions, SessionStats, TerminalCounts};
+pub use self::stats::{NoSessions, SessionStats, ShardCount, TerminalCounts};
 
 use std::future::Future;
 use std::sync::{Arc, PoisonError, RwLock};

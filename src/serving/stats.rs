@@ -14,6 +14,15 @@ pub struct TerminalCounts {
     pub backoff: usize,
 }
 
+/// One served shard's terminals: connected now, and in its directory listing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShardCount {
+    pub shard: ShardId,
+    pub connected: usize,
+    /// Terminals of the shard's directory listing; `None` while it is still loading.
+    pub listed: Option<usize>,
+}
+
 /// Counts the connection layer keeps about its sessions.
 pub trait SessionStats: Send + Sync + 'static {
     /// Terminals of served shards not dialed once yet (`None`: not known yet).
@@ -22,8 +31,8 @@ pub trait SessionStats: Send + Sync + 'static {
     fn terminal_counts(&self) -> TerminalCounts;
     /// Dials waiting for the pacer.
     fn dial_queue_depth(&self) -> usize;
-    /// Connected terminals per served shard.
-    fn connected_by_shard(&self) -> Vec<(ShardId, usize)>;
+    /// Connected and listed terminals per served shard, by shard.
+    fn shard_counts(&self) -> Vec<ShardCount>;
 }
 
 /// A pod without a connection layer (coordination-only tests): no terminals at all.
@@ -43,7 +52,7 @@ impl SessionStats for NoSessions {
         0
     }
 
-    fn connected_by_shard(&self) -> Vec<(ShardId, usize)> {
+    fn shard_counts(&self) -> Vec<ShardCount> {
         Vec::new()
     }
 }

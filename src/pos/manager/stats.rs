@@ -1,5 +1,6 @@
 //! The connection manager's counts for readiness, the cluster view and the metrics
-//! sampler ([`SessionStats`]): terminals by state, connected per shard, dials queued.
+//! sampler ([`SessionStats`]): terminals by state, connected and listed per shard, dials
+//! queued.
 
 use super::*;
 
@@ -34,21 +35,23 @@ impl<D: Directory> SessionStats for ConnectionManager<D> {
         counts
     }
 
-    /// Connected terminals per served shard.
-    fn connected_by_shard(&self) -> Vec<(ShardId, usize)> {
+    /// Connected and listed terminals per served shard.
+    fn shard_counts(&self) -> Vec<ShardCount> {
         let shards = lock(&self.inner.shards);
-        let mut counts: Vec<(ShardId, usize)> = shards
+        let mut counts: Vec<ShardCount> = shards
             .iter()
-            .map(|(&shard, e)| {
-                let connected = e
+            .map(|(&shard, e)| ShardCount {
+                shard,
+                connected: e
                     .links
                     .values()
                     .filter(|l| matches!(l.state.borrow().state, LinkState::Connected { .. }))
-                    .count();
-                (shard, connected)
+                    .count(),
+                // A link per terminal of the listing, once it is read.
+                listed: (e.listing != Listing::Unread).then_some(e.links.len()),
             })
             .collect();
-        counts.sort_unstable();
+        counts.sort_unstable_by_key(|c| c.shard);
         counts
     }
 

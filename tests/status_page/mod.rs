@@ -1,15 +1,20 @@
 //! The status page (`GET /`) rendered by a real browser: a pod on the embedded store,
 //! its Content-Security-Policy (the browser enforces it: a wrong hash of the page's
 //! script leaves the page blank), headless Chromium loading the page with a token in the
-//! URL fragment, and checks on the rendered DOM (members, 64 shard rows with owners and epochs); and a pod over a
-//! real `redis-server` frozen with SIGSTOP past the lease TTL, whose page shows the
-//! cluster-wide verdict and every shard held and delivering, then Redis back. Chromium is the
-//! Debian package `chromium` (`scripts/test` installs it); without it the test says so
-//! and passes, as the browser is a test tool, not part of posgate, except under
-//! `CI=true`, where it fails (`support::tools`).
+//! URL fragment, and checks on the rendered DOM (members, the ring of 64 segments read
+//! back against `/v1/cluster` (`picture`), 64 shard rows with owners and epochs); a pod
+//! over a real `redis-server` frozen with SIGSTOP past the lease TTL, whose page shows
+//! the cluster-wide verdict and every shard held and delivering, then Redis back; and a
+//! cluster of three pods with terminals, steady and then mid-rebalance (`cluster`).
+//! Chromium is the Debian package `chromium` (`scripts/test` installs it); without it
+//! the test says so and passes, as the browser is a test tool, not part of posgate,
+//! except under `CI=true`, where it fails (`support::tools`).
 //!
-//! `POSGATE_SCREENSHOT=path.png` also saves a screenshot (how `docs/status-page.png`
-//! was made).
+//! `POSGATE_SCREENSHOT_DIR=docs` also saves the screenshots `docs/` shows
+//! (`status-page.png`, `status-page-phone.png`, `status-page-rebalance.png`).
+
+mod cluster;
+mod picture;
 
 use std::process::Command;
 use std::time::Duration;
@@ -20,6 +25,7 @@ use posgate::pod::Pod;
 use posgate::store::memory::MemoryStore;
 use posgate::store::redis::RedisStore;
 
+use crate::support::api;
 use crate::support::pod::{self, CLUSTER, SHARDS};
 use crate::support::wait::{secs, wait_for};
 use crate::support::RedisServer;
@@ -58,26 +64,57 @@ fn browser() -> Option<&'static str> {
     crate::support::tools::require(chromium(), "chromium", unchecked, install)
 }
 
-/// The DOM of `page` after the browser ran its script, and what the page wrote to its
-/// console.
-async fn dump_dom(bin: &str, page: &str) -> (String, String) {
-    let dump = tokio::task::spawn_blocking({
+/// Headless Chromium with `args` on `page`, off the runtime's threads; fails the test
+/// unless it exits 0.
+async fn run_headless(bin: &str, args: Vec<String>, page: &str) -> std::process::Output {
+    let run = tokio::task::spawn_blocking({
         let (bin, page) = (bin.to_string(), page.to_string());
-        move || headless(&bin).arg("--dump-dom").arg(page).output().unwrap()
+        move || headless(&bin).args(args).arg(page).output().unwrap()
     })
     .await
     .unwrap();
     assert!(
-        dump.status.success(),
+        run.status.success(),
         "{}",
-        String::from_utf8_lossy(&dump.stderr)
+        String::from_utf8_lossy(&run.stderr)
     );
+    run
+}
+
+/// The DOM of `page` after the browser ran its script, and what the page wrote to its
+/// console.
+async fn dump_dom(bin: &str, page: &str) -> (String, String) {
+    let dump = run_headless(bin, vec!["--dump-dom".to_string()], page).await;
     let console = String::from_utf8_lossy(&dump.stderr)
         .lines()
         .filter(|l| l.contains(":CONSOLE"))
         .collect::<Vec<_>>()
         .join("\n");
     (String::from_utf8_lossy(&dump.stdout).into_owned(), console)
+}
+
+/// `/v1/cluster?include=terminals` of the pod at `url`, as the page reads it.
+async fn cluster_view(url: &str) -> serde_json::Value {
+    let ask = format!("{url}/v1/cluster?include=terminals");
+    let (code, view) = api::get(&api::client(), &ask, Some(TOKEN)).await;
+    assert_eq!(code, http::StatusCode::OK, "{view}");
+    view
+}
+
+/// Saves a screenshot of `page` in a `width` x `height` window as `name` in
+/// `POSGATE_SCREENSHOT_DIR`, when that is set.
+async fn screenshot(bin: &str, page: &str, name: &str, (width, height): (u32, u32)) {
+    let Ok(dir) = std::env::var("POSGATE_SCREENSHOT_DIR") else {
+        return;
+    };
+    let path = std::path::Path::new(&dir).join(name);
+    let args = vec![
+        format!("--window-size={width},{height}"),
+        "--hide-scrollbars".to_string(),
+        format!("--screenshot={}", path.display()),
+    ];
+    run_headless(bin, args, page).await;
+    eprintln!("[page] screenshot saved to {}", path.display());
 }
 
 /// A pod config with the page's operator token.
@@ -105,10 +142,7 @@ async fn the_status_page_renders_the_ring() {
     let request = http::Request::get(format!("{url}/"))
         .body(http_body_util::Full::new(bytes::Bytes::new()))
         .unwrap();
-    let answer = crate::support::api::client()
-        .request(request)
-        .await
-        .unwrap();
+    let answer = api::client().request(request).await.unwrap();
     let header = |name: &str| answer.headers()[name].to_str().unwrap().to_string();
     let policy = header("content-security-policy");
     assert!(
@@ -140,8 +174,14 @@ async fn the_status_page_renders_the_ring() {
         dom.contains("<div id=\"store\" class=\"reachable\">Redis reachable</div>"),
         "{dom}"
     );
-    // Every shard is served by the only pod: its name fills the owner column.
+    // Every shard is served by the only pod: its name fills the owner column, and the
+    // ring is one colour.
     assert!(dom.matches("<td>page-pod</td>").count() >= 128, "{dom}");
+    let view = cluster_view(&url).await;
+    let drawn = picture::read_and_check(&dom, &view, &view);
+    assert_eq!(drawn.in_state("served").len(), SHARDS as usize);
+    assert!(drawn.segments.iter().all(|s| s.owner == "page-pod"));
+    assert_eq!(drawn.legend.len(), 1, "{:?}", drawn.legend);
 
     // Without the token the page asks for one instead of showing data.
     let (bare, _) = dump_dom(bin, &format!("{url}/")).await;
@@ -151,16 +191,6 @@ async fn the_status_page_renders_the_ring() {
     );
     assert!(!bare.contains("<td>page-pod</td>"), "{bare}");
 
-    if let Ok(path) = std::env::var("POSGATE_SCREENSHOT") {
-        let shot = headless(bin)
-            .arg("--window-size=1100,1500")
-            .arg(format!("--screenshot={path}"))
-            .arg(&page)
-            .output()
-            .unwrap();
-        assert!(shot.status.success());
-        eprintln!("[page] screenshot saved to {path}");
-    }
     pod.shutdown();
     pod.wait().await.unwrap();
 }
@@ -191,12 +221,16 @@ async fn the_status_page_shows_shards_held_through_a_redis_outage() {
         held,
     )
     .await;
+    let before = cluster_view(&url).await;
     let (dom, _) = dump_dom(bin, &page).await;
+    let after = cluster_view(&url).await;
     eprintln!(
         "[page] every shard held {:.2} s after Redis froze",
         secs(took)
     );
     assert!(held(), "the outage ended while the page rendered");
+    let drawn = picture::read_and_check(&dom, &before, &after);
+    assert_eq!(drawn.in_state("suspended").len(), SHARDS as usize, "{dom}");
     assert!(dom.contains("<div id=\"store\" class=\"outage\">"), "{dom}");
     for text in [
         "Redis unreachable for the whole cluster for ",
