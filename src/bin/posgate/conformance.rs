@@ -9,29 +9,18 @@ use std::process::ExitCode;
 use posgate::config::conformance_args::ConformanceArgs;
 use posgate::pos::conformance::{self, Check, Level, Outcome};
 
-use crate::{runtime, USAGE_ERROR};
+use crate::{or_usage, runtime};
 
 /// Exit 0 when every MUST check passed (a failed SHOULD is printed, not fatal), 1 when
 /// one failed or was skipped, 2 for bad flags or TLS files.
 pub fn main(args: ConformanceArgs) -> ExitCode {
-    let settings = match args.resolve() {
-        Ok(settings) => settings,
-        Err(err) => {
-            eprintln!("error: {err}");
-            return ExitCode::from(USAGE_ERROR);
-        }
-    };
-    let tls = match posgate::pos::tls::client_config(&settings.tls) {
-        Ok(tls) => tls,
-        Err(err) => {
-            eprintln!("error: {err}");
-            return ExitCode::from(USAGE_ERROR);
-        }
-    };
-    let runtime = match runtime() {
-        Ok(runtime) => runtime,
-        Err(code) => return code,
-    };
+    run(args).unwrap_or_else(|code| code)
+}
+
+fn run(args: ConformanceArgs) -> Result<ExitCode, ExitCode> {
+    let settings = or_usage(args.resolve())?;
+    let tls = or_usage(posgate::pos::tls::client_config(&settings.tls))?;
+    let runtime = runtime()?;
     let checks = runtime.block_on(conformance::run(
         tls,
         &settings.terminal,
@@ -49,11 +38,11 @@ pub fn main(args: ConformanceArgs) -> ExitCode {
     } else {
         print!("{}", table(&settings.terminal.id, &checks));
     }
-    if conforms(&checks) {
+    Ok(if conforms(&checks) {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
-    }
+    })
 }
 
 /// Every MUST check passed.

@@ -28,35 +28,30 @@ use posgate::config::init_args::InitArgs;
 use posgate::store::redis::RedisStore;
 use posgate::store::{ClusterMeta, CoordStore};
 
-use crate::{exit_code_for, runtime, USAGE_ERROR};
+use crate::{exit_code_for, or_usage, runtime};
 
 /// `posgate init`: one line on stdout when the store is ready; exit 2 for bad flags or a
 /// cluster pinned with other metadata, 1 when Redis cannot be reached.
 pub fn main(args: InitArgs) -> ExitCode {
-    let settings = match args.store.resolve() {
-        Ok(settings) => settings,
-        Err(err) => {
-            eprintln!("error: {err}");
-            return ExitCode::from(USAGE_ERROR);
-        }
-    };
-    let runtime = match runtime() {
-        Ok(runtime) => runtime,
-        Err(code) => return code,
-    };
-    let run = async {
+    run(args).unwrap_or_else(|code| code)
+}
+
+fn run(args: InitArgs) -> Result<ExitCode, ExitCode> {
+    let settings = or_usage(args.store.resolve())?;
+    let runtime = runtime()?;
+    let ready = async {
         let options = settings.redis_options();
         let store = RedisStore::connect(&settings.redis_url, &settings.cluster, options).await?;
         init(&store, args.store.shards, args.member_ttl).await
     };
-    match runtime.block_on(run) {
+    match runtime.block_on(ready) {
         Ok(line) => {
             println!("{line}");
-            ExitCode::SUCCESS
+            Ok(ExitCode::SUCCESS)
         }
         Err(err) => {
             eprintln!("error: {err:#}");
-            exit_code_for(&err)
+            Err(exit_code_for(&err))
         }
     }
 }

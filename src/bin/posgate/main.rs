@@ -118,6 +118,16 @@ fn init_tracing(format: LogFormat, filter: EnvFilter) {
     }
 }
 
+/// `result`'s value, or exit 2 after printing its error as one `error: ...` line: for
+/// settings a subcommand resolves from its flags (`?` in a runner returning
+/// `Result<_, ExitCode>`).
+fn or_usage<T, E: std::fmt::Display>(result: Result<T, E>) -> Result<T, ExitCode> {
+    result.map_err(|err| {
+        eprintln!("error: {err}");
+        ExitCode::from(USAGE_ERROR)
+    })
+}
+
 /// A multi-threaded tokio runtime, or exit 1 after saying why on stderr (for commands
 /// that have not set up logging).
 fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {

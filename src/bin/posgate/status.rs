@@ -23,7 +23,7 @@ use posgate::config::status_args::{StatusArgs, StatusSettings};
 use posgate::peer::tls::{h2_client_config, PeerConnector, PeerTls};
 use serde::Deserialize;
 
-use crate::{runtime, USAGE_ERROR};
+use crate::{or_usage, runtime};
 
 /// The largest `/v1/cluster` answer read (4096 shards fit many times over).
 const MAX_VIEW: usize = 4 << 20;
@@ -31,25 +31,15 @@ const MAX_VIEW: usize = 4 << 20;
 /// `posgate status [--watch]`: exit 0 when drawn, 1 when the pod could not be read
 /// (without `--watch`), 2 for bad flags.
 pub fn main(args: StatusArgs) -> ExitCode {
-    let settings = match args.resolve() {
-        Ok(settings) => settings,
-        Err(err) => {
-            eprintln!("error: {err}");
-            return ExitCode::from(USAGE_ERROR);
-        }
-    };
-    let client = match client(&settings) {
-        Ok(client) => client,
-        Err(err) => {
-            eprintln!("error: {err:#}");
-            return ExitCode::from(USAGE_ERROR);
-        }
-    };
-    let runtime = match runtime() {
-        Ok(runtime) => runtime,
-        Err(code) => return code,
-    };
-    runtime.block_on(async {
+    run(args).unwrap_or_else(|code| code)
+}
+
+fn run(args: StatusArgs) -> Result<ExitCode, ExitCode> {
+    let settings = or_usage(args.resolve())?;
+    // `{:#}`: the error with its causes, on one line.
+    let client = or_usage(client(&settings).map_err(|err| format!("{err:#}")))?;
+    let runtime = runtime()?;
+    Ok(runtime.block_on(async {
         let Some(every) = settings.watch else {
             return match fetch(&client, &settings).await {
                 Ok(view) => {
@@ -71,7 +61,7 @@ pub fn main(args: StatusArgs) -> ExitCode {
             print!("\x1b[2J\x1b[H{drawn}\nevery {every:?}; Ctrl-C to stop\n");
             tokio::time::sleep(every).await;
         }
-    })
+    }))
 }
 
 type Http = Client<PeerConnector, Empty<Bytes>>;

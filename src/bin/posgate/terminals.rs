@@ -12,41 +12,33 @@ use posgate::config::terminals_args::{TerminalsArgs, TerminalsCommand};
 use posgate::config::StoreSettings;
 use posgate::store::redis::RedisStore;
 
-use crate::{exit_code_for, runtime, USAGE_ERROR};
+use crate::{exit_code_for, or_usage, runtime};
 
 /// `posgate terminals ...`: edits the terminal directory. An import file is read and
 /// checked whole before Redis is contacted; a bad line is reported as `FILE:LINE: reason`
 /// and nothing is imported (exit 1). Settings the store refuses (cluster metadata
 /// mismatch, bad TLS files) exit 2, like a bad flag.
 pub fn main(args: TerminalsArgs) -> ExitCode {
-    let settings = match args.resolve() {
-        Ok(settings) => settings,
-        Err(err) => {
-            eprintln!("error: {err}");
-            return ExitCode::from(USAGE_ERROR);
-        }
-    };
+    run(args).unwrap_or_else(|code| code)
+}
+
+fn run(args: TerminalsArgs) -> Result<ExitCode, ExitCode> {
+    let settings = or_usage(args.resolve())?;
     let import = match &args.command {
-        TerminalsCommand::Import { file, .. } => match read_import(file) {
-            Ok(terminals) => terminals,
-            Err(code) => return code,
-        },
+        TerminalsCommand::Import { file, .. } => read_import(file)?,
         _ => Vec::new(),
     };
-    let runtime = match runtime() {
-        Ok(runtime) => runtime,
-        Err(code) => return code,
-    };
+    let runtime = runtime()?;
     match runtime.block_on(run_terminals(&args, settings, import)) {
         Ok(Report { stdout, stderr }) => {
             // A closed stdout (`| head`) is no reason to panic.
             let _ = std::io::Write::write_all(&mut std::io::stdout(), stdout.as_bytes());
             eprint!("{stderr}");
-            ExitCode::SUCCESS
+            Ok(ExitCode::SUCCESS)
         }
         Err(err) => {
             eprintln!("error: {err:#}");
-            exit_code_for(&err)
+            Err(exit_code_for(&err))
         }
     }
 }
