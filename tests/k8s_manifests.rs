@@ -13,7 +13,8 @@
 //!   no kubectl is installed, and failed under `CI=true`; `scripts/install-kubectl`
 //!   installs one), and the rendered output passes the variable checks too; a kustomize
 //!   component (k8s/observability) must be included by an overlay whose rendering
-//!   carries all its resources.
+//!   carries all its resources; `k8s/init` (the `posgate init` Job) must reach the
+//!   base Deployment's Redis and cluster.
 //!
 //! YAML is scanned as text, line by line: the manifests are plain block YAML and the
 //! checks only need names and a few scalar values.
@@ -578,6 +579,36 @@ fn component_problems(kubectl: &str, dirs: &[PathBuf], component: &Path) -> Vec<
     problems
 }
 
+/// The value of the environment variable `name` where `text` first sets it (`- name:`
+/// then `value:` on the next line).
+fn env_value(text: &str, name: &str) -> Option<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.trim() == format!("- name: {name}"))?;
+    let value = lines.get(at + 1)?.trim().strip_prefix("value: ")?;
+    Some(value.trim_matches('"').to_string())
+}
+
+/// `k8s/init` renders the `posgate init` Job, reaching the Redis and cluster of the
+/// base's Deployment (the values an overlay then changes in both).
+fn init_job_problems(source: &str, kinds: &[String], rendered: &str) -> Vec<String> {
+    let mut problems = Vec::new();
+    if !kinds.iter().any(|k| k == "Job/posgate-init") {
+        problems.push(format!("{source}: no Job/posgate-init"));
+    }
+    let base = read(&root().join("k8s/base/deployment.yaml"));
+    for var in ["POSGATE_REDIS_URL", "POSGATE_CLUSTER"] {
+        let (job, deployment) = (env_value(rendered, var), env_value(&base, var));
+        if job.is_none() || job != deployment {
+            problems.push(format!(
+                "{source}: {var} is {job:?}, the base Deployment's {deployment:?}"
+            ));
+        }
+    }
+    problems
+}
+
 #[test]
 fn every_kustomization_renders() {
     let dirs: Vec<PathBuf> = files_under(&root().join("k8s"), &["yaml", "yml"])
@@ -640,6 +671,8 @@ fn every_kustomization_renders() {
             // A component is only meaningful inside an overlay; check one includes it
             // and that the overlay's rendering then carries the component's resources.
             problems.extend(component_problems(&kubectl, &dirs, dir));
+        } else if dir.ends_with("k8s/init") {
+            problems.extend(init_job_problems(&source, &kinds, &rendered));
         } else if !kinds.iter().any(|k| k == "Deployment/posgate") {
             problems.push(format!("{source}: no Deployment/posgate"));
         }
