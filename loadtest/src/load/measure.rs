@@ -15,12 +15,12 @@ use std::{
 };
 
 use super::{
-    analysis,
+    alerts, analysis,
     cluster::{Cluster, SHARDS},
     dark, duplicates,
     handover::{self, Verdict},
     observe::{Owners, Sample, Sampler, SAMPLE_EVERY},
-    outage,
+    outage, panels,
     pods::TENANT,
     procs::CLOCK_TICKS,
     push_summary,
@@ -270,6 +270,10 @@ pub async fn run_scenario(c: &mut Cluster, sc: Scenario) -> Result<ScenarioRepor
         .collect();
     r.handshakes_per_s_max = analysis::open_rise_max_per_s(&opens);
     r.series = samples;
+    // After the measurement: the wait for active alerts to resolve is not the scenario's.
+    r.alerts = alerts::observe(c, sc, t0).await?;
+    let until = r.alerts.as_ref().map_or(t1, |a| a.until_unix_ms);
+    r.panels = panels::check(c, t0, until).await;
     checks(c, sc, &mut r);
     Ok(r)
 }
@@ -416,6 +420,8 @@ fn checks(c: &Cluster, sc: Scenario, r: &mut ScenarioReport) {
     upgrade::checks(r);
     outage::checks(r, sc);
     dark::check(r, sc);
+    alerts::check(r);
+    panels::gate(r);
     match sc {
         Scenario::ScaleOut
         | Scenario::ScaleIn
