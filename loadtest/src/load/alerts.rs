@@ -122,7 +122,6 @@ impl AlertReport {
             .filter(|e| e.fired_unix_ms.is_some())
             .map(|e| e.alert.as_str())
             .collect();
-        v.dedup();
         v.sort_unstable();
         v.dedup();
         v

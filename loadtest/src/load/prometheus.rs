@@ -65,14 +65,14 @@ pub async fn for_run(
     log_dir: &Path,
 ) -> Result<Option<Prometheus>, LoadError> {
     let Some(binary) = find() else {
-        let what = "prometheus is not on PATH: the alert timeline, the expected-alert gates \
-                    and the dashboard check are skipped";
+        let unchecked = "the alert timeline, the expected-alert gates and the dashboard check";
         if in_ci() {
             return Err(LoadError::Plan(format!(
-                "{what}, which CI=true does not allow ({INSTALL})"
+                "prometheus is not on PATH, and CI=true does not allow skipping {unchecked} \
+                 ({INSTALL})"
             )));
         }
-        eprintln!("{what} ({INSTALL})");
+        eprintln!("prometheus is not on PATH: skipped: {unchecked} ({INSTALL})");
         return Ok(None);
     };
     Prometheus::start(&binary, dir, log_dir, scale)
