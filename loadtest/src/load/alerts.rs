@@ -321,7 +321,8 @@ pub fn timeline(r: &ScenarioReport) -> String {
 }
 
 /// How long to wait at most for active alerts to resolve: the longest `for` twice over
-/// (the rules' range windows are no longer than their longest `for`), plus 10 s.
+/// (the rules' range windows are no longer than their longest `for`, a test in
+/// `rules.rs` says so), plus 10 s.
 fn settle_limit(p: &Prometheus) -> Duration {
     p.longest_for() * 2 + Duration::from_secs(10)
 }

@@ -88,18 +88,21 @@ pub fn scaled(yaml: &str, scale: u32) -> String {
 
 /// `line` with every `[<duration>]` and `[<duration>:` divided by `scale`.
 fn scale_ranges(line: &str, scale: u32) -> String {
+    map_ranges(line, |d| divide(d, scale, MIN_RANGE))
+}
+
+/// `line` with every range window `[<duration>]` / `[<duration>:` replaced by `f` of it
+/// (in whole seconds); brackets that hold no duration (a regex class) are kept.
+fn map_ranges(line: &str, mut f: impl FnMut(Duration) -> Duration) -> String {
     let mut out = String::with_capacity(line.len());
     let mut rest = line;
     while let Some(open) = rest.find('[') {
         out.push_str(&rest[..=open]);
         rest = &rest[open + 1..];
         let end = rest.find([']', ':']).unwrap_or(rest.len());
-        match parse_duration(&rest[..end]) {
-            Some(d) => {
-                out.push_str(&show(divide(d, scale, MIN_RANGE)));
-                rest = &rest[end..];
-            }
-            None => continue,
+        if let Some(d) = parse_duration(&rest[..end]) {
+            out.push_str(&show(f(d)));
+            rest = &rest[end..];
         }
     }
     out.push_str(rest);
@@ -189,6 +192,28 @@ mod tests {
         assert_eq!(scaled(src, 1), src);
         // Labels with brackets that are not durations are kept.
         assert_eq!(scale_ranges("a{x=~\"[ab]\"}[2m]", 4), "a{x=~\"[ab]\"}[30s]");
+    }
+
+    #[test]
+    fn no_range_window_of_the_project_rules_is_longer_than_their_longest_for() {
+        // alerts::settle_limit relies on it: an alert resolves at most one window after
+        // its condition ends.
+        let longest = rules(ALERTS_YAML).iter().map(|r| r.for_).max().unwrap();
+        let mut windows = Vec::new();
+        for line in ALERTS_YAML
+            .lines()
+            .filter(|l| !l.trim_start().starts_with('#'))
+        {
+            map_ranges(line, |d| {
+                windows.push(d);
+                d
+            });
+        }
+        assert!(!windows.is_empty());
+        assert!(
+            windows.iter().all(|w| *w <= longest),
+            "{windows:?} vs {longest:?}"
+        );
     }
 
     #[test]
