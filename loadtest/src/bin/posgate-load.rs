@@ -4,8 +4,10 @@
 //! the default `charts` feature) and `summary.md` into the results directory. Exit code 1
 //! if a gate failed (a raw overlap in a graceful scenario, any session overlap, any key
 //! delivered twice except by a killed owner's successor, a push attempt unanswered by its
-//! deadline + 1 s; for rolling-upgrade also no protocol-1 request accepted by a new pod),
-//! 2 if the harness itself failed. Pushes not answered 200 are retried
+//! deadline + 1 s; for rolling-upgrade also no protocol-1 request accepted by a new pod;
+//! with Prometheus installed, an alert the scenario must raise that did not fire, one it
+//! does not allow that fired, or a dashboard query without data), 2 if the harness itself
+//! failed (so is a missing `prometheus` under `CI=true`). Pushes not answered 200 are retried
 //! with the same key through another pod, as a real sender would. Every child process is
 //! killed on exit and on Ctrl-C.
 #![forbid(unsafe_code)]
@@ -19,7 +21,7 @@ use std::{
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use posgate_loadtest::load::{
-    charts,
+    alerts, charts,
     cluster::{Cluster, Profile},
     measure::run_scenario,
     pods::Release,
@@ -240,6 +242,7 @@ async fn run(
             t.elapsed().as_secs_f64(),
             if report.passed() { "pass" } else { "FAIL" }
         );
+        eprintln!("  {}", alerts::timeline(&report));
         write(
             &dir.join(format!("{}.json", sc.name())),
             &serde_json::to_string_pretty(&report)?,

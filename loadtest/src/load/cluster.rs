@@ -12,6 +12,7 @@ use super::{
     http::{self, HttpClient},
     observe::{owners_of, Owners},
     pods::{import_directory, init_store, PodPlan, PodProc, PodStore, Release},
+    prometheus::{self, Prometheus},
     pushgen::Targets,
     redis::RedisServer,
     sentinels::Sentinels,
@@ -45,6 +46,11 @@ pub struct Profile {
     /// redis-restart: import the terminal directory again right after Redis restarts
     /// empty (the directory lives in Redis and is wiped with it).
     pub reimport_directory: bool,
+    /// The run's Prometheus loads the alert rules with every `for` and range window
+    /// divided by this (`loadtest/src/load/rules.rs`): how many times faster than the
+    /// defaults the profile's timings are (quick: lease TTL 3 s vs 15 s, outages 12 s vs
+    /// 60 s).
+    pub alert_scale: u32,
 }
 
 impl Profile {
@@ -81,6 +87,7 @@ impl Profile {
             outage: Duration::from_secs(12),
             converge_limit: Duration::from_secs(90),
             reimport_directory: true,
+            alert_scale: 5,
         }
     }
 
@@ -100,6 +107,7 @@ impl Profile {
             outage: Duration::from_secs(60),
             converge_limit: Duration::from_secs(420),
             reimport_directory: true,
+            alert_scale: 1,
         }
     }
 }
@@ -114,6 +122,9 @@ pub struct Cluster {
     pub sentinels: Option<Sentinels>,
     pub sims: Arc<SimFarm>,
     pub pods: Vec<PodProc>,
+    /// Scrapes every pod in `pods` and evaluates the alert rules; `None` when
+    /// `prometheus` is not installed (outside CI).
+    pub prometheus: Option<Prometheus>,
     pub client: HttpClient,
     /// Pods in service: ready and not faulted (pushes go there).
     pub targets: Targets,
@@ -142,6 +153,8 @@ impl Cluster {
         std::fs::create_dir_all(&logs)
             .map_err(|e| LoadError::io(format!("creating {}", logs.display()), e))?;
         let redis = RedisServer::start(&logs).await?;
+        let prometheus =
+            prometheus::for_run(profile.alert_scale, &dir.join("prometheus"), &logs).await?;
         let sentinels = match sentinels {
             true => Some(Sentinels::start(&redis, &logs).await?),
             false => None,
@@ -171,6 +184,7 @@ impl Cluster {
             sentinels,
             sims: Arc::new(sims),
             pods: Vec::new(),
+            prometheus,
             client: http::client(),
             targets: Arc::new(RwLock::new(Vec::new())),
             observers: Arc::new(RwLock::new(Vec::new())),
@@ -233,7 +247,9 @@ impl Cluster {
         pod
     }
 
-    /// Recomputes `targets` and `observers` from the pods' flags.
+    /// Recomputes `targets` and `observers` from the pods' flags, and Prometheus's
+    /// scrape targets: every pod whose process runs, faulted or not, as in Kubernetes
+    /// (a stopped pod is still a target whose scrapes time out; a killed one is gone).
     pub fn sync_targets(&self) {
         let list = |keep: &dyn Fn(&PodProc) -> bool| {
             self.pods
@@ -244,6 +260,11 @@ impl Cluster {
         };
         *self.targets.write().unwrap_or_else(|p| p.into_inner()) = list(&|p| p.ready && !p.faulted);
         *self.observers.write().unwrap_or_else(|p| p.into_inner()) = list(&|p| !p.faulted);
+        if let Some(prom) = &self.prometheus {
+            if let Err(e) = prom.set_targets(&list(&|_| true)) {
+                eprintln!("prometheus targets not updated: {e}");
+            }
+        }
     }
 
     /// Converged: every in-service pod sees every shard owned by its assigned pod, and

@@ -5,12 +5,15 @@
 //! from Redis, one pod or half of them cut off, a one-pod cluster cut off; or, for
 //! `rolling-upgrade`, every pod replaced from the previous release's binary by this one) and reports what the terminals and the push callers saw. Pushes that were not
 //! answered 200 are retried with the same key, as a real sender would, so keys delivered
-//! twice are counted for real (and classified by cause).
+//! twice are counted for real (and classified by cause). A private Prometheus scrapes
+//! the pods with the project's alert rules; each scenario reports and gates the alerts it
+//! raised and checks every dashboard query ([`alerts`], [`panels`]).
 //!
 //! Everything runs as real processes on loopback; this crate never links posgate.
 //! Children are killed when their guards drop, so an error, a panic or Ctrl-C in the
 //! runner leaves nothing behind.
 
+pub mod alerts;
 pub mod analysis;
 pub mod charts;
 pub mod cluster;
@@ -22,13 +25,16 @@ pub mod http;
 pub mod measure;
 pub mod observe;
 pub mod outage;
+pub mod panels;
 pub mod pods;
 pub mod procs;
+pub mod prometheus;
 pub mod proxy;
 pub mod push_summary;
 pub mod pushgen;
 pub mod redis;
 pub mod report;
+pub mod rules;
 pub mod scenarios;
 pub mod sentinels;
 pub mod sims;

@@ -6,12 +6,14 @@ use std::{collections::BTreeMap, fmt::Write as _};
 use serde::Serialize;
 
 use super::{
+    alerts::{self, AlertReport},
     analysis::LatencyBucket,
     dark::DarkTime,
     duplicates::DuplicateSummary,
     handover::{HandoverSummary, StaleCheck, Verdict},
     observe::Sample,
     outage::{PushWindow, Takeover},
+    panels::PanelCheck,
     push_summary::PushSummary,
     redis::CommandStats,
     upgrade::{self, UpgradeReport},
@@ -106,6 +108,10 @@ pub struct ScenarioReport {
     pub cpu_s: BTreeMap<String, f64>,
     /// rolling-upgrade: the mixed phase and the new pods' peer counters.
     pub upgrade: Option<UpgradeReport>,
+    /// The alerts the run's Prometheus raised in the scenario; `None` without Prometheus.
+    pub alerts: Option<AlertReport>,
+    /// Every dashboard query evaluated over the scenario; `None` without Prometheus.
+    pub panels: Option<PanelCheck>,
     pub checks: Vec<Check>,
     pub notes: Vec<String>,
     /// PNG charts, relative to the directory of `summary.md`.
@@ -266,6 +272,7 @@ pub fn markdown(header: &str, reports: &[ScenarioReport]) -> String {
         if let Some(u) = &r.upgrade {
             upgrade::lines(&mut md, u);
         }
+        alerts::lines(&mut md, r);
         for c in &r.checks {
             let _ = writeln!(
                 md,
