@@ -256,14 +256,22 @@ fn count(metrics: &Metrics, path: &'static str, answer: &Answer, received: Insta
             .and_then(|code| ErrorCode::named(&code))
             .map_or(OTHER_FAILURE, ErrorCode::as_str)
     };
-    metrics
-        .push_requests
-        .get_or_create(&[("path", path), ("result", result)])
-        .inc();
-    metrics
-        .push_duration
-        .get_or_create(&[("path", path)])
-        .observe(received.elapsed().as_secs_f64());
+    let series = &metrics.push_series;
+    match series.ok(path).filter(|_| result == "ok") {
+        Some(counter) => counter.inc(),
+        None => metrics
+            .push_requests
+            .get_or_create(&[("path", path), ("result", result)])
+            .inc(),
+    };
+    let seconds = received.elapsed().as_secs_f64();
+    match series.duration(path) {
+        Some(histogram) => histogram.observe(seconds),
+        None => metrics
+            .push_duration
+            .get_or_create(&[("path", path)])
+            .observe(seconds),
+    }
 }
 
 /// `GET /v1/terminals/{id}`.
