@@ -5,7 +5,9 @@
 //! the terminal. Then the throughput one pod sustains for local pushes.
 //!
 //! ```sh
-//! cargo run --release --example push_bench [-- PUSHES CONCURRENCY SECONDS]
+//! cargo run --release --example push_bench [-- PUSHES CONCURRENCY SECONDS [--base=R]]
+//! valgrind --tool=callgrind --collect-atstart=no --separate-threads=yes \
+//!     target/release/examples/push_bench --ir [PUSHES]
 //! ```
 //! Two pods on the embedded store and a simulated farm share this process and its
 //! cores with the client, so compare the rows (the ratios), not absolute numbers across
@@ -13,6 +15,18 @@
 //! throughput step can also report the CPU time the pods themselves used (read from
 //! `/proc/self/task/*/stat`): pushes per pod CPU-second is what one pod sustains on one
 //! core, whatever the client and the simulated terminals cost on the same machine.
+//!
+//! The pods pay what they pay in `posgate serve`: the same global allocator (jemalloc)
+//! and a tracing subscriber at `info` (what `serve` installs by default). Without a
+//! subscriber, tracing hands every span of hyper's and h2's to the `log` fallback,
+//! which costs the pods work they never do in production.
+//!
+//! `--ir` counts instructions instead of time, which a busy machine does not disturb:
+//! under callgrind, after a warm-up, it switches collection on for exactly PUSHES local
+//! pushes (dumped as part `local`), then for PUSHES forwarded ones (part `forwarded`),
+//! one at a time, through `callgrind_control`. With `--separate-threads=yes` the pods'
+//! share is the files of threads that ran no bench code (`push_bench::`, `pos_sim`):
+//! `scripts/push_ir.sh` sums them.
 
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -46,7 +60,16 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
-fn row(name: &str, mut samples: Vec<Duration>) -> Duration {
+fn verdict(met: bool) -> &'static str {
+    if met {
+        "met"
+    } else {
+        "MISSED"
+    }
+}
+
+/// Prints a latency row; returns its p50 and p99.
+fn row(name: &str, mut samples: Vec<Duration>) -> (Duration, Duration) {
     samples.sort();
     let (p50, p99) = (percentile(&samples, 0.5), percentile(&samples, 0.99));
     println!(
@@ -56,7 +79,7 @@ fn row(name: &str, mut samples: Vec<Duration>) -> Duration {
         p99.as_secs_f64() * 1e3,
         samples.last().unwrap().as_secs_f64() * 1e3
     );
-    p50
+    (p50, p99)
 }
 
 async fn api_push(http: &HttpClient, base: &str, terminal: &str, key: &str) -> bool {
@@ -68,6 +91,50 @@ async fn api_push(http: &HttpClient, base: &str, terminal: &str, key: &str) -> b
     http.request(request)
         .await
         .is_ok_and(|r| r.status().is_success())
+}
+
+/// `--ir`: `pushes` local then `pushes` forwarded pushes, one at a time, each path with
+/// callgrind's collection on around it alone and dumped as its own part. `path_of(n,
+/// forwarded)` is push `n`'s terminal and the pod it is sent to.
+async fn count_instructions<'a>(
+    http: &HttpClient,
+    pushes: usize,
+    path_of: impl Fn(usize, bool) -> (&'a String, &'a String),
+) -> anyhow::Result<()> {
+    // Warm-up: pooled connections, lazily built state and caches at their working size.
+    for n in 0..200 {
+        for forwarded in [false, true] {
+            let (t, base) = path_of(n, forwarded);
+            let key = format!("warm-{forwarded}-{n}");
+            anyhow::ensure!(api_push(http, base, t, &key).await, "push failed");
+        }
+    }
+    for (part, forwarded) in [("local", false), ("forwarded", true)] {
+        callgrind(&["--instr=on"])?;
+        for n in 0..pushes {
+            let (t, base) = path_of(n, forwarded);
+            let key = format!("ir-{part}-{n}");
+            anyhow::ensure!(api_push(http, base, t, &key).await, "push failed");
+        }
+        callgrind(&["--instr=off"])?;
+        callgrind(&[&format!("--dump={part}")])?;
+        println!("{part}: {pushes} pushes counted");
+    }
+    Ok(())
+}
+
+/// Runs `callgrind_control ARGS <this process>`; an error when not under callgrind.
+fn callgrind(args: &[&str]) -> anyhow::Result<()> {
+    let status = std::process::Command::new("callgrind_control")
+        .args(args)
+        .arg(std::process::id().to_string())
+        .stdout(std::process::Stdio::null())
+        .status()?;
+    anyhow::ensure!(
+        status.success(),
+        "callgrind_control {args:?} failed: --ir runs under valgrind --tool=callgrind"
+    );
+    Ok(())
 }
 
 /// CPU seconds (user + system) used so far by this process's threads named `prefix*`.
@@ -94,7 +161,16 @@ fn threads_cpu_s(prefix: &str) -> Option<f64> {
     Some(ticks as f64 / 100.0)
 }
 
+/// As in the `posgate` binary (`src/bin/posgate/main.rs` says why jemalloc).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> anyhow::Result<()> {
+    // As `posgate serve` logs by default: `info` to stderr.
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
+        .with_writer(std::io::stderr)
+        .init();
     // The pods get their own runtime so their CPU time can be told apart from the
     // client's and the simulated farm's (which stay on the main runtime).
     let pod_rt = tokio::runtime::Builder::new_multi_thread()
@@ -111,6 +187,12 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn run(pod_rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
+    let ir_mode = std::env::args().any(|a| a == "--ir");
+    // `--base=R`: the baseline build's pushes per pod CPU-second, measured in the same
+    // session, for the 1.5x bound of issue 19.
+    let base_rate: Option<f64> = std::env::args()
+        .filter_map(|a| a.strip_prefix("--base=").and_then(|r| r.parse().ok()))
+        .next();
     let args: Vec<u64> = std::env::args()
         .skip(1)
         .filter_map(|a| a.parse().ok())
@@ -182,6 +264,15 @@ async fn run(pod_rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
     };
     let ids: Vec<String> = served.iter().map(|t| t.id.clone()).collect();
     let http: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    if ir_mode {
+        let path_of = |n: usize, forwarded: bool| {
+            let t = &ids[n % ids.len()];
+            let owner = owner_of(t).expect("every shard served");
+            let pod = if forwarded { 1 - owner } else { owner };
+            (t, &pods[pod].1)
+        };
+        return count_instructions(&http, pushes, path_of).await;
+    }
 
     println!("| path | pushes | p50 ms | p99 ms | max ms |");
     println!("|---|---|---|---|---|");
@@ -197,8 +288,8 @@ async fn run(pod_rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
             samples.push(sent.elapsed());
         }
     }
-    let local_p50 = row("(a) local: owner pod delivers", local);
-    let forwarded_p50 = row("(b) forwarded: one hop to the owner", forwarded);
+    let (local_p50, local_p99) = row("(a) local: owner pod delivers", local);
+    let (forwarded_p50, _) = row("(b) forwarded: one hop to the owner", forwarded);
 
     let dialer = Dialer::new(DialerConfig::new(
         client_config(&tls)?,
@@ -230,8 +321,13 @@ async fn run(pod_rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         fresh.push(sent.elapsed());
         session.close(Duration::from_millis(100)).await;
     }
-    let fresh_p50 = row("(c) baseline: fresh TLS connection per push", fresh);
+    let (fresh_p50, _) = row("(c) baseline: fresh TLS connection per push", fresh);
     println!();
+    println!(
+        "local p99 = {:.3} ms (bound <= 2 ms: {})",
+        local_p99.as_secs_f64() * 1e3,
+        verdict(local_p99 <= Duration::from_millis(2))
+    );
     println!(
         "local p50 / baseline p50 = {:.2} (target <= 0.5); forwarded - local at p50 = {:.3} ms (target <= 1 ms)",
         local_p50.as_secs_f64() / fresh_p50.as_secs_f64(),
@@ -268,17 +364,26 @@ async fn run(pod_rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         t.await?;
     }
     let ok = done.load(Ordering::Relaxed);
+    let failed = failed.load(Ordering::Relaxed);
     println!(
-        "throughput, one pod, local pushes, {concurrency} at once for {seconds} s: {:.0} pushes/s ({} failed) (target >= 10,000)",
+        "throughput, one pod, local pushes, {concurrency} at once for {seconds} s: {:.0} pushes/s ({failed} failed: {}) (target >= 10,000)",
         ok as f64 / seconds as f64,
-        failed.load(Ordering::Relaxed)
+        verdict(failed == 0)
     );
     if let (Some(before), Some(after)) = (pod_cpu_before, threads_cpu_s("pod-rt")) {
         let cpu = after - before;
+        let rate = ok as f64 / cpu.max(0.01);
+        let against = match base_rate {
+            Some(base) => format!(
+                " ({:.2} x the baseline's {base:.0}; bound >= 1.5 x: {})",
+                rate / base,
+                verdict(rate >= 1.5 * base)
+            ),
+            None => String::new(),
+        };
         println!(
-            "pod runtime CPU during the throughput step: {cpu:.2} s over {seconds} s ({:.2} cores); {:.0} pushes per pod CPU-second",
+            "pod runtime CPU during the throughput step: {cpu:.2} s over {seconds} s ({:.2} cores); {rate:.0} pushes per pod CPU-second{against}",
             cpu / seconds as f64,
-            ok as f64 / cpu.max(0.01)
         );
     }
     let c = farm.counters();

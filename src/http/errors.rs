@@ -1,9 +1,11 @@
 //! Every error answer of the pod is JSON `{"error": code, "message": text}`: the
-//! handlers' own ([`json_error`]), and — through [`json_bodies`], a layer over the whole
+//! handlers' own ([`json_error`]), and — through [`edge`], the one layer over the whole
 //! router — the ones produced below them, which axum writes as plain text: an
 //! extractor's rejection (a path that is not UTF-8, an undefined query value), a route
 //! or method that does not exist. The request limits every route shares are checked
-//! here too ([`check_head`]), so they answer JSON before any handler runs.
+//! there too, so they answer JSON before any handler runs. One layer rather than one per
+//! job: each `from_fn` layer boxes a future and clones the service below it on every
+//! request.
 //!
 //! Not for: the answers hyper writes itself on a request head it cannot parse
 //! (`head_errors.rs`).
@@ -46,18 +48,27 @@ pub fn json_error(code: ErrorCode, message: impl Into<String>) -> Response {
     respond(Answer::error(code, message))
 }
 
+/// The layer over the whole router: the limits every route shares, then the JSON form
+/// of whatever error answer comes back.
+pub async fn edge(request: Request, next: Next) -> Response {
+    if let Some(refused) = check_head(&request) {
+        return refused;
+    }
+    json_bodies(next.run(request).await).await
+}
+
 /// Limits shared by every route, checked before routing: the request target's length
 /// and the header section's size.
-pub async fn check_head(request: Request, next: Next) -> Response {
+fn check_head(request: &Request) -> Option<Response> {
     let target = request
         .uri()
         .path_and_query()
         .map_or(0, |pq| pq.as_str().len());
     if target > MAX_URI_BYTES {
-        return json_error(
+        return Some(json_error(
             ErrorCode::UriTooLong,
             format!("the request target is {target} bytes; at most {MAX_URI_BYTES} are accepted"),
-        );
+        ));
     }
     let headers: usize = request
         .headers()
@@ -65,20 +76,19 @@ pub async fn check_head(request: Request, next: Next) -> Response {
         .map(|(name, value)| name.as_str().len() + value.len() + 4)
         .sum();
     if headers > MAX_HEADER_BYTES {
-        return json_error(
+        return Some(json_error(
             ErrorCode::HeadersTooLarge,
             format!(
                 "the request headers are {headers} bytes; at most {MAX_HEADER_BYTES} are accepted"
             ),
-        );
+        ));
     }
-    next.run(request).await
+    None
 }
 
 /// Rewrites an error answer that is not JSON (axum's plain-text rejections) into the
 /// documented body, keeping its status and its text as the message.
-pub async fn json_bodies(request: Request, next: Next) -> Response {
-    let response = next.run(request).await;
+async fn json_bodies(response: Response) -> Response {
     let status = response.status();
     let is_json = response
         .headers()
@@ -142,7 +152,7 @@ mod tests {
                 get(|| async { (StatusCode::IM_A_TEAPOT, "short and stout") }),
             )
             .route("/ok", get(|| async { "fine" }))
-            .layer(axum::middleware::from_fn(json_bodies));
+            .layer(axum::middleware::from_fn(edge));
         let request = |path: &str| Request::get(path).body(Body::empty()).unwrap();
         let response = app.call(request("/teapot")).await.unwrap();
         assert_eq!(response.status(), StatusCode::IM_A_TEAPOT);

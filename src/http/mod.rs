@@ -124,8 +124,7 @@ pub fn router(state: HttpState) -> Router {
         .merge(internal)
         .fallback(errors::not_found)
         .method_not_allowed_fallback(errors::method_not_allowed)
-        .layer(middleware::from_fn(errors::json_bodies))
-        .layer(middleware::from_fn(errors::check_head))
+        .layer(middleware::from_fn(errors::edge))
         .with_state(state)
 }
 

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::{Path, Query, Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode, Uri};
 use axum::middleware::Next;
 use axum::response::Response;
 use axum::Extension;
@@ -40,7 +40,7 @@ pub(super) async fn require_token(
     mut request: Request,
     next: Next,
 ) -> Response {
-    let presented = match single(request.headers(), header::AUTHORIZATION.as_str()) {
+    let presented = match single(request.headers(), &header::AUTHORIZATION) {
         Ok(value) => value
             .and_then(|v| v.to_str().ok())
             .and_then(ApiTokens::bearer),
@@ -67,8 +67,11 @@ pub(super) async fn require_token(
 /// The value of a header that may be sent once, if sent. Two or more are a `400`:
 /// which one counts would be a guess, and proxies guess differently (one keeps the
 /// first, another the last), so a key or a token could mean one thing to a proxy and
-/// another here.
-fn single<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a HeaderValue>, Answer> {
+/// another here. The name is a `HeaderName`, not text: text is parsed on every lookup.
+fn single<'a>(
+    headers: &'a HeaderMap,
+    name: &HeaderName,
+) -> Result<Option<&'a HeaderValue>, Answer> {
     let mut values = headers.get_all(name).iter();
     let first = values.next();
     if values.next().is_some() {
@@ -190,7 +193,8 @@ pub fn push_head(terminal: &str, uri: &Uri, headers: &HeaderMap) -> Result<PushH
     if !valid_terminal_id(terminal) {
         return Err(Answer::error(ErrorCode::InvalidRequest, BAD_ID));
     }
-    let key = match single(headers, IDEMPOTENCY_KEY)? {
+    const KEY: HeaderName = HeaderName::from_static(IDEMPOTENCY_KEY);
+    let key = match single(headers, &KEY)? {
         None => new_key(),
         Some(value) => match value.to_str() {
             Ok(key) if valid_key(key) => key.to_string(),
@@ -202,7 +206,7 @@ pub fn push_head(terminal: &str, uri: &Uri, headers: &HeaderMap) -> Result<PushH
             }
         },
     };
-    if let Some(encoding) = single(headers, header::CONTENT_ENCODING.as_str())? {
+    if let Some(encoding) = single(headers, &header::CONTENT_ENCODING)? {
         if !encoding.as_bytes().eq_ignore_ascii_case(b"identity") {
             return Err(Answer::error(
                 ErrorCode::UnsupportedEncoding,
@@ -211,7 +215,7 @@ pub fn push_head(terminal: &str, uri: &Uri, headers: &HeaderMap) -> Result<PushH
         }
     }
     let timeout = deadline_of(uri).map_err(|m| Answer::error(ErrorCode::InvalidRequest, m))?;
-    let content_type = single(headers, header::CONTENT_TYPE.as_str())?.cloned();
+    let content_type = single(headers, &header::CONTENT_TYPE)?.cloned();
     Ok(PushHead {
         key,
         timeout,
@@ -256,14 +260,22 @@ fn count(metrics: &Metrics, path: &'static str, answer: &Answer, received: Insta
             .and_then(|code| ErrorCode::named(&code))
             .map_or(OTHER_FAILURE, ErrorCode::as_str)
     };
-    metrics
-        .push_requests
-        .get_or_create(&[("path", path), ("result", result)])
-        .inc();
-    metrics
-        .push_duration
-        .get_or_create(&[("path", path)])
-        .observe(received.elapsed().as_secs_f64());
+    let series = &metrics.push_series;
+    match series.ok(path).filter(|_| result == "ok") {
+        Some(counter) => counter.inc(),
+        None => metrics
+            .push_requests
+            .get_or_create(&[("path", path), ("result", result)])
+            .inc(),
+    };
+    let seconds = received.elapsed().as_secs_f64();
+    match series.duration(path) {
+        Some(histogram) => histogram.observe(seconds),
+        None => metrics
+            .push_duration
+            .get_or_create(&[("path", path)])
+            .observe(seconds),
+    }
 }
 
 /// `GET /v1/terminals/{id}`.

@@ -3,7 +3,11 @@
 //!
 //! Not for: anything that changes a value after the start (`super`, `super::sampler`).
 
-use super::Metrics;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+
+use super::{Hist, Labels2, Metrics};
 
 /// The `op` values of the store metrics.
 const STORE_OPS: [&str; 7] = [
@@ -73,6 +77,44 @@ pub const PEER_REFUSAL_REASONS: [&str; 10] = [
     "legacy_refused",
     "window_full",
 ];
+
+/// The series every push API answer updates, looked up once: a `Family` lookup hashes
+/// the labels and takes the family's lock, on every push. The handles share their
+/// values with the families' series (the ones [`Metrics::zero_known_series`] creates).
+#[derive(Debug)]
+pub struct PushSeries {
+    /// `posgate_push_requests_total{path, result="ok"}`, in [`PUSH_PATHS`] order.
+    ok: [Counter; PUSH_PATHS.len()],
+    /// `posgate_push_duration_seconds{path}`, in [`PUSH_PATHS`] order.
+    duration: [Histogram; PUSH_PATHS.len()],
+}
+
+impl PushSeries {
+    pub(super) fn of(requests: &Family<Labels2, Counter>, duration: &Hist) -> Self {
+        PushSeries {
+            ok: PUSH_PATHS.map(|path| {
+                requests
+                    .get_or_create(&[("path", path), ("result", "ok")])
+                    .clone()
+            }),
+            duration: PUSH_PATHS.map(|path| duration.get_or_create(&[("path", path)]).clone()),
+        }
+    }
+
+    fn index(path: &str) -> Option<usize> {
+        PUSH_PATHS.iter().position(|p| *p == path)
+    }
+
+    /// The `result="ok"` counter of `path`, if `path` is one of [`PUSH_PATHS`].
+    pub fn ok(&self, path: &str) -> Option<&Counter> {
+        Self::index(path).map(|i| &self.ok[i])
+    }
+
+    /// The latency histogram of `path`, if `path` is one of [`PUSH_PATHS`].
+    pub fn duration(&self, path: &str) -> Option<&Histogram> {
+        Self::index(path).map(|i| &self.duration[i])
+    }
+}
 
 impl Metrics {
     /// Creates every series of the bounded label sets at zero, so dashboards and

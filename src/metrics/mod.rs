@@ -18,7 +18,7 @@ pub mod sampler;
 pub mod timeline;
 
 pub use self::exposition::Exposition;
-pub use self::known_series::{PEER_REFUSAL_REASONS, SUSPENDED_DELIVERY};
+pub use self::known_series::{PushSeries, PEER_REFUSAL_REASONS, SUSPENDED_DELIVERY};
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
@@ -38,7 +38,7 @@ pub type Labels2 = [(&'static str, &'static str); 2];
 /// The `shard` label.
 pub type ShardLabel = [(&'static str, u32); 1];
 
-type Hist = Family<Label, Histogram, fn() -> Histogram>;
+pub(crate) type Hist = Family<Label, Histogram, fn() -> Histogram>;
 
 fn latency_buckets() -> Histogram {
     // 0.5 ms .. ~16 s.
@@ -110,6 +110,8 @@ pub struct Metrics {
     // Pushes.
     pub push_requests: Family<Labels2, Counter>,
     pub push_duration: Hist,
+    /// The series of the two above that every push updates.
+    pub push_series: PushSeries,
     pub pushes_in_flight: Gauge,
     pub pushes_waiting_for_owner: Gauge,
     pub push_owner_wait: Histogram,
@@ -142,6 +144,9 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
+        let push_requests = Family::default();
+        let push_duration = Family::new_with_constructor(latency_buckets as fn() -> Histogram);
+        let push_series = PushSeries::of(&push_requests, &push_duration);
         let mut m = Metrics {
             registry: Registry::default(),
             members: Gauge::default(),
@@ -174,8 +179,9 @@ impl Metrics {
             handover_dark: latency_buckets(),
             draining_sessions: Gauge::default(),
             drains_ended: Family::default(),
-            push_requests: Family::default(),
-            push_duration: Family::new_with_constructor(latency_buckets),
+            push_requests,
+            push_duration,
+            push_series,
             pushes_in_flight: Gauge::default(),
             pushes_waiting_for_owner: Gauge::default(),
             push_owner_wait: latency_buckets(),

@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{header, HeaderMap, HeaderValue};
+use http::{header, HeaderMap, HeaderName, HeaderValue};
 use serde::{Deserialize, Serialize};
 
 use crate::api::{valid_key, valid_terminal_id, IDEMPOTENCY_KEY, TENANT_HEADER};
@@ -71,16 +71,22 @@ pub struct ForwardedPush {
 impl ForwardedPush {
     /// The request's path and headers (the body is [`ForwardedPush::body`]).
     pub fn encode(&self) -> (String, HeaderMap) {
-        let mut headers = HeaderMap::new();
+        // Names made at compile time: a name given as text is parsed, and one that is
+        // not a standard header copied, on every insert.
+        const TENANT: HeaderName = HeaderName::from_static(TENANT_HEADER);
+        const KEY: HeaderName = HeaderName::from_static(IDEMPOTENCY_KEY);
+        const DEADLINE: HeaderName = HeaderName::from_static(DEADLINE_HEADER);
+        const HOP: HeaderName = HeaderName::from_static(HOP_HEADER);
+        let mut headers = HeaderMap::with_capacity(5);
         // Tenant and key were validated as visible ASCII, so these always convert.
         let text = |v: &str| HeaderValue::from_str(v).expect("validated header text");
-        headers.insert(TENANT_HEADER, text(&self.tenant));
-        headers.insert(IDEMPOTENCY_KEY, text(&self.key));
+        headers.insert(TENANT, text(&self.tenant));
+        headers.insert(KEY, text(&self.key));
         headers.insert(
-            DEADLINE_HEADER,
+            DEADLINE,
             HeaderValue::from(self.deadline.as_millis() as u64),
         );
-        headers.insert(HOP_HEADER, HeaderValue::from_static("1"));
+        headers.insert(HOP, HeaderValue::from_static("1"));
         if let Some(ct) = &self.content_type {
             headers.insert(header::CONTENT_TYPE, ct.clone());
         }

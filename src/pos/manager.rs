@@ -159,7 +159,8 @@ enum Listing {
 
 /// A running link. Dropping it tells the task to close its session and end.
 struct LinkHandle {
-    terminal: Terminal,
+    /// Shared with every push's [`TerminalLink`]: a lookup copies no strings.
+    terminal: Arc<Terminal>,
     state: watch::Receiver<LinkStatus>,
     shared: Arc<LinkShared>,
     /// Resolves (with an error) once the link task ended, its socket closed.
@@ -183,7 +184,7 @@ pub enum Lookup {
 /// A push's handle on one terminal's link.
 #[derive(Debug)]
 pub struct TerminalLink {
-    pub terminal: Terminal,
+    pub terminal: Arc<Terminal>,
     state: watch::Receiver<LinkStatus>,
     shared: Arc<LinkShared>,
     sends: Arc<watch::Sender<usize>>,

@@ -16,7 +16,8 @@
 use std::io;
 
 use bytes::Bytes;
-use http::{header, HeaderMap, HeaderValue, Method, Request, StatusCode};
+use http::uri::Scheme;
+use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Uri};
 use http_body_util::Full;
 
 use crate::api::{IDEMPOTENCY_KEY, TENANT_HEADER};
@@ -117,20 +118,34 @@ pub struct PosPush<'a> {
     pub body: Bytes,
 }
 
-/// The request of `push`.
+/// The request of `push`. Built in place rather than through `Request::builder`, with
+/// header names made at compile time: every push pays for this, and the builder parses
+/// (and for non-standard names allocates) each name and the whole URI again.
 pub fn push(push: &PosPush<'_>) -> Result<Request<Full<Bytes>>, http::Error> {
-    let mut request = Request::builder()
-        .method(Method::POST)
-        .uri(format!("https://{}{}", push.server_name, push.path))
-        .header(IDEMPOTENCY_KEY, push.key)
-        .header(TENANT_HEADER, push.tenant)
-        .header(EPOCH_HEADER, push.epoch)
-        .header(TERMINAL_HEADER, push.terminal)
-        .header(POD_HEADER, push.pod.as_str());
+    const KEY: HeaderName = HeaderName::from_static(IDEMPOTENCY_KEY);
+    const TENANT: HeaderName = HeaderName::from_static(TENANT_HEADER);
+    const EPOCH: HeaderName = HeaderName::from_static(EPOCH_HEADER);
+    const TERMINAL: HeaderName = HeaderName::from_static(TERMINAL_HEADER);
+    const POD: HeaderName = HeaderName::from_static(POD_HEADER);
+    let uri = Uri::builder()
+        .scheme(Scheme::HTTPS)
+        .authority(push.server_name)
+        .path_and_query(push.path)
+        .build()?;
+    let mut headers = HeaderMap::with_capacity(6);
+    headers.insert(KEY, HeaderValue::from_str(push.key)?);
+    headers.insert(TENANT, HeaderValue::from_str(push.tenant)?);
+    headers.insert(EPOCH, HeaderValue::from(push.epoch));
+    headers.insert(TERMINAL, HeaderValue::from_str(push.terminal)?);
+    headers.insert(POD, HeaderValue::from_str(push.pod.as_str())?);
     if let Some(content_type) = push.content_type {
-        request = request.header(header::CONTENT_TYPE, content_type);
+        headers.insert(header::CONTENT_TYPE, content_type.clone());
     }
-    request.body(Full::new(push.body.clone()))
+    let mut request = Request::new(Full::new(push.body.clone()));
+    *request.method_mut() = Method::POST;
+    *request.uri_mut() = uri;
+    *request.headers_mut() = headers;
+    Ok(request)
 }
 
 /// Which step of a dial timed out.

@@ -88,19 +88,15 @@ impl ForwardClient {
                     "the owner pod refused the forwarded request",
                 ))
             }
-            Ok((status, body)) => {
-                let answer = Answer { status, body };
-                if is_posgate_answer(&answer) {
-                    Forwarded::Answer(answer)
-                } else {
-                    // Not the owner's answer (every one is JSON): something between the
-                    // pods answered, and the owner may have got the push or not.
-                    Forwarded::Unknown(format!(
-                        "HTTP {} from the owner's address without posgate's JSON body",
-                        answer.status.as_u16()
-                    ))
-                }
-            }
+            Ok((status, body)) => match owner_answer(status, body, push) {
+                Some(answer) => Forwarded::Answer(answer),
+                // Not the owner's answer (every one is JSON): something between the pods
+                // answered, and the owner may have got the push or not.
+                None => Forwarded::Unknown(format!(
+                    "HTTP {} from the owner's address without posgate's JSON body",
+                    status.as_u16()
+                )),
+            },
             Err(SendError::Url(e) | SendError::Connect(e)) => Forwarded::NotSent(e),
             Err(SendError::Transport(e)) => Forwarded::Unknown(e),
             Err(SendError::Timeout(t)) => {
@@ -123,12 +119,16 @@ impl ForwardClient {
     }
 }
 
-/// Whether `answer` is what a posgate owner answers: a `200` with the delivery, or an
-/// error with the documented body.
-fn is_posgate_answer(answer: &Answer) -> bool {
-    if answer.status == StatusCode::OK {
-        serde_json::from_slice::<Delivered>(&answer.body).is_ok()
+/// The answer for the caller if `status` and `body` are what a posgate owner answers:
+/// a `200` with the delivery, reporting the latency the caller saw rather than only the
+/// owner's part (decoded once, for both), or an error with the documented body, as is.
+fn owner_answer(status: StatusCode, body: Bytes, push: &PushRequest) -> Option<Answer> {
+    if status == StatusCode::OK {
+        let mut delivered = serde_json::from_slice::<Delivered>(&body).ok()?;
+        delivered.latency_ms = push.received.elapsed().as_millis() as u64;
+        Some(Answer::delivered(&delivered))
     } else {
-        serde_json::from_slice::<ErrorBody>(&answer.body).is_ok()
+        serde_json::from_slice::<ErrorBody>(&body).ok()?;
+        Some(Answer { status, body })
     }
 }

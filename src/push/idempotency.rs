@@ -55,11 +55,15 @@ struct Entry {
     serial: u64,
 }
 
+/// A key as the cache holds it: one copy of its strings, shared by the map, the
+/// eviction order and the push's reservation.
+type SharedKey = Arc<Key>;
+
 #[derive(Debug, Default)]
 struct Cache {
-    entries: HashMap<Key, Entry>,
+    entries: HashMap<SharedKey, Entry>,
     /// Insertion order, for expiry and eviction; may hold keys already removed.
-    order: VecDeque<(Key, u64)>,
+    order: VecDeque<(SharedKey, u64)>,
     next_serial: u64,
 }
 
@@ -135,6 +139,7 @@ impl IdempotencyCache {
                 Outcome::Done(answer) => Reserve::Replay(answer.clone()),
             };
         }
+        let k = Arc::new(k);
         let serial = cache.insert(
             k.clone(),
             digest,
@@ -195,7 +200,7 @@ impl IdempotencyCache {
             }
             let expires = now + entry.ttl_left.min(self.ttl);
             let answered = Outcome::Done(entry.answer);
-            cache.insert(k, entry.digest, answered, expires, self.capacity);
+            cache.insert(Arc::new(k), entry.digest, answered, expires, self.capacity);
             taken += 1;
         }
         taken
@@ -216,7 +221,7 @@ impl Cache {
     /// while the cache holds `capacity`; returns its serial.
     fn insert(
         &mut self,
-        k: Key,
+        k: SharedKey,
         digest: [u8; 32],
         slot: Outcome,
         expires: Instant,
@@ -271,7 +276,7 @@ impl Cache {
 #[derive(Debug)]
 pub struct Reservation {
     cache: IdempotencyCache,
-    key: Option<(Key, u64)>,
+    key: Option<(SharedKey, u64)>,
 }
 
 impl Reservation {

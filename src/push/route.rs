@@ -14,7 +14,7 @@ use http::StatusCode;
 use serde::{Deserialize, Serialize};
 use tracing::debug;
 
-use super::answer::{Answer, Delivered, ErrorCode};
+use super::answer::{Answer, ErrorCode};
 use super::forward::Forwarded;
 use super::owner::{unavailable, with_key, Owned};
 use super::{PushRequest, PushService};
@@ -59,9 +59,7 @@ impl PushService {
                     }
                 },
                 Target::Peer(owner) => match self.forward.push(&owner, &push, deadline).await {
-                    Forwarded::Answer(answer) => {
-                        return (with_total_latency(answer, &push), "forwarded")
-                    }
+                    Forwarded::Answer(answer) => return (answer, "forwarded"),
                     Forwarded::Moved => {
                         debug!(shard, peer = %owner.pod, "owner moved; looking again");
                         Some(Miss::Moved)
@@ -212,19 +210,5 @@ fn json_answer<T: Serialize>(value: &T) -> Answer {
     Answer {
         status: StatusCode::OK,
         body: Bytes::from(serde_json::to_vec(value).expect("view serialises")),
-    }
-}
-
-/// A relayed `200` reports the latency the caller saw, not only the owner's part.
-fn with_total_latency(answer: Answer, push: &PushRequest) -> Answer {
-    if answer.status != StatusCode::OK {
-        return answer;
-    }
-    match serde_json::from_slice::<Delivered>(&answer.body) {
-        Ok(mut delivered) => {
-            delivered.latency_ms = push.received.elapsed().as_millis() as u64;
-            Answer::delivered(&delivered)
-        }
-        Err(_) => answer,
     }
 }

@@ -36,16 +36,18 @@ pub struct Slots {
     pod: Arc<Semaphore>,
     per_tenant: usize,
     /// Slots held per tenant; a tenant with none has no entry, so the map holds only
-    /// the tenants with pushes in flight.
-    held: Arc<Mutex<HashMap<String, usize>>>,
+    /// the tenants with pushes in flight. The name is shared with their slots.
+    held: Held,
 }
+
+type Held = Arc<Mutex<HashMap<Arc<str>, usize>>>;
 
 /// One push's slot, given back when dropped.
 #[derive(Debug)]
 pub struct Slot {
     _pod: OwnedSemaphorePermit,
-    tenant: String,
-    held: Arc<Mutex<HashMap<String, usize>>>,
+    tenant: Arc<str>,
+    held: Held,
 }
 
 impl Slots {
@@ -69,16 +71,16 @@ impl Slots {
             .clone()
             .try_acquire_owned()
             .map_err(|_| Full::Pod)?;
-        // A tenant's name is copied into the map only when its first push arrives.
-        match held.get_mut(tenant) {
-            Some(n) => *n += 1,
-            None => {
-                held.insert(tenant.to_string(), 1);
-            }
-        }
+        // A tenant's name is copied only when it has no push in flight; its slots
+        // share that copy.
+        let name = match held.get_key_value(tenant) {
+            Some((name, _)) => name.clone(),
+            None => Arc::from(tenant),
+        };
+        *held.entry(name.clone()).or_insert(0) += 1;
         Ok(Slot {
             _pod: permit,
-            tenant: tenant.to_string(),
+            tenant: name,
             held: self.held.clone(),
         })
     }

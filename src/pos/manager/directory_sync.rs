@@ -143,7 +143,11 @@ impl<D: Directory> Inner<D> {
             generation,
             read_in,
             epoch: entry.mode.borrow().epoch,
-            terminals: entry.links.values().map(|l| l.terminal.clone()).collect(),
+            terminals: entry
+                .links
+                .values()
+                .map(|l| Terminal::clone(&l.terminal))
+                .collect(),
         })
     }
 
@@ -210,7 +214,7 @@ impl<D: Directory> Inner<D> {
         // A changed address or name is a new terminal: close and redial.
         entry
             .links
-            .retain(|id, link| wanted.get(id) == Some(&link.terminal));
+            .retain(|id, link| wanted.get(id) == Some(&*link.terminal));
         let removed = before - entry.links.len();
         wanted.retain(|id, _| !entry.links.contains_key(id));
         let added = wanted.len();
@@ -238,7 +242,7 @@ impl<D: Directory> Inner<D> {
                 .run(),
             );
             let handle = LinkHandle {
-                terminal,
+                terminal: Arc::new(terminal),
                 state,
                 shared,
                 ended,
