@@ -14,6 +14,7 @@
 //! each subcommand's runner is a module of its own (`serve.rs`, `simulate.rs`,
 //! `init.rs`, `terminals.rs`, `demo/`, `ring_report.rs`).
 
+mod alloc_stats;
 mod conformance;
 mod demo;
 mod init;
