@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rand::rngs::StdRng;
+use rand::rngs::SmallRng;
 use tokio::sync::{mpsc, watch, Notify};
 use tracing::{debug, warn};
 
@@ -80,7 +80,7 @@ impl Link {
     }
 
     /// A dial or hello failed: `-> Backoff`, returning how long to stay there.
-    pub(super) fn failed(&mut self, rng: &mut StdRng) -> Duration {
+    pub(super) fn failed(&mut self, rng: &mut impl rand::Rng) -> Duration {
         self.state = LinkState::Backoff;
         self.backoff.fail(rng)
     }
@@ -214,7 +214,9 @@ pub(super) struct LinkTask {
     pub mode: watch::Receiver<Mode>,
     pub state: watch::Sender<LinkStatus>,
     pub shared: Arc<LinkShared>,
-    pub rng: StdRng,
+    /// Backoff jitter only, so a small fast generator (32 bytes) rather than `StdRng`
+    /// (320): every held connection keeps one.
+    pub rng: SmallRng,
     /// Shut until the shard's predecessor released the terminal (`handover`); `None`
     /// when there is none to ask, and after the first dial.
     pub gate: Option<Gate>,
@@ -249,7 +251,8 @@ impl LinkTask {
                 // the connection open for the whole budget (and the shard's handover
                 // with it).
                 self.publish(&link, None);
-                session.close(self.cx.close_budget).await;
+                // Boxed, like the dial in this loop: once per session, not held always.
+                Box::pin(session.close(self.cx.close_budget)).await;
             }
             match outcome {
                 Served::Removed => return,
@@ -356,8 +359,9 @@ impl LinkTask {
                 // After a re-claim every session of the pod needs a new hello at once;
                 // sent all together they would starve everything else on the pod and
                 // the terminals. Paced, with terminals that have a push waiting first.
+                // Boxed (as the hello below): only after a new epoch, not held always.
                 let _slot = tokio::select! {
-                    slot = admit(&self.cx.hellos, &self.shared) => slot,
+                    slot = Box::pin(admit(&self.cx.hellos, &self.shared)) => slot,
                     () = self.state.closed() => return Served::Removed,
                 };
                 // The epoch may have moved on while we waited: say hello with the latest.
