@@ -23,7 +23,7 @@ use std::sync::Arc;
 use rustls::ClientConfig;
 
 use super::dialer::{Dialer, DialerConfig, Keepalive};
-use super::session::{ConnEnd, Session};
+use super::session::Session;
 use super::wire::{self, PosPush, DUPLICATE_HEADER, STALE_EPOCH_HEADER};
 use crate::core::{Epoch, PodId};
 use crate::store::directory::Terminal;
@@ -373,8 +373,10 @@ pub const ALL: [(&str, Level, &str); 13] = [
 /// The superseded session `a`: closed by the terminal within the grace, or refusing a
 /// push (it may still finish requests in flight, never take new pushes as current).
 async fn superseded(kit: &Kit<'_>, a: &mut Session, key: &str, epoch: Epoch) -> Result<(), String> {
-    if let Ok(end) = tokio::time::timeout(SUPERSEDE_GRACE, a.ended()).await {
-        debug_assert!(end != ConnEnd::Open);
+    if tokio::time::timeout(SUPERSEDE_GRACE, a.ended())
+        .await
+        .is_ok()
+    {
         return Ok(());
     }
     match kit.push(a, &format!("{key}-superseded"), TENANT, epoch).await {

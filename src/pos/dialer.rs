@@ -16,11 +16,9 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rustls::pki_types::ServerName;
 use rustls::{CertificateError, ClientConfig};
 use tokio::net::TcpStream;
-use tokio::sync::watch;
 use tokio_rustls::TlsConnector;
-use tracing::debug;
 
-use super::session::{ConnEnd, Session, TerminalPeer};
+use super::session::{Session, TerminalPeer};
 use super::wire::{DialError, Stage};
 use crate::core::{Epoch, PodId};
 use crate::store::directory::Terminal;
@@ -211,20 +209,14 @@ impl Dialer {
         .await?
         .map_err(DialError::Http)?;
 
-        let (ended_tx, ended) = watch::channel(ConnEnd::Open);
-        let terminal_id = terminal.id.clone();
-        let task = tokio::spawn(async move {
-            let error = conn.await.err().map(|e| e.to_string());
-            debug!(terminal = %terminal_id, error = ?error, "terminal connection ended");
-            // Nobody listening means the session is gone already.
-            let _ = ended_tx.send(ConnEnd::Ended { error });
-        });
+        // Its end, and why, is read from the join handle (`Session::ended`).
+        let task = tokio::spawn(conn);
         let peer = TerminalPeer {
             terminal: terminal.id.clone(),
             origin: format!("https://{}", terminal.server_name),
             pod: self.cfg.pod.clone(),
         };
-        Ok(Session::new(send, ended, task, peer))
+        Ok(Session::new(send, task, peer))
     }
 }
 

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rand::rngs::StdRng;
+use rand::rngs::SmallRng;
 use tokio::sync::{mpsc, watch, Notify};
 use tracing::{debug, warn};
 
@@ -80,7 +80,7 @@ impl Link {
     }
 
     /// A dial or hello failed: `-> Backoff`, returning how long to stay there.
-    pub(super) fn failed(&mut self, rng: &mut StdRng) -> Duration {
+    pub(super) fn failed(&mut self, rng: &mut impl rand::Rng) -> Duration {
         self.state = LinkState::Backoff;
         self.backoff.fail(rng)
     }
@@ -214,7 +214,9 @@ pub(super) struct LinkTask {
     pub mode: watch::Receiver<Mode>,
     pub state: watch::Sender<LinkStatus>,
     pub shared: Arc<LinkShared>,
-    pub rng: StdRng,
+    /// Backoff jitter only, so a small fast generator (32 bytes) rather than `StdRng`
+    /// (320): every held connection keeps one.
+    pub rng: SmallRng,
     /// Shut until the shard's predecessor released the terminal (`handover`); `None`
     /// when there is none to ask, and after the first dial.
     pub gate: Option<Gate>,
@@ -226,7 +228,10 @@ impl LinkTask {
     pub(super) async fn run(mut self) {
         let mut link = Link::new(self.cx.backoff);
         loop {
-            let Some(mut session) = self.connect(&mut link).await else {
+            // Boxed: a dial's state (TLS and HTTP/2 handshakes, ~12 KB) exists only while
+            // dialing. Inline, it would size this task's future, and so every held
+            // connection, for the connection's whole life (14 KB inline, 1.8 KB boxed).
+            let Some(mut session) = Box::pin(self.connect(&mut link)).await else {
                 return;
             };
             let outcome = self.serve(&mut link, &mut session).await;
@@ -246,7 +251,8 @@ impl LinkTask {
                 // the connection open for the whole budget (and the shard's handover
                 // with it).
                 self.publish(&link, None);
-                session.close(self.cx.close_budget).await;
+                // Boxed, like the dial in this loop: once per session, not held always.
+                Box::pin(session.close(self.cx.close_budget)).await;
             }
             match outcome {
                 Served::Removed => return,
@@ -353,15 +359,17 @@ impl LinkTask {
                 // After a re-claim every session of the pod needs a new hello at once;
                 // sent all together they would starve everything else on the pod and
                 // the terminals. Paced, with terminals that have a push waiting first.
+                // Boxed (as the hello below): only after a new epoch, not held always.
                 let _slot = tokio::select! {
-                    slot = admit(&self.cx.hellos, &self.shared) => slot,
+                    slot = Box::pin(admit(&self.cx.hellos, &self.shared)) => slot,
                     () = self.state.closed() => return Served::Removed,
                 };
                 // The epoch may have moved on while we waited: say hello with the latest.
                 let epoch = self.mode.borrow_and_update().epoch;
                 let timeout = self.cx.dialer.handshake_timeout();
+                // Boxed for the reason `run` boxes the dial: rare, so not held always.
                 let hello = tokio::select! {
-                    r = session.hello(epoch, timeout) => r,
+                    r = Box::pin(session.hello(epoch, timeout)) => r,
                     () = self.state.closed() => return Served::Removed,
                 };
                 if let Err(e) = hello {
@@ -461,37 +469,5 @@ async fn admit(pacer: &Pacer, shared: &LinkShared) -> Option<super::pacer::DialS
 }
 
 #[cfg(test)]
-mod tests {
-    use rand::SeedableRng;
-
-    use super::*;
-
-    #[test]
-    fn link_transitions() {
-        let mut rng = StdRng::seed_from_u64(3);
-        let mut link = Link::new(BackoffPolicy::default());
-        assert_eq!(link.state(), LinkState::Disconnected);
-        link.dialing();
-        assert_eq!(link.state(), LinkState::Dialing);
-        // Failures back off with growing ceilings.
-        let first = link.failed(&mut rng);
-        assert_eq!(link.state(), LinkState::Backoff);
-        assert!(first <= Duration::from_secs(1));
-        link.disconnected();
-        link.dialing();
-        assert!(link.failed(&mut rng) <= Duration::from_secs(2));
-        assert_eq!(link.failures(), 2);
-        link.disconnected();
-        link.dialing();
-        link.connected(7);
-        assert_eq!(link.state(), LinkState::Connected { epoch: 7 });
-        // Success resets the streak; a new epoch's hello keeps the link connected.
-        assert_eq!(link.failures(), 0);
-        link.connected(9);
-        assert_eq!(link.state(), LinkState::Connected { epoch: 9 });
-        // A dead connection redials without backoff.
-        link.disconnected();
-        assert_eq!(link.state(), LinkState::Disconnected);
-        assert_eq!(link.failures(), 0);
-    }
-}
+#[path = "link_tests.rs"]
+mod tests;

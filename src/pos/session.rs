@@ -2,7 +2,8 @@
 //! connection ended, the fenced `hello`, and a bounded graceful close.
 //!
 //! The connection future runs on its own task; its end (keep-alive PING unanswered,
-//! GOAWAY from the terminal, socket error) is the death signal the manager watches. A
+//! GOAWAY from the terminal, socket error), read from the task's join handle, is the
+//! death signal the manager watches. A
 //! session may carry requests only after a `hello` with the current epoch got a 2xx
 //! answer: the terminal checks that epoch, which is what fences a former owner.
 //!
@@ -15,8 +16,8 @@ use http::{Request, Response};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::client::conn::http2::SendRequest;
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tracing::debug;
 
 use super::wire::{self, DialError, Stage};
 use crate::core::{Epoch, PodId};
@@ -24,14 +25,15 @@ use crate::core::{Epoch, PodId};
 /// The handle requests are sent on; clones share the connection.
 pub type RequestSender = SendRequest<Full<Bytes>>;
 
-/// How a connection ended, as the session's watcher reports it.
+/// How a connection ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ConnEnd {
-    /// Still running.
-    Open,
     /// Ended; `error` is why, when it was not a clean close.
     Ended { error: Option<String> },
 }
+
+/// The connection future's task: it drives the HTTP/2 connection and owns the socket.
+pub(super) type ConnFuture = JoinHandle<Result<(), hyper::Error>>;
 
 /// Who a session speaks for and to: fixed for the session's life.
 #[derive(Clone, Debug)]
@@ -46,8 +48,11 @@ pub(super) struct TerminalPeer {
 #[derive(Debug)]
 pub struct Session {
     send: SendRequest<Full<Bytes>>,
-    ended: watch::Receiver<ConnEnd>,
+    /// The connection's task itself, awaited for its end: a watcher task and a channel
+    /// per connection would cost every held connection ~0.6 KiB.
     conn: ConnTask,
+    /// How the connection ended, once it has.
+    end: Option<ConnEnd>,
     peer: TerminalPeer,
     /// The epoch of the last accepted hello, if any.
     epoch: Option<Epoch>,
@@ -56,14 +61,13 @@ pub struct Session {
 impl Session {
     pub(super) fn new(
         send: SendRequest<Full<Bytes>>,
-        ended: watch::Receiver<ConnEnd>,
-        conn: JoinHandle<()>,
+        conn: ConnFuture,
         peer: TerminalPeer,
     ) -> Self {
         Session {
             send,
-            ended,
             conn: ConnTask(Some(conn)),
+            end: None,
             peer,
             epoch: None,
         }
@@ -118,13 +122,13 @@ impl Session {
     /// Resolves when the connection has ended, with why. Cancel-safe; may be awaited
     /// again after it resolved.
     pub async fn ended(&mut self) -> ConnEnd {
-        match self.ended.wait_for(|e| *e != ConnEnd::Open).await {
-            Ok(end) => end.clone(),
-            // The watcher task is gone without a word: it was aborted.
-            Err(_) => ConnEnd::Ended {
-                error: Some("connection task aborted".into()),
-            },
+        if let Some(end) = &self.end {
+            return end.clone();
         }
+        let end = self.conn.finished().await;
+        debug!(terminal = %self.peer.terminal, ?end, "terminal connection ended");
+        self.end = Some(end.clone());
+        end
     }
 
     /// Closes the connection: dropping the last request handle makes the HTTP/2 layer
@@ -134,17 +138,10 @@ impl Session {
     /// released right after (the next owner may dial at once). Returns whether it
     /// closed within budget.
     pub async fn close(self, budget: Duration) -> bool {
-        let Session {
-            send,
-            mut ended,
-            mut conn,
-            ..
-        } = self;
+        let Session { send, mut conn, .. } = self;
         drop(send);
-        // `ended` is set after the task dropped the connection, socket included.
-        let graceful = tokio::time::timeout(budget, ended.wait_for(|e| *e != ConnEnd::Open))
-            .await
-            .is_ok();
+        // The task finishes after it dropped the connection, socket included.
+        let graceful = tokio::time::timeout(budget, conn.finished()).await.is_ok();
         if !graceful {
             conn.cancel_and_wait().await;
         }
@@ -157,9 +154,28 @@ impl Session {
 /// stop deadline) must not leave its socket open. Only `close` can also wait for the
 /// cancellation to finish; a drop merely requests it.
 #[derive(Debug)]
-struct ConnTask(Option<JoinHandle<()>>);
+struct ConnTask(Option<ConnFuture>);
 
 impl ConnTask {
+    /// Waits until the task has finished and says how it ended. Cancel-safe; after it
+    /// returned once, it returns at once.
+    async fn finished(&mut self) -> ConnEnd {
+        let Some(task) = &mut self.0 else {
+            return ConnEnd::Ended {
+                error: Some("connection task already finished".into()),
+            };
+        };
+        let result = task.await;
+        // A finished task's handle must not be polled again.
+        self.0 = None;
+        let error = match result {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(e.to_string()),
+            Err(e) => Some(format!("connection task: {e}")),
+        };
+        ConnEnd::Ended { error }
+    }
+
     /// Cancels the task and waits until it has been dropped, socket included.
     async fn cancel_and_wait(&mut self) {
         if let Some(task) = self.0.take() {
@@ -199,7 +215,7 @@ mod tests {
         // A connection that never ends on its own (a terminal that ignores GOAWAY).
         let task = tokio::spawn(async move {
             let _socket = socket;
-            std::future::pending::<()>().await;
+            std::future::pending::<Result<(), hyper::Error>>().await
         });
         tokio::task::yield_now().await; // let it start and park
         let mut conn = ConnTask(Some(task));

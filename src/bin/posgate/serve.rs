@@ -38,6 +38,7 @@ pub fn main(args: ServeArgs) -> ExitCode {
         }
     };
     init_tracing(format, filter);
+    crate::alloc_stats::spawn();
     match raised {
         Ok(fd_limit) => tracing::info!(
             fd_limit,

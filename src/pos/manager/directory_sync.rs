@@ -20,6 +20,7 @@
 use super::*;
 use crate::core::lease::Checked;
 use crate::store::directory::{Restore, Restored};
+use rand::rngs::SmallRng;
 
 /// One consistent read of a shard's directory.
 struct ShardRead {
@@ -224,7 +225,7 @@ impl<D: Directory> Inner<D> {
         for (id, terminal) in new {
             let (state_tx, state) = watch::channel(LinkStatus::new());
             let shared = Arc::new(LinkShared::default());
-            let rng = StdRng::from_rng(&mut *lock(&self.rng));
+            let rng = SmallRng::from_rng(&mut *lock(&self.rng));
             let (ended_tx, ended) = tokio::sync::oneshot::channel();
             let gate = entry.walk.as_ref().map(|walk| walk.gate(&id));
             entry.tasks.spawn(

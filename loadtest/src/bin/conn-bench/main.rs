@@ -8,11 +8,16 @@
 //! 2. `posgate terminals import terminals.csv`; the pod picks the terminals up and dials
 //!    them at `--dial-rate` (default 1000/s): time until every terminal has a session,
 //!    then the RSS again -> KiB per held connection.
-//! 3. The pod is stopped and a second one started with a very high dial rate and many
+//! 3. Churn: the farm drops every connection and the pod redials them all, `--churn`
+//!    times (default 2) -> KiB per held connection after it, which shows what the
+//!    allocator keeps from the connections that went.
+//! 4. The pod is stopped and a second one started with a very high dial rate and many
 //!    handshakes in flight: terminals per second from its first to its last session is
 //!    the handshake rate one pod sustains (farm and pod share this machine's CPUs).
 //!
-//! Prints a markdown table. Loopback only; never dials anything but the farm.
+//! Prints a markdown table, each memory figure beside its bound and split by the pod's
+//! allocator statistics (`memory`); exits 1 when a figure exceeds its bound. Loopback
+//! only; never dials anything but the farm.
 #![forbid(unsafe_code)]
 
 use std::net::TcpListener as StdListener;
@@ -24,6 +29,10 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use posgate_loadtest::pos_sim::{FarmConfig, FarmCounters, PosFarm};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::memory::Snapshot;
+
+mod memory;
 
 /// Measure memory per held connection, connect time and handshake rate of one pod.
 #[derive(Debug, Parser)]
@@ -50,6 +59,15 @@ struct Args {
     /// the temp directory].
     #[arg(long)]
     out: Option<PathBuf>,
+    /// How many times every connection is dropped and redialed before the churn figure.
+    #[arg(long, default_value_t = 2)]
+    churn: u32,
+    /// Bound on KiB per held connection (issue 19: 40).
+    #[arg(long, default_value_t = 40.0)]
+    max_kib: f64,
+    /// Bound on KiB per held connection after the churn (issue 19: 44).
+    #[arg(long, default_value_t = 44.0)]
+    max_kib_churned: f64,
     /// Give up waiting for the connections after this many seconds.
     #[arg(long, default_value_t = 300)]
     timeout_secs: u64,
@@ -88,19 +106,6 @@ fn start_redis(dir: &Path) -> Result<(Reaped, String)> {
         std::thread::sleep(Duration::from_millis(50));
     }
     Ok((child, format!("redis://127.0.0.1:{port}/")))
-}
-
-fn rss_kib(pid: u32) -> Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let line = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .context("no VmRSS")?;
-    Ok(line
-        .split_whitespace()
-        .nth(1)
-        .context("VmRSS value")?
-        .parse()?)
 }
 
 async fn http_status(port: u16, path: &str) -> Option<u16> {
@@ -184,7 +189,8 @@ impl Setup<'_> {
             "--log-format",
             "json",
             "--log-level",
-            "warn",
+            // The allocator's statistics, for `memory`.
+            "warn,posgate::alloc=debug",
         ]
         .iter()
         .map(|s| s.to_string())
@@ -352,7 +358,9 @@ async fn main() -> Result<()> {
     let ready = wait_ready(&mut pod, port, Duration::from_secs(60)).await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let pid = pod.0.id();
-    let rss0 = rss_kib(pid)?;
+    let log1 = dir.join("bench-pod-1.log");
+    let snap0 = Snapshot::take(pid, &log1)?;
+    let rss0 = snap0.rss_kib;
     eprintln!(
         "pod ready after {:.1} s with 0 terminals: RSS {rss0} KiB",
         ready.as_secs_f64()
@@ -371,7 +379,8 @@ async fn main() -> Result<()> {
         first.as_secs_f64()
     );
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let rss1 = rss_kib(pid)?;
+    let snap1 = Snapshot::take(pid, &log1)?;
+    let rss1 = snap1.rss_kib;
     let held = farm.counters();
     if held.connections_open != n {
         eprintln!(
@@ -379,12 +388,29 @@ async fn main() -> Result<()> {
             held.connections_open
         );
     }
-    let per_conn = (rss1.saturating_sub(rss0)) as f64 / held.connections_open.max(1) as f64;
     eprintln!("RSS with {} connections: {rss1} KiB", held.connections_open);
+
+    // 3. Churn: every connection dropped by the terminals and redialed by the pod.
+    for round in 1..=args.churn {
+        let base = farm.counters();
+        let dropped = farm.drop_connections(1.0)?;
+        let (_, took) = wait_sessions(&farm, &base, dropped as u64, &mut pod, limit).await?;
+        eprintln!(
+            "churn {round}: {dropped} connections dropped and redialed in {:.2} s",
+            took.as_secs_f64()
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let snap2 = Snapshot::take(pid, &log1)?;
+    let churned = farm.counters();
+    eprintln!(
+        "RSS with {} connections after the churn: {} KiB",
+        churned.connections_open, snap2.rss_kib
+    );
     stop(pod)?;
     tokio::time::sleep(Duration::from_secs(1)).await;
 
-    // 3. Handshake rate: a new pod with no real pacing.
+    // 4. Handshake rate: a new pod with no real pacing.
     let base = farm.counters();
     let (mut pod, _port, fast_cmd) = setup.serve(
         "bench-pod-2",
@@ -405,7 +431,22 @@ async fn main() -> Result<()> {
         "| RSS, {} connections held | {rss1} KiB |",
         held.connections_open
     );
-    println!("| memory per held connection | {per_conn:.1} KiB (target <= 64) |");
+    let (held_rows, held_ok) =
+        memory::rows("held", &snap0, &snap1, held.connections_open, args.max_kib);
+    let (churn_rows, churn_ok) = memory::rows(
+        &format!("after churn x{}", args.churn),
+        &snap0,
+        &snap2,
+        churned.connections_open,
+        args.max_kib_churned,
+    );
+    println!(
+        "| RSS, {} connections held after churn x{} | {} KiB |",
+        churned.connections_open, args.churn, snap2.rss_kib
+    );
+    for row in held_rows.iter().chain(&churn_rows) {
+        println!("{row}");
+    }
     println!(
         "| connect {n} at --dial-rate {}: first to last session | {:.2} s |",
         args.dial_rate,
@@ -434,5 +475,8 @@ async fn main() -> Result<()> {
     );
     println!("pod 1: `{}`", serve_cmd.join(" "));
     println!("pod 2: `{}`", fast_cmd.join(" "));
+    if !(held_ok && churn_ok) {
+        bail!("memory per connection above its bound (see the table)");
+    }
     Ok(())
 }
