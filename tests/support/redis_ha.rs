@@ -30,7 +30,7 @@ use posgate_loadtest::load::sentinels;
 /// The master's name and the sentinels' down-after: the load harness's own.
 pub use posgate_loadtest::load::sentinels::{DOWN_AFTER, MASTER};
 
-use super::redis_server::{free_port, program};
+use super::redis_server::{free_port, program, serving_pid};
 use super::stall_proxy::StallProxy;
 use super::wait::wait_for;
 use super::{RedisProxy, RedisServer};
@@ -316,7 +316,10 @@ impl Sentinel {
                 if let Ok(Some(_)) = child.try_wait() {
                     break;
                 }
-                if pong(port) {
+                if let Some(pid) = serving_pid(port, None) {
+                    if pid != child.id() {
+                        break; // another test's process has this port: a new one
+                    }
                     return Sentinel {
                         child,
                         port,
@@ -377,10 +380,6 @@ async fn role(addr: &str) -> Option<String> {
         redis::Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
         _ => None,
     }
-}
-
-fn pong(port: u16) -> bool {
-    sync_query::<String>(port, &["PING"]).is_some_and(|r| r == "PONG")
 }
 
 /// `field` of `INFO` on the node at `port`.

@@ -44,12 +44,29 @@ fn binary() -> PathBuf {
 }
 
 /// A loopback port nothing listens on right now. It is free when we look; a rare race
-/// with another process is handled by `start_with` retrying on a new port.
+/// with another process (another test's server taking the same port first) is handled by
+/// `start_with` checking who answers ([`serving_pid`]) and retrying on a new port.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("bind 127.0.0.1:0")
         .port()
+}
+
+/// The pid of the Redis process (server or sentinel) answering on `port`, if one does.
+/// A reply to `PING` alone does not prove that the child we spawned is serving: when
+/// another test's server took the same free port first, ours exits on the failed bind,
+/// but the other one answers until its test ends, and a test bound to it fails later
+/// with "connection refused".
+pub fn serving_pid(port: u16, password: Option<&str>) -> Option<u32> {
+    let auth = password.map(|p| format!(":{p}@")).unwrap_or_default();
+    let client = redis::Client::open(format!("redis://{auth}127.0.0.1:{port}/")).ok()?;
+    let mut conn = client
+        .get_connection_with_timeout(Duration::from_millis(200))
+        .ok()?;
+    let info: String = redis::cmd("INFO").arg("server").query(&mut conn).ok()?;
+    let pid = info.lines().find_map(|l| l.strip_prefix("process_id:"))?;
+    pid.trim().parse().ok()
 }
 
 /// Sends one command in RESP and returns the raw first reply line (e.g. `+PONG`).
@@ -181,12 +198,15 @@ impl RedisServer {
                 );
                 return false;
             }
-            // Any reply (+PONG, or -NOAUTH with a password) means it is serving.
-            if let Ok(reply) = raw_command(self.port, &["PING"], Duration::from_millis(200)) {
-                if reply.starts_with('+') || reply.starts_with('-') {
-                    self.child = Some(child);
-                    return true;
+            if let Some(pid) = serving_pid(self.port, self.password()) {
+                if pid != child.id() {
+                    eprintln!("port {} taken by another redis (pid {pid})", self.port);
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return false;
                 }
+                self.child = Some(child);
+                return true;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -197,6 +217,12 @@ impl RedisServer {
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The `--requirepass` it was started with, if any.
+    fn password(&self) -> Option<&str> {
+        let at = self.args.iter().position(|a| a == "--requirepass")?;
+        self.args.get(at + 1).map(String::as_str)
     }
 
     pub fn addr(&self) -> SocketAddr {
