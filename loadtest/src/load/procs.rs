@@ -139,12 +139,29 @@ impl ChildProc {
 /// CPU clock ticks per second (`getconf CLK_TCK` is 100 on Linux).
 pub const CLOCK_TICKS: f64 = 100.0;
 
-/// A free loopback TCP port (bound then released; good enough for a private run).
+/// A free loopback TCP port for a child to listen on: bound then released, and taken
+/// below the kernel's ephemeral range (`ip_local_port_range`), so that no outgoing
+/// connection of the 20 pods and the simulators gets it as its local port before the
+/// child binds it ("Address already in use" at a pod's start, seen in CI).
 pub fn free_port() -> Result<u16, LoadError> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")
-        .map_err(|e| LoadError::io("finding a free port", e))?;
-    listener
-        .local_addr()
-        .map(|a| a.port())
-        .map_err(|e| LoadError::io("finding a free port", e))
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let (low, high) = (10_000u16, ephemeral_low.max(10_001));
+    // A random start (std's hasher keys are random per process), so concurrent runs
+    // rarely probe the same ports.
+    let random =
+        std::hash::BuildHasher::hash_one(&std::collections::hash_map::RandomState::new(), 0u8);
+    let start = low + (random % u64::from(high - low)) as u16;
+    let listen = |port: u16| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok();
+    (start..high)
+        .chain(low..start)
+        .find(|&port| listen(port))
+        .ok_or_else(|| {
+            LoadError::io(
+                "finding a free port",
+                std::io::Error::other(format!("none free in {low}..{high}")),
+            )
+        })
 }

@@ -122,6 +122,9 @@ impl Prometheus {
         let _ = std::fs::remove_dir_all(dir);
         let io = |what: &str, e| LoadError::io(format!("{what} in {}", dir.display()), e);
         std::fs::create_dir_all(dir.join("data")).map_err(|e| io("creating", e))?;
+        // Absolute: Prometheus reads the paths in its config relative to the config's own
+        // directory, so a relative `--results` named files that did not exist.
+        let dir = &dir.canonicalize().map_err(|e| io("resolving", e))?;
         let (rules, targets, conf) = (
             dir.join("alerts.yaml"),
             dir.join("targets.json"),
