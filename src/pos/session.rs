@@ -27,9 +27,9 @@ pub type RequestSender = SendRequest<Full<Bytes>>;
 
 /// How a connection ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ConnEnd {
-    /// Ended; `error` is why, when it was not a clean close.
-    Ended { error: Option<String> },
+pub struct ConnEnd {
+    /// Why it ended, when it was not a clean close.
+    pub error: Option<String>,
 }
 
 /// The connection future's task: it drives the HTTP/2 connection and owns the socket.
@@ -161,7 +161,7 @@ impl ConnTask {
     /// returned once, it returns at once.
     async fn finished(&mut self) -> ConnEnd {
         let Some(task) = &mut self.0 else {
-            return ConnEnd::Ended {
+            return ConnEnd {
                 error: Some("connection task already finished".into()),
             };
         };
@@ -173,7 +173,7 @@ impl ConnTask {
             Ok(Err(e)) => Some(e.to_string()),
             Err(e) => Some(format!("connection task: {e}")),
         };
-        ConnEnd::Ended { error }
+        ConnEnd { error }
     }
 
     /// Cancels the task and waits until it has been dropped, socket included.
