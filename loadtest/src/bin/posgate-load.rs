@@ -21,7 +21,7 @@ use std::{
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use posgate_loadtest::load::{
-    alerts, charts,
+    alerts, calibrate, charts,
     cluster::{Cluster, Profile},
     measure::run_scenario,
     pods::Release,
@@ -212,6 +212,20 @@ async fn run(
     let started = Instant::now();
     let old = args.old_posgate.as_deref().filter(|_| upgrading);
     let sentinels = list.contains(&Scenario::RedisFailover);
+    // Before anything else runs: H is the machine's, not shared with the run's processes.
+    let handshake_rate = match list.contains(&Scenario::ColdStart) {
+        true => {
+            let h = calibrate::handshake_rate(
+                &pos_sim,
+                &dir.join("calibration"),
+                calibrate::Window::COLD_START,
+            )
+            .await?;
+            eprintln!("calibration: H = {}", h.describe());
+            Some(h)
+        }
+        false => None,
+    };
     let mut cluster = Cluster::setup(
         profile.clone(),
         &args.posgate,
@@ -221,6 +235,7 @@ async fn run(
         sentinels,
     )
     .await?;
+    cluster.handshake_rate = handshake_rate;
     if old.is_some() {
         check_serve_flags(&cluster.plan, Release::Previous).await?;
     }

@@ -214,7 +214,8 @@ pub fn open_rise_max_per_s(series: &[(u64, u64)]) -> u64 {
 /// A cold start that converged after `took` seconds (`None`: not within the limit)
 /// against its bound `1.2 x T + 5 s`, where `T = max(terminals / (pods x dial rate),
 /// terminals / handshakes per s)` is the time the dial limit or the machine's TLS
-/// handshake rate (measured in the same run) allows at best. Returns whether it is
+/// handshake rate (H, calibrated in the same run before the pods: `calibrate`) allows
+/// at best. Returns whether it is
 /// within, and the figure beside the bound and T.
 pub fn cold_start(
     took: Option<f64>,

@@ -9,6 +9,7 @@ use std::{
 };
 
 use super::{
+    calibrate::HandshakeRate,
     http::{self, HttpClient},
     observe::{owners_of, Owners},
     pods::{import_directory, init_store, PodPlan, PodProc, PodStore, Release},
@@ -134,6 +135,9 @@ pub struct Cluster {
     pub shard_terminals: Vec<Vec<u64>>,
     /// How long `posgate init` took before the first pod (once per cluster).
     pub init_took: Duration,
+    /// H for the cold-start bound, measured before the pods (`calibrate`); set by the
+    /// runner when the run has a cold start.
+    pub handshake_rate: Option<HandshakeRate>,
     next_index: usize,
 }
 
@@ -190,6 +194,7 @@ impl Cluster {
             observers: Arc::new(RwLock::new(Vec::new())),
             shard_terminals,
             init_took,
+            handshake_rate: None,
             next_index: 0,
         })
     }

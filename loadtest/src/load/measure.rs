@@ -477,8 +477,11 @@ fn checks(c: &Cluster, sc: Scenario, r: &mut ScenarioReport) {
         }
         Scenario::ColdStart => {
             let (p, pods, took) = (&c.profile, c.pods.len() as u64, r.converged_after_s);
-            let (pass, d) =
-                analysis::cold_start(took, p.terminals, pods, p.dial_rate, r.handshakes_per_s_max);
+            r.handshake_calibration = c.handshake_rate.clone();
+            let (pass, d) = match &c.handshake_rate {
+                Some(h) => analysis::cold_start(took, p.terminals, pods, p.dial_rate, h.per_s()),
+                None => (false, "no handshake calibration (H) before the pods".into()),
+            };
             r.check("cold start <= 1.2 x T + 5 s", false, pass, d);
             let rt = r.steady_round_trips_per_pod_s.unwrap_or(f64::NAN);
             let d = format!("{rt:.2} round trips/s per pod");

@@ -8,6 +8,7 @@ use serde::Serialize;
 use super::{
     alerts::{self, AlertReport},
     analysis::LatencyBucket,
+    calibrate::HandshakeRate,
     dark::DarkTime,
     duplicates::DuplicateSummary,
     handover::{HandoverSummary, StaleCheck, Verdict},
@@ -94,8 +95,12 @@ pub struct ScenarioReport {
     pub push_latency_per_s: Vec<LatencyBucket>,
     pub dial_limit_per_s: u64,
     /// TLS handshakes/s overall: the steepest 1-s rise of open connections (a lower
-    /// bound while connections also close).
+    /// bound while connections also close). A figure of the run, noisy (the sims are
+    /// sampled at different moments); the cold-start bound uses the calibration below.
     pub handshakes_per_s_max: u64,
+    /// Cold start only: H, the machine's TLS handshake rate measured before the pods
+    /// started (`calibrate`), which the cold-start bound is built on.
+    pub handshake_calibration: Option<HandshakeRate>,
     pub dial_rate_max_per_pod: BTreeMap<String, u64>,
     pub redis_commandstats: CommandStats,
     pub redis_round_trips_per_pod_s: f64,
@@ -253,6 +258,13 @@ pub fn markdown(header: &str, reports: &[ScenarioReport]) -> String {
             "- TLS handshakes/s overall (steepest 1-s rise of open connections; a lower bound while connections also close): {}",
             r.handshakes_per_s_max
         );
+        if let Some(h) = &r.handshake_calibration {
+            let _ = writeln!(
+                md,
+                "- H, TLS handshakes/s the machine sustains: {}",
+                h.describe()
+            );
+        }
         let _ = writeln!(
             md,
             "- Redis: ~{:.2} client round trips/s per pod; commandstats calls {:?}",

@@ -86,8 +86,19 @@ impl SimFarm {
     /// Starts `ceil(terminals / 12,500)` processes of `bin` and merges their files into
     /// `dir/terminals.csv` and `dir/ca.pem`.
     pub async fn start(bin: &Path, terminals: u64, dir: &Path) -> Result<Self, LoadError> {
+        Self::start_at(bin, terminals, dir, 10).await
+    }
+
+    /// [`SimFarm::start`] with the terminals' addresses from `127.0.<net>.1` on (the k-th
+    /// process at `127.0.<net + k>.1`): a second farm on the machine needs another `net`.
+    pub async fn start_at(
+        bin: &Path,
+        terminals: u64,
+        dir: &Path,
+        net: u8,
+    ) -> Result<Self, LoadError> {
         let count = terminals.div_ceil(PER_PROCESS);
-        if count > 200 {
+        if count > u64::from(255 - net) {
             return Err(LoadError::Plan(format!(
                 "{terminals} terminals is too many"
             )));
@@ -109,7 +120,7 @@ impl SimFarm {
                 .arg("--admin")
                 .arg(admin.to_string())
                 .arg("--first-ip")
-                .arg(format!("127.0.{}.1", 10 + k))
+                .arg(format!("127.0.{}.1", u64::from(net) + k))
                 .env("RUST_LOG", "warn");
             let name = format!("pos-sim-{k}");
             let proc = ChildProc::spawn(&name, cmd, &dir.join(format!("{name}.log")))?;
