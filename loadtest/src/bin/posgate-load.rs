@@ -68,10 +68,23 @@ struct Args {
     /// Override the profile's push rate (pushes per second).
     #[arg(long)]
     push_rate: Option<f64>,
+    /// An environment variable for every pod, NAME=VALUE (repeatable): e.g.
+    /// `_RJEM_MALLOC_CONF=...` or `TOKIO_WORKER_THREADS=1` to measure a setting. The
+    /// summary's command line shows it.
+    #[arg(long, value_parser = name_value)]
+    pod_env: Vec<(String, String)>,
     /// redis-restart: leave the terminal directory wiped instead of importing it again
     /// right after Redis restarts empty.
     #[arg(long)]
     no_reimport: bool,
+}
+
+/// `NAME=VALUE` of `--pod-env`.
+fn name_value(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((name, value)) if !name.is_empty() => Ok((name.into(), value.into())),
+        _ => Err(format!("expected NAME=VALUE, got {s:?}")),
+    }
 }
 
 /// Most connections one pod may hold: one process can open at most ~19,000 sockets here.
@@ -192,6 +205,7 @@ async fn run(
         profile.push_rate = r;
     }
     profile.reimport_directory = !args.no_reimport;
+    profile.pod_env = args.pod_env.clone();
     let plan = scenarios(&args.scenarios, args.old_posgate.as_deref(), &profile)?;
     for why in &plan.left_out {
         eprintln!("{why}");
@@ -338,6 +352,21 @@ async fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pod_env_is_name_equals_value() {
+        let ok = |s: &str| name_value(s).unwrap();
+        assert_eq!(
+            ok("TOKIO_WORKER_THREADS=1"),
+            ("TOKIO_WORKER_THREADS".into(), "1".into())
+        );
+        // Only the first `=` splits: values like a malloc conf keep theirs.
+        assert_eq!(ok("A=b=c,d:1"), ("A".into(), "b=c,d:1".into()));
+        assert_eq!(ok("EMPTY="), ("EMPTY".into(), String::new()));
+        for bad in ["NOVALUE", "=x", ""] {
+            assert!(name_value(bad).is_err(), "{bad:?}");
+        }
+    }
 
     fn names(list: &[&str]) -> Vec<String> {
         list.iter().map(|s| s.to_string()).collect()

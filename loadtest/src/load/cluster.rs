@@ -33,6 +33,9 @@ pub struct Profile {
     pub terminals: u64,
     /// `serve` flags for timings and dial rate.
     pub flags: Vec<String>,
+    /// Environment of every pod beyond the harness's own (`--pod-env`): allocator or
+    /// runtime settings under test.
+    pub pod_env: Vec<(String, String)>,
     pub lease_ttl: Duration,
     pub member_ttl: Duration,
     pub dial_rate: u64,
@@ -80,6 +83,7 @@ impl Profile {
             pods: 5,
             terminals: 5_000,
             flags: flags.iter().map(|s| s.to_string()).collect(),
+            pod_env: Vec::new(),
             lease_ttl: Duration::from_secs(3),
             member_ttl: Duration::from_secs(3),
             dial_rate: 200,
@@ -100,6 +104,7 @@ impl Profile {
             pods: 20,
             terminals: 50_000,
             flags: vec!["--dial-rate".into(), "200".into()],
+            pod_env: Vec::new(),
             lease_ttl: Duration::from_secs(15),
             member_ttl: Duration::from_secs(15),
             dial_rate: 200,
@@ -179,6 +184,7 @@ impl Cluster {
             previous: previous.map(Path::to_path_buf),
             pos_ca: sims.ca.clone(),
             flags: profile.flags.clone(),
+            env: profile.pod_env.clone(),
             log_dir: logs,
         };
         Ok(Cluster {

@@ -60,6 +60,8 @@ pub struct PodPlan {
     pub pos_ca: PathBuf,
     /// Extra `serve` flags (timings, dial rate).
     pub flags: Vec<String>,
+    /// Extra environment variables of every pod.
+    pub env: Vec<(String, String)>,
     pub log_dir: PathBuf,
 }
 
@@ -199,6 +201,7 @@ impl PodProc {
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("POSGATE_CLUSTER_SECRET", SECRET)
             .env("POSGATE_API_TOKENS", api_tokens())
+            .envs(plan.env.iter().map(|(k, v)| (k, v)))
             .args(plan.serve_args(&id, port, &store_url));
         let proc = ChildProc::spawn(&id, cmd, &plan.log_dir.join(format!("{id}.log")))?;
         Ok(PodProc {

@@ -52,6 +52,7 @@ fn every_flag_the_harness_passes_is_checked() {
         previous: None,
         pos_ca: PathBuf::from("ca.pem"),
         flags: vec!["--lease-ttl".into(), "3s".into()],
+        env: Vec::new(),
         log_dir: PathBuf::from("logs"),
     };
     let passed = plan.serve_args("pod-0", 1, "redis://127.0.0.1:1/");
