@@ -21,6 +21,9 @@ use crate::store::redis::sentinel_url::SentinelUrl;
 use crate::store::redis::ClientCert;
 
 /// The Redis connection flags (flattened into `ServeArgs` and `TerminalsArgs`).
+// The field docs are `--help` text (clap prints them as written), not Markdown:
+// placeholders like `<hostname>` and `[user[:password]@]` are meant literally.
+#[allow(rustdoc::invalid_html_tags, rustdoc::broken_intra_doc_links)]
 #[derive(Clone, clap::Args)]
 pub struct RedisArgs {
     /// Redis URL of the coordination store: redis://[user[:password]@]host:port[/db],

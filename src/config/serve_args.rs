@@ -25,6 +25,9 @@ use rand::Rng;
 
 /// Flags of `posgate serve`. Half a Redis client certificate is refused while parsing,
 /// like half of any other certificate pair (`terminals` refuses it when resolving).
+// The field docs are `--help` text (clap prints them as written), not Markdown:
+// placeholders like `<hostname>` and `[user[:password]@]` are meant literally.
+#[allow(rustdoc::invalid_html_tags, rustdoc::broken_intra_doc_links)]
 #[derive(Clone, clap::Args)]
 #[command(mut_arg("redis_client_cert", |a| a.requires("redis_client_key")))]
 #[command(mut_arg("redis_client_key", |a| a.requires("redis_client_cert")))]

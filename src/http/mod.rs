@@ -6,7 +6,7 @@
 //! never touch the store or the reconciler, so a slow or unreachable store cannot stall
 //! a health probe. Every error answer is JSON `{"error": code, "message": text}`.
 //!
-//! [`serve`] speaks HTTP/1.1 and HTTP/2 with prior knowledge (h2c) on one port; peers use
+//! [`serve()`] speaks HTTP/1.1 and HTTP/2 with prior knowledge (h2c) on one port; peers use
 //! h2c (see [`crate::peer::PeerClient`]), probes and people HTTP/1.1; or the same over
 //! TLS (`--tls-cert`, `tls.rs`), HTTP/2 or HTTP/1.1 chosen by ALPN. It holds client
 //! connections under [`ConnectionLimits`] (`connections.rs`, `serve.rs`).

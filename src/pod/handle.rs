@@ -11,7 +11,7 @@ use crate::metrics::Metrics;
 use crate::serving::ServingTable;
 use crate::status::PodStatus;
 
-/// A pod started with [`Pod::start`]. Dropping it stops the pod at once (no graceful
+/// A pod started with [`Pod::start`](crate::pod::Pod::start). Dropping it stops the pod at once (no graceful
 /// shutdown), like [`PodHandle::abort`].
 pub struct PodHandle {
     /// The pod's status, as its HTTP endpoints report it.

@@ -142,7 +142,7 @@ pub trait ServingHook: Send + Sync + 'static {
     /// Stop delivering on `shard` but keep its connections (cluster-wide store outage).
     fn suspend(&self, _shard: ShardId, _epoch: Epoch) {}
 
-    /// Close `shard`'s connections, or with [`Close::Drain`] keep them open without
+    /// Close `shard`'s connections, or with [`Close::Drain`](crate::core::reconciler::Close::Drain) keep them open without
     /// delivering until the next owner asks for each terminal. The lease is released (or
     /// forgotten) only once the returned future resolves, so the next owner cannot dial
     /// before they are closed (or drained: nothing is being sent on them any more).

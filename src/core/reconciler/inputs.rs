@@ -91,7 +91,7 @@ impl Reconciler {
         self.reconcile(now);
     }
 
-    /// The answer to [`Action::Place`] for `placement`: `Ok(true)` stored, `Ok(false)` the
+    /// The answer to [`Action::Place`](super::Action::Place) for `placement`: `Ok(true)` stored, `Ok(false)` the
     /// store's version was not the expected one (someone else changed it first).
     pub fn handle_place(&mut self, now: Instant, placement: Placement, result: OpResult<bool>) {
         self.place_sent = false;
@@ -111,7 +111,7 @@ impl Reconciler {
         self.reconcile(now);
     }
 
-    /// The answer to [`Action::Heartbeat`]: with the generation's heartbeat count.
+    /// The answer to [`Action::Heartbeat`](super::Action::Heartbeat): with the generation's heartbeat count.
     pub fn handle_heartbeat(&mut self, now: Instant, result: OpResult<Checked<u64>>) {
         match result {
             Err(OpFailed) => {

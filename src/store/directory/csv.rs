@@ -1,6 +1,6 @@
 //! The file of `posgate terminals import` and `export`: CSV with the exact header
 //! `id,addr,server_name`, one terminal per line, `server_name` possibly empty (it then
-//! defaults to the host of `addr`). [`write`] produces what [`parse`] reads back
+//! defaults to the host of `addr`). [`write()`] produces what [`parse`] reads back
 //! unchanged.
 //!
 //! Every line is checked before anything is imported: [`parse`] returns either all

@@ -1,4 +1,4 @@
-//! The production [`CoordStore`]: Redis, one Lua script per operation.
+//! The production [`CoordStore`](crate::store::CoordStore): Redis, one Lua script per operation.
 //!
 //! Every operation is exactly one script call (one client round trip, counted by
 //! [`RedisStore::round_trips`]), so each is atomic in Redis; the scripts live in
