@@ -15,9 +15,12 @@
 //!   no terminal disconnected, no session overlap, no key twice, no epoch a terminal
 //!   refused, the same owners afterwards, and the time until ownership can change again;
 //! - `isolation`: a master cut off with one pod (`min-replicas-to-write`) refuses its
-//!   writes, so that pod gives its shards up before the others take them.
+//!   writes, so that pod gives its shards up before the others take them;
+//! - `disagreeing`: of two sentinels naming two masters, the store follows the one with
+//!   the higher config epoch.
 
 mod cli;
+mod disagreeing;
 mod isolation;
 mod pods;
 mod store;

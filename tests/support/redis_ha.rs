@@ -119,7 +119,9 @@ impl RedisHa {
         };
         let watched = sentinel_link.as_ref().map_or(master.port(), link_port);
         let timeout = opts.failover_timeout.unwrap_or(Duration::from_secs(10));
-        let sentinels = (0..3).map(|_| Sentinel::start(watched, timeout)).collect();
+        let sentinels = (0..3)
+            .map(|_| Sentinel::start(watched, timeout, ""))
+            .collect();
         let ha = RedisHa {
             first: master.port(),
             replicas,
@@ -282,8 +284,32 @@ impl RedisHa {
     }
 }
 
+/// A sentinel of its own, outside any deployment, watching one node with a config epoch
+/// of the test's choosing: sentinels that disagree, as one cut off from a failover
+/// would. It never fails over (quorum 2, and it knows no other sentinel).
+pub struct LoneSentinel(Sentinel);
+
+impl LoneSentinel {
+    /// Watches the node at `master_port` as [`MASTER`], its view at `config_epoch`.
+    pub fn start(master_port: u16, config_epoch: u64) -> LoneSentinel {
+        let epoch = format!("sentinel config-epoch {MASTER} {config_epoch}\n");
+        LoneSentinel::start_with(master_port, &epoch)
+    }
+
+    /// Watches the node at `master_port`, with `extra` lines of configuration.
+    pub fn start_with(master_port: u16, extra: &str) -> LoneSentinel {
+        LoneSentinel(Sentinel::start(master_port, Duration::from_secs(60), extra))
+    }
+
+    pub fn port(&self) -> u16 {
+        self.0.port
+    }
+}
+
 impl Sentinel {
-    fn start(master_port: u16, failover_timeout: Duration) -> Sentinel {
+    /// `extra`: lines appended to the configuration (after the `monitor` line they
+    /// refer to).
+    fn start(master_port: u16, failover_timeout: Duration, extra: &str) -> Sentinel {
         let dir = tempfile::tempdir().expect("temp dir for redis-sentinel");
         for _ in 0..5 {
             let port = free_port();
@@ -295,7 +321,7 @@ impl Sentinel {
                      sentinel monitor {MASTER} 127.0.0.1 {master_port} 2\n\
                      sentinel down-after-milliseconds {MASTER} {}\n\
                      sentinel failover-timeout {MASTER} {}\n\
-                     sentinel parallel-syncs {MASTER} 2\n",
+                     sentinel parallel-syncs {MASTER} 2\n{extra}",
                     dir.path().display(),
                     dir.path().join("sentinel.log").display(),
                     DOWN_AFTER.as_millis(),

@@ -3,10 +3,16 @@
 //! client for it now; following it as it moves is `follow.rs`'s.
 //!
 //! A lookup follows the Redis Sentinel client guidelines: ask the sentinels
-//! `SENTINEL GET-MASTER-ADDR-BY-NAME <master>` and take the first address whose node
-//! answers `ROLE` as a master, so a demoted node is never taken for the master. All the
-//! sentinels are asked at once, each within our deadline, so a dead or frozen one costs
-//! nothing. (The redis crate's `SentinelClient` reads `SENTINEL MASTERS` instead, which
+//! `SENTINEL GET-MASTER-ADDR-BY-NAME <master>` and take an address whose node answers
+//! `ROLE` as a master, so a demoted node is never taken for the master. All the
+//! sentinels are asked at once, each within our deadline, so a dead one costs nothing
+//! and a frozen one at most the deadline. Among their answers the newest view wins: the
+//! address named with the highest `config-epoch` (of `SENTINEL MASTER <master>`) is
+//! tried first. A sentinel cut off from the others during a failover still names the
+//! old master, and an old master cut off from its sentinels (but not from us) still
+//! answers `ROLE` as one: taking whichever sentinel answered first could put this pod
+//! on the old master while the others write to the new one, two lease tables that
+//! could hand out one epoch twice. (The redis crate's `SentinelClient` reads `SENTINEL MASTERS` instead, which
 //! flags the master down until the whole failover has ended, replicas reconfigured:
 //! up to `failover-timeout` after the new master was promoted and serving. Measured
 //! here: 12 s of a master nobody would name.)
@@ -15,7 +21,9 @@
 
 use std::time::Duration;
 
-use futures::stream::{FuturesUnordered, StreamExt};
+use std::collections::HashMap;
+
+use futures::future::join_all;
 use redis::{
     Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo, Role,
     TlsCertificates,
@@ -215,20 +223,33 @@ impl Endpoint {
     }
 }
 
+/// The master as one sentinel names it, with the config epoch of that sentinel's view.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Named {
+    epoch: u64,
+    host: String,
+    port: u16,
+}
+
 impl Sentinels {
-    /// Asks every sentinel at once; the first address whose node answers `ROLE` as a
-    /// master wins. The error names what each sentinel said, when none named one.
+    /// Asks every sentinel at once (each within `limit`), then tries the addresses they
+    /// name newest view first ([`newest_first`]); the first whose node answers `ROLE` as
+    /// a master wins. The error names what each sentinel and node said, when none did.
     async fn master(&self, limit: Duration) -> Result<Client, StoreError> {
-        let mut asks: FuturesUnordered<_> = self
-            .sentinels
-            .iter()
-            .map(|sentinel| bounded(limit, self.ask(sentinel)))
-            .collect();
+        let answers = join_all(self.sentinels.iter().map(|s| bounded(limit, self.ask(s)))).await;
         let mut why = Vec::new();
-        while let Some(answer) = asks.next().await {
+        let mut named = Vec::new();
+        for answer in answers {
             match answer {
-                Ok(client) => return Ok(client),
+                Ok(n) => named.push(n),
                 Err(e) => why.push(e.to_string()),
+            }
+        }
+        for n in newest_first(named) {
+            let at = format!("{}:{} (config epoch {})", n.host, n.port, n.epoch);
+            match bounded(limit, self.check(n.host, n.port)).await {
+                Ok(client) => return Ok(client),
+                Err(e) => why.push(format!("{at}: {e}")),
             }
         }
         Err(StoreError::Unavailable(format!(
@@ -238,9 +259,29 @@ impl Sentinels {
         )))
     }
 
-    /// One sentinel's answer, checked with `ROLE` on the node it names.
-    async fn ask(&self, sentinel: &Client) -> redis::RedisResult<Client> {
+    /// What one sentinel names, and its config epoch. The epoch is read first: should
+    /// the sentinel switch to a new master between the two commands, the new address
+    /// comes with the old epoch (tried later than it deserves), never the old address
+    /// with the new epoch. A sentinel that refuses `SENTINEL MASTER` (an ACL that allows
+    /// only the address lookup, as before this was read) counts as epoch 0: its answer
+    /// is still used, after any that came with an epoch.
+    async fn ask(&self, sentinel: &Client) -> redis::RedisResult<Named> {
         let mut conn = sentinel.get_multiplexed_async_connection().await?;
+        let master: redis::RedisResult<HashMap<String, String>> = redis::cmd("SENTINEL")
+            .arg("MASTER")
+            .arg(&self.master)
+            .query_async(&mut conn)
+            .await;
+        let epoch = match master {
+            Ok(fields) => fields
+                .get("config-epoch")
+                .and_then(|e| e.parse().ok())
+                .unwrap_or(0),
+            Err(e) if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() => {
+                return Err(e)
+            }
+            Err(_) => 0,
+        };
         let named: Option<(String, u16)> = redis::cmd("SENTINEL")
             .arg("GET-MASTER-ADDR-BY-NAME")
             .arg(&self.master)
@@ -252,6 +293,11 @@ impl Sentinels {
                 "this sentinel does not monitor the master name",
             )));
         };
+        Ok(Named { epoch, host, port })
+    }
+
+    /// A client of the named node if it answers `ROLE` as a master.
+    async fn check(&self, host: String, port: u16) -> redis::RedisResult<Client> {
         let client = self.node.client(host, port)?;
         let mut node = client.get_multiplexed_async_connection().await?;
         match redis::cmd("ROLE").query_async::<Role>(&mut node).await? {
@@ -262,6 +308,22 @@ impl Sentinels {
             ))),
         }
     }
+}
+
+/// The order named masters are tried in: the highest config epoch first (the newest
+/// failover any sentinel knows of), the URL's order among equal epochs, each address
+/// once.
+fn newest_first(mut named: Vec<Named>) -> Vec<Named> {
+    // Stable: equal epochs keep the URL's order.
+    named.sort_by_key(|n| std::cmp::Reverse(n.epoch));
+    let mut tried = Vec::<(String, u16)>::new();
+    named.retain(|n| {
+        let at = (n.host.clone(), n.port);
+        let first = !tried.contains(&at);
+        tried.push(at);
+        first
+    });
+    named
 }
 
 /// Where `client` connects, for logs (`host:port`).
@@ -302,6 +364,32 @@ pub(super) fn redact(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn named(epoch: u64, host: &str, port: u16) -> Named {
+        Named {
+            epoch,
+            host: host.into(),
+            port,
+        }
+    }
+
+    #[test]
+    fn the_newest_view_is_tried_first_and_each_address_once() {
+        let answers = vec![
+            named(3, "old", 1),
+            named(5, "new", 2),
+            named(3, "old", 1),
+            named(5, "new", 2),
+            named(4, "other", 3),
+        ];
+        assert_eq!(
+            newest_first(answers),
+            vec![named(5, "new", 2), named(4, "other", 3), named(3, "old", 1)]
+        );
+        // Equal epochs keep the order the sentinels are listed in.
+        let tie = vec![named(2, "b", 2), named(2, "a", 1)];
+        assert_eq!(newest_first(tie.clone()), tie);
+    }
 
     #[test]
     fn passwords_are_redacted() {
