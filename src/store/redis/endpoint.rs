@@ -6,13 +6,15 @@
 //! `SENTINEL GET-MASTER-ADDR-BY-NAME <master>` and take an address whose node answers
 //! `ROLE` as a master, so a demoted node is never taken for the master. All the
 //! sentinels are asked at once, each within our deadline, so a dead one costs nothing
-//! and a frozen one at most the deadline. Among their answers the newest view wins: the
-//! address named with the highest `config-epoch` (of `SENTINEL MASTER <master>`) is
-//! tried first. A sentinel cut off from the others during a failover still names the
-//! old master, and an old master cut off from its sentinels (but not from us) still
-//! answers `ROLE` as one: taking whichever sentinel answered first could put this pod
-//! on the old master while the others write to the new one, two lease tables that
-//! could hand out one epoch twice. (The redis crate's `SentinelClient` reads `SENTINEL MASTERS` instead, which
+//! and a frozen one at most the deadline. Among their answers only the newest view
+//! counts: the addresses named with the highest `config-epoch` (of `SENTINEL MASTER
+//! <master>`). A sentinel cut off from the others during a failover still names the old
+//! master, and an old master cut off from its sentinels (but not from us) still answers
+//! `ROLE` as one: taking whichever sentinel answered first, or falling back to an older
+//! view when the newest master does not answer (yet), could put this pod on the old
+//! master while the others write to the new one, two lease tables that could hand out
+//! one epoch twice. A sentinel whose ACL refuses `SENTINEL MASTER` gives no epoch; such
+//! answers are used only when no sentinel gave one. (The redis crate's `SentinelClient` reads `SENTINEL MASTERS` instead, which
 //! flags the master down until the whole failover has ended, replicas reconfigured:
 //! up to `failover-timeout` after the new master was promoted and serving. Measured
 //! here: 12 s of a master nobody would name.)
@@ -22,12 +24,14 @@
 use std::time::Duration;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::future::join_all;
 use redis::{
     Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo, Role,
     TlsCertificates,
 };
+use tracing::warn;
 
 use super::client::{bounded, ensure_crypto_provider, tcp_settings, tls_certificates};
 use super::sentinel_url::SentinelUrl;
@@ -223,30 +227,36 @@ impl Endpoint {
     }
 }
 
-/// The master as one sentinel names it, with the config epoch of that sentinel's view.
+/// The master as one sentinel names it, with the config epoch of that sentinel's view
+/// (`None`: the sentinel would not say).
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Named {
-    epoch: u64,
+    epoch: Option<u64>,
     host: String,
     port: u16,
 }
 
+/// Set once a sentinel refused `SENTINEL MASTER`, so that is said once per process, not
+/// at every lookup.
+static EPOCH_REFUSAL_LOGGED: AtomicBool = AtomicBool::new(false);
+
 impl Sentinels {
-    /// Asks every sentinel at once (each within `limit`), then tries the addresses they
-    /// name newest view first ([`newest_first`]); the first whose node answers `ROLE` as
-    /// a master wins. The error names what each sentinel and node said, when none did.
+    /// Asks every sentinel at once (each within `limit`), then tries the addresses of
+    /// the newest view ([`newest_view`]); the first whose node answers `ROLE` as a master
+    /// wins. The error names what each sentinel and node said, when none did.
     async fn master(&self, limit: Duration) -> Result<Client, StoreError> {
         let answers = join_all(self.sentinels.iter().map(|s| bounded(limit, self.ask(s)))).await;
         let mut why = Vec::new();
         let mut named = Vec::new();
-        for answer in answers {
+        for (sentinel, answer) in self.sentinels.iter().zip(answers) {
             match answer {
                 Ok(n) => named.push(n),
-                Err(e) => why.push(e.to_string()),
+                Err(e) => why.push(format!("sentinel {}: {e}", address(sentinel))),
             }
         }
-        for n in newest_first(named) {
-            let at = format!("{}:{} (config epoch {})", n.host, n.port, n.epoch);
+        for n in newest_view(named) {
+            let epoch = n.epoch.map_or("unknown".into(), |e| e.to_string());
+            let at = format!("{}:{} (config epoch {epoch})", n.host, n.port);
             match bounded(limit, self.check(n.host, n.port)).await {
                 Ok(client) => return Ok(client),
                 Err(e) => why.push(format!("{at}: {e}")),
@@ -263,8 +273,7 @@ impl Sentinels {
     /// the sentinel switch to a new master between the two commands, the new address
     /// comes with the old epoch (tried later than it deserves), never the old address
     /// with the new epoch. A sentinel that refuses `SENTINEL MASTER` (an ACL that allows
-    /// only the address lookup, as before this was read) counts as epoch 0: its answer
-    /// is still used, after any that came with an epoch.
+    /// only the address lookup, as before this was read) gives no epoch.
     async fn ask(&self, sentinel: &Client) -> redis::RedisResult<Named> {
         let mut conn = sentinel.get_multiplexed_async_connection().await?;
         let master: redis::RedisResult<HashMap<String, String>> = redis::cmd("SENTINEL")
@@ -273,14 +282,20 @@ impl Sentinels {
             .query_async(&mut conn)
             .await;
         let epoch = match master {
-            Ok(fields) => fields
-                .get("config-epoch")
-                .and_then(|e| e.parse().ok())
-                .unwrap_or(0),
+            Ok(fields) => fields.get("config-epoch").and_then(|e| e.parse().ok()),
             Err(e) if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() => {
                 return Err(e)
             }
-            Err(_) => 0,
+            Err(e) => {
+                if !EPOCH_REFUSAL_LOGGED.swap(true, Ordering::Relaxed) {
+                    warn!(
+                        sentinel = %address(sentinel), error = %e,
+                        "a sentinel refused SENTINEL MASTER: its answers count only when no \
+                         sentinel gives a config epoch (allow it in the sentinels' ACL)"
+                    );
+                }
+                None
+            }
         };
         let named: Option<(String, u16)> = redis::cmd("SENTINEL")
             .arg("GET-MASTER-ADDR-BY-NAME")
@@ -310,20 +325,20 @@ impl Sentinels {
     }
 }
 
-/// The order named masters are tried in: the highest config epoch first (the newest
-/// failover any sentinel knows of), the URL's order among equal epochs, each address
-/// once.
-fn newest_first(mut named: Vec<Named>) -> Vec<Named> {
-    // Stable: equal epochs keep the URL's order.
-    named.sort_by_key(|n| std::cmp::Reverse(n.epoch));
-    let mut tried = Vec::<(String, u16)>::new();
-    named.retain(|n| {
-        let at = (n.host.clone(), n.port);
-        let first = !tried.contains(&at);
-        tried.push(at);
-        first
-    });
-    named
+/// The masters worth trying: those named with the highest config epoch any sentinel
+/// gave (the newest failover it knows of), in the URL's order, each address once. Never
+/// an older view, even when the newest master does not answer (yet): the master of an
+/// older view is the one a failover left behind. Answers without an epoch count only
+/// when no answer has one.
+fn newest_view(named: Vec<Named>) -> Vec<Named> {
+    let newest = named.iter().filter_map(|n| n.epoch).max();
+    let mut view: Vec<Named> = Vec::new();
+    for n in named.into_iter().filter(|n| n.epoch == newest) {
+        if !view.iter().any(|v| v.host == n.host && v.port == n.port) {
+            view.push(n);
+        }
+    }
+    view
 }
 
 /// Where `client` connects, for logs (`host:port`).
@@ -365,7 +380,7 @@ pub(super) fn redact(url: &str) -> String {
 mod tests {
     use super::*;
 
-    fn named(epoch: u64, host: &str, port: u16) -> Named {
+    fn named(epoch: Option<u64>, host: &str, port: u16) -> Named {
         Named {
             epoch,
             host: host.into(),
@@ -374,21 +389,27 @@ mod tests {
     }
 
     #[test]
-    fn the_newest_view_is_tried_first_and_each_address_once() {
+    fn only_the_newest_view_is_tried_each_address_once() {
         let answers = vec![
-            named(3, "old", 1),
-            named(5, "new", 2),
-            named(3, "old", 1),
-            named(5, "new", 2),
-            named(4, "other", 3),
+            named(Some(3), "old", 1),
+            named(Some(5), "new", 2),
+            named(None, "unknown", 4),
+            named(Some(5), "new", 2),
+            named(Some(4), "other", 3),
+            named(Some(5), "also-new", 5),
         ];
         assert_eq!(
-            newest_first(answers),
-            vec![named(5, "new", 2), named(4, "other", 3), named(3, "old", 1)]
+            newest_view(answers),
+            vec![named(Some(5), "new", 2), named(Some(5), "also-new", 5)]
         );
-        // Equal epochs keep the order the sentinels are listed in.
-        let tie = vec![named(2, "b", 2), named(2, "a", 1)];
-        assert_eq!(newest_first(tie.clone()), tie);
+        // Without any epoch, every answer counts, in the order the sentinels are listed.
+        let unknown = vec![
+            named(None, "b", 2),
+            named(None, "a", 1),
+            named(None, "b", 2),
+        ];
+        assert_eq!(newest_view(unknown.clone()), unknown[..2].to_vec());
+        assert!(newest_view(Vec::new()).is_empty());
     }
 
     #[test]
