@@ -45,8 +45,8 @@ async fn a_client_that_cannot_verify_the_farm_gets_an_error() {
         .await
         .unwrap();
     let config = calibrate::client_config(&other.ca).unwrap();
-    let targets = calibrate::targets(&farm.csv).unwrap();
-    let err = calibrate::measure(config, targets, WINDOW)
+    let terminals = calibrate::terminal_addrs(&farm.csv).unwrap();
+    let err = calibrate::measure(config, terminals, WINDOW)
         .await
         .unwrap_err();
     assert!(

@@ -109,18 +109,18 @@ pub async fn handshake_rate(
     window: Window,
 ) -> Result<HandshakeRate, LoadError> {
     let farm = SimFarm::start_at(pos_sim, TERMINALS, dir, NET).await?;
-    let targets = targets(&farm.csv)?;
+    let terminals = terminal_addrs(&farm.csv)?;
     let config = client_config(&farm.ca)?;
-    let rate = measure(config, targets, window).await;
+    let rate = measure(config, terminals, window).await;
     drop(farm);
     rate
 }
 
 /// The terminals to dial: `(address, server name)` of each.
-pub type Targets = Arc<Vec<(String, ServerName<'static>)>>;
+pub type TerminalAddrs = Arc<Vec<(String, ServerName<'static>)>>;
 
 /// The terminals of a farm's CSV (`id,addr,server_name`).
-pub fn targets(csv: &Path) -> Result<Targets, LoadError> {
+pub fn terminal_addrs(csv: &Path) -> Result<TerminalAddrs, LoadError> {
     let text = std::fs::read_to_string(csv)
         .map_err(|e| LoadError::io(format!("reading {}", csv.display()), e))?;
     let mut out = Vec::new();
@@ -166,11 +166,11 @@ pub fn client_config(ca: &Path) -> Result<Arc<ClientConfig>, LoadError> {
     Ok(Arc::new(config))
 }
 
-/// Runs `window.in_flight` dialers over `targets` in turn and counts the handshakes
+/// Runs `window.in_flight` dialers over `terminals` in turn and counts the handshakes
 /// completed within the window's span after its warm-up. An error when none completed.
 pub async fn measure(
     config: Arc<ClientConfig>,
-    targets: Targets,
+    terminals: TerminalAddrs,
     window: Window,
 ) -> Result<HandshakeRate, LoadError> {
     let connector = TlsConnector::from(config);
@@ -180,12 +180,12 @@ pub async fn measure(
     let (from, until) = (start + window.warm_up, start + window.warm_up + window.span);
     let mut dialers = JoinSet::new();
     for _ in 0..window.in_flight {
-        let (connector, targets) = (connector.clone(), targets.clone());
+        let (connector, terminals) = (connector.clone(), terminals.clone());
         let (next, counted, failed) = (next.clone(), counted.clone(), failed.clone());
         dialers.spawn(async move {
             while Instant::now() < until {
-                let i = next.fetch_add(1, Ordering::Relaxed) as usize % targets.len();
-                let (addr, name) = &targets[i];
+                let i = next.fetch_add(1, Ordering::Relaxed) as usize % terminals.len();
+                let (addr, name) = &terminals[i];
                 let dial = async {
                     let tcp = TcpStream::connect(addr.as_str()).await?;
                     tcp.set_nodelay(true)?;
@@ -211,7 +211,7 @@ pub async fn measure(
         failed: failed.load(Ordering::Relaxed),
         window_s: window.span.as_secs_f64(),
         in_flight: window.in_flight,
-        terminals: targets.len() as u64,
+        terminals: terminals.len() as u64,
     };
     if rate.handshakes == 0 {
         return Err(LoadError::Plan(format!(

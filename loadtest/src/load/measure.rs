@@ -477,7 +477,7 @@ fn checks(c: &Cluster, sc: Scenario, r: &mut ScenarioReport) {
         }
         Scenario::ColdStart => {
             let (p, pods, took) = (&c.profile, c.pods.len() as u64, r.converged_after_s);
-            r.handshake_calibration = c.handshake_rate.clone();
+            r.handshake_rate = c.handshake_rate.clone();
             let (pass, d) = match &c.handshake_rate {
                 Some(h) => analysis::cold_start(took, p.terminals, pods, p.dial_rate, h.per_s()),
                 None => (false, "no handshake calibration (H) before the pods".into()),

@@ -100,7 +100,7 @@ pub struct ScenarioReport {
     pub handshakes_per_s_max: u64,
     /// Cold start only: H, the machine's TLS handshake rate measured before the pods
     /// started (`calibrate`), which the cold-start bound is built on.
-    pub handshake_calibration: Option<HandshakeRate>,
+    pub handshake_rate: Option<HandshakeRate>,
     pub dial_rate_max_per_pod: BTreeMap<String, u64>,
     pub redis_commandstats: CommandStats,
     pub redis_round_trips_per_pod_s: f64,
@@ -258,7 +258,7 @@ pub fn markdown(header: &str, reports: &[ScenarioReport]) -> String {
             "- TLS handshakes/s overall (steepest 1-s rise of open connections; a lower bound while connections also close): {}",
             r.handshakes_per_s_max
         );
-        if let Some(h) = &r.handshake_calibration {
+        if let Some(h) = &r.handshake_rate {
             let _ = writeln!(
                 md,
                 "- H, TLS handshakes/s the machine sustains: {}",
