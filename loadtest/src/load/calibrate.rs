@@ -35,7 +35,11 @@ use serde::Serialize;
 use tokio::{net::TcpStream, task::JoinSet};
 use tokio_rustls::TlsConnector;
 
-use super::{sims::SimFarm, LoadError};
+use super::{
+    host::{CpuShares, CpuTimes},
+    sims::SimFarm,
+    LoadError,
+};
 
 /// Terminals of the calibration farm: enough distinct names and addresses that the
 /// handshakes are not to one listener.
@@ -77,6 +81,8 @@ pub struct HandshakeRate {
     pub window_s: f64,
     pub in_flight: usize,
     pub terminals: u64,
+    /// The machine's CPU over the calibration (`None` without `/proc/stat`).
+    pub host: Option<CpuShares>,
 }
 
 impl HandshakeRate {
@@ -90,13 +96,14 @@ impl HandshakeRate {
         format!(
             "{}/s: {} TLS handshakes in {:.1} s (calibration before the pods: posgate-load's \
              rustls client with the pods' settings, {} in flight, against a pos-sim of {} \
-             terminals; {} failed)",
+             terminals; {} failed; the machine meanwhile: {})",
             self.per_s(),
             self.handshakes,
             self.window_s,
             self.in_flight,
             self.terminals,
-            self.failed
+            self.failed,
+            self.host.map_or("not read".into(), |h| h.describe())
         )
     }
 }
@@ -176,7 +183,7 @@ pub async fn measure(
     let connector = TlsConnector::from(config);
     let next = Arc::new(AtomicU64::new(0));
     let (counted, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let start = Instant::now();
+    let (start, host0) = (Instant::now(), CpuTimes::now());
     let (from, until) = (start + window.warm_up, start + window.warm_up + window.span);
     let mut dialers = JoinSet::new();
     for _ in 0..window.in_flight {
@@ -206,12 +213,16 @@ pub async fn measure(
         });
     }
     while dialers.join_next().await.is_some() {}
+    let host = host0
+        .zip(CpuTimes::now())
+        .and_then(|(a, b)| CpuShares::between(a, b));
     let rate = HandshakeRate {
         handshakes: counted.load(Ordering::Relaxed),
         failed: failed.load(Ordering::Relaxed),
         window_s: window.span.as_secs_f64(),
         in_flight: window.in_flight,
         terminals: terminals.len() as u64,
+        host,
     };
     if rate.handshakes == 0 {
         return Err(LoadError::Plan(format!(

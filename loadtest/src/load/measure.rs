@@ -19,6 +19,7 @@ use super::{
     cluster::{Cluster, SHARDS},
     dark, duplicates,
     handover::{self, Verdict},
+    host::{CpuShares, CpuTimes, STEAL_NOTABLE},
     observe::{Owners, Sample, Sampler, SAMPLE_EVERY},
     outage, panels,
     pods::TENANT,
@@ -67,7 +68,7 @@ pub async fn run_scenario(c: &mut Cluster, sc: Scenario) -> Result<ScenarioRepor
     let before_owners = c.owners().await;
     let c0 = c.sims.counters().await?;
     let cs0 = c.redis.command_stats().await.unwrap_or_default();
-    let cpu0 = cpu_ticks(c);
+    let (cpu0, host0) = (cpu_ticks(c), CpuTimes::now());
     let pods_before = c.pods.len();
     let sampler = Sampler::start(
         c.client.clone(),
@@ -89,7 +90,7 @@ pub async fn run_scenario(c: &mut Cluster, sc: Scenario) -> Result<ScenarioRepor
     let converged = c.wait_converged(c.profile.converge_limit).await;
     let converged_after_s =
         converged.map(|_| unix_ms().saturating_sub(action.event_unix_ms) as f64 / 1000.0);
-    let cpu1 = cpu_ticks(c);
+    let (cpu1, host1) = (cpu_ticks(c), CpuTimes::now());
     let steady = if sc == Scenario::ColdStart && converged.is_some() {
         Some(steady_round_trips(c).await)
     } else {
@@ -241,6 +242,7 @@ pub async fn run_scenario(c: &mut Cluster, sc: Scenario) -> Result<ScenarioRepor
         .iter()
         .filter_map(|p| Some((p.id.clone(), p.proc.rss_kib()?)))
         .collect();
+    r.host_cpu = host0.zip(host1).and_then(|(a, b)| CpuShares::between(a, b));
     r.cpu_s = cpu1
         .iter()
         .map(|(id, t)| {
@@ -417,6 +419,17 @@ fn checks(c: &Cluster, sc: Scenario, r: &mut ScenarioReport) {
         jump.is_none(),
         d,
     );
+    if let Some(h) = r.host_cpu {
+        r.check(
+            "the host left the machine's CPU to the run (steal < 5%)",
+            false,
+            h.steal < STEAL_NOTABLE,
+            match h.steal < STEAL_NOTABLE {
+                true => h.describe(),
+                false => format!("{}: not comparable with a run without", h.describe()),
+            },
+        );
+    }
     upgrade::checks(r);
     outage::checks(r, sc);
     dark::check(r, sc);

@@ -22,6 +22,7 @@ pub mod dark;
 pub mod duplicates;
 mod error;
 pub mod handover;
+pub mod host;
 pub mod http;
 pub mod measure;
 pub mod observe;

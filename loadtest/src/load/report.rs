@@ -12,6 +12,7 @@ use super::{
     dark::DarkTime,
     duplicates::DuplicateSummary,
     handover::{HandoverSummary, StaleCheck, Verdict},
+    host::CpuShares,
     observe::Sample,
     outage::{PushWindow, Takeover},
     panels::PanelCheck,
@@ -111,6 +112,8 @@ pub struct ScenarioReport {
     pub rss_per_connection_kib: Option<f64>,
     pub rss_kib: BTreeMap<String, u64>,
     pub cpu_s: BTreeMap<String, f64>,
+    /// The machine's CPU over the same span as `cpu_s` (`None` without `/proc/stat`).
+    pub host_cpu: Option<CpuShares>,
     /// rolling-upgrade: the mixed phase and the new pods' peer counters.
     pub upgrade: Option<UpgradeReport>,
     /// The alerts the run's Prometheus raised in the scenario; `None` without Prometheus.
@@ -281,6 +284,9 @@ pub fn markdown(header: &str, reports: &[ScenarioReport]) -> String {
         }
         let _ = writeln!(md, "- RSS KiB per pod at the end: {:?}", r.rss_kib);
         let _ = writeln!(md, "- CPU s per pod during the scenario: {:?}", r.cpu_s);
+        if let Some(h) = &r.host_cpu {
+            let _ = writeln!(md, "- the machine meanwhile: {}", h.describe());
+        }
         if let Some(u) = &r.upgrade {
             upgrade::lines(&mut md, u);
         }

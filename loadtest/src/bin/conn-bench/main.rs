@@ -7,7 +7,9 @@
 //! 1. `posgate serve` with an empty directory; its RSS once ready is the baseline.
 //! 2. `posgate terminals import terminals.csv`; the pod picks the terminals up and dials
 //!    them at `--dial-rate` (default 1000/s): time until every terminal has a session,
-//!    then the RSS again -> KiB per held connection.
+//!    then the RSS again -> KiB per held connection; then the pod's and the farm's CPU
+//!    while the connections sit idle for `--hold-secs` -> CPU per held connection (its
+//!    HTTP/2 keep-alive PINGs, `cpu`).
 //! 3. Churn: the farm drops every connection and the pod redials them all, `--churn`
 //!    times (default 2) -> KiB per held connection after it, which shows what the
 //!    allocator keeps from the connections that went.
@@ -32,6 +34,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::memory::Snapshot;
 
+mod cpu;
 mod memory;
 
 /// Measure memory per held connection, connect time and handshake rate of one pod.
@@ -71,6 +74,15 @@ struct Args {
     /// Give up waiting for the connections after this many seconds.
     #[arg(long, default_value_t = 300)]
     timeout_secs: u64,
+    /// How long the held connections sit idle while their CPU is measured: a few of
+    /// the pods' keep-alive intervals (10 s by default), so that every connection's
+    /// PINGs fall in the window.
+    #[arg(long, default_value_t = 30)]
+    hold_secs: u64,
+    /// A flag for both pods that conn-bench does not set itself (repeatable), e.g.
+    /// `--pod-arg=--pos-keepalive=10s` to measure a setting against the default.
+    #[arg(long, allow_hyphen_values = true)]
+    pod_arg: Vec<String>,
 }
 
 struct Reaped(Child);
@@ -132,6 +144,7 @@ struct Setup<'a> {
     cluster: &'a str,
     dir: &'a Path,
     api_tokens_flag: bool,
+    extra: &'a [String],
 }
 
 impl Setup<'_> {
@@ -201,6 +214,7 @@ impl Setup<'_> {
             args.push("--api-tokens-file".into());
             args.push(tokens.to_str().context("UTF-8 path")?.into());
         }
+        args.extend(self.extra.iter().cloned());
         let log = std::fs::File::create(self.dir.join(format!("{name}.log")))?;
         let child = Command::new(self.posgate)
             .args(&args)
@@ -350,6 +364,7 @@ async fn main() -> Result<()> {
         cluster: &cluster,
         dir: &dir,
         api_tokens_flag: supports(&args.posgate, "--api-tokens-file")?,
+        extra: &args.pod_arg,
     };
     eprintln!("files and logs in {}", dir.display());
 
@@ -389,6 +404,15 @@ async fn main() -> Result<()> {
         );
     }
     eprintln!("RSS with {} connections: {rss1} KiB", held.connections_open);
+    let (pod_cpu0, farm_cpu0) = (cpu::cpu_secs(&pid.to_string())?, cpu::cpu_secs("self")?);
+    let hold = Instant::now();
+    tokio::time::sleep(Duration::from_secs(args.hold_secs)).await;
+    let held_cpu = cpu::rows(
+        cpu::cpu_secs(&pid.to_string())? - pod_cpu0,
+        cpu::cpu_secs("self")? - farm_cpu0,
+        farm.counters().connections_open,
+        hold.elapsed().as_secs_f64(),
+    );
 
     // 3. Churn: every connection dropped by the terminals and redialed by the pod.
     for round in 1..=args.churn {
@@ -444,7 +468,7 @@ async fn main() -> Result<()> {
         "| RSS, {} connections held after churn x{} | {} KiB |",
         churned.connections_open, args.churn, snap2.rss_kib
     );
-    for row in held_rows.iter().chain(&churn_rows) {
+    for row in held_rows.iter().chain(&held_cpu).chain(&churn_rows) {
         println!("{row}");
     }
     println!(
