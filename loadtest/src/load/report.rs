@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::{
     alerts::{self, AlertReport},
-    analysis::LatencyBucket,
+    analysis::{clock_jump_s, LatencyBucket},
     calibrate::HandshakeRate,
     dark::DarkTime,
     duplicates::DuplicateSummary,
@@ -133,6 +133,16 @@ impl ScenarioReport {
     /// Whether every gating check passed.
     pub fn passed(&self) -> bool {
         self.checks.iter().all(|c| c.pass || !c.gate)
+    }
+
+    /// How far the wall clock ran ahead of the monotonic one, when a gate failed in a
+    /// run during which the machine was suspended. Such a failure says nothing about
+    /// posgate: every process froze at once, and Redis, whose keys expire by the wall
+    /// clock, let leases and member records run out together. The runner then runs
+    /// the scenario once more (those that can start over), keeping the first report.
+    pub fn failed_while_suspended(&self) -> Option<f64> {
+        let monotonic = std::time::Duration::from_secs_f64(self.duration_s);
+        clock_jump_s(self.duration_wall_ms, monotonic).filter(|_| !self.passed())
     }
 
     pub fn check(&mut self, name: &str, gate: bool, pass: bool, detail: String) {
@@ -447,5 +457,20 @@ mod tests {
         r.charts_note = Some(super::super::charts::ChartError::Disabled.to_string());
         let md = markdown("# run", &[r]);
         assert!(md.contains("- charts: built without the `charts` feature"));
+    }
+
+    #[test]
+    fn a_failed_run_is_repeated_only_when_the_machine_was_suspended_meanwhile() {
+        let mut r = ScenarioReport {
+            duration_s: 37.0,
+            duration_wall_ms: 155_200,
+            ..ScenarioReport::default()
+        };
+        r.check("a gate", true, true, String::new());
+        assert_eq!(r.failed_while_suspended(), None, "suspended but passed");
+        r.check("another gate", true, false, String::new());
+        assert_eq!(r.failed_while_suspended(), Some(118.2));
+        r.duration_wall_ms = 37_500;
+        assert_eq!(r.failed_while_suspended(), None, "failed on its own");
     }
 }
