@@ -15,7 +15,7 @@
 use serde::Serialize;
 
 /// Cumulative CPU time of all cores, in `USER_HZ` ticks, at one moment.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 pub struct CpuTimes {
     pub total: u64,
     /// Idle and waiting for I/O.

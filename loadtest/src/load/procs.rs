@@ -126,14 +126,20 @@ impl ChildProc {
 
     /// User + system CPU time in clock ticks (`/proc/PID/stat` fields 14 and 15).
     pub fn cpu_ticks(&self) -> Option<u64> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).ok()?;
-        // The command name (field 2) may hold spaces; fields after it follow the ')'.
-        let rest = &stat[stat.rfind(')')? + 2..];
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let utime: u64 = fields.get(11)?.parse().ok()?;
-        let stime: u64 = fields.get(12)?.parse().ok()?;
-        Some(utime + stime)
+        cpu_ticks_of(&self.pid.to_string())
     }
+}
+
+/// User + system CPU time, all threads, in clock ticks of process `pid` (a number, or
+/// `self`): `/proc/PID/stat` fields 14 and 15.
+pub fn cpu_ticks_of(pid: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces; fields after it follow the ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(utime + stime)
 }
 
 /// CPU clock ticks per second (`getconf CLK_TCK` is 100 on Linux).
@@ -164,4 +170,21 @@ pub fn free_port() -> Result<u16, LoadError> {
                 std::io::Error::other(format!("none free in {low}..{high}")),
             )
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_reads_its_own_cpu_time_in_ticks() {
+        // Burn a little CPU so the figure is at least one tick (10 ms).
+        let (mut x, start) = (0u64, std::time::Instant::now());
+        while start.elapsed() < std::time::Duration::from_millis(30) {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+        }
+        assert!(x != 1);
+        assert!(cpu_ticks_of("self").unwrap() > 0);
+        assert_eq!(cpu_ticks_of("no-such-process"), None);
+    }
 }

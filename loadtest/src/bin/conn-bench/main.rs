@@ -404,11 +404,12 @@ async fn main() -> Result<()> {
         );
     }
     eprintln!("RSS with {} connections: {rss1} KiB", held.connections_open);
-    let (pod_cpu0, farm_cpu0) = (cpu::cpu_secs(&pid.to_string())?, cpu::cpu_secs("self")?);
+    let pod_pid = pid.to_string();
+    let (pod_cpu0, farm_cpu0) = (cpu::cpu_secs(&pod_pid)?, cpu::cpu_secs("self")?);
     let hold = Instant::now();
     tokio::time::sleep(Duration::from_secs(args.hold_secs)).await;
     let held_cpu = cpu::rows(
-        cpu::cpu_secs(&pid.to_string())? - pod_cpu0,
+        cpu::cpu_secs(&pod_pid)? - pod_cpu0,
         cpu::cpu_secs("self")? - farm_cpu0,
         farm.counters().connections_open,
         hold.elapsed().as_secs_f64(),
