@@ -16,7 +16,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
-use http_body_util::Full;
 
 use std::sync::Arc;
 
@@ -137,11 +136,7 @@ impl Kit<'_> {
             .map_err(|e| e.to_string())
     }
 
-    async fn send(
-        &self,
-        session: &mut Session,
-        request: Request<Full<Bytes>>,
-    ) -> Result<Answer, String> {
+    async fn send(&self, session: &mut Session, request: Request<Bytes>) -> Result<Answer, String> {
         let response = tokio::time::timeout(ANSWER, session.request(request))
             .await
             .map_err(|_| format!("no answer within {ANSWER:?}"))?
@@ -151,7 +146,7 @@ impl Kit<'_> {
 
     /// A pod's hello ([`wire::hello`]) with `epoch` as the header's text, so a malformed
     /// one can be sent too.
-    fn hello_request(&self, epoch: &str) -> Request<Full<Bytes>> {
+    fn hello_request(&self, epoch: &str) -> Request<Bytes> {
         let origin = format!("https://{}", self.terminal.server_name);
         let mut hello =
             wire::hello(&origin, 0, self.dialer.pod(), &self.terminal.id).expect("a valid hello");
@@ -303,7 +298,7 @@ impl Kit<'_> {
                 "https://{}/posgate-conformance-no-such-path",
                 self.terminal.server_name
             ))
-            .body(Full::new(Bytes::new()))
+            .body(Bytes::new())
             .expect("a valid request");
         let unknown = expect_status(self.send(&mut c, request).await, StatusCode::NOT_FOUND);
         self.check("unknown-path-404", Level::Should, "§5", unknown);

@@ -12,13 +12,12 @@ use std::pin::pin;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rustls::pki_types::ServerName;
 use rustls::{CertificateError, ClientConfig};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
-use super::session::{Session, TerminalPeer};
+use super::session::{self, Session, TerminalPeer};
 use super::wire::{DialError, Stage};
 use crate::core::{Epoch, PodId};
 use crate::store::directory::Terminal;
@@ -186,31 +185,27 @@ impl Dialer {
             });
         }
 
-        let ka = self.cfg.keepalive;
         let (send, conn) = timeout(
             step,
             Stage::Http2,
-            hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-                // Keep-alive needs a timer; without one hyper panics.
-                .timer(TokioTimer::new())
-                .keep_alive_interval(ka.interval)
-                .keep_alive_timeout(ka.timeout)
-                // Push connections are idle most of the time; that is when a dead peer
-                // must still be noticed.
-                .keep_alive_while_idle(true)
+            h2::client::Builder::new()
                 // Terminals answer with tiny bodies and we send small pushes: small
                 // windows and send buffers bound what one of tens of thousands of
                 // connections may hold in memory.
-                .initial_stream_window_size(64 * 1024)
+                .initial_window_size(64 * 1024)
                 .initial_connection_window_size(256 * 1024)
-                .max_send_buf_size(64 * 1024)
-                .handshake(TokioIo::new(tls)),
+                .max_send_buffer_size(64 * 1024)
+                .max_frame_size(16 * 1024)
+                .max_header_list_size(16 * 1024)
+                // A terminal has nothing to push to a pod; promises would only pile up.
+                .enable_push(false)
+                .handshake::<_, bytes::Bytes>(tls),
         )
         .await?
         .map_err(DialError::Http)?;
 
         // Its end, and why, is read from the join handle (`Session::ended`).
-        let task = tokio::spawn(conn);
+        let task = tokio::spawn(session::drive(conn, self.cfg.keepalive));
         let peer = TerminalPeer {
             terminal: terminal.id.clone(),
             origin: format!("https://{}", terminal.server_name),

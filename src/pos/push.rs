@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use http::StatusCode;
 
-use super::session::RequestSender;
+use super::session::{self, RequestSender, SendError};
 use super::wire::{self, PosPush, Receipt, Verdict};
 use crate::core::Epoch;
 
@@ -52,23 +52,15 @@ pub async fn send(
     timeout: Duration,
 ) -> Result<Answered, PushFailure> {
     let request = wire::push(&push).map_err(|e| PushFailure::NotSent(e.to_string()))?;
-    let exchange = async {
-        // `ready` fails only when the connection is closed: nothing was sent.
-        sender
-            .ready()
-            .await
-            .map_err(|e| PushFailure::NotSent(e.to_string()))?;
-        sender.try_send_request(request).await.map_err(|mut e| {
-            if e.take_message().is_some() {
-                PushFailure::NotSent(e.error().to_string())
-            } else {
-                PushFailure::Unknown(e.into_error().to_string())
-            }
-        })
-    };
-    let response = tokio::time::timeout(timeout, exchange)
+    // A push still waiting for room on the connection when the time is up was not
+    // sent either, but the two are not told apart: both count as unknown.
+    let response = tokio::time::timeout(timeout, session::send(sender, request))
         .await
-        .map_err(|_| PushFailure::Unknown(format!("no answer within {timeout:?}")))??;
+        .map_err(|_| PushFailure::Unknown(format!("no answer within {timeout:?}")))?
+        .map_err(|e| match e {
+            SendError::NotSent(e) => PushFailure::NotSent(e.to_string()),
+            SendError::Unknown(e) => PushFailure::Unknown(e.to_string()),
+        })?;
     let status = response.status();
     match wire::verdict(status, response.headers()) {
         Verdict::Stale { highest } => Err(PushFailure::StaleEpoch { highest }),

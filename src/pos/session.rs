@@ -1,29 +1,31 @@
 //! One live HTTP/2 connection to a terminal: the request handle, a signal that the
 //! connection ended, the fenced `hello`, and a bounded graceful close.
 //!
-//! The connection future runs on its own task; its end (keep-alive PING unanswered,
-//! GOAWAY from the terminal, socket error), read from the task's join handle, is the
-//! death signal the manager watches. A
-//! session may carry requests only after a `hello` with the current epoch got a 2xx
-//! answer: the terminal checks that epoch, which is what fences a former owner.
+//! The connection is driven by one task of its own ([`drive`]: the `h2` connection and
+//! its PING keep-alive); its end (keep-alive PING unanswered, GOAWAY from the terminal,
+//! socket error), read from the task's join handle, is the death signal the manager
+//! watches. A session may carry requests only after a `hello` with the current epoch got
+//! a 2xx answer: the terminal checks that epoch, which is what fences a former owner.
 //!
 //! Not for: dialing (`dialer`), retry policy (`manager`), pushes (`push`).
 
+use std::future::poll_fn;
 use std::time::Duration;
 
 use bytes::Bytes;
+use h2::client::{Connection, SendRequest};
+use h2::{Ping, RecvStream};
 use http::{Request, Response};
-use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper::client::conn::http2::SendRequest;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::task::JoinHandle;
 use tracing::debug;
 
+use super::dialer::Keepalive;
 use super::wire::{self, DialError, Stage};
 use crate::core::{Epoch, PodId};
 
 /// The handle requests are sent on; clones share the connection.
-pub type RequestSender = SendRequest<Full<Bytes>>;
+pub type RequestSender = SendRequest<Bytes>;
 
 /// How a connection ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,8 +34,52 @@ pub struct ConnEnd {
     pub error: Option<String>,
 }
 
-/// The connection future's task: it drives the HTTP/2 connection and owns the socket.
-pub(super) type ConnFuture = JoinHandle<Result<(), hyper::Error>>;
+/// Why the connection task ended with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnError {
+    #[error("HTTP/2: {0}")]
+    Http(#[from] h2::Error),
+    /// A PING went unanswered for the keep-alive timeout: the terminal or the path to it
+    /// is dead, though the socket may never say so.
+    #[error("keep-alive timed out: no PING answer within {0:?}")]
+    KeepaliveTimedOut(Duration),
+}
+
+/// The connection's task: it drives the HTTP/2 connection and owns the socket.
+pub(super) type ConnFuture = JoinHandle<Result<(), ConnError>>;
+
+/// Drives `conn` until it ends, PINGing the terminal every `keepalive.interval` (idle
+/// or not: a push connection is idle most of the time, which is when a dead peer must
+/// still be noticed) and ending it when an answer takes longer than
+/// `keepalive.timeout`. The keep-alive runs in the same task as the connection: a task
+/// per connection is what every held connection pays for.
+pub(super) async fn drive<T>(
+    mut conn: Connection<T, Bytes>,
+    keepalive: Keepalive,
+) -> Result<(), ConnError>
+where
+    T: AsyncRead + AsyncWrite + Unpin,
+{
+    let Some(mut pings) = conn.ping_pong() else {
+        unreachable!("the PING handle is taken once, here")
+    };
+    let pinging = async move {
+        loop {
+            tokio::time::sleep(keepalive.interval).await;
+            pings.send_ping(Ping::opaque())?;
+            match tokio::time::timeout(keepalive.timeout, poll_fn(|cx| pings.poll_pong(cx))).await {
+                Ok(answer) => answer?,
+                Err(_) => return Err(ConnError::KeepaliveTimedOut(keepalive.timeout)),
+            };
+        }
+    };
+    tokio::select! {
+        // The connection's own end first: a PING handle fails once the connection has.
+        biased;
+        end = &mut conn => end.map_err(ConnError::Http),
+        end = pinging => end,
+    }
+}
 
 /// Who a session speaks for and to: fixed for the session's life.
 #[derive(Clone, Debug)]
@@ -47,7 +93,7 @@ pub(super) struct TerminalPeer {
 /// A live HTTP/2 connection to one terminal.
 #[derive(Debug)]
 pub struct Session {
-    send: SendRequest<Full<Bytes>>,
+    send: RequestSender,
     /// The connection's task itself, awaited for its end: a watcher task and a channel
     /// per connection would cost every held connection ~0.6 KiB.
     conn: ConnTask,
@@ -59,11 +105,7 @@ pub struct Session {
 }
 
 impl Session {
-    pub(super) fn new(
-        send: SendRequest<Full<Bytes>>,
-        conn: ConnFuture,
-        peer: TerminalPeer,
-    ) -> Self {
+    pub(super) fn new(send: RequestSender, conn: ConnFuture, peer: TerminalPeer) -> Self {
         Session {
             send,
             conn: ConnTask(Some(conn)),
@@ -100,7 +142,7 @@ impl Session {
         let response = tokio::time::timeout(timeout, self.request(request))
             .await
             .map_err(|_| DialError::Timeout(Stage::Hello))?
-            .map_err(DialError::Http)?;
+            .map_err(|e| DialError::Http(e.into_inner()))?;
         match wire::verdict(response.status(), response.headers()) {
             wire::Verdict::Accepted => {}
             wire::Verdict::Stale { highest } => return Err(DialError::StaleEpoch { highest }),
@@ -110,13 +152,13 @@ impl Session {
         Ok(())
     }
 
-    /// Sends one request on this connection (the hello now, pushes later).
+    /// Sends one request on this connection (the hello now, pushes later) and waits for
+    /// the answer's head; the caller may read or drop its body.
     pub async fn request(
         &mut self,
-        request: Request<Full<Bytes>>,
-    ) -> Result<Response<Incoming>, hyper::Error> {
-        self.send.ready().await?;
-        self.send.send_request(request).await
+        request: Request<Bytes>,
+    ) -> Result<Response<RecvStream>, SendError> {
+        send(&mut self.send, request).await
     }
 
     /// Resolves when the connection has ended, with why. Cancel-safe; may be awaited
@@ -146,6 +188,50 @@ impl Session {
             conn.cancel_and_wait().await;
         }
         graceful
+    }
+}
+
+/// Sends `request` on `sender` once the connection has room for another stream (the
+/// terminal's `SETTINGS_MAX_CONCURRENT_STREAMS`), and waits for the answer's head.
+/// An error before the request was queued means nothing was sent
+/// ([`SendError::NotSent`]); any later one leaves it open whether the terminal has it.
+pub(super) async fn send(
+    sender: &mut RequestSender,
+    request: Request<Bytes>,
+) -> Result<Response<RecvStream>, SendError> {
+    poll_fn(|cx| sender.poll_ready(cx))
+        .await
+        .map_err(SendError::NotSent)?;
+    let (head, body) = request.into_parts();
+    let end_of_stream = body.is_empty();
+    let (answer, mut stream) = sender
+        .send_request(Request::from_parts(head, ()), end_of_stream)
+        .map_err(SendError::NotSent)?;
+    if !end_of_stream {
+        // Queued whole: the body is small and the stream's window (the terminal's
+        // SETTINGS) is what h2 sends it within.
+        stream.send_data(body, true).map_err(SendError::Unknown)?;
+    }
+    answer.await.map_err(SendError::Unknown)
+}
+
+/// Why [`send`] got no answer, by what it proves.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    /// The connection refused the request before it was queued (closed, GOAWAY).
+    #[error("not sent: {0}")]
+    NotSent(#[source] h2::Error),
+    /// The request was queued, and may have reached the terminal.
+    #[error("{0}")]
+    Unknown(#[source] h2::Error),
+}
+
+impl SendError {
+    /// The HTTP/2 error, whichever side of sending it came from.
+    pub fn into_inner(self) -> h2::Error {
+        match self {
+            SendError::NotSent(e) | SendError::Unknown(e) => e,
+        }
     }
 }
 
@@ -215,7 +301,7 @@ mod tests {
         // A connection that never ends on its own (a terminal that ignores GOAWAY).
         let task = tokio::spawn(async move {
             let _socket = socket;
-            std::future::pending::<Result<(), hyper::Error>>().await
+            std::future::pending::<Result<(), ConnError>>().await
         });
         tokio::task::yield_now().await; // let it start and park
         let mut conn = ConnTask(Some(task));

@@ -18,7 +18,6 @@ use std::io;
 use bytes::Bytes;
 use http::uri::Scheme;
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Uri};
-use http_body_util::Full;
 
 use crate::api::{IDEMPOTENCY_KEY, TENANT_HEADER};
 use crate::core::{Epoch, PodId};
@@ -93,14 +92,14 @@ pub fn hello(
     epoch: Epoch,
     pod: &PodId,
     terminal: &str,
-) -> Result<Request<Full<Bytes>>, http::Error> {
+) -> Result<Request<Bytes>, http::Error> {
     Request::builder()
         .method(Method::POST)
         .uri(format!("{origin}{HELLO_PATH}"))
         .header(EPOCH_HEADER, epoch)
         .header(POD_HEADER, pod.as_str())
         .header(TERMINAL_HEADER, terminal)
-        .body(Full::new(Bytes::new()))
+        .body(Bytes::new())
 }
 
 /// One push as it goes on the wire.
@@ -121,7 +120,7 @@ pub struct PosPush<'a> {
 /// The request of `push`. Built in place rather than through `Request::builder`, with
 /// header names made at compile time: every push pays for this, and the builder parses
 /// (and for non-standard names allocates) each name and the whole URI again.
-pub fn push(push: &PosPush<'_>) -> Result<Request<Full<Bytes>>, http::Error> {
+pub fn push(push: &PosPush<'_>) -> Result<Request<Bytes>, http::Error> {
     const KEY: HeaderName = HeaderName::from_static(IDEMPOTENCY_KEY);
     const TENANT: HeaderName = HeaderName::from_static(TENANT_HEADER);
     const EPOCH: HeaderName = HeaderName::from_static(EPOCH_HEADER);
@@ -141,7 +140,7 @@ pub fn push(push: &PosPush<'_>) -> Result<Request<Full<Bytes>>, http::Error> {
     if let Some(content_type) = push.content_type {
         headers.insert(header::CONTENT_TYPE, content_type.clone());
     }
-    let mut request = Request::new(Full::new(push.body.clone()));
+    let mut request = Request::new(push.body.clone());
     *request.method_mut() = Method::POST;
     *request.uri_mut() = uri;
     *request.headers_mut() = headers;
@@ -178,7 +177,7 @@ pub enum DialError {
     #[error("terminal did not negotiate h2 (ALPN: {alpn:?})")]
     NoH2 { alpn: Option<String> },
     #[error("HTTP/2: {0}")]
-    Http(#[source] hyper::Error),
+    Http(#[source] h2::Error),
     /// `409`: a newer owner said hello to this terminal; the shard must be dropped.
     #[error("hello refused: epoch is stale (terminal has seen {highest:?})")]
     StaleEpoch { highest: Option<Epoch> },
