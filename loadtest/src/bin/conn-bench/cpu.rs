@@ -1,4 +1,5 @@
-//! conn-bench's CPU figure: what holding idle connections costs the pod and the farm.
+//! conn-bench's CPU figures: what holding idle connections costs the pod and the farm,
+//! and what one dial costs each (TCP, TLS, HTTP/2 and the hello, both ends).
 //!
 //! An idle push connection is not free: the pod sends it an HTTP/2 PING after each
 //! `--pos-keepalive` of silence, and the terminal answers; both ends pay a TLS record,
@@ -34,6 +35,17 @@ pub fn rows(pod_cpu_s: f64, farm_cpu_s: f64, connections: u64, secs: f64) -> Vec
     ]
 }
 
+/// CPU per dial of the handshake-rate step, as a table row: comparable between builds
+/// where handshakes per second are not (that also moves with how busy the machine is).
+pub fn dial_row(pod_cpu_s: f64, farm_cpu_s: f64, dials: u64) -> String {
+    let ms = |cpu: f64| cpu * 1e3 / dials.max(1) as f64;
+    format!(
+        "| CPU per dial in the handshake-rate step, pod / farm (first connection to last session) | {:.3} / {:.3} ms |",
+        ms(pod_cpu_s),
+        ms(farm_cpu_s)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -51,5 +63,11 @@ mod tests {
             "{}",
             rows[1]
         );
+    }
+
+    #[test]
+    fn dial_row_divides_by_dials() {
+        let row = dial_row(7.0, 4.0, 10_000);
+        assert!(row.contains("0.700 / 0.400 ms"), "{row}");
     }
 }

@@ -276,22 +276,39 @@ async fn wait_ready(pod: &mut Reaped, port: u16, limit: Duration) -> Result<Dura
 
 /// Waits until `n` more sessions than in `base` were accepted; returns (time of the first
 /// new connection, time of the last needed session), both measured from the call.
+/// When the sessions of one step came, from the step's start, and the CPU the pod and
+/// the farm (this process) spent between the first connection and the last session.
+struct Dialed {
+    first: Duration,
+    last: Duration,
+    /// Pod and farm CPU seconds over first..last.
+    cpu: (f64, f64),
+}
+
 async fn wait_sessions(
     farm: &PosFarm,
     base: &FarmCounters,
     n: u64,
     pod: &mut Reaped,
     limit: Duration,
-) -> Result<(Duration, Duration)> {
+) -> Result<Dialed> {
+    let pid = pod.0.id().to_string();
+    let cpu_now = || -> Result<(f64, f64)> { Ok((cpu::cpu_secs(&pid)?, cpu::cpu_secs("self")?)) };
     let started = Instant::now();
     let mut first = None;
     loop {
         let c = farm.counters();
         if first.is_none() && c.connections_opened > base.connections_opened {
-            first = Some(started.elapsed());
+            first = Some((started.elapsed(), cpu_now()?));
         }
         if c.sessions_accepted >= base.sessions_accepted + n {
-            return Ok((first.unwrap_or_default(), started.elapsed()));
+            let (first, cpu0) = first.unwrap_or_default();
+            let cpu1 = cpu_now()?;
+            return Ok(Dialed {
+                first,
+                last: started.elapsed(),
+                cpu: (cpu1.0 - cpu0.0, cpu1.1 - cpu0.1),
+            });
         }
         if let Some(status) = pod.0.try_wait()? {
             bail!("posgate exited: {status}");
@@ -386,7 +403,7 @@ async fn main() -> Result<()> {
     let imported = Instant::now();
     let import_cmd = setup.import()?;
     let import_took = imported.elapsed();
-    let (first, last) = wait_sessions(&farm, &base, n, &mut pod, limit).await?;
+    let Dialed { first, last, .. } = wait_sessions(&farm, &base, n, &mut pod, limit).await?;
     let connect_span = last - first;
     eprintln!(
         "{n} sessions {:.2} s after the import started (first connection at {:.2} s)",
@@ -419,7 +436,9 @@ async fn main() -> Result<()> {
     for round in 1..=args.churn {
         let base = farm.counters();
         let dropped = farm.drop_connections(1.0)?;
-        let (_, took) = wait_sessions(&farm, &base, dropped as u64, &mut pod, limit).await?;
+        let took = wait_sessions(&farm, &base, dropped as u64, &mut pod, limit)
+            .await?
+            .last;
         eprintln!(
             "churn {round}: {dropped} connections dropped and redialed in {:.2} s",
             took.as_secs_f64()
@@ -442,8 +461,8 @@ async fn main() -> Result<()> {
         args.fast_dial_rate,
         args.fast_dial_concurrency,
     )?;
-    let (first2, last2) = wait_sessions(&farm, &base, n, &mut pod, limit).await?;
-    let span2 = last2 - first2;
+    let fast = wait_sessions(&farm, &base, n, &mut pod, limit).await?;
+    let span2 = fast.last - fast.first;
     let rate = n as f64 / span2.as_secs_f64();
     let after = farm.counters();
     stop(pod)?;
@@ -488,6 +507,7 @@ async fn main() -> Result<()> {
         args.fast_dial_concurrency,
         span2.as_secs_f64()
     );
+    println!("{}", cpu::dial_row(fast.cpu.0, fast.cpu.1, n));
     println!(
         "| farm: raw overlaps / handshakes failed | {} / {} |",
         after.raw_overlaps, after.handshakes_failed
