@@ -18,7 +18,7 @@
 //!
 //! Not for: the HTTP protocol itself (hyper), or how a connection is closed (the loop).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 /// Connections chosen to make room that may still be held while more are accepted.
@@ -110,7 +110,9 @@ pub enum Admission {
 pub struct Connections {
     limits: ConnectionLimits,
     next: u64,
-    open: HashMap<ConnId, Conn>,
+    /// Keyed by ids this module hands out: a fast hash, not SipHash (every request
+    /// looks its connection up twice).
+    open: foldhash::HashMap<ConnId, Conn>,
     /// The connections without a request in flight, oldest first.
     waiting: BTreeSet<(Instant, ConnId)>,
     /// How many are [`Conn::Closing`].
@@ -122,7 +124,7 @@ impl Connections {
         Connections {
             limits,
             next: 0,
-            open: HashMap::new(),
+            open: foldhash::HashMap::default(),
             waiting: BTreeSet::new(),
             closing: 0,
         }

@@ -22,7 +22,11 @@
 //! Not for: deciding what to serve (the reconciler), or whether a push may go out now
 //! (the `ServingTable`, checked per push).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+// The maps below are keyed by shard numbers and directory ids, never by what a caller
+// chose, and every push looks one up: a fast hash (foldhash) rather than SipHash.
+use foldhash::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -252,12 +256,12 @@ impl<D: Directory> ConnectionManager<D> {
             directory_poll: cfg.directory_poll,
             close_budget: cfg.close_budget,
             rng: Mutex::new(rng),
-            shards: Mutex::new(HashMap::new()),
-            draining: Mutex::new(HashMap::new()),
+            shards: Mutex::new(HashMap::default()),
+            draining: Mutex::new(HashMap::default()),
             draining_count: watch::channel(0).0,
             drain_budget: cfg.drain_budget,
             walk: cfg.walk,
-            predecessors: Mutex::new(HashMap::new()),
+            predecessors: Mutex::new(HashMap::default()),
             metrics: cfg.metrics.clone(),
             next_incarnation: AtomicU64::new(0),
         });
@@ -369,7 +373,7 @@ impl<D: Directory> ServingHook for ConnectionManager<D> {
             ShardEntry {
                 incarnation,
                 mode,
-                links: HashMap::new(),
+                links: HashMap::default(),
                 tasks: JoinSet::new(),
                 listing: Listing::Unread,
                 loading: true,

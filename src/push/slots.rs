@@ -6,7 +6,6 @@
 //! Not for: the per-terminal waiting bound (`owner`), or anything across pods: each pod
 //! counts what it handles itself (received or forwarded to it).
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -40,7 +39,9 @@ pub struct Slots {
     held: Held,
 }
 
-type Held = Arc<Mutex<HashMap<Arc<str>, usize>>>;
+/// Keyed by tenant names from the server's own token file, so a fast hash (foldhash)
+/// rather than SipHash, which only keys chosen by callers need.
+type Held = Arc<Mutex<foldhash::HashMap<Arc<str>, usize>>>;
 
 /// One push's slot, given back when dropped.
 #[derive(Debug)]
