@@ -24,9 +24,11 @@
 //! `--ir` counts instructions instead of time, which a busy machine does not disturb:
 //! under callgrind, after a warm-up, it switches collection on for exactly PUSHES local
 //! pushes (dumped as part `local`), then for PUSHES forwarded ones (part `forwarded`),
-//! one at a time, through `callgrind_control`. With `--separate-threads=yes` the pods'
-//! share is the files of threads that ran no bench code (`push_bench::`, `pos_sim`):
-//! `scripts/push_ir.sh` sums them.
+//! one at a time, through `callgrind_control`; after each, the same span of time without
+//! pushes (parts `local-idle`, `forwarded-idle`: the pods' timers, which run more often
+//! the longer the pushes took). With `--separate-threads=yes` the pods' share is the
+//! files of threads that ran no bench code (`push_bench::`, `pos_sim`): `scripts/push-ir`
+//! sums them and subtracts the idle part.
 
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -111,14 +113,25 @@ async fn count_instructions<'a>(
     }
     for (part, forwarded) in [("local", false), ("forwarded", true)] {
         callgrind(&["--instr=on"])?;
+        let started = Instant::now();
         for n in 0..pushes {
             let (t, base) = path_of(n, forwarded);
             let key = format!("ir-{part}-{n}");
             anyhow::ensure!(api_push(http, base, t, &key).await, "push failed");
         }
+        let took = started.elapsed();
         callgrind(&["--instr=off"])?;
         callgrind(&[&format!("--dump={part}")])?;
-        println!("{part}: {pushes} pushes counted");
+        println!("{part}: {pushes} pushes counted in {took:?}");
+        // The pods' timers (driver ticks, lease renewals, metrics sampling) ran during
+        // the pushes too, and how often depends on how long the pushes took under
+        // valgrind on this machine at this moment: the same span without pushes is
+        // counted as its own part, which scripts/push-ir subtracts.
+        callgrind(&["--instr=on"])?;
+        tokio::time::sleep(took).await;
+        callgrind(&["--instr=off"])?;
+        callgrind(&[&format!("--dump={part}-idle")])?;
+        println!("{part}-idle: {took:?} without pushes counted");
     }
     Ok(())
 }
