@@ -148,8 +148,15 @@ pub const CLOCK_TICKS: f64 = 100.0;
 /// A free loopback TCP port for a child to listen on: bound then released, and taken
 /// below the kernel's ephemeral range (`ip_local_port_range`), so that no outgoing
 /// connection of the 20 pods and the simulators gets it as its local port before the
-/// child binds it ("Address already in use" at a pod's start, seen in CI).
+/// child binds it ("Address already in use" at a pod's start, seen in CI). Never the
+/// same port twice in one process: a port handed to a child that has not bound it yet
+/// still probes free (two pods of one full run got the same port, 2026-12-03).
 pub fn free_port() -> Result<u16, LoadError> {
+    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let mut handed_out = HANDED_OUT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
@@ -161,20 +168,31 @@ pub fn free_port() -> Result<u16, LoadError> {
         std::hash::BuildHasher::hash_one(&std::collections::hash_map::RandomState::new(), 0u8);
     let start = low + (random % u64::from(high - low)) as u16;
     let listen = |port: u16| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok();
-    (start..high)
+    let port = (start..high)
         .chain(low..start)
-        .find(|&port| listen(port))
+        .find(|&port| !handed_out.contains(&port) && listen(port))
         .ok_or_else(|| {
             LoadError::io(
                 "finding a free port",
                 std::io::Error::other(format!("none free in {low}..{high}")),
             )
-        })
+        })?;
+    handed_out.insert(port);
+    Ok(port)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn free_ports_are_never_handed_out_twice() {
+        // 2,000 draws from ~22,000 ports: with a random start and nothing remembered,
+        // two of them coincide all but always (birthday bound, ~1 - e^-88).
+        let ports: Vec<u16> = (0..2_000).map(|_| free_port().unwrap()).collect();
+        let distinct: std::collections::BTreeSet<u16> = ports.iter().copied().collect();
+        assert_eq!(distinct.len(), ports.len());
+    }
 
     #[test]
     fn a_process_reads_its_own_cpu_time_in_ticks() {
