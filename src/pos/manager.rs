@@ -23,15 +23,14 @@
 //! (the `ServingTable`, checked per push).
 
 use std::collections::BTreeMap;
-
-// The maps below are keyed by shard numbers and directory ids, never by what a caller
-// chose, and every push looks one up: a fast hash (foldhash) rather than SipHash.
-use foldhash::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
+// The maps below are keyed by shard numbers and directory ids, never by what a caller
+// chose, and every push looks one up: a fast hash (foldhash) rather than SipHash.
+use foldhash::HashMap;
 use futures::FutureExt;
 use rand::rngs::StdRng;
 use rand::SeedableRng;

@@ -52,8 +52,9 @@ pub async fn send(
     timeout: Duration,
 ) -> Result<Answered, PushFailure> {
     let request = wire::push(&push).map_err(|e| PushFailure::NotSent(e.to_string()))?;
-    // A push still waiting for room on the connection when the time is up was not
-    // sent either, but the two are not told apart: both count as unknown.
+    // A push still queued for a stream (the terminal's concurrency limit) when the
+    // time is up was not sent either, but the two are not told apart: both count as
+    // unknown.
     let response = tokio::time::timeout(timeout, session::send(sender, request))
         .await
         .map_err(|_| PushFailure::Unknown(format!("no answer within {timeout:?}")))?

@@ -191,8 +191,8 @@ impl Session {
     }
 }
 
-/// Sends `request` on `sender` once the connection has room for another stream (the
-/// terminal's `SETTINGS_MAX_CONCURRENT_STREAMS`), and waits for the answer's head.
+/// Queues `request` on `sender` (h2 opens its stream once the terminal's
+/// `SETTINGS_MAX_CONCURRENT_STREAMS` leaves room) and waits for the answer's head.
 /// An error before the request was queued means nothing was sent
 /// ([`SendError::NotSent`]); any later one leaves it open whether the terminal has it.
 pub(super) async fn send(
