@@ -159,16 +159,26 @@ pub fn sign(
 ) {
     let id: [u8; 16] = rand::rng().random();
     let text = |v: &str| HeaderValue::from_str(v).expect("pod ids and hex are header-safe");
+    // Values new on every request are sent as HPACK literals never indexed: indexing
+    // them only evicts the entries that repeat and makes the encoder compare them
+    // against a growing chain of same-named entries (see `pos::wire::push`). The
+    // signature is also what RFC 7541 section 7.1.3 has in mind: a value that
+    // compression must not expose.
+    let unique = |v: &str| {
+        let mut value = text(v);
+        value.set_sensitive(true);
+        value
+    };
     headers.insert(VERSION_HEADER, HeaderValue::from(PEER_PROTOCOL));
     headers.insert(TIMESTAMP_HEADER, HeaderValue::from(unix_seconds(at)));
-    headers.insert(REQUEST_ID_HEADER, text(&hex::encode(id)));
+    headers.insert(REQUEST_ID_HEADER, unique(&hex::encode(id)));
     headers.insert(FROM_HEADER, text(from.as_str()));
     headers.insert(TO_HEADER, text(to.as_str()));
-    headers.insert(DIGEST_HEADER, text(&content_digest(body)));
+    headers.insert(DIGEST_HEADER, unique(&content_digest(body)));
     headers.remove(SIGNATURE_HEADER);
     let mac = canonical_mac(secret, method, path_and_query, headers);
     let signature = hex::encode(mac.finalize().into_bytes());
-    headers.insert(SIGNATURE_HEADER, text(&signature));
+    headers.insert(SIGNATURE_HEADER, unique(&signature));
 }
 
 fn is_signed(name: &str) -> bool {

@@ -194,6 +194,11 @@ fn request_ids_are_unique_per_signature() {
     let b = signed_push(now, b"{}");
     assert_ne!(a[REQUEST_ID_HEADER], b[REQUEST_ID_HEADER]);
     assert_ne!(a[SIGNATURE_HEADER], b[SIGNATURE_HEADER]);
+    // New on every request, so sent as HPACK literals never indexed (`sign`).
+    for name in [REQUEST_ID_HEADER, DIGEST_HEADER, SIGNATURE_HEADER] {
+        assert!(a[name].is_sensitive(), "{name}");
+    }
+    assert!(!a[FROM_HEADER].is_sensitive());
 }
 
 #[test]

@@ -81,11 +81,14 @@ impl ForwardedPush {
         // Tenant and key were validated as visible ASCII, so these always convert.
         let text = |v: &str| HeaderValue::from_str(v).expect("validated header text");
         headers.insert(TENANT, text(&self.tenant));
-        headers.insert(KEY, text(&self.key));
-        headers.insert(
-            DEADLINE,
-            HeaderValue::from(self.deadline.as_millis() as u64),
-        );
+        // The key and the deadline differ on every push: HPACK literals never indexed
+        // (why: `peer::signing::sign`).
+        let mut key = text(&self.key);
+        key.set_sensitive(true);
+        headers.insert(KEY, key);
+        let mut deadline = HeaderValue::from(self.deadline.as_millis() as u64);
+        deadline.set_sensitive(true);
+        headers.insert(DEADLINE, deadline);
         headers.insert(HOP, HeaderValue::from_static("1"));
         if let Some(ct) = &self.content_type {
             headers.insert(header::CONTENT_TYPE, ct.clone());
@@ -421,6 +424,9 @@ mod tests {
         let sent = push();
         let (path, headers) = sent.encode();
         assert_eq!(path, "/internal/v1/push/pos-1");
+        // Values new on every push stay out of the HPACK table (`encode`).
+        assert!(headers[IDEMPOTENCY_KEY].is_sensitive() && headers[DEADLINE_HEADER].is_sensitive());
+        assert!(!headers[TENANT_HEADER].is_sensitive());
         let got = ForwardedPush::decode("pos-1".into(), &headers, sent.body.clone()).unwrap();
         assert_eq!(got, sent);
     }

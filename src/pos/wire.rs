@@ -132,7 +132,15 @@ pub fn push(push: &PosPush<'_>) -> Result<Request<Bytes>, http::Error> {
         .path_and_query(push.path)
         .build()?;
     let mut headers = HeaderMap::with_capacity(6);
-    headers.insert(KEY, HeaderValue::from_str(push.key)?);
+    // Every push has a new key, so entering it into the connection's HPACK table only
+    // evicts the entries that do repeat (tenant, epoch, terminal, pod) and makes h2's
+    // encoder walk a growing chain of same-named entries comparing values on every
+    // push (~8% of a pod's CPU under load, `docs/benchmarks.md`). Marked sensitive, it
+    // goes out as a literal never indexed (RFC 7541 section 6.2.3), which every
+    // HTTP/2 decoder reads like any other literal.
+    let mut key = HeaderValue::from_str(push.key)?;
+    key.set_sensitive(true);
+    headers.insert(KEY, key);
     headers.insert(TENANT, HeaderValue::from_str(push.tenant)?);
     headers.insert(EPOCH, HeaderValue::from(push.epoch));
     headers.insert(TERMINAL, HeaderValue::from_str(push.terminal)?);
@@ -280,6 +288,9 @@ mod tests {
         assert_eq!(h[TERMINAL_HEADER], "pos-1");
         assert_eq!(h[POD_HEADER], "pod-a");
         assert_eq!(h[header::CONTENT_TYPE], "application/json");
+        // The key, new on every push, stays out of the HPACK table; the rest repeat.
+        assert!(h[IDEMPOTENCY_KEY].is_sensitive());
+        assert!(!h[TENANT_HEADER].is_sensitive() && !h[TERMINAL_HEADER].is_sensitive());
         let hello = hello("https://pos-1.test", 7, &pod, "pos-1").unwrap();
         assert_eq!(hello.uri(), "https://pos-1.test/hello");
         assert_eq!(hello.headers()[EPOCH_HEADER], "7");
