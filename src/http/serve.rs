@@ -141,6 +141,7 @@ pub async fn run<L>(
             wake,
             shared: shared.clone(),
             metrics: metrics.clone(),
+            look_again: limits.idle_timeout,
         };
         let router = router.clone();
         tasks.spawn(conn.serve(io, builder.clone(), router, stopping.clone()));
@@ -198,10 +199,13 @@ impl Phase {
 /// One accepted connection.
 struct Conn {
     id: ConnId,
-    /// Told when its entry in the table changed (a request ended, it was evicted).
+    /// Told when it was chosen to make room.
     wake: Arc<Notify>,
     shared: Arc<Shared>,
     metrics: Arc<Metrics>,
+    /// How long after finding a request in flight it looks at its deadline again (the
+    /// idle timeout; see the loop in `serve`).
+    look_again: Duration,
 }
 
 impl Conn {
@@ -218,24 +222,25 @@ impl Conn {
         let service = TowerToHyperService::new(Requests {
             id: self.id,
             shared: self.shared.clone(),
-            wake: wake.clone(),
             router,
         });
         let mut conn = pin!(builder.serve_connection(TokioIo::new(io), service));
         let mut phase = Phase::Open;
         loop {
-            let deadline = match self.shared.lock().table.poll_deadline(self.id) {
+            // Requests starting and ending do not wake this loop: that was two more
+            // polls of the connection (and a timer) per request, paid by every push.
+            // The loop looks at the table when the deadline passes, and at the latest
+            // one idle timeout from now: a request that ends after now sets its
+            // deadline no earlier than that (its end + the idle timeout), so the loop
+            // has seen it before it passes, and every deadline is kept to the instant.
+            let look_again = Instant::now() + self.look_again;
+            let look_at = match self.shared.lock().table.poll_deadline(self.id) {
                 // Evicted (counted by the accept loop): it has no request in flight.
                 Deadline::Closed => break,
-                Deadline::FirstRequest(at) | Deadline::NextRequest(at) => Some(at),
-                Deadline::InRequest => None,
+                Deadline::FirstRequest(at) | Deadline::NextRequest(at) => at.min(look_again),
+                Deadline::InRequest => look_again,
             };
-            let deadline_passed = async {
-                match deadline {
-                    Some(at) => tokio::time::sleep_until(at.into()).await,
-                    None => std::future::pending().await,
-                }
-            };
+            let deadline_passed = tokio::time::sleep_until(look_at.into());
             tokio::select! {
                 served = conn.as_mut() => {
                     if let Err(error) = served {
@@ -243,15 +248,16 @@ impl Conn {
                     }
                     break;
                 }
-                // A request started or ended, or the connection was evicted: look again.
+                // Evicted: look again.
                 _ = wake.notified() => {}
                 _ = stopping.changed(), if phase == Phase::Open => {
                     // Shutdown: requests in flight finish (the pod bounds the wait); a
                     // connection without one gets a moment to see the GOAWAY.
                     conn.as_mut().graceful_shutdown();
-                    phase = match deadline {
-                        None => Phase::Closing { until: None },
-                        Some(_) => Phase::closing_within(SHUTDOWN_GRACE),
+                    // Read again: a request may have started since the loop looked.
+                    phase = match self.shared.lock().table.poll_deadline(self.id) {
+                        Deadline::InRequest => Phase::Closing { until: None },
+                        _ => Phase::closing_within(SHUTDOWN_GRACE),
                     };
                 }
                 _ = deadline_passed, if phase == Phase::Open => {
@@ -295,7 +301,6 @@ impl Conn {
 struct Requests {
     id: ConnId,
     shared: Arc<Shared>,
-    wake: Arc<Notify>,
     router: Router,
 }
 
@@ -313,11 +318,9 @@ impl Service<Request<Incoming>> for Requests {
 
     fn call(&mut self, request: Request<Incoming>) -> Self::Future {
         self.shared.lock().table.handle_request_start(self.id);
-        self.wake.notify_one();
         let in_flight = InFlight {
             id: self.id,
             shared: self.shared.clone(),
-            wake: self.wake.clone(),
         };
         let answer = self.router.call(request.map(axum::body::Body::new));
         Box::pin(async move {
@@ -332,7 +335,6 @@ impl Service<Request<Incoming>> for Requests {
 struct InFlight {
     id: ConnId,
     shared: Arc<Shared>,
-    wake: Arc<Notify>,
 }
 
 impl Drop for InFlight {
@@ -341,6 +343,5 @@ impl Drop for InFlight {
             .lock()
             .table
             .handle_request_end(self.id, Instant::now());
-        self.wake.notify_one();
     }
 }
