@@ -122,15 +122,16 @@ pub(super) async fn push(
     State(state): State<Arc<HttpState>>,
     Extension(caller): Extension<Caller>,
     Path(terminal): Path<String>,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Body,
+    // The request itself rather than `Uri` and `HeaderMap` extractors, which clone them.
+    request: Request,
 ) -> Response {
     let received = Instant::now();
     let service = &state.push;
     // Held until the answer is ready; dropped with the future if the caller goes away.
     let in_flight = GaugeUnit::hold(&state.metrics.pushes_in_flight);
-    let (answer, path) = match checked(service, &caller, terminal, &uri, &headers, body).await {
+    let (head, body) = request.into_parts();
+    let checked = checked(service, &caller, terminal, &head.uri, &head.headers, body).await;
+    let (answer, path) = match checked {
         Ok((request, timeout)) => match service.admit(&request.tenant) {
             Ok(_slot) => {
                 let deadline = clock::now() + timeout;
