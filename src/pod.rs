@@ -403,12 +403,12 @@ async fn run_pod<S: CoordStore, H: ServingHook>(
     let (stop_http, http_stopped) = oneshot::channel::<()>();
     let push = http_state.push.clone();
     let metrics = http_state.metrics.clone();
-    let router = http::router(http_state);
+    let routes = http::Routes::new(http_state);
     let http_stopped = async move {
         let _ = http_stopped.await;
     };
     let http =
-        async move { http::serve(listener, tls, router, limits, metrics, http_stopped).await };
+        async move { http::serve(listener, tls, routes, limits, metrics, http_stopped).await };
     let ownership = async move {
         tokio::select! {
             pinned = pin_meta(&*store, &meta, store_timeout) => pinned.map_err(PodError::Meta)?,

@@ -344,6 +344,35 @@ async fn errors_below_the_handlers_are_json() {
             400,
             "invalid_request",
         ),
+        // A `POST` to the push route is served ahead of the router (`http::Routes`),
+        // with the limits the router's edge layer checks for every other route.
+        (
+            "a push target over the pod's limit",
+            format!(
+                "POST /v1/terminals/t1/push?x={} HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                "a".repeat(10_000)
+            )
+            .into_bytes(),
+            414,
+            "uri_too_long",
+        ),
+        (
+            "a push's headers over the pod's limit",
+            format!(
+                "POST /v1/terminals/t1/push HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\nconnection: close\r\nx-big: {}\r\n\r\n",
+                "a".repeat(70_000)
+            )
+            .into_bytes(),
+            431,
+            "headers_too_large",
+        ),
+        (
+            "an empty terminal id on the push route",
+            b"POST /v1/terminals//push HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                .to_vec(),
+            400,
+            "invalid_request",
+        ),
         (
             "a parameter on the terminal view",
             b"GET /v1/terminals/t1?x=1 HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n".to_vec(),
@@ -355,6 +384,11 @@ async fn errors_below_the_handlers_are_json() {
         let answer = raw_exchange(&server.base, request).await;
         assert_json_error(case, &answer, *status, code);
     }
+    // Another method on the push route: 405 naming the one allowed (RFC 9110 15.5.6).
+    let get_push = b"GET /v1/terminals/t1/push HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n";
+    let answer = raw_exchange(&server.base, get_push).await;
+    assert_json_error("GET on the push route", &answer, 405, "method_not_allowed");
+    assert_eq!(answer.1["allow"], "POST");
     // A malformed request after a good one on the same keep-alive connection.
     let rest = {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -59,7 +59,7 @@ pub async fn edge(request: Request, next: Next) -> Response {
 
 /// Limits shared by every route, checked before routing: the request target's length
 /// and the header section's size.
-fn check_head(request: &Request) -> Option<Response> {
+pub(super) fn check_head(request: &Request) -> Option<Response> {
     let target = request
         .uri()
         .path_and_query()

@@ -1,5 +1,7 @@
 //! The public push API: `POST /v1/terminals/{id}/push`, `GET /v1/terminals/{id}`, and
-//! the bearer-token middleware in front of every `/v1/*` route.
+//! the bearer-token middleware in front of every `/v1/*` route. A push does not go
+//! through the router (`super::Routes`): [`serve_push`] checks what the router's layers
+//! would, in their order (the head's limits, then the token), before anything else.
 //!
 //! This module only checks and parses (id, key, deadline, body size, tenant) and turns
 //! [`Answer`]s into responses; what happens to a push is `crate::push`. Checks run
@@ -10,17 +12,18 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::{Path, Query, Request, State};
-use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode, Uri};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use axum::middleware::Next;
 use axum::response::Response;
 use axum::Extension;
+use percent_encoding::percent_decode_str;
 use rand::Rng;
 use serde::Deserialize;
 
 use super::caller::Caller;
-use super::errors::respond;
+use super::errors::{check_head, method_not_allowed, respond};
 use super::{read_bounded, HttpState};
-use crate::api::{valid_key, valid_terminal_id, IDEMPOTENCY_KEY, TIMEOUT_PARAM};
+use crate::api::{valid_key, valid_terminal_id, IDEMPOTENCY_KEY, PUSH_ROUTE, TIMEOUT_PARAM};
 use crate::clock;
 use crate::credentials::ApiTokens;
 use crate::metrics::{GaugeUnit, Metrics};
@@ -40,34 +43,93 @@ pub(super) async fn require_token(
     mut request: Request,
     next: Next,
 ) -> Response {
-    let presented = match single(request.headers(), &header::AUTHORIZATION) {
-        Ok(value) => value
-            .and_then(|v| v.to_str().ok())
-            .and_then(ApiTokens::bearer),
-        Err(answer) => return respond(answer),
-    };
-    let caller = match state.credentials.grant_of(presented) {
-        None => Caller::Insecure,
-        Some(found) => match found {
-            Some(grant) => Caller::Granted(grant),
-            None => {
+    match authenticate(&state, request.headers()) {
+        Ok(caller) => {
+            request.extensions_mut().insert(caller);
+            next.run(request).await
+        }
+        Err(refused) => refused.response(),
+    }
+}
+
+/// Why [`authenticate`] refused a request.
+enum Refused {
+    /// A malformed `Authorization` header: `400`.
+    Malformed(Answer),
+    /// No token, or one not listed: `401`.
+    Unauthorized,
+}
+
+impl Refused {
+    fn response(self) -> Response {
+        match self {
+            Refused::Malformed(answer) => respond(answer),
+            Refused::Unauthorized => {
                 let mut response =
                     error(ErrorCode::Unauthorized, "missing or invalid bearer token");
                 response
                     .headers_mut()
                     .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-                return response;
+                response
             }
-        },
-    };
-    request.extensions_mut().insert(caller);
-    next.run(request).await
+        }
+    }
 }
 
-/// The value of a header that may be sent once, if sent. Two or more are a `400`:
-/// which one counts would be a guess, and proxies guess differently (one keeps the
-/// first, another the last), so a key or a token could mean one thing to a proxy and
-/// another here. The name is a `HeaderName`, not text: text is parsed on every lookup.
+/// Who sent `headers` ([`require_token`]).
+fn authenticate(state: &HttpState, headers: &HeaderMap) -> Result<Caller, Refused> {
+    let presented = single(headers, &header::AUTHORIZATION)
+        .map_err(Refused::Malformed)?
+        .and_then(|v| v.to_str().ok())
+        .and_then(ApiTokens::bearer);
+    match state.credentials.grant_of(presented) {
+        None => Ok(Caller::Insecure),
+        Some(Some(grant)) => Ok(Caller::Granted(grant)),
+        Some(None) => Err(Refused::Unauthorized),
+    }
+}
+
+/// The `{id}` segment, still percent-encoded, of a path that [`PUSH_ROUTE`] matches;
+/// `None` for any other path. What the router matches: one segment, even an empty one
+/// (which the handler refuses as a bad id).
+pub(super) fn push_target(path: &str) -> Option<&str> {
+    let (prefix, suffix) = PUSH_ROUTE
+        .split_once("{id}")
+        .expect("the push route has an {id} segment");
+    let id = path.strip_prefix(prefix)?.strip_suffix(suffix)?;
+    (!id.contains('/')).then_some(id)
+}
+
+/// `POST /v1/terminals/{id}/push` ahead of the router ([`super::Routes`]), `id` from
+/// [`push_target`]: the head's limits and the bearer token are checked first, as the
+/// router's layers check them for every other route, then [`push`].
+pub(super) async fn serve_push(state: Arc<HttpState>, request: Request) -> Response {
+    if let Some(refused) = check_head(&request) {
+        return refused;
+    }
+    let caller = match authenticate(&state, request.headers()) {
+        Ok(caller) => caller,
+        Err(refused) => return refused.response(),
+    };
+    let id = push_target(request.uri().path()).expect("routed here by push_target");
+    // Decoded as the router's `Path` extractor decodes a segment.
+    let terminal = match percent_decode_str(id).decode_utf8() {
+        Ok(terminal) => terminal.into_owned(),
+        Err(_) => return error(ErrorCode::InvalidRequest, BAD_ID),
+    };
+    push(state, caller, terminal, request).await
+}
+
+/// Any method but `POST` on the push route (a `POST` never reaches the router:
+/// [`super::Routes`]): `405`, naming the one allowed.
+pub(super) async fn post_only(method: Method, uri: Uri) -> Response {
+    let mut response = method_not_allowed(method, uri).await;
+    response
+        .headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static("POST"));
+    response
+}
+
 fn single<'a>(
     headers: &'a HeaderMap,
     name: &HeaderName,
@@ -117,12 +179,11 @@ fn deadline_of(uri: &Uri) -> Result<Duration, String> {
 #[serde(deny_unknown_fields)]
 pub(super) struct NoQuery {}
 
-/// `POST /v1/terminals/{id}/push`.
-pub(super) async fn push(
-    State(state): State<Arc<HttpState>>,
-    Extension(caller): Extension<Caller>,
-    Path(terminal): Path<String>,
-    // The request itself rather than `Uri` and `HeaderMap` extractors, which clone them.
+/// A push from `caller` to `terminal` (decoded from the path).
+async fn push(
+    state: Arc<HttpState>,
+    caller: Caller,
+    terminal: String,
     request: Request,
 ) -> Response {
     let received = Instant::now();
@@ -331,6 +392,42 @@ mod tests {
             "?timeout_ms=1&timeout_ms=2",
         ] {
             assert!(deadline_of(&uri(bad)).is_err(), "{bad}");
+        }
+    }
+
+    /// The fast lane takes exactly the paths the router's push route would match, and
+    /// its id is the segment the router's `Path` extractor would see.
+    #[tokio::test]
+    async fn push_target_matches_what_the_router_matches() {
+        use axum::routing::post;
+        use tower_service::Service;
+        let router =
+            axum::Router::new().route(PUSH_ROUTE, post(|Path(id): Path<String>| async move { id }));
+        for path in [
+            "/v1/terminals/pos-1/push",
+            "/v1/terminals/a:b.c_d-e/push",
+            "/v1/terminals/a%2Fb/push",
+            "/v1/terminals/%70os/push",
+            "/v1/terminals//push",
+            "/v1/terminals/a/b/push",
+            "/v1/terminals/a/push/",
+            "/v1/terminals/a/pushx",
+            "/v1/terminals/push",
+            "/v1/terminals/a",
+            "//v1/terminals/a/push",
+            "/v1/terminalsa/push",
+        ] {
+            let request = Request::post(path).body(Body::empty()).unwrap();
+            let answer = router.clone().call(request).await.unwrap();
+            let routed = answer.status() == StatusCode::OK;
+            assert_eq!(push_target(path).is_some(), routed, "{path}");
+            if let Some(id) = push_target(path) {
+                let body = axum::body::to_bytes(answer.into_body(), 1024)
+                    .await
+                    .unwrap();
+                let decoded = percent_decode_str(id).decode_utf8().unwrap();
+                assert_eq!(decoded.as_bytes(), &body[..], "{path}");
+            }
         }
     }
 }

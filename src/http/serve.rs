@@ -8,7 +8,7 @@
 //! client that opens connections and sends nothing, or a head a byte at a time, held
 //! them forever, each a file descriptor the pod's terminal sessions need.
 //!
-//! Not for: routing (`super::router`), TLS handshakes (`super::tls::TlsListener`), the
+//! Not for: routing (`super::Routes`), TLS handshakes (`super::tls::TlsListener`), the
 //! JSON bodies of hyper's own answers (`super::head_errors`).
 
 use std::collections::HashMap;
@@ -18,7 +18,6 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use axum::extract::Request;
-use axum::Router;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
@@ -29,6 +28,7 @@ use tokio::task::JoinSet;
 use tower_service::Service;
 
 use super::connections::{Admission, ConnId, ConnectionLimits, Connections, Deadline};
+use super::Routes;
 use crate::metrics::Metrics;
 use crate::rate_log::RateLog;
 
@@ -57,11 +57,11 @@ impl Shared {
     }
 }
 
-/// Serves `router` on `listener` under `limits` until `shutdown` resolves, then stops
+/// Serves `routes` on `listener` under `limits` until `shutdown` resolves, then stops
 /// accepting and waits for the connections to finish their requests in flight.
 pub async fn run<L>(
     mut listener: L,
-    router: Router,
+    routes: Routes,
     limits: ConnectionLimits,
     metrics: Arc<Metrics>,
     shutdown: impl Future<Output = ()>,
@@ -143,8 +143,8 @@ pub async fn run<L>(
             metrics: metrics.clone(),
             look_again: limits.idle_timeout,
         };
-        let router = router.clone();
-        tasks.spawn(conn.serve(io, builder.clone(), router, stopping.clone()));
+        let routes = routes.clone();
+        tasks.spawn(conn.serve(io, builder.clone(), routes, stopping.clone()));
     }
     drop(listener);
     let _ = stop.send(());
@@ -213,7 +213,7 @@ impl Conn {
         self,
         io: I,
         builder: Arc<Builder<TokioExecutor>>,
-        router: Router,
+        routes: Routes,
         mut stopping: watch::Receiver<()>,
     ) where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -222,7 +222,7 @@ impl Conn {
         let service = TowerToHyperService::new(Requests {
             id: self.id,
             shared: self.shared.clone(),
-            router,
+            routes,
         });
         let mut conn = pin!(builder.serve_connection(TokioIo::new(io), service));
         let mut phase = Phase::Open;
@@ -296,12 +296,12 @@ impl Conn {
     }
 }
 
-/// The router, telling the table when each request starts and ends.
+/// The routes, telling the table when each request starts and ends.
 #[derive(Clone)]
 struct Requests {
     id: ConnId,
     shared: Arc<Shared>,
-    router: Router,
+    routes: Routes,
 }
 
 impl Service<Request<Incoming>> for Requests {
@@ -322,11 +322,11 @@ impl Service<Request<Incoming>> for Requests {
             id: self.id,
             shared: self.shared.clone(),
         };
-        let answer = self.router.call(request.map(axum::body::Body::new));
+        let answer = self.routes.answer(request.map(axum::body::Body::new));
         Box::pin(async move {
             let answer = answer.await;
             drop(in_flight);
-            answer
+            Ok(answer)
         })
     }
 }

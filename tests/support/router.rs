@@ -10,7 +10,7 @@ use std::time::Duration;
 use http::HeaderMap;
 use posgate::core::PodId;
 use posgate::credentials::{ClusterSecret, Credentials};
-use posgate::http::{router, serve, ConnectionLimits, HttpState, ReadyLatch};
+use posgate::http::{serve, ConnectionLimits, HttpState, ReadyLatch, Routes};
 use posgate::metrics::Metrics;
 use posgate::peer::{PeerClient, PeerReceiver};
 use posgate::push::{NoTerminals, PushService, PushSettings};
@@ -63,7 +63,7 @@ impl Server {
             },
             metrics.clone(),
         );
-        let app = router(HttpState {
+        let app = Routes::new(HttpState {
             status: receiver,
             credentials,
             push: Arc::new(push),
