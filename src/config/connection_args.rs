@@ -49,12 +49,27 @@ pub struct ConnectionArgs {
 /// The peer client's pool forgets a connection idle this long (`crate::peer`); the
 /// listener must keep one longer, or a peer could send on a connection being closed.
 const PEER_POOL_IDLE: Duration = Duration::from_secs(90);
+/// The longest header read or idle timeout accepted.
+const MAX_CONNECTION_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 
 impl ConnectionArgs {
     /// Checks the flags against `fd_limit`, the process's open-file (soft) limit.
     pub(super) fn resolve(&self, fd_limit: u64) -> Result<ConnectionLimits, ConfigError> {
         if self.header_read_timeout.is_zero() {
             return Err(invalid("header-read-timeout", "must be greater than zero"));
+        }
+        // An instant this far ahead is computed for every connection; a value near the
+        // end of time would overflow it.
+        for (flag, value) in [
+            ("header-read-timeout", self.header_read_timeout),
+            ("idle-timeout", self.idle_timeout),
+        ] {
+            if value > MAX_CONNECTION_TIMEOUT {
+                return Err(invalid(
+                    flag,
+                    format!("must be at most {MAX_CONNECTION_TIMEOUT:?} (one day)"),
+                ));
+            }
         }
         if self.idle_timeout <= PEER_POOL_IDLE {
             return Err(invalid(

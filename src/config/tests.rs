@@ -418,6 +418,9 @@ fn connection_limits_default_to_a_share_of_the_open_file_limit() {
     for (args, flag) in [
         ("--header-read-timeout 0s", "header-read-timeout"),
         ("--idle-timeout 90s", "idle-timeout"),
+        // Far enough ahead to overflow an instant: a clear error, not a panic.
+        ("--idle-timeout 500000000years", "idle-timeout"),
+        ("--header-read-timeout 25h", "header-read-timeout"),
         ("--max-connections 15", "max-connections"),
         (
             "--max-streams-per-connection 0",
