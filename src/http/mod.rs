@@ -147,7 +147,6 @@ fn router(state: Arc<HttpState>) -> Router {
     let api = Router::new()
         .route(api::CLUSTER_ROUTE, get(cluster::cluster))
         .route(api::TERMINAL_ROUTE, get(push::terminal))
-        .route(api::PUSH_ROUTE, any(push::post_only))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             push::require_token,
@@ -157,6 +156,9 @@ fn router(state: Arc<HttpState>) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        // A `POST` never reaches the router (`Routes`); any other method is answered
+        // here, before any token check, as on every other route.
+        .route(api::PUSH_ROUTE, any(push::post_only))
         .merge(api)
         .merge(internal)
         .fallback(errors::not_found)

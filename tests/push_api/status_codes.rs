@@ -197,6 +197,17 @@ async fn status_401_without_a_valid_token_and_probes_need_none() {
         get(&http, &format!("{a}/readyz"), None).await.0,
         StatusCode::OK
     );
+    // Another method on the push route is a 405 before any token check, as on every
+    // other route (a push is answered ahead of the router; the rest is not).
+    let request = Request::get(format!("{a}/v1/terminals/{t}/push"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (status, headers, body) = send(&http, request).await;
+    assert_eq!(
+        (status, error_of(&body)),
+        (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed")
+    );
+    assert_eq!(headers["allow"], "POST");
 }
 
 /// A valid id that is not in the directory, answered by the owner, also via a forward.
