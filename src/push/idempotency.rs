@@ -25,19 +25,45 @@
 //!
 //! Time is passed in (`now`), so the rules are tested without sleeping.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
+
+use hashbrown::HashTable;
 
 use super::answer::Answer;
 use crate::credentials::Tenant;
 
 /// What a key is unique within: the tenant that sent it and the terminal it is for.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+/// `hash` is the three's hash with the cache's keyed hasher, computed once when the key
+/// is made: a push looks its key up, stores it, expires an older one and completes it,
+/// and hashing three caller-chosen strings each time was ~4k instructions per push.
+#[derive(Debug)]
 struct Key {
     tenant: Tenant,
     terminal: String,
     key: String,
+    hash: u64,
+}
+
+impl Key {
+    fn new(hasher: &RandomState, tenant: Tenant, terminal: String, key: String) -> Key {
+        let hash = hasher.hash_one((&tenant, &terminal, &key));
+        Key {
+            tenant,
+            terminal,
+            key,
+            hash,
+        }
+    }
+
+    fn is(&self, other: &Key) -> bool {
+        self.hash == other.hash
+            && self.key == other.key
+            && self.terminal == other.terminal
+            && self.tenant == other.tenant
+    }
 }
 
 #[derive(Debug)]
@@ -61,7 +87,11 @@ type SharedKey = Arc<Key>;
 
 #[derive(Debug, Default)]
 struct Cache {
-    entries: HashMap<SharedKey, Entry>,
+    /// By each key's own `hash` (see [`Key`]).
+    entries: HashTable<(SharedKey, Entry)>,
+    /// SipHash with keys drawn at random per process: callers choose the strings, so a
+    /// hasher they could predict would let them aim keys at one bucket.
+    hasher: RandomState,
     /// Insertion order, for expiry and eviction; may hold keys already removed.
     order: VecDeque<(SharedKey, u64)>,
     next_serial: u64,
@@ -123,12 +153,13 @@ impl IdempotencyCache {
     ) -> Reserve {
         let mut cache = self.lock();
         cache.expire(now);
-        let k = Key {
-            tenant: tenant.clone(),
-            terminal: terminal.to_string(),
-            key: key.to_string(),
-        };
-        if let Some(entry) = cache.entries.get(&k) {
+        let k = Key::new(
+            &cache.hasher,
+            tenant.clone(),
+            terminal.to_string(),
+            key.to_string(),
+        );
+        if let Some(entry) = cache.get(&k) {
             if entry.digest != digest {
                 return Reserve::Conflict("idempotency key reused with a different body");
             }
@@ -163,7 +194,7 @@ impl IdempotencyCache {
             if out.len() == max {
                 break;
             }
-            let Some(e) = cache.entries.get(k).filter(|e| e.serial == *serial) else {
+            let Some(e) = cache.get(k).filter(|e| e.serial == *serial) else {
                 continue;
             };
             if let (Outcome::Done(answer), true) = (&e.slot, wanted(&k.terminal)) {
@@ -190,12 +221,8 @@ impl IdempotencyCache {
         cache.expire(now);
         let mut taken = 0;
         for entry in kept {
-            let k = Key {
-                tenant: entry.tenant,
-                terminal: entry.terminal,
-                key: entry.key,
-            };
-            if entry.ttl_left.is_zero() || cache.entries.contains_key(&k) {
+            let k = Key::new(&cache.hasher, entry.tenant, entry.terminal, entry.key);
+            if entry.ttl_left.is_zero() || cache.get(&k).is_some() {
                 continue;
             }
             let expires = now + entry.ttl_left.min(self.ttl);
@@ -241,17 +268,36 @@ impl Cache {
             expires,
             serial,
         };
-        self.entries.insert(k, entry);
+        self.entries
+            .insert_unique(k.hash, (k, entry), |(k, _)| k.hash);
         serial
+    }
+
+    fn get(&self, k: &Key) -> Option<&Entry> {
+        self.entries
+            .find(k.hash, |(held, _)| held.is(k))
+            .map(|(_, e)| e)
+    }
+
+    fn get_mut(&mut self, k: &Key) -> Option<&mut Entry> {
+        self.entries
+            .find_mut(k.hash, |(held, _)| held.is(k))
+            .map(|(_, e)| e)
+    }
+
+    fn remove(&mut self, k: &Key) {
+        if let Ok(held) = self.entries.find_entry(k.hash, |(held, _)| held.is(k)) {
+            held.remove();
+        }
     }
 
     fn expire(&mut self, now: Instant) {
         while let Some((key, serial)) = self.order.front() {
-            match self.entries.get(key) {
+            match self.get(key) {
                 Some(e) if e.serial == *serial && e.expires > now => return,
                 Some(e) if e.serial == *serial => {
                     let key = key.clone();
-                    self.entries.remove(&key);
+                    self.remove(&key);
                 }
                 _ => {}
             }
@@ -262,8 +308,8 @@ impl Cache {
     /// Removes the oldest live entry; false when there is none.
     fn evict_oldest(&mut self) -> bool {
         while let Some((key, serial)) = self.order.pop_front() {
-            if self.entries.get(&key).is_some_and(|e| e.serial == serial) {
-                self.entries.remove(&key);
+            if self.get(&key).is_some_and(|e| e.serial == serial) {
+                self.remove(&key);
                 return true;
             }
         }
@@ -286,7 +332,7 @@ impl Reservation {
             return;
         };
         let mut cache = self.cache.lock();
-        if let Some(entry) = cache.entries.get_mut(&key).filter(|e| e.serial == serial) {
+        if let Some(entry) = cache.get_mut(&key).filter(|e| e.serial == serial) {
             entry.slot = Outcome::Done(answer.clone());
         }
     }
@@ -296,8 +342,8 @@ impl Drop for Reservation {
     fn drop(&mut self) {
         if let Some((key, serial)) = self.key.take() {
             let mut cache = self.cache.lock();
-            if cache.entries.get(&key).is_some_and(|e| e.serial == serial) {
-                cache.entries.remove(&key);
+            if cache.get(&key).is_some_and(|e| e.serial == serial) {
+                cache.remove(&key);
             }
         }
     }
