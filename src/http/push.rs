@@ -130,6 +130,10 @@ pub(super) async fn post_only(method: Method, uri: Uri) -> Response {
     response
 }
 
+/// The value of a header that may be sent once, if sent. Two or more are a `400`:
+/// which one counts would be a guess, and proxies guess differently (one keeps the
+/// first, another the last), so a key or a token could mean one thing to a proxy and
+/// another here. The name is a `HeaderName`, not text: text is parsed on every lookup.
 fn single<'a>(
     headers: &'a HeaderMap,
     name: &HeaderName,

@@ -203,8 +203,8 @@ struct Conn {
     wake: Arc<Notify>,
     shared: Arc<Shared>,
     metrics: Arc<Metrics>,
-    /// How long after finding a request in flight it looks at its deadline again (the
-    /// idle timeout; see the loop in `serve`).
+    /// The longest its loop waits before it looks at the table again (the idle
+    /// timeout; see the loop in `serve`).
     look_again: Duration,
 }
 

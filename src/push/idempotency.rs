@@ -57,8 +57,11 @@ impl Key {
             hash,
         }
     }
+}
 
-    fn is(&self, other: &Key) -> bool {
+impl PartialEq for Key {
+    /// The hash first: it differs for almost every other key.
+    fn eq(&self, other: &Key) -> bool {
         self.hash == other.hash
             && self.key == other.key
             && self.terminal == other.terminal
@@ -275,18 +278,18 @@ impl Cache {
 
     fn get(&self, k: &Key) -> Option<&Entry> {
         self.entries
-            .find(k.hash, |(held, _)| held.is(k))
+            .find(k.hash, |(held, _)| **held == *k)
             .map(|(_, e)| e)
     }
 
     fn get_mut(&mut self, k: &Key) -> Option<&mut Entry> {
         self.entries
-            .find_mut(k.hash, |(held, _)| held.is(k))
+            .find_mut(k.hash, |(held, _)| **held == *k)
             .map(|(_, e)| e)
     }
 
     fn remove(&mut self, k: &Key) {
-        if let Ok(held) = self.entries.find_entry(k.hash, |(held, _)| held.is(k)) {
+        if let Ok(held) = self.entries.find_entry(k.hash, |(held, _)| **held == *k) {
             held.remove();
         }
     }
