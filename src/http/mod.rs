@@ -115,8 +115,10 @@ impl Routes {
     fn answer(&mut self, request: Request) -> impl Future<Output = Response> + Send + 'static {
         use futures::future::{Either, FutureExt};
         use tower_service::Service;
-        if request.method() == Method::POST && push::push_target(request.uri().path()).is_some() {
-            return Either::Left(push::serve_push(self.state.clone(), request));
+        if request.method() == Method::POST {
+            if let Some(terminal) = push::push_terminal(request.uri().path()) {
+                return Either::Left(push::serve_push(self.state.clone(), terminal, request));
+            }
         }
         let routed = self.router.call(request);
         Either::Right(routed.map(|answer| match answer {

@@ -7,6 +7,8 @@
 //! [`Answer`]s into responses; what happens to a push is `crate::push`. Checks run
 //! cheapest first, and an announced oversize body is refused before any of it is read.
 
+use std::borrow::Cow;
+use std::str::Utf8Error;
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
@@ -92,7 +94,7 @@ fn authenticate(state: &HttpState, headers: &HeaderMap) -> Result<Caller, Refuse
 /// The `{id}` segment, still percent-encoded, of a path that [`PUSH_ROUTE`] matches;
 /// `None` for any other path. What the router matches: one segment, even an empty one
 /// (which the handler refuses as a bad id).
-pub(super) fn push_target(path: &str) -> Option<&str> {
+fn push_target(path: &str) -> Option<&str> {
     let (prefix, suffix) = PUSH_ROUTE
         .split_once("{id}")
         .expect("the push route has an {id} segment");
@@ -100,10 +102,21 @@ pub(super) fn push_target(path: &str) -> Option<&str> {
     (!id.contains('/')).then_some(id)
 }
 
-/// `POST /v1/terminals/{id}/push` ahead of the router ([`super::Routes`]), `id` from
-/// [`push_target`]: the head's limits and the bearer token are checked first, as the
-/// router's layers check them for every other route, then [`push`].
-pub(super) async fn serve_push(state: Arc<HttpState>, request: Request) -> Response {
+/// The terminal a push to `path` is for, when `path` is the push route: its `{id}`
+/// segment decoded as the router's `Path` extractor decodes one (`Err` when that is not
+/// UTF-8, which [`serve_push`] answers only after the caller is authenticated).
+pub(super) fn push_terminal(path: &str) -> Option<Result<String, Utf8Error>> {
+    push_target(path).map(|id| percent_decode_str(id).decode_utf8().map(Cow::into_owned))
+}
+
+/// `POST /v1/terminals/{id}/push` ahead of the router ([`super::Routes`]), `terminal`
+/// from [`push_terminal`]: the head's limits and the bearer token are checked first, as
+/// the router's layers check them for every other route, then [`push`].
+pub(super) async fn serve_push(
+    state: Arc<HttpState>,
+    terminal: Result<String, Utf8Error>,
+    request: Request,
+) -> Response {
     if let Some(refused) = check_head(&request) {
         return refused;
     }
@@ -111,13 +124,10 @@ pub(super) async fn serve_push(state: Arc<HttpState>, request: Request) -> Respo
         Ok(caller) => caller,
         Err(refused) => return refused.response(),
     };
-    let id = push_target(request.uri().path()).expect("routed here by push_target");
-    // Decoded as the router's `Path` extractor decodes a segment.
-    let terminal = match percent_decode_str(id).decode_utf8() {
-        Ok(terminal) => terminal.into_owned(),
-        Err(_) => return error(ErrorCode::InvalidRequest, BAD_ID),
-    };
-    push(state, caller, terminal, request).await
+    match terminal {
+        Ok(terminal) => push(state, caller, terminal, request).await,
+        Err(_) => error(ErrorCode::InvalidRequest, BAD_ID),
+    }
 }
 
 /// Any method but `POST` on the push route (a `POST` never reaches the router:
@@ -424,13 +434,12 @@ mod tests {
             let request = Request::post(path).body(Body::empty()).unwrap();
             let answer = router.clone().call(request).await.unwrap();
             let routed = answer.status() == StatusCode::OK;
-            assert_eq!(push_target(path).is_some(), routed, "{path}");
-            if let Some(id) = push_target(path) {
+            assert_eq!(push_terminal(path).is_some(), routed, "{path}");
+            if let Some(terminal) = push_terminal(path) {
                 let body = axum::body::to_bytes(answer.into_body(), 1024)
                     .await
                     .unwrap();
-                let decoded = percent_decode_str(id).decode_utf8().unwrap();
-                assert_eq!(decoded.as_bytes(), &body[..], "{path}");
+                assert_eq!(terminal.unwrap().as_bytes(), &body[..], "{path}");
             }
         }
     }
