@@ -2,7 +2,8 @@
 //! `ConnectionLimits`) over real sockets: a connection that brings no request head, or
 //! stays without a request, is closed; a full listener makes room by closing the
 //! connection that has waited longest without a request, so a probe still gets in; an
-//! HTTP/2 connection is told the stream limit; the counts are in `/metrics`.
+//! HTTP/2 connection is told the stream limit; a request begun during the shutdown
+//! grace is answered; the counts are in `/metrics`.
 //!
 //! The slowloris of 2,000 connections against a whole `posgate serve` process with its
 //! terminals is in `slowloris.rs`.
@@ -208,4 +209,34 @@ async fn an_http2_connection_is_told_the_stream_limit() {
     let (response, _) = client.send_request(request, true).unwrap();
     assert_eq!(response.await.unwrap().status(), 200);
     assert_eq!(client.current_max_send_streams(), 7);
+}
+
+/// A request whose head was on its way when the pod began shutting down is answered,
+/// though it ends after the shutdown grace (1 s): the grace is for connections without
+/// a request, not a cut-off for one that began within it.
+#[tokio::test]
+async fn a_request_begun_during_the_shutdown_grace_is_answered() {
+    let server = Server::start(None).await;
+    let mut tcp = open(
+        &server.base,
+        b"POST /v1/terminals/pos-1/push HTTP/1.1\r\nhost: x\r\n",
+    )
+    .await;
+    let stopping = tokio::spawn(server.stop());
+    // The shutdown reaches the connection while its head is incomplete.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The head ends, and the body never does: the request takes the body read timeout
+    // (1 s), so it is still in flight when the grace runs out.
+    tcp.write_all(b"content-type: application/json\r\ncontent-length: 100\r\n\r\n{\"partial\"")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut answer));
+    read.await.expect("the server answers or closes").ok();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 408"),
+        "answered {answer:?} (empty: dropped at the end of the grace)"
+    );
+    stopping.await.unwrap();
 }

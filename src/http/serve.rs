@@ -276,7 +276,16 @@ impl Conn {
                         _ => {}
                     }
                 }
-                _ = phase.expired() => break,
+                _ = phase.expired() => {
+                    // A request may have begun during the grace (its head was on the
+                    // way when the GOAWAY or the shutdown came): it finishes like one
+                    // in flight at shutdown. The connection is not polled here, so no
+                    // request can begin between this look and the break.
+                    match self.shared.lock().table.poll_deadline(self.id) {
+                        Deadline::InRequest => phase = Phase::Closing { until: None },
+                        _ => break,
+                    }
+                }
             }
         }
         {
