@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const CLUSTER_MARK: &str = "# needs a Kubernetes cluster";
-const LOADTEST_BINS: [&str; 3] = ["posgate-load", "conn-bench", "pos-sim"];
+const LOADTEST_BINS: [&str; 4] = ["posgate-load", "conn-bench", "pos-sim", "wire-dial"];
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
