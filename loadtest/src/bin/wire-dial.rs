@@ -50,6 +50,10 @@ use tokio_rustls::TlsConnector;
 
 type Fallible<T> = Result<T, Box<dyn Error + Send + Sync>>;
 
+/// Bound of one dial, through the hello: a floor that needed a retry would not be one,
+/// so a slower dial ends the run with an error (the pods' `--dial-timeout` is 5 s).
+const DIAL_LIMIT: Duration = Duration::from_secs(30);
+
 #[derive(Parser, Clone)]
 struct Args {
     /// Where the farms (calibration and dialed) keep their files.
@@ -214,7 +218,7 @@ async fn dialer(args: &Args, k: usize) -> Fallible<()> {
         let permit = in_flight.clone().acquire_owned().await?;
         let (connector, terminals, ids) = (connector.clone(), terminals.clone(), ids.clone());
         let (held_tx, hello, pod) = (held_tx.clone(), args.hello, format!("pod-{k}"));
-        dials.spawn(async move {
+        dials.spawn(tokio::time::timeout(DIAL_LIMIT, async move {
             let (addr, name) = &terminals[i];
             let tcp = TcpStream::connect(addr.as_str()).await?;
             tcp.set_nodelay(true)?;
@@ -243,13 +247,14 @@ async fn dialer(args: &Args, k: usize) -> Fallible<()> {
             drop(permit);
             let _ = held_tx.send(Box::new(send) as Box<dyn std::any::Any + Send>);
             Ok(())
-        });
+        }));
     }
     let mut connections = Vec::with_capacity(mine.len());
     while connections.len() < mine.len() {
         tokio::select! {
             Some(connection) = held.recv() => connections.push(connection),
-            Some(done) = dials.join_next() => done??,
+            Some(done) = dials.join_next() => done?
+                .map_err(|_| format!("a dial took longer than {DIAL_LIMIT:?}"))??,
         }
     }
     let elapsed = start.elapsed().as_secs_f64();
