@@ -25,6 +25,7 @@ use posgate_loadtest::load::{
     cluster::{Cluster, Profile},
     measure::run_scenario,
     pods::Release,
+    procs,
     report::{markdown, ScenarioReport},
     scenarios::Scenario,
     upgrade::check_serve_flags,
@@ -215,10 +216,7 @@ async fn run(
     let upgrading = list.contains(&Scenario::RollingUpgrade);
     let pos_sim = match &args.pos_sim {
         Some(p) => p.clone(),
-        None => std::env::current_exe()?
-            .parent()
-            .context("binary directory")?
-            .join("pos-sim"),
+        None => procs::beside_this_binary("pos-sim")?,
     };
     if !charts::ENABLED {
         eprintln!("charts: off ({})", charts::ChartError::Disabled);

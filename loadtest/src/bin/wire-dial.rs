@@ -95,10 +95,7 @@ async fn main() -> Fallible<()> {
 async fn run(args: &Args) -> Fallible<()> {
     let pos_sim = match &args.pos_sim {
         Some(p) => p.clone(),
-        None => std::env::current_exe()?
-            .parent()
-            .ok_or("no directory holds this binary")?
-            .join("pos-sim"),
+        None => procs::beside_this_binary("pos-sim")?,
     };
     let window = calibrate::Window::COLD_START;
     let h = calibrate::handshake_rate(&pos_sim, &args.dir.join("calibration"), window).await?;

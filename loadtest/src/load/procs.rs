@@ -3,7 +3,7 @@
 //! is dropped, so every exit path of the runner cleans up.
 
 use std::{
-    path::Path,
+    path::{Path, PathBuf},
     process::{ExitStatus, Stdio},
     time::Duration,
 };
@@ -140,6 +140,19 @@ pub fn cpu_ticks_of(pid: &str) -> Option<u64> {
     let utime: u64 = fields.get(11)?.parse().ok()?;
     let stime: u64 = fields.get(12)?.parse().ok()?;
     Some(utime + stime)
+}
+
+/// `name` in the running binary's directory: where cargo puts the workspace's other
+/// binaries (`pos-sim` beside `posgate-load` and `wire-dial`).
+pub fn beside_this_binary(name: &str) -> std::io::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let dir = exe.parent().ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("{} has no directory", exe.display()),
+        )
+    })?;
+    Ok(dir.join(name))
 }
 
 /// CPU clock ticks per second (`getconf CLK_TCK` is 100 on Linux).
