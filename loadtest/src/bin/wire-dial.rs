@@ -134,8 +134,8 @@ async fn run(args: &Args) -> Fallible<()> {
             .await?
             .ok_or_else(|| format!("dialer {k} ended without its figure"))?;
         last = last.max(start.elapsed());
-        let (_, cpu_s) = line
-            .split_once(" cpu ")
+        let cpu_s = line
+            .strip_prefix("cpu ")
             .ok_or_else(|| format!("dialer {k}: {line}"))?;
         cpu += cpu_s.parse::<f64>()?;
     }
@@ -188,18 +188,12 @@ async fn run(args: &Args) -> Fallible<()> {
     Ok(())
 }
 
-/// Dials every `dialers`-th terminal from the `k`-th, prints `<seconds> cpu <seconds>`
-/// once all are up, and holds them until stdin closes.
+/// Dials every `dialers`-th terminal from the `k`-th, prints `cpu <seconds>` (its own
+/// CPU time) once all are up, and holds them until stdin closes. The parent times the
+/// run on its own clock, from spawning the dialers to the last line.
 async fn dialer(args: &Args, k: usize) -> Fallible<()> {
     let csv = args.dir.join("terminals.csv");
     let terminals = calibrate::terminal_addrs(&csv)?;
-    let ids: Arc<Vec<String>> = Arc::new(
-        std::fs::read_to_string(&csv)?
-            .lines()
-            .skip(1)
-            .filter_map(|line| line.split(',').next().map(str::to_string))
-            .collect(),
-    );
     let connector = TlsConnector::from(calibrate::client_config(&args.dir.join("ca.pem"))?);
     let mine: Vec<usize> = (k..terminals.len()).step_by(args.dialers).collect();
     let in_flight = Arc::new(Semaphore::new(args.in_flight));
@@ -209,17 +203,16 @@ async fn dialer(args: &Args, k: usize) -> Fallible<()> {
     pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let (held_tx, mut held) = mpsc::unbounded_channel();
     let mut dials = JoinSet::new();
-    let start = Instant::now();
     for &i in &mine {
         pace.tick().await;
         let permit = in_flight.clone().acquire_owned().await?;
-        let (connector, terminals, ids) = (connector.clone(), terminals.clone(), ids.clone());
+        let (connector, terminals) = (connector.clone(), terminals.clone());
         let (held_tx, hello, pod) = (held_tx.clone(), args.hello, format!("pod-{k}"));
         dials.spawn(tokio::time::timeout(DIAL_LIMIT, async move {
-            let (addr, name) = &terminals[i];
-            let tcp = TcpStream::connect(addr.as_str()).await?;
+            let terminal = &terminals[i];
+            let tcp = TcpStream::connect(terminal.addr.as_str()).await?;
             tcp.set_nodelay(true)?;
-            let tls = connector.connect(name.clone(), tcp).await?;
+            let tls = connector.connect(terminal.name.clone(), tcp).await?;
             if !hello {
                 drop(permit);
                 let _ = held_tx.send(Box::new(tls) as Box<dyn std::any::Any + Send>);
@@ -229,13 +222,13 @@ async fn dialer(args: &Args, k: usize) -> Fallible<()> {
                 hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
                     .await?;
             tokio::spawn(conn);
-            let ServerName::DnsName(host) = name else {
+            let ServerName::DnsName(host) = &terminal.name else {
                 return Err(format!("terminal {i}: not a DNS name").into());
             };
             let request = http::Request::post(format!("https://{}/hello", host.as_ref()))
                 .header(pos_sim::H_EPOCH, 1)
                 .header(pos_sim::H_POD, pod)
-                .header(pos_sim::H_TERMINAL, ids[i].as_str())
+                .header(pos_sim::H_TERMINAL, terminal.id.as_str())
                 .body(Empty::<bytes::Bytes>::new())?;
             let answer = send.send_request(request).await?;
             if !answer.status().is_success() {
@@ -254,9 +247,8 @@ async fn dialer(args: &Args, k: usize) -> Fallible<()> {
                 .map_err(|_| format!("a dial took longer than {DIAL_LIMIT:?}"))??,
         }
     }
-    let elapsed = start.elapsed().as_secs_f64();
     let cpu = procs::cpu_ticks_of("self").ok_or("/proc/self/stat not read")?;
-    println!("{elapsed:.2} cpu {:.2}", cpu as f64 / procs::CLOCK_TICKS);
+    println!("cpu {:.2}", cpu as f64 / procs::CLOCK_TICKS);
     // Hold until the parent closes stdin (or exits).
     let mut stdin = BufReader::new(tokio::io::stdin()).lines();
     while stdin.next_line().await?.is_some() {}

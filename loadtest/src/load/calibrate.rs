@@ -123,8 +123,18 @@ pub async fn handshake_rate(
     rate
 }
 
-/// The terminals to dial: `(address, server name)` of each.
-pub type TerminalAddrs = Arc<Vec<(String, ServerName<'static>)>>;
+/// One terminal of a farm's CSV.
+#[derive(Debug, Clone)]
+pub struct FarmTerminal {
+    pub id: String,
+    /// `ip:port` to dial.
+    pub addr: String,
+    /// The name its certificate is for (SNI).
+    pub name: ServerName<'static>,
+}
+
+/// The terminals to dial.
+pub type TerminalAddrs = Arc<Vec<FarmTerminal>>;
 
 /// The terminals of a farm's CSV (`id,addr,server_name`).
 pub fn terminal_addrs(csv: &Path) -> Result<TerminalAddrs, LoadError> {
@@ -133,7 +143,7 @@ pub fn terminal_addrs(csv: &Path) -> Result<TerminalAddrs, LoadError> {
     let mut out = Vec::new();
     for line in text.lines().skip(1) {
         let mut fields = line.split(',');
-        let (Some(_), Some(addr), Some(name)) = (fields.next(), fields.next(), fields.next())
+        let (Some(id), Some(addr), Some(name)) = (fields.next(), fields.next(), fields.next())
         else {
             return Err(LoadError::Plan(format!(
                 "malformed line in {}: {line}",
@@ -142,7 +152,11 @@ pub fn terminal_addrs(csv: &Path) -> Result<TerminalAddrs, LoadError> {
         };
         let name = ServerName::try_from(name.to_string())
             .map_err(|e| LoadError::Plan(format!("server name {name}: {e}")))?;
-        out.push((addr.to_string(), name));
+        out.push(FarmTerminal {
+            id: id.to_string(),
+            addr: addr.to_string(),
+            name,
+        });
     }
     if out.is_empty() {
         return Err(LoadError::Plan(format!(
@@ -192,11 +206,11 @@ pub async fn measure(
         dialers.spawn(async move {
             while Instant::now() < until {
                 let i = next.fetch_add(1, Ordering::Relaxed) as usize % terminals.len();
-                let (addr, name) = &terminals[i];
+                let terminal = &terminals[i];
                 let dial = async {
-                    let tcp = TcpStream::connect(addr.as_str()).await?;
+                    let tcp = TcpStream::connect(terminal.addr.as_str()).await?;
                     tcp.set_nodelay(true)?;
-                    connector.connect(name.clone(), tcp).await
+                    connector.connect(terminal.name.clone(), tcp).await
                 };
                 match tokio::time::timeout(HANDSHAKE_LIMIT, dial).await {
                     Ok(Ok(_tls)) => {
