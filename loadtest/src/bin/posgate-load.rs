@@ -21,8 +21,9 @@ use std::{
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use posgate_loadtest::load::{
-    alerts, calibrate, charts,
+    alerts, analysis, calibrate, charts,
     cluster::{Cluster, Profile},
+    floor,
     measure::run_scenario,
     pods::Release,
     procs,
@@ -238,6 +239,30 @@ async fn run(
         }
         false => None,
     };
+    // Then the same dials without posgate (`wire-dial`'s dialers, with the hello), which
+    // the cold start is reported against: the protocol's own cost on this machine.
+    let floor = match &handshake_rate {
+        Some(h) => {
+            let plan = floor::Plan {
+                dialers: profile.pods,
+                terminals: profile.terminals,
+                dial_rate: profile.dial_rate,
+                in_flight: profile.dial_concurrency,
+                hello: true,
+            };
+            let wire_dial = procs::beside_this_binary("wire-dial")?;
+            let f = floor::run(&wire_dial, &pos_sim, &dir.join("floor"), &plan).await?;
+            let t = analysis::cold_start_t(
+                profile.terminals,
+                profile.pods as u64,
+                profile.dial_rate,
+                h.per_s(),
+            );
+            eprintln!("floor: {}", f.describe(t));
+            Some(f)
+        }
+        None => None,
+    };
     let mut cluster = Cluster::setup(
         profile.clone(),
         &args.posgate,
@@ -248,6 +273,7 @@ async fn run(
     )
     .await?;
     cluster.handshake_rate = handshake_rate;
+    cluster.floor = floor;
     if old.is_some() {
         check_serve_flags(&cluster.plan, Release::Previous).await?;
     }

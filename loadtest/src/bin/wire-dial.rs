@@ -4,14 +4,16 @@
 //! `posgate-load --full cold-start` judges 20 pods dialing 50,000 terminals against
 //! `1.2 x T + 5 s`, with `T = terminals / H` and H calibrated by one client process with
 //! 128 handshakes in flight (`load::calibrate`). This tool runs the same calibration,
-//! then the cold start's shape with nothing of posgate in it: `--dialers` processes (one
-//! per pod), each dialing every `dialers`-th terminal of a fresh farm of `--terminals`
-//! at `--dial-rate` with `--in-flight` handshakes at most (the pods' defaults), and
-//! holding every connection, as a pod does. With `--hello` each dial also does what a
-//! pod's does on the wire after TLS: the HTTP/2 handshake (hyper's client) and
-//! `POST /hello`, answered 200 by the terminal. It prints when the last dialer was done,
-//! as a multiple of T, and checks with the farm's own counters that every terminal is
-//! connected (and, with `--hello`, has its hello accepted) before it believes the figure.
+//! then the cold start's shape with nothing of posgate in it (`load::floor`):
+//! `--dialers` processes of this binary (one per pod; the hidden `--dialer k` mode
+//! below), each dialing every `dialers`-th terminal of a fresh farm of `--terminals` at
+//! `--dial-rate` with `--in-flight` handshakes at most (the pods' defaults), and holding
+//! every connection, as a pod does. With `--hello` each dial also does what a pod's does
+//! on the wire after TLS: the HTTP/2 handshake (hyper's client) and `POST /hello`,
+//! answered 200 by the terminal. It prints when the last dialer was done, as a multiple
+//! of T, once the farm's own counters agree that every terminal is connected (and, with
+//! `--hello`, has its hello accepted). `posgate-load` runs the same floor (with the
+//! hello) before the pods of every cold start and reports the cold start against it.
 //!
 //! So the gap between H and the judged run splits in three: bare TLS handshakes dialed
 //! by 20 processes (what the topology costs), HTTP/2 and the hello (what the protocol
@@ -24,19 +26,13 @@
 //! target/release/wire-dial --dir /tmp/wire --hello
 //! ```
 
-use std::{
-    error::Error,
-    path::PathBuf,
-    process::Stdio,
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::{error::Error, path::PathBuf, sync::Arc, time::Duration};
 
 use clap::Parser;
 use http_body_util::Empty;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use posgate_loadtest::{
-    load::{calibrate, procs, sims::SimFarm},
+    load::{analysis, calibrate, floor, procs},
     pos_sim,
 };
 use rustls::pki_types::ServerName;
@@ -83,15 +79,23 @@ struct Args {
 }
 
 #[tokio::main]
-async fn main() -> Fallible<()> {
+async fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    match args.dialer {
+    let ran = match args.dialer {
         Some(k) => dialer(&args, k).await,
         None => run(&args).await,
+    };
+    match ran {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("wire-dial: {e}");
+            std::process::ExitCode::FAILURE
+        }
     }
 }
 
-/// Calibrates H, starts the farm, runs the dialers, prints the figure.
+/// Calibrates H, then measures the floor (`load::floor`: a fresh farm, this binary's
+/// dialer mode in `--dialers` processes) and prints it against T.
 async fn run(args: &Args) -> Fallible<()> {
     let pos_sim = match &args.pos_sim {
         Some(p) => p.clone(),
@@ -100,91 +104,23 @@ async fn run(args: &Args) -> Fallible<()> {
     let window = calibrate::Window::COLD_START;
     let h = calibrate::handshake_rate(&pos_sim, &args.dir.join("calibration"), window).await?;
     println!("H = {}", h.describe());
-    let farm_dir = args.dir.join("farm");
-    std::fs::create_dir_all(&farm_dir)?;
-    let farm = SimFarm::start(&pos_sim, args.terminals, &farm_dir).await?;
+    let plan = floor::Plan {
+        dialers: args.dialers,
+        terminals: args.terminals,
+        dial_rate: u64::from(args.dial_rate),
+        in_flight: args.in_flight,
+        hello: args.hello,
+    };
     let me = std::env::current_exe()?;
-    let start = Instant::now();
-    let mut dialers = Vec::new();
-    for k in 0..args.dialers {
-        let mut cmd = tokio::process::Command::new(&me);
-        cmd.arg("--dir")
-            .arg(&farm_dir)
-            .args(["--dialers", &args.dialers.to_string()])
-            .args(["--dial-rate", &args.dial_rate.to_string()])
-            .args(["--in-flight", &args.in_flight.to_string()])
-            .args(["--dialer", &k.to_string()])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .kill_on_drop(true);
-        if args.hello {
-            cmd.arg("--hello");
-        }
-        dialers.push(cmd.spawn()?);
-    }
-    // Each dialer prints one line once all its connections are up, then holds them
-    // until its stdin closes (below, when `dialers` drops), so the farm carries every
-    // connection to the end as it does in the cold start.
-    let (mut last, mut cpu) = (Duration::ZERO, 0.0);
-    for (k, child) in dialers.iter_mut().enumerate() {
-        let out = child.stdout.take().ok_or("a dialer without stdout")?;
-        let line = BufReader::new(out)
-            .lines()
-            .next_line()
-            .await?
-            .ok_or_else(|| format!("dialer {k} ended without its figure"))?;
-        last = last.max(start.elapsed());
-        let cpu_s = line
-            .strip_prefix("cpu ")
-            .ok_or_else(|| format!("dialer {k}: {line}"))?;
-        cpu += cpu_s.parse::<f64>()?;
-    }
-    // A TLS 1.3 client is done one flight before its server: the farm may count the
-    // last few connections a moment after the dialers report them.
-    let hellos_wanted = if args.hello { args.terminals } else { 0 };
-    let settled = Instant::now() + Duration::from_secs(5);
-    let (connected, hellos, failed) = loop {
-        let farm_saw = farm.counters().await?;
-        let count = |name: &str| farm_saw.get(name).copied().unwrap_or(0);
-        let seen = (
-            count("terminals_connected"),
-            count("sessions_accepted"),
-            count("handshakes_failed"),
-        );
-        if (seen.0, seen.1) == (args.terminals, hellos_wanted) || Instant::now() > settled {
-            break seen;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let floor = floor::run(&me, &pos_sim, &args.dir.join("farm"), &plan).await?;
+    let hellos = if floor.hello { floor.terminals } else { 0 };
     println!(
-        "farm: {connected} terminals connected, {hellos} hellos accepted, {failed} handshakes failed"
+        "farm: {} terminals connected, {hellos} hellos accepted, {} handshakes failed",
+        floor.terminals, floor.handshakes_failed
     );
-    if connected != args.terminals || hellos != hellos_wanted {
-        return Err(format!(
-            "the farm disagrees: {connected} of {} terminals connected, {hellos} hellos \
-             accepted ({hellos_wanted} sent)",
-            args.terminals
-        )
-        .into());
-    }
-    let t = args.terminals as f64 / h.per_s() as f64;
-    let what = if args.hello {
-        "TLS + HTTP/2 + hello"
-    } else {
-        "TLS only"
-    };
-    println!(
-        "{what}: {} terminals by {} dialers in {:.1} s = {:.2} x T (T = {t:.1} s, the \
-         cold-start bound 1.2 x T + 5 s = {:.1} s); dialers' CPU {cpu:.1} s, {:.3} ms per dial",
-        args.terminals,
-        args.dialers,
-        last.as_secs_f64(),
-        last.as_secs_f64() / t,
-        1.2 * t + 5.0,
-        cpu * 1_000.0 / args.terminals as f64,
-    );
-    drop(dialers);
-    drop(farm);
+    let dialers = args.dialers as u64;
+    let t = analysis::cold_start_t(args.terminals, dialers, plan.dial_rate, h.per_s());
+    println!("{}", floor.describe(t));
     Ok(())
 }
 

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
-use super::{observe::Owners, pushgen::PushRecord, sims::TerminalView};
+use super::{floor::Floor, observe::Owners, pushgen::PushRecord, sims::TerminalView};
 use crate::dist::dist;
 
 /// Per shard, how many times its owner pod changed across the observations (in order),
@@ -226,7 +226,7 @@ pub fn cold_start(
 ) -> (bool, String) {
     let by_rate = terminals as f64 / (pods * dial_rate).max(1) as f64;
     let by_cpu = terminals as f64 / handshakes.max(1) as f64;
-    let t = by_rate.max(by_cpu);
+    let t = cold_start_t(terminals, pods, dial_rate, handshakes);
     let bound = 1.2 * t + 5.0;
     let took = took.unwrap_or(f64::INFINITY);
     let detail = format!(
@@ -234,6 +234,31 @@ pub fn cold_start(
          {dial_rate}/s) = {by_rate:.1} s, {terminals} / {handshakes} handshakes/s = \
          {by_cpu:.1} s) = {t:.1} s",
         took / t
+    );
+    (took <= bound, detail)
+}
+
+/// T of the cold-start bound (`cold_start`): the slower of the dial limit and H.
+pub fn cold_start_t(terminals: u64, pods: u64, dial_rate: u64, handshakes: u64) -> f64 {
+    let by_rate = terminals as f64 / (pods * dial_rate).max(1) as f64;
+    let by_cpu = terminals as f64 / handshakes.max(1) as f64;
+    by_rate.max(by_cpu)
+}
+
+/// A cold start that converged after `took` seconds against the floor measured before
+/// its pods (`floor`): the same dials by processes that are not posgate. Within
+/// `1.2 x floor + 5 s` is what the H-based bound asks of posgate once the protocol's own
+/// cost on this machine is in the baseline. Reported, not gated: the issue's bound is
+/// `cold_start`'s.
+pub fn against_floor(took: Option<f64>, floor: &Floor) -> (bool, String) {
+    let bound = 1.2 * floor.took_s + 5.0;
+    let took = took.unwrap_or(f64::INFINITY);
+    let detail = format!(
+        "{took:.1} s, bound {bound:.1} s, {:.2} x the floor ({}: {:.1} s by {} dialers)",
+        took / floor.took_s,
+        floor.what(),
+        floor.took_s,
+        floor.dialers
     );
     (took <= bound, detail)
 }
@@ -269,6 +294,28 @@ mod tests {
         let (pass, why) = cold_start(Some(61.9), 50_000, 20, 200, 1_000);
         assert!(pass && why.contains("bound 65.0 s, 1.24 x T"), "{why}");
         assert!(!cold_start(None, 50_000, 20, 200, 1_000).0);
+    }
+
+    #[test]
+    fn a_cold_start_is_weighed_against_the_floor_of_its_run() {
+        let floor = Floor {
+            hello: true,
+            dialers: 20,
+            terminals: 50_000,
+            took_s: 25.0,
+            cpu_s: 40.0,
+            handshakes_failed: 0,
+        };
+        // Bound 1.2 x 25 + 5 = 35 s.
+        let (pass, why) = against_floor(Some(30.0), &floor);
+        assert!(pass, "{why}");
+        assert!(
+            why.contains("bound 35.0 s, 1.20 x the floor (TLS + HTTP/2 + hello: 25.0 s by 20"),
+            "{why}"
+        );
+        assert!(against_floor(Some(35.0), &floor).0);
+        assert!(!against_floor(Some(35.1), &floor).0);
+        assert!(!against_floor(None, &floor).0);
     }
     use crate::load::{
         pushgen::Attempt,

@@ -10,6 +10,7 @@ use std::{
 
 use super::{
     calibrate::HandshakeRate,
+    floor::Floor,
     http::{self, HttpClient},
     observe::{owners_of, Owners},
     pods::{import_directory, init_store, PodPlan, PodProc, PodStore, Release},
@@ -39,6 +40,8 @@ pub struct Profile {
     pub lease_ttl: Duration,
     pub member_ttl: Duration,
     pub dial_rate: u64,
+    /// Dials in flight per pod (`--dial-concurrency`), which the floor's dialers copy.
+    pub dial_concurrency: usize,
     pub push_rate: f64,
     pub push_timeout_ms: u64,
     /// How long redis-outage, single-pod-outage and partial-partition cut pods off from
@@ -77,6 +80,8 @@ impl Profile {
             "5s",
             "--dial-rate",
             "200",
+            "--dial-concurrency",
+            "64",
         ];
         Profile {
             name: "quick".into(),
@@ -87,6 +92,7 @@ impl Profile {
             lease_ttl: Duration::from_secs(3),
             member_ttl: Duration::from_secs(3),
             dial_rate: 200,
+            dial_concurrency: 64,
             push_rate: 50.0,
             push_timeout_ms: 5_000,
             outage: Duration::from_secs(12),
@@ -103,11 +109,15 @@ impl Profile {
             name: "full".into(),
             pods: 20,
             terminals: 50_000,
-            flags: vec!["--dial-rate".into(), "200".into()],
+            flags: ["--dial-rate", "200", "--dial-concurrency", "64"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
             pod_env: Vec::new(),
             lease_ttl: Duration::from_secs(15),
             member_ttl: Duration::from_secs(15),
             dial_rate: 200,
+            dial_concurrency: 64,
             push_rate: 100.0,
             push_timeout_ms: 5_000,
             outage: Duration::from_secs(60),
@@ -143,6 +153,9 @@ pub struct Cluster {
     /// H for the cold-start bound, measured before the pods (`calibrate`); set by the
     /// runner when the run has a cold start.
     pub handshake_rate: Option<HandshakeRate>,
+    /// The same dials without posgate, measured after H and before the pods (`floor`);
+    /// set by the runner when the run has a cold start.
+    pub floor: Option<Floor>,
     next_index: usize,
 }
 
@@ -201,6 +214,7 @@ impl Cluster {
             shard_terminals,
             init_took,
             handshake_rate: None,
+            floor: None,
             next_index: 0,
         })
     }

@@ -28,6 +28,10 @@ pub enum LoadError {
     /// A child process ended when it should not have.
     #[error("{what} exited early: {status}")]
     Exited { what: String, status: String },
+    /// The cold start's floor (`floor`) could not be measured: a dialer failed, or the
+    /// farm disagrees with what the dialers report.
+    #[error("the floor: {0}")]
+    Floor(String),
     /// The plan cannot run on this machine (limits) or was asked for something invalid.
     #[error("{0}")]
     Plan(String),

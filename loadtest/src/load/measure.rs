@@ -496,6 +496,11 @@ fn checks(c: &Cluster, sc: Scenario, r: &mut ScenarioReport) {
                 None => (false, "no handshake calibration (H) before the pods".into()),
             };
             r.check("cold start <= 1.2 x T + 5 s", false, pass, d);
+            r.floor = c.floor.clone();
+            if let Some(floor) = &c.floor {
+                let (pass, d) = analysis::against_floor(took, floor);
+                r.check("cold start <= 1.2 x the floor + 5 s", false, pass, d);
+            }
             let rt = r.steady_round_trips_per_pod_s.unwrap_or(f64::NAN);
             let d = format!("{rt:.2} round trips/s per pod");
             r.check(

@@ -21,6 +21,7 @@ pub mod cluster;
 pub mod dark;
 pub mod duplicates;
 mod error;
+pub mod floor;
 pub mod handover;
 pub mod host;
 pub mod http;

@@ -7,10 +7,11 @@ use serde::Serialize;
 
 use super::{
     alerts::{self, AlertReport},
-    analysis::{clock_jump_s, LatencyBucket},
+    analysis::{self, clock_jump_s, LatencyBucket},
     calibrate::HandshakeRate,
     dark::DarkTime,
     duplicates::DuplicateSummary,
+    floor::Floor,
     handover::{HandoverSummary, StaleCheck, Verdict},
     host::CpuShares,
     observe::Sample,
@@ -102,6 +103,9 @@ pub struct ScenarioReport {
     /// Cold start only: H, the machine's TLS handshake rate measured before the pods
     /// started (`calibrate`), which the cold-start bound is built on.
     pub handshake_rate: Option<HandshakeRate>,
+    /// Cold start only: the same dials without posgate, measured after H and before the
+    /// pods (`floor`).
+    pub floor: Option<Floor>,
     pub dial_rate_max_per_pod: BTreeMap<String, u64>,
     pub redis_commandstats: CommandStats,
     pub redis_round_trips_per_pod_s: f64,
@@ -277,6 +281,15 @@ pub fn markdown(header: &str, reports: &[ScenarioReport]) -> String {
                 "- H, TLS handshakes/s the machine sustains: {}",
                 h.describe()
             );
+            if let Some(f) = &r.floor {
+                let pods = r.pods_after as u64;
+                let t = analysis::cold_start_t(r.terminals, pods, r.dial_limit_per_s, h.per_s());
+                let _ = writeln!(
+                    md,
+                    "- the floor, the same dials without posgate before the pods: {}",
+                    f.describe(t)
+                );
+            }
         }
         let _ = writeln!(
             md,
