@@ -2,7 +2,8 @@
 //! test): (a) a push sent to the pod that owns the terminal (local delivery), (b) the
 //! same sent to another pod (one forwarding hop), (c) the baseline a user might pick
 //! instead: a fresh TCP + TLS + HTTP/2 connection, hello and push per push, straight to
-//! the terminal. Then the throughput one pod sustains for local pushes.
+//! the terminal. Then the throughput one pod sustains for local pushes, and two pods
+//! for forwarded ones.
 //!
 //! ```sh
 //! cargo run --release --example push_bench [-- PUSHES CONCURRENCY SECONDS [--base=R]]
@@ -173,6 +174,68 @@ fn threads_cpu_s(prefix: &str) -> Option<f64> {
     // USER_HZ is 100 on every Linux ABI Rust supports.
     Some(ticks as f64 / 100.0)
 }
+
+/// What one throughput step did: pushes answered `2xx` and not, and the pods' runtime
+/// CPU seconds meanwhile (when `/proc` says).
+struct Throughput {
+    ok: u64,
+    failed: u64,
+    pod_cpu: Option<f64>,
+}
+
+/// Pushes for `terminals` sent to the pod at `base`, `concurrency` at once, for
+/// `seconds`.
+async fn throughput(
+    http: &HttpClient,
+    terminals: &[String],
+    base: &str,
+    concurrency: usize,
+    seconds: u64,
+) -> anyhow::Result<Throughput> {
+    let done = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let terminals: Arc<Vec<String>> = Arc::new(terminals.to_vec());
+    let base: Arc<str> = base.into();
+    // Keys unique across steps: the idempotency cache would answer a repeated one.
+    let step = STEP.fetch_add(1, Ordering::Relaxed);
+    let pod_cpu_before = threads_cpu_s("pod-rt");
+    let mut tasks = Vec::new();
+    for w in 0..concurrency {
+        let (http, done, failed, terminals, base) = (
+            http.clone(),
+            done.clone(),
+            failed.clone(),
+            terminals.clone(),
+            base.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0usize;
+            while Instant::now() < deadline {
+                let t = &terminals[(w + n * concurrency) % terminals.len()];
+                let ok = api_push(&http, &base, t, &format!("tp{step}-{w}-{n}")).await;
+                let counter = if ok { &done } else { &failed };
+                counter.fetch_add(1, Ordering::Relaxed);
+                n += 1;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await?;
+    }
+    let pod_cpu = match (pod_cpu_before, threads_cpu_s("pod-rt")) {
+        (Some(before), Some(after)) => Some(after - before),
+        _ => None,
+    };
+    Ok(Throughput {
+        ok: done.load(Ordering::Relaxed),
+        failed: failed.load(Ordering::Relaxed),
+        pod_cpu,
+    })
+}
+
+/// Throughput steps run so far (their keys' prefix).
+static STEP: AtomicU64 = AtomicU64::new(0);
 
 /// As in the `posgate` binary (`src/bin/posgate/main.rs` says why jemalloc).
 #[global_allocator]
@@ -347,45 +410,22 @@ async fn run(pod_rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         (forwarded_p50.as_secs_f64() - local_p50.as_secs_f64()) * 1e3
     );
 
-    // Throughput: pushes to their owner pod only, `concurrency` at once.
-    let done = Arc::new(AtomicU64::new(0));
-    let failed = Arc::new(AtomicU64::new(0));
-    let deadline = Instant::now() + Duration::from_secs(seconds);
-    let targets: Arc<Vec<(String, String)>> = Arc::new(
-        ids.iter()
-            .filter(|t| owner_of(t) == Some(0))
-            .map(|t| (t.clone(), pods[0].1.clone()))
-            .collect(),
-    );
-    let pod_cpu_before = threads_cpu_s("pod-rt");
-    let mut tasks = Vec::new();
-    for w in 0..concurrency {
-        let (http, done, failed, targets) =
-            (http.clone(), done.clone(), failed.clone(), targets.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut n = 0usize;
-            while Instant::now() < deadline {
-                let (t, base) = &targets[(w + n * concurrency) % targets.len()];
-                let ok = api_push(&http, base, t, &format!("tp-{w}-{n}")).await;
-                let counter = if ok { &done } else { &failed };
-                counter.fetch_add(1, Ordering::Relaxed);
-                n += 1;
-            }
-        }));
-    }
-    for t in tasks {
-        t.await?;
-    }
-    let ok = done.load(Ordering::Relaxed);
-    let failed = failed.load(Ordering::Relaxed);
+    // Throughput: pushes for pod 0's terminals, `concurrency` at once, sent to pod 0
+    // (local), then to pod 1 (each forwarded to pod 0).
+    let owned: Vec<String> = ids
+        .iter()
+        .filter(|t| owner_of(t) == Some(0))
+        .cloned()
+        .collect();
+    let local = throughput(&http, &owned, &pods[0].1, concurrency, seconds).await?;
     println!(
-        "throughput, one pod, local pushes, {concurrency} at once for {seconds} s: {:.0} pushes/s ({failed} failed: {}) (target >= 10,000)",
-        ok as f64 / seconds as f64,
-        verdict(failed == 0)
+        "throughput, one pod, local pushes, {concurrency} at once for {seconds} s: {:.0} pushes/s ({} failed: {}) (target >= 10,000)",
+        local.ok as f64 / seconds as f64,
+        local.failed,
+        verdict(local.failed == 0)
     );
-    if let (Some(before), Some(after)) = (pod_cpu_before, threads_cpu_s("pod-rt")) {
-        let cpu = after - before;
-        let rate = ok as f64 / cpu.max(0.01);
+    if let Some(cpu) = local.pod_cpu {
+        let rate = local.ok as f64 / cpu.max(0.01);
         let against = match base_rate {
             Some(base) => format!(
                 " ({:.2} x the baseline's {base:.0}; bound >= 1.5 x: {})",
@@ -397,6 +437,24 @@ async fn run(pod_rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         println!(
             "pod runtime CPU during the throughput step: {cpu:.2} s over {seconds} s ({:.2} cores); {rate:.0} pushes per pod CPU-second{against}",
             cpu / seconds as f64,
+        );
+    }
+    // What most pushes cost in a cluster: with N pods, N - 1 of N arrive at a pod that
+    // does not own the terminal. Both pods' CPU counts (they share the runtime).
+    let forwarded = throughput(&http, &owned, &pods[1].1, concurrency, seconds).await?;
+    println!(
+        "throughput, forwarded pushes (pod 1 -> pod 0), {concurrency} at once for {seconds} s: {:.0} pushes/s ({} failed: {})",
+        forwarded.ok as f64 / seconds as f64,
+        forwarded.failed,
+        verdict(forwarded.failed == 0)
+    );
+    if let (Some(cpu), Some(local_cpu)) = (forwarded.pod_cpu, local.pod_cpu) {
+        let rate = forwarded.ok as f64 / cpu.max(0.01);
+        let local_rate = local.ok as f64 / local_cpu.max(0.01);
+        println!(
+            "pods' runtime CPU during the forwarded step: {cpu:.2} s ({:.2} cores); {rate:.0} forwarded pushes per CPU-second of both pods ({:.2} x the local figure)",
+            cpu / seconds as f64,
+            rate / local_rate,
         );
     }
     let c = farm.counters();
