@@ -27,7 +27,9 @@ mod serve;
 mod status_page;
 pub mod tls;
 
+use std::borrow::Cow;
 use std::future::Future;
+use std::str::Utf8Error;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -39,7 +41,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use axum::{middleware, Json, Router};
 use bytes::{Bytes, BytesMut};
+use futures::future::BoxFuture;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
+use percent_encoding::percent_decode_str;
 use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -90,11 +94,12 @@ impl HttpState {
     }
 }
 
-/// What answers the pod's requests: a `POST` to [`api::PUSH_ROUTE`] goes straight to
-/// its handler, every other request through the router. Pushes are the one route with a
-/// rate: the router's path for them (matching, the edge and token layers, extractors,
-/// their boxed futures) was ~10% of a pod's instructions per push. The handler checks
-/// what those layers check, first (`push::serve_push`).
+/// What answers the pod's requests: a `POST` to [`api::PUSH_ROUTE`] or to the peer
+/// protocol's [`wire::PUSH_ROUTE`] goes straight to its handler, every other request
+/// through the router. Pushes are the routes with a rate: the router's path for them
+/// (matching, the edge and token or signature layers, extractors, their boxed futures)
+/// was ~10% of a pod's instructions per push. Each handler checks what those layers
+/// check, first (`push::serve_push`, `internal::serve_forwarded`).
 #[derive(Clone)]
 pub struct Routes {
     state: Arc<HttpState>,
@@ -111,21 +116,42 @@ impl Routes {
         }
     }
 
-    /// The answer to `request`.
-    fn answer(&mut self, request: Request) -> impl Future<Output = Response> + Send + 'static {
-        use futures::future::{Either, FutureExt};
+    /// The answer to `request`, boxed once here: a push's future is several KiB (it
+    /// holds every state of the delivery), and each move of it is a copy of all of it.
+    fn answer(&mut self, request: Request) -> BoxFuture<'static, Response> {
+        use futures::future::FutureExt;
         use tower_service::Service;
         if request.method() == Method::POST {
-            if let Some(terminal) = push::push_terminal(request.uri().path()) {
-                return Either::Left(push::serve_push(self.state.clone(), terminal, request));
+            let path = request.uri().path();
+            if let Some(terminal) = route_id(api::PUSH_ROUTE, path) {
+                return Box::pin(push::serve_push(self.state.clone(), terminal, request));
+            }
+            if let Some(terminal) = route_id(wire::PUSH_ROUTE, path) {
+                let state = self.state.clone();
+                return Box::pin(internal::serve_forwarded(state, terminal, request));
             }
         }
         let routed = self.router.call(request);
-        Either::Right(routed.map(|answer| match answer {
+        Box::pin(routed.map(|answer| match answer {
             Ok(response) => response,
             Err(never) => match never {},
         }))
     }
+}
+
+/// The `{id}` segment of `path` when `route` (a route with one `{id}` segment) matches
+/// it, decoded as the router's `Path` extractor decodes it (`Err` when that is not
+/// UTF-8, which the handlers answer only after the caller is authenticated). What the
+/// router matches: one segment, even an empty one unless it ends the path.
+fn route_id(route: &str, path: &str) -> Option<Result<String, Utf8Error>> {
+    let (prefix, suffix) = route
+        .split_once("{id}")
+        .expect("the route has an {id} segment");
+    let id = path.strip_prefix(prefix)?.strip_suffix(suffix)?;
+    // An empty segment that ends the path is no match (`/internal/v1/push/`).
+    let empty_last = id.is_empty() && suffix.is_empty();
+    (!id.contains('/') && !empty_last)
+        .then(|| percent_decode_str(id).decode_utf8().map(Cow::into_owned))
 }
 
 fn router(state: Arc<HttpState>) -> Router {
@@ -133,7 +159,8 @@ fn router(state: Arc<HttpState>) -> Router {
     // unknown `/internal/...` path is a plain 404.
     let internal = Router::new()
         .route(wire::STORE_REACHABLE_ROUTE, post(internal::store_reachable))
-        .route(wire::PUSH_ROUTE, post(internal::push))
+        // As on the public push route, a `POST` never reaches the router (`Routes`).
+        .route(wire::PUSH_ROUTE, any(push::post_only))
         .route(wire::TERMINAL_ROUTE, get(internal::terminal))
         .route(wire::SHARD_TERMINALS_ROUTE, get(cluster::shard_terminals))
         .route(wire::KEPT_ANSWERS_ROUTE, get(internal::kept_answers))
@@ -361,4 +388,61 @@ pub struct ReadyLatch {
     latched: AtomicBool,
     /// When readiness first saw every assigned shard served.
     served_at: OnceLock<Instant>,
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::body::Body;
+    use axum::extract::{Path, Request};
+    use axum::http::StatusCode;
+    use axum::routing::post;
+    use tower_service::Service;
+
+    use super::{api, route_id, wire};
+
+    /// The fast lane takes exactly the paths the router's push routes would match, and
+    /// its id is the segment the router's `Path` extractor would see.
+    #[tokio::test]
+    async fn route_id_matches_what_the_router_matches() {
+        let ids = [
+            "pos-1",
+            "a:b.c_d-e",
+            "a%2Fb",
+            "%70os",
+            "",
+            "a/b",
+            "%FF",
+            "a/",
+            "a%3Fb",
+        ];
+        for route in [api::PUSH_ROUTE, wire::PUSH_ROUTE] {
+            let router =
+                axum::Router::new().route(route, post(|Path(id): Path<String>| async move { id }));
+            let (prefix, suffix) = route.split_once("{id}").unwrap();
+            let mut paths: Vec<String> = ids
+                .iter()
+                .map(|id| format!("{prefix}{id}{suffix}"))
+                .collect();
+            paths.extend([
+                format!("/{prefix}a{suffix}"),
+                format!("{prefix}a{suffix}/"),
+                format!("{prefix}a{suffix}x"),
+                prefix.trim_end_matches('/').to_string(),
+                format!("{}a{suffix}", prefix.trim_end_matches('/')),
+            ]);
+            for path in &paths {
+                let request = Request::post(path.as_str()).body(Body::empty()).unwrap();
+                let answer = router.clone().call(request).await.unwrap();
+                let routed = answer.status() != StatusCode::NOT_FOUND;
+                assert_eq!(route_id(route, path).is_some(), routed, "{path}");
+                if let Some(Ok(terminal)) = route_id(route, path) {
+                    assert_eq!(answer.status(), StatusCode::OK, "{path}");
+                    let body = axum::body::to_bytes(answer.into_body(), 1024)
+                        .await
+                        .unwrap();
+                    assert_eq!(terminal.as_bytes(), &body[..], "{path}");
+                }
+            }
+        }
+    }
 }

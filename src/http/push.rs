@@ -7,7 +7,6 @@
 //! [`Answer`]s into responses; what happens to a push is `crate::push`. Checks run
 //! cheapest first, and an announced oversize body is refused before any of it is read.
 
-use std::borrow::Cow;
 use std::str::Utf8Error;
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
@@ -18,14 +17,13 @@ use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode,
 use axum::middleware::Next;
 use axum::response::Response;
 use axum::Extension;
-use percent_encoding::percent_decode_str;
 use rand::Rng;
 use serde::Deserialize;
 
 use super::caller::Caller;
 use super::errors::{check_head, method_not_allowed, respond};
 use super::{read_bounded, HttpState};
-use crate::api::{valid_key, valid_terminal_id, IDEMPOTENCY_KEY, PUSH_ROUTE, TIMEOUT_PARAM};
+use crate::api::{valid_key, valid_terminal_id, IDEMPOTENCY_KEY, TIMEOUT_PARAM};
 use crate::clock;
 use crate::credentials::ApiTokens;
 use crate::metrics::{GaugeUnit, Metrics};
@@ -91,26 +89,8 @@ fn authenticate(state: &HttpState, headers: &HeaderMap) -> Result<Caller, Refuse
     }
 }
 
-/// The `{id}` segment, still percent-encoded, of a path that [`PUSH_ROUTE`] matches;
-/// `None` for any other path. What the router matches: one segment, even an empty one
-/// (which the handler refuses as a bad id).
-fn push_target(path: &str) -> Option<&str> {
-    let (prefix, suffix) = PUSH_ROUTE
-        .split_once("{id}")
-        .expect("the push route has an {id} segment");
-    let id = path.strip_prefix(prefix)?.strip_suffix(suffix)?;
-    (!id.contains('/')).then_some(id)
-}
-
-/// The terminal a push to `path` is for, when `path` is the push route: its `{id}`
-/// segment decoded as the router's `Path` extractor decodes one (`Err` when that is not
-/// UTF-8, which [`serve_push`] answers only after the caller is authenticated).
-pub(super) fn push_terminal(path: &str) -> Option<Result<String, Utf8Error>> {
-    push_target(path).map(|id| percent_decode_str(id).decode_utf8().map(Cow::into_owned))
-}
-
 /// `POST /v1/terminals/{id}/push` ahead of the router ([`super::Routes`]), `terminal`
-/// from [`push_terminal`]: the head's limits and the bearer token are checked first, as
+/// from `super::route_id`: the head's limits and the bearer token are checked first, as
 /// the router's layers check them for every other route, then [`push`].
 pub(super) async fn serve_push(
     state: Arc<HttpState>,
@@ -406,41 +386,6 @@ mod tests {
             "?timeout_ms=1&timeout_ms=2",
         ] {
             assert!(deadline_of(&uri(bad)).is_err(), "{bad}");
-        }
-    }
-
-    /// The fast lane takes exactly the paths the router's push route would match, and
-    /// its id is the segment the router's `Path` extractor would see.
-    #[tokio::test]
-    async fn push_target_matches_what_the_router_matches() {
-        use axum::routing::post;
-        use tower_service::Service;
-        let router =
-            axum::Router::new().route(PUSH_ROUTE, post(|Path(id): Path<String>| async move { id }));
-        for path in [
-            "/v1/terminals/pos-1/push",
-            "/v1/terminals/a:b.c_d-e/push",
-            "/v1/terminals/a%2Fb/push",
-            "/v1/terminals/%70os/push",
-            "/v1/terminals//push",
-            "/v1/terminals/a/b/push",
-            "/v1/terminals/a/push/",
-            "/v1/terminals/a/pushx",
-            "/v1/terminals/push",
-            "/v1/terminals/a",
-            "//v1/terminals/a/push",
-            "/v1/terminalsa/push",
-        ] {
-            let request = Request::post(path).body(Body::empty()).unwrap();
-            let answer = router.clone().call(request).await.unwrap();
-            let routed = answer.status() == StatusCode::OK;
-            assert_eq!(push_terminal(path).is_some(), routed, "{path}");
-            if let Some(terminal) = push_terminal(path) {
-                let body = axum::body::to_bytes(answer.into_body(), 1024)
-                    .await
-                    .unwrap();
-                assert_eq!(terminal.unwrap().as_bytes(), &body[..], "{path}");
-            }
         }
     }
 }

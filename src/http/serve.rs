@@ -316,7 +316,7 @@ struct Requests {
 impl Service<Request<Incoming>> for Requests {
     type Response = axum::response::Response;
     type Error = std::convert::Infallible;
-    type Future = futures::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
+    type Future = Answering;
 
     fn poll_ready(
         &mut self,
@@ -331,12 +331,31 @@ impl Service<Request<Incoming>> for Requests {
             id: self.id,
             shared: self.shared.clone(),
         };
-        let answer = self.routes.answer(request.map(axum::body::Body::new));
-        Box::pin(async move {
-            let answer = answer.await;
-            drop(in_flight);
-            Ok(answer)
-        })
+        Answering {
+            answer: self.routes.answer(request.map(axum::body::Body::new)),
+            in_flight: Some(in_flight),
+        }
+    }
+}
+
+/// A request's answer on its way, and the request in flight until it is answered or
+/// dropped. Not an `async` block around the answer: that would be a second box, and a
+/// move of it.
+pub(super) struct Answering {
+    answer: futures::future::BoxFuture<'static, axum::response::Response>,
+    in_flight: Option<InFlight>,
+}
+
+impl std::future::Future for Answering {
+    type Output = Result<axum::response::Response, std::convert::Infallible>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let answer = std::task::ready!(self.answer.as_mut().poll(cx));
+        self.in_flight = None;
+        std::task::Poll::Ready(Ok(answer))
     }
 }
 

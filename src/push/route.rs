@@ -58,21 +58,25 @@ impl PushService {
                         Some(Miss::NotHere)
                     }
                 },
-                Target::Peer(owner) => match self.forward.push(&owner, &push, deadline).await {
-                    Forwarded::Answer(answer) => return (answer, "forwarded"),
-                    Forwarded::Moved => {
-                        debug!(shard, peer = %owner.pod, "owner moved; looking again");
-                        Some(Miss::Moved)
+                // Boxed: only a forward needs its state; inline, it would make every
+                // push's future larger, and a local push's is copied whole into its box.
+                Target::Peer(owner) => {
+                    match Box::pin(self.forward.push(&owner, &push, deadline)).await {
+                        Forwarded::Answer(answer) => return (answer, "forwarded"),
+                        Forwarded::Moved => {
+                            debug!(shard, peer = %owner.pod, "owner moved; looking again");
+                            Some(Miss::Moved)
+                        }
+                        Forwarded::NotSent(why) => {
+                            debug!(shard, peer = %owner.pod, %why, "owner unreachable; looking again");
+                            Some(Miss::NotSent)
+                        }
+                        Forwarded::Unknown(why) => {
+                            debug!(shard, peer = %owner.pod, %why, "forwarded push outcome unknown");
+                            Some(Miss::Unknown)
+                        }
                     }
-                    Forwarded::NotSent(why) => {
-                        debug!(shard, peer = %owner.pod, %why, "owner unreachable; looking again");
-                        Some(Miss::NotSent)
-                    }
-                    Forwarded::Unknown(why) => {
-                        debug!(shard, peer = %owner.pod, %why, "forwarded push outcome unknown");
-                        Some(Miss::Unknown)
-                    }
-                },
+                }
                 Target::Nobody => None,
             };
             if miss.is_some_and(|m| !m.may_look_again()) {
