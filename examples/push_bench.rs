@@ -176,11 +176,31 @@ fn threads_cpu_s(prefix: &str) -> Option<f64> {
 }
 
 /// What one throughput step did: pushes answered `2xx` and not, and the pods' runtime
-/// CPU seconds meanwhile (when `/proc` says).
+/// CPU seconds meanwhile (when `/proc` says), with the step's shape.
 struct Throughput {
+    concurrency: usize,
+    seconds: u64,
     ok: u64,
     failed: u64,
     pod_cpu: Option<f64>,
+}
+
+impl Throughput {
+    /// Pushes answered per CPU-second of the pods' runtime.
+    fn per_cpu_second(&self) -> Option<f64> {
+        self.pod_cpu.map(|cpu| self.ok as f64 / cpu.max(0.01))
+    }
+
+    fn print(&self, what: &str, target: &str) {
+        println!(
+            "throughput, {what}, {} at once for {} s: {:.0} pushes/s ({} failed: {}){target}",
+            self.concurrency,
+            self.seconds,
+            self.ok as f64 / self.seconds as f64,
+            self.failed,
+            verdict(self.failed == 0)
+        );
+    }
 }
 
 /// Pushes for `terminals` sent to the pod at `base`, `concurrency` at once, for
@@ -228,6 +248,8 @@ async fn throughput(
         _ => None,
     };
     Ok(Throughput {
+        concurrency,
+        seconds,
         ok: done.load(Ordering::Relaxed),
         failed: failed.load(Ordering::Relaxed),
         pod_cpu,
@@ -418,14 +440,8 @@ async fn run(pod_rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         .cloned()
         .collect();
     let local = throughput(&http, &owned, &pods[0].1, concurrency, seconds).await?;
-    println!(
-        "throughput, one pod, local pushes, {concurrency} at once for {seconds} s: {:.0} pushes/s ({} failed: {}) (target >= 10,000)",
-        local.ok as f64 / seconds as f64,
-        local.failed,
-        verdict(local.failed == 0)
-    );
-    if let Some(cpu) = local.pod_cpu {
-        let rate = local.ok as f64 / cpu.max(0.01);
+    local.print("one pod, local pushes", " (target >= 10,000)");
+    if let (Some(cpu), Some(rate)) = (local.pod_cpu, local.per_cpu_second()) {
         let against = match base_rate {
             Some(base) => format!(
                 " ({:.2} x the baseline's {base:.0}; bound >= 1.5 x: {})",
@@ -442,15 +458,9 @@ async fn run(pod_rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
     // What most pushes cost in a cluster: with N pods, N - 1 of N arrive at a pod that
     // does not own the terminal. Both pods' CPU counts (they share the runtime).
     let forwarded = throughput(&http, &owned, &pods[1].1, concurrency, seconds).await?;
-    println!(
-        "throughput, forwarded pushes (pod 1 -> pod 0), {concurrency} at once for {seconds} s: {:.0} pushes/s ({} failed: {})",
-        forwarded.ok as f64 / seconds as f64,
-        forwarded.failed,
-        verdict(forwarded.failed == 0)
-    );
-    if let (Some(cpu), Some(local_cpu)) = (forwarded.pod_cpu, local.pod_cpu) {
-        let rate = forwarded.ok as f64 / cpu.max(0.01);
-        let local_rate = local.ok as f64 / local_cpu.max(0.01);
+    forwarded.print("forwarded pushes (pod 1 -> pod 0)", "");
+    let rates = (forwarded.per_cpu_second(), local.per_cpu_second());
+    if let (Some(cpu), (Some(rate), Some(local_rate))) = (forwarded.pod_cpu, rates) {
         println!(
             "pods' runtime CPU during the forwarded step: {cpu:.2} s ({:.2} cores); {rate:.0} forwarded pushes per CPU-second of both pods ({:.2} x the local figure)",
             cpu / seconds as f64,
