@@ -1,8 +1,9 @@
-//! The peer endpoints (`/internal/...`) and the middleware that authenticates them.
+//! The peer endpoints (`/internal/...`) and the authentication in front of them.
 //!
-//! [`authenticate`] checks every request before its handler runs, in an order that
-//! costs a stranger the least of this pod's work: an announced oversize body is `413`
-//! before anything else; then the signature over the head (`crate::peer::signing`), so
+//! [`authenticated`] checks every request before its handler runs: as the layer over
+//! the router's peer routes ([`authenticate`]), and for a forwarded push, answered ahead
+//! of the router, in [`serve_forwarded`]. Its order costs a stranger the least of this
+//! pod's work: an announced oversize body is `413` before anything else; then the signature over the head (`crate::peer::signing`), so
 //! an unsigned or altered request is `401` before its body is read; then the request id
 //! against the ones accepted within the clock-skew window (`401` for a copy; reserved
 //! while the body is checked, kept only if it matches); then the body, read as it
