@@ -258,7 +258,7 @@ async fn run(
                 profile.dial_rate,
                 h.per_s(),
             );
-            eprintln!("floor: {}", f.describe(t));
+            eprintln!("floor: {}", f.describe(t, analysis::bound_s(t)));
             Some(f)
         }
         None => None,

@@ -120,7 +120,7 @@ async fn run(args: &Args) -> Fallible<()> {
     );
     let dialers = args.dialers as u64;
     let t = analysis::cold_start_t(args.terminals, dialers, plan.dial_rate, h.per_s());
-    println!("{}", floor.describe(t));
+    println!("{}", floor.describe(t, analysis::bound_s(t)));
     Ok(())
 }
 

@@ -224,10 +224,9 @@ pub fn cold_start(
     dial_rate: u64,
     handshakes: u64,
 ) -> (bool, String) {
-    let by_rate = terminals as f64 / (pods * dial_rate).max(1) as f64;
-    let by_cpu = terminals as f64 / handshakes.max(1) as f64;
-    let t = cold_start_t(terminals, pods, dial_rate, handshakes);
-    let bound = 1.2 * t + 5.0;
+    let (by_rate, by_cpu) = t_limits(terminals, pods, dial_rate, handshakes);
+    let t = by_rate.max(by_cpu);
+    let bound = bound_s(t);
     let took = took.unwrap_or(f64::INFINITY);
     let detail = format!(
         "{took:.1} s, bound {bound:.1} s, {:.2} x T; T = max({terminals} / ({pods} x \
@@ -240,9 +239,21 @@ pub fn cold_start(
 
 /// T of the cold-start bound (`cold_start`): the slower of the dial limit and H.
 pub fn cold_start_t(terminals: u64, pods: u64, dial_rate: u64, handshakes: u64) -> f64 {
+    let (by_rate, by_cpu) = t_limits(terminals, pods, dial_rate, handshakes);
+    by_rate.max(by_cpu)
+}
+
+/// The two times T is the slower of: dialing every terminal at the pods' dial limit,
+/// and handshaking with every terminal at H.
+fn t_limits(terminals: u64, pods: u64, dial_rate: u64, handshakes: u64) -> (f64, f64) {
     let by_rate = terminals as f64 / (pods * dial_rate).max(1) as f64;
     let by_cpu = terminals as f64 / handshakes.max(1) as f64;
-    by_rate.max(by_cpu)
+    (by_rate, by_cpu)
+}
+
+/// The cold start's bound over a baseline (T, or the floor): `1.2 x baseline + 5 s`.
+pub fn bound_s(baseline_s: f64) -> f64 {
+    1.2 * baseline_s + 5.0
 }
 
 /// A cold start that converged after `took` seconds against the floor measured before
@@ -251,7 +262,7 @@ pub fn cold_start_t(terminals: u64, pods: u64, dial_rate: u64, handshakes: u64) 
 /// cost on this machine is in the baseline. Reported, not gated: the issue's bound is
 /// `cold_start`'s.
 pub fn against_floor(took: Option<f64>, floor: &Floor) -> (bool, String) {
-    let bound = 1.2 * floor.took_s + 5.0;
+    let bound = bound_s(floor.took_s);
     let took = took.unwrap_or(f64::INFINITY);
     let detail = format!(
         "{took:.1} s, bound {bound:.1} s, {:.2} x the floor ({}: {:.1} s by {} dialers)",

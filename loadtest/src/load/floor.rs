@@ -74,17 +74,17 @@ impl Floor {
         }
     }
 
-    /// The figure against `t_s` (T of the cold-start bound) and the dialers' CPU.
-    pub fn describe(&self, t_s: f64) -> String {
+    /// The figure against `t_s` (T of the cold-start bound, whose bound is `bound_s`) and
+    /// the dialers' CPU.
+    pub fn describe(&self, t_s: f64, bound_s: f64) -> String {
         format!(
             "{}: {} terminals by {} dialers in {:.1} s = {:.2} x T (T = {t_s:.1} s, the \
-             cold-start bound 1.2 x T + 5 s = {:.1} s); dialers' CPU {:.1} s, {:.3} ms per dial",
+             cold-start bound 1.2 x T + 5 s = {bound_s:.1} s); dialers' CPU {:.1} s, {:.3} ms per dial",
             self.what(),
             self.terminals,
             self.dialers,
             self.took_s,
             self.took_s / t_s,
-            1.2 * t_s + 5.0,
             self.cpu_s,
             self.cpu_s * 1_000.0 / self.terminals as f64,
         )

@@ -287,7 +287,7 @@ pub fn markdown(header: &str, reports: &[ScenarioReport]) -> String {
                 let _ = writeln!(
                     md,
                     "- the floor, the same dials without posgate before the pods: {}",
-                    f.describe(t)
+                    f.describe(t, analysis::bound_s(t))
                 );
             }
         }
