@@ -3,14 +3,15 @@
 //! stays without a request, is closed; a full listener makes room by closing the
 //! connection that has waited longest without a request, so a probe still gets in; an
 //! HTTP/2 connection is told the stream limit; a request begun during the shutdown
-//! grace is answered; the counts are in `/metrics`.
+//! grace is answered; the counts are in `/metrics`; a burst of connections waits in the
+//! listener's accept queue instead of having its SYNs dropped.
 //!
 //! The slowloris of 2,000 connections against a whole `posgate serve` process with its
 //! terminals is in `slowloris.rs`.
 
 use std::time::{Duration, Instant};
 
-use posgate::http::ConnectionLimits;
+use posgate::http::{ConnectionLimits, LISTEN_BACKLOG};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -239,4 +240,44 @@ async fn a_request_begun_during_the_shutdown_grace_is_answered() {
         "answered {answer:?} (empty: dropped at the end of the grace)"
     );
     stopping.await.unwrap();
+}
+
+/// A burst the loop has not accepted yet waits in the kernel's accept queue. With the
+/// 128 `TcpListener::bind` asks for, the kernel drops the SYNs past it, and those
+/// clients (a probe, a push) connect only when they send theirs again, after 1 s.
+#[tokio::test]
+async fn a_burst_of_connections_waits_in_the_accept_queue_instead_of_being_dropped() {
+    let somaxconn: u32 = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .expect("/proc/sys/net/core/somaxconn")
+        .trim()
+        .parse()
+        .unwrap();
+    // The kernel's cap; below 1,024 (Linux before 5.4) the test would prove little.
+    let burst = LISTEN_BACKLOG.min(somaxconn).min(1_000);
+    assert!(
+        burst >= 512,
+        "net.core.somaxconn is {somaxconn}: too small to test with"
+    );
+    // A listener nobody accepts from: the queue alone holds the burst.
+    let listener = posgate::http::bind(([127, 0, 0, 1], 0).into()).unwrap();
+    let addr = listener.local_addr().unwrap();
+    // A dropped SYN is sent again after 1 s at the earliest.
+    let within = Duration::from_millis(900);
+    let connects: Vec<_> = (0..burst)
+        .map(|_| tokio::spawn(tokio::time::timeout(within, TcpStream::connect(addr))))
+        .collect();
+    let mut held = Vec::new();
+    let mut late = 0;
+    for connect in connects {
+        match connect.await.unwrap() {
+            Ok(connected) => held.push(connected.expect("connected")),
+            Err(_) => late += 1,
+        }
+    }
+    assert_eq!(
+        late, 0,
+        "{late} of {burst} connections not set up within {within:?}: their SYNs were \
+         dropped, the accept queue is too short"
+    );
+    drop(listener);
 }

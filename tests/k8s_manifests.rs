@@ -223,7 +223,7 @@ fn parse_secs(s: &str) -> u64 {
 }
 
 /// The number after `key:` on the first line (at or after `from`) that has it.
-fn scalar_after(lines: &[&str], from: usize, key: &str) -> Option<(usize, String)> {
+pub(crate) fn scalar_after(lines: &[&str], from: usize, key: &str) -> Option<(usize, String)> {
     lines.iter().enumerate().skip(from).find_map(|(i, l)| {
         l.trim()
             .strip_prefix(key)

@@ -62,6 +62,7 @@ pub use self::caller::INSECURE_TENANT;
 pub use self::connections::{ConnectionLimits, MAX_CLOSING};
 pub use self::errors::MAX_URI_BYTES;
 pub use self::push::{push_head, PushHead, PUSH_FAILURES};
+pub use self::serve::{bind, LISTEN_BACKLOG};
 
 /// What the HTTP handlers read.
 pub struct HttpState {

@@ -8,11 +8,14 @@
 //! client that opens connections and sends nothing, or a head a byte at a time, held
 //! them forever, each a file descriptor the pod's terminal sessions need.
 //!
+//! [`bind`] makes the listener with an accept queue sized for a flood.
+//!
 //! Not for: routing (`super::Routes`), TLS handshakes (`super::tls::TlsListener`), the
 //! JSON bodies of hyper's own answers (`super::head_errors`).
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -23,6 +26,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinSet;
 use tower_service::Service;
@@ -31,6 +35,13 @@ use super::connections::{Admission, ConnId, ConnectionLimits, Connections, Deadl
 use super::Routes;
 use crate::metrics::Metrics;
 use crate::rate_log::RateLog;
+
+/// The listener's accept queue, connections the kernel has set up that the loop has not
+/// taken yet (the kernel caps it at `net.core.somaxconn`, 4,096 by default since Linux
+/// 5.4). `TcpListener::bind` asks for 128, as the standard library does: a flood fills
+/// that at moments, and then the kernel drops SYNs, a probe's or a push's among them,
+/// which their clients send again only after 1 s (and 3 s).
+pub const LISTEN_BACKLOG: u32 = 4_096;
 
 /// How long a connection closed for waiting too long after a request gets to finish its
 /// close (an HTTP/2 GOAWAY exchange) before it is dropped.
@@ -55,6 +66,19 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// A listener on `addr` with an accept queue of [`LISTEN_BACKLOG`]. Like
+/// `TcpListener::bind` it sets `SO_REUSEADDR`, so a restarted pod binds its port while
+/// the old process's connections are in `TIME_WAIT`. Call it inside the runtime.
+pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
 }
 
 /// Serves `routes` on `listener` under `limits` until `shutdown` resolves, then stops

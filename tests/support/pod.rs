@@ -41,7 +41,7 @@ pub fn store_options() -> RedisOptions {
 
 /// A listener on a free loopback port and its `http://` URL.
 pub async fn listen() -> (TcpListener, String) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = posgate::http::bind(([127, 0, 0, 1], 0).into()).unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     (listener, url)
 }

@@ -17,7 +17,6 @@ use posgate::push::{NoTerminals, PushService, PushSettings};
 use posgate::serving::{NoSessions, ServingTable};
 use posgate::status::PodStatus;
 use serde_json::Value;
-use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 
 /// A running router plus the handles the test drives it with.
@@ -73,7 +72,7 @@ impl Server {
             ready: ReadyLatch::default(),
             peer: PeerReceiver::default(),
         });
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listener = posgate::http::bind(([127, 0, 0, 1], 0).into()).unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(serve(listener, None, app, limits, metrics, async {

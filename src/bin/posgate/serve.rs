@@ -109,9 +109,8 @@ async fn run_pod(
     let options = settings.redis_options();
     let store = RedisStore::connect_lazy(&settings.redis_url, &settings.cluster, options)
         .context("cannot set up the Redis store")?;
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("cannot listen on {listen}"))?;
+    let listener =
+        posgate::http::bind(listen).with_context(|| format!("cannot listen on {listen}"))?;
     let mut pod = Pod::start_with_terminals(config, store, listener).context("pod failed")?;
     let reloads = reload_loop(reload, pod.reloader.clone())?;
     tokio::select! {

@@ -234,7 +234,7 @@ impl Demo {
     }
 
     async fn add_pod(&mut self) -> anyhow::Result<()> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let listener = posgate::http::bind(([127, 0, 0, 1], 0).into())?;
         let url = format!("http://{}", listener.local_addr()?);
         let id = format!("demo-pod-{}", self.pods.len());
         let config = self.pod_config(&id, &url)?;
