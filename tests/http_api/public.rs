@@ -1,0 +1,304 @@
+//! The probes, the cluster view, and the JSON errors of every layer below the handlers.
+
+use super::*;
+
+#[tokio::test]
+async fn health_and_readiness() {
+    let server = Server::start(Some(vec![secret(1)])).await;
+    assert_eq!(
+        get(&format!("{}/healthz", server.base)).await,
+        (StatusCode::OK, "ok".into())
+    );
+
+    let readyz = format!("{}/readyz", server.base);
+    let (code, body) = get(&readyz).await;
+    assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["ready"], false);
+    assert!(
+        body["reason"].as_str().is_some_and(|r| !r.is_empty()),
+        "{body}"
+    );
+
+    server.status.send_modify(|s| {
+        *s = PodStatus {
+            ready: true,
+            ..status_of("pod-a", true)
+        };
+    });
+    let (code, body) = get(&readyz).await;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap(),
+        json!({"ready": true})
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn cluster_view_shape() {
+    let server = Server::start(Some(vec![secret(1)])).await;
+    let member = |id: &str, url: &str| Member {
+        pod: pod(id),
+        url: url.to_string(),
+        version: "0.1.0".to_string(),
+        ring_version: "test".to_string(),
+        started_ms: 1,
+        peer_protocol: 2,
+        handover: 0,
+    };
+    let learned = Instant::now() - Duration::from_millis(1500);
+    server.status.send_replace(PodStatus {
+        placement: Some(PlacementStatus {
+            version: 3,
+            since: learned,
+        }),
+        members: vec![
+            member("pod-a", "http://a:8080"),
+            member("pod-b", "http://b:8080"),
+        ],
+        shards: vec![
+            ShardStatus {
+                shard: 0,
+                assigned: Some(pod("pod-a")),
+                owner: Some(pod("pod-a")),
+                epoch: Some(7),
+                serving: true,
+                suspended: false,
+            },
+            ShardStatus {
+                shard: 1,
+                assigned: Some(pod("pod-b")),
+                owner: None,
+                epoch: None,
+                serving: false,
+                suspended: true,
+            },
+        ],
+        ..status_of("pod-a", true)
+    });
+    let (code, body) = get(&format!("{}/v1/cluster", server.base)).await;
+    assert_eq!(code, StatusCode::OK);
+    let mut body: Value = serde_json::from_str(&body).unwrap();
+    let ago = body["placement"]["changed_ms_ago"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no placement age: {body}"));
+    assert!(
+        (1500..=learned.elapsed().as_millis() as u64).contains(&ago),
+        "{ago}"
+    );
+    body["placement"]["changed_ms_ago"] = json!(1500);
+    let expected = json!({
+        "pod": "pod-a",
+        "store": {"verdict": "reachable", "unreachable_ms": null, "recovery_hold_ms": null},
+        "placement": {"version": 3, "changed_ms_ago": 1500},
+        "members": [{"pod": "pod-a", "url": "http://a:8080"}, {"pod": "pod-b", "url": "http://b:8080"}],
+        "shards": [
+            {"shard": 0, "assigned": "pod-a", "owner": "pod-a", "epoch": 7, "serving": true, "suspended": false, "terminals_connected": null, "terminals_listed": null},
+            {"shard": 1, "assigned": "pod-b", "owner": null, "epoch": null, "serving": false, "suspended": true, "terminals_connected": null, "terminals_listed": null},
+        ],
+        // No sampler runs here, so the pod's timeline has no points yet.
+        "timelines": [{"pod": "pod-a", "points": []}],
+    });
+    assert_eq!(body, expected);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn unknown_routes_and_methods_are_json_errors() {
+    let server = Server::start(Some(vec![secret(1)])).await;
+    let (code, body) = get(&format!("{}/nope", server.base)).await;
+    assert_eq!(code, StatusCode::NOT_FOUND);
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["error"],
+        "not_found"
+    );
+    let (code, body) = post(
+        &format!("{}/healthz", server.base),
+        HeaderMap::new(),
+        full(""),
+    )
+    .await;
+    assert_eq!(code, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(body["error"], "method_not_allowed");
+    server.stop().await;
+}
+
+/// A body that announces more than it sends, or never ends, holds nothing for long: the
+/// request is answered `408` once the body read timeout passes, and the connection ends.
+#[tokio::test]
+async fn a_body_that_never_arrives_whole_is_a_408() {
+    let server = Server::start(None).await;
+    for path in ["/v1/terminals/pos-1/push", "/internal/v1/push/pos-1"] {
+        let request = format!(
+            "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+             content-length: 100\r\n\r\n{{\"partial\""
+        );
+        let started = std::time::Instant::now();
+        let answer = raw_exchange(&server.base, request.as_bytes()).await;
+        let took = started.elapsed();
+        assert_json_error(path, &answer, 408, "request_timeout");
+        assert!(
+            took < router::BODY_READ_TIMEOUT + Duration::from_secs(5),
+            "{path}: answered after {took:?}"
+        );
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn errors_below_the_handlers_are_json() {
+    let server = Server::start(None).await;
+    let long_target = format!("/v1/cluster?x={}", "a".repeat(70_000));
+    let big_header = "a".repeat(500_000);
+    let cases: Vec<(&str, Vec<u8>, u16, &str)> = vec![
+        (
+            "a header line without a colon (hyper)",
+            b"GET /healthz HTTP/1.1\r\nhost: x\r\nno colon here\r\n\r\n".to_vec(),
+            400,
+            "invalid_request",
+        ),
+        (
+            "a request line that is not HTTP (hyper)",
+            b"GET /healthz HTTX/1.1\r\n\r\n".to_vec(),
+            400,
+            "invalid_request",
+        ),
+        (
+            "a target over 64 KiB (hyper)",
+            format!("GET {long_target} HTTP/1.1\r\nhost: x\r\n\r\n").into_bytes(),
+            414,
+            "uri_too_long",
+        ),
+        (
+            "a target over the pod's limit",
+            format!(
+                "GET /v1/cluster?x={} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+                "a".repeat(10_000)
+            )
+            .into_bytes(),
+            414,
+            "uri_too_long",
+        ),
+        (
+            "a head over hyper's buffer (hyper; the pod's limit when it arrives whole)",
+            format!("GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\nx-big: {big_header}\r\n\r\n")
+                .into_bytes(),
+            431,
+            "headers_too_large",
+        ),
+        (
+            "headers over the pod's limit",
+            format!(
+                "GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\nx-big: {}\r\n\r\n",
+                "a".repeat(70_000)
+            )
+            .into_bytes(),
+            431,
+            "headers_too_large",
+        ),
+        (
+            "a path that is not UTF-8 (axum's rejection)",
+            b"POST /v1/terminals/%FF/push HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                .to_vec(),
+            400,
+            "invalid_request",
+        ),
+        (
+            "an undefined include value",
+            b"GET /v1/cluster?include=AAA HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+                .to_vec(),
+            400,
+            "invalid_request",
+        ),
+        (
+            "an undefined cluster parameter",
+            b"GET /v1/cluster?verbose=1 HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+                .to_vec(),
+            400,
+            "invalid_request",
+        ),
+        (
+            "an undefined push parameter",
+            b"POST /v1/terminals/t1/push?timeout_ms=5&retry=1 HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                .to_vec(),
+            400,
+            "invalid_request",
+        ),
+        // A `POST` to the push route is served ahead of the router (`http::Routes`),
+        // with the limits the router's edge layer checks for every other route.
+        (
+            "a push target over the pod's limit",
+            format!(
+                "POST /v1/terminals/t1/push?x={} HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                "a".repeat(10_000)
+            )
+            .into_bytes(),
+            414,
+            "uri_too_long",
+        ),
+        (
+            "a push's headers over the pod's limit",
+            format!(
+                "POST /v1/terminals/t1/push HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\nconnection: close\r\nx-big: {}\r\n\r\n",
+                "a".repeat(70_000)
+            )
+            .into_bytes(),
+            431,
+            "headers_too_large",
+        ),
+        (
+            "an empty terminal id on the push route",
+            b"POST /v1/terminals//push HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                .to_vec(),
+            400,
+            "invalid_request",
+        ),
+        (
+            "a parameter on the terminal view",
+            b"GET /v1/terminals/t1?x=1 HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n".to_vec(),
+            400,
+            "invalid_request",
+        ),
+    ];
+    for (case, request, status, code) in &cases {
+        let answer = raw_exchange(&server.base, request).await;
+        assert_json_error(case, &answer, *status, code);
+    }
+    // Another method on the push route: 405 naming the one allowed (RFC 9110 15.5.6).
+    let get_push = b"GET /v1/terminals/t1/push HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n";
+    let answer = raw_exchange(&server.base, get_push).await;
+    assert_json_error("GET on the push route", &answer, 405, "method_not_allowed");
+    assert_eq!(answer.1["allow"], "POST");
+    // A malformed request after a good one on the same keep-alive connection.
+    let rest = {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let addr = server.base.trim_start_matches("http://");
+        let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        tcp.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut first = vec![0u8; 1024];
+        let n = tcp.read(&mut first).await.unwrap();
+        assert!(
+            first[..n].starts_with(b"HTTP/1.1 200"),
+            "the health check answers"
+        );
+        tcp.write_all(b"GET /healthz HTTP/1.1\r\nbad\r\n\r\n")
+            .await
+            .unwrap();
+        let mut second = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut second))
+            .await
+            .unwrap()
+            .unwrap();
+        String::from_utf8_lossy(&second).into_owned()
+    };
+    assert_json_error(
+        "a malformed request after a good one",
+        &router::parse_raw(&rest),
+        400,
+        "invalid_request",
+    );
+    server.stop().await;
+}
