@@ -11,7 +11,7 @@
 //! - `promtool …`: the files exist and `tests/observability.rs` runs promtool on them;
 //! - `curl …`: method and path are in `docs/openapi.yaml` and the headers the API needs
 //!   are present;
-//! - `kubectl kustomize DIR`: DIR is a kustomization (tests/k8s_manifests.rs renders it);
+//! - `kubectl kustomize DIR`: DIR is a kustomization (tests/k8s_manifests/ renders it);
 //!   any other `kubectl` or `docker` command must carry `# needs a Kubernetes cluster`.
 //!
 //! Anything else fails the test, so a new kind of command gets a rule here first.
