@@ -6,9 +6,9 @@
 //! What must hold: the pod holds at most `--max-connections` of them (on `main` before
 //! the listener had limits every one was held: fds 105 -> 2,105 and never returned),
 //! `/healthz` is answered as the kubelet's readiness probe needs it and pushes are
-//! answered throughout, no terminal session is lost, and once
-//! the clients stop opening new connections the pod closes every one it still holds
-//! within `--header-read-timeout`, its descriptors and memory returning.
+//! answered throughout, no terminal session is lost, and once the clients stop opening
+//! new connections the pod closes every one it still holds within
+//! `--header-read-timeout`, its descriptors and memory returning.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
