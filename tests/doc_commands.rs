@@ -8,7 +8,7 @@
 //!   unknown flag or a bad value but nothing starts;
 //! - `cargo …`: every package (`-p`) is a workspace member and every `--example` exists;
 //! - `scripts/…`: the script exists and CI or a test runs it;
-//! - `promtool …`: the files exist and `tests/observability.rs` runs promtool on them;
+//! - `promtool …`: the files exist and `tests/observability/` runs promtool on them;
 //! - `curl …`: method and path are in `docs/openapi.yaml` and the headers the API needs
 //!   are present;
 //! - `kubectl kustomize DIR`: DIR is a kustomization (tests/k8s_manifests/ renders it);
@@ -265,10 +265,16 @@ fn script_command(words: &[String]) -> Result<(), String> {
         .unwrap_or_default()
         .to_string_lossy();
     let mut runners = vec![read(".ci/run"), read("scripts/test")];
-    for entry in std::fs::read_dir(root().join("tests")).expect("tests/") {
-        let path = entry.expect("entry").path();
-        if path.extension().is_some_and(|e| e == "rs") {
-            runners.push(std::fs::read_to_string(path).expect("test source"));
+    // Every test source, those of the modules kept as directories too.
+    let mut dirs = vec![root().join("tests")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("a directory under tests/") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                runners.push(std::fs::read_to_string(path).expect("test source"));
+            }
         }
     }
     if runners
@@ -290,10 +296,8 @@ fn promtool_command(words: &[String]) -> Result<(), String> {
             .file_name()
             .unwrap_or_default()
             .to_string_lossy();
-        if !read("tests/observability.rs").contains(name.as_ref()) {
-            return Err(format!(
-                "tests/observability.rs does not run promtool on {f}"
-            ));
+        if !read("tests/observability/mod.rs").contains(name.as_ref()) {
+            return Err(format!("tests/observability/ does not run promtool on {f}"));
         }
     }
     Ok(())

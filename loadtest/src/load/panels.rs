@@ -5,7 +5,7 @@
 //! gate, unless [`EMPTY_OK`] names it with the condition it needs that a scenario may
 //! lack.
 //!
-//! Not for: what the panels look like (tests/observability.rs parses every query and
+//! Not for: what the panels look like (tests/observability/ parses every query and
 //! checks the metric names).
 
 use std::fmt::Write as _;
