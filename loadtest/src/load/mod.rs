@@ -17,6 +17,7 @@ pub mod alerts;
 pub mod analysis;
 pub mod calibrate;
 pub mod charts;
+pub mod checks;
 pub mod cluster;
 pub mod dark;
 pub mod duplicates;
