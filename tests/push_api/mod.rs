@@ -3,7 +3,8 @@
 //! pod:
 //!
 //! - `status_codes`: every documented status code produced through the real server,
-//!   one test per answer;
+//!   one test per answer; `views`: the terminal and cluster views and `/metrics` of the
+//!   same cluster;
 //! - `delivery`: pushes sent round-robin to all pods reach each terminal exactly once,
 //!   from the owner, also across a join and an owner crash; keys belong to a terminal;
 //! - `peer_replay`: a forwarded push captured on the pod network cannot be replayed or
@@ -25,6 +26,7 @@ mod peer_replay;
 mod scopes;
 mod status_codes;
 mod terminal_dedup;
+mod views;
 
 use std::time::Duration;
 
