@@ -23,7 +23,7 @@ impl Drop for Reaped {
     }
 }
 
-pub fn free_port() -> Result<u16> {
+fn free_port() -> Result<u16> {
     Ok(StdListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
@@ -49,7 +49,7 @@ pub fn start_redis(dir: &Path) -> Result<(Reaped, String)> {
     Ok((child, format!("redis://127.0.0.1:{port}/")))
 }
 
-pub async fn http_status(port: u16, path: &str) -> Option<u16> {
+async fn http_status(port: u16, path: &str) -> Option<u16> {
     let fetch = async {
         let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
