@@ -31,6 +31,7 @@ mod peer_flood;
 mod pos_connections;
 mod pos_faults;
 mod push_api;
+mod queue_store;
 mod redis_failover;
 mod redis_refusals;
 mod redis_round_trips;

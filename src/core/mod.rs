@@ -10,6 +10,7 @@
 //! This module must never import tokio, redis or hyper.
 
 pub mod config;
+pub mod delivery;
 pub mod lease;
 pub mod membership;
 pub mod placement;

@@ -17,7 +17,17 @@
 //! | `posgate:{<cluster>}:terminals-version` | hash | shard -> directory version, set to `max(previous + 1, TIME ms)` by every write that changes the shard's terminals; owners poll it |
 //! | `posgate:{<cluster>}:terminals-restored` | hash | shard -> JSON `{"pod", "epoch", "generation", "read_in", "version", "terminals"}`: who wrote the shard's directory back from memory after the store lost it (`directory_restore.lua`), holding the lease with which epoch, into which generation, read in which, at which version, how many terminals. Written only by the write-back, never read by posgate (it is for operators and tests); a later import leaves it, so a version above `version` means the shard changed since. Pods of the previous release never touch it |
 //! | `posgate:{<cluster>}:placement` | hash | the placement every pod follows ([`Placement`](crate::core::placement::Placement)): `version` (grows by one per change) and `table` (JSON `{"pods": [sorted ids], "owner": [index into pods, per shard]}`). Replaced only by `place.lua` when the caller names the current version; lost with the rest of the data, and then put back by the pods that remember it |
-//! | `posgate:{<cluster>}:events` | pub/sub channel | notifications `join <pod>`, `leave <pod>`, `release <shard>`, `placement <version>`; receivers treat any message as "poll now" |
+//! | `posgate:{<cluster>}:events` | pub/sub channel | notifications `join <pod>`, `leave <pod>`, `release <shard>`, `placement <version>`; receivers treat any message as "poll now", except `queue <shard> <terminal>` (a push queued by a pod that does not hold the shard: its owner's drain looks) |
+//! | `posgate:{<cluster>}:queue:<terminal>` | hash | pushes with a TTL to the terminal that are not final: id ([`push_id`](super::queue::push_id)) -> JSON [`Record`](super::queue::Record) |
+//! | `posgate:{<cluster>}:queue-bodies:<terminal>` | hash | their bodies: id -> bytes |
+//! | `posgate:{<cluster>}:queue-order:<terminal>` | sorted set | their order: id -> acceptance sequence |
+//! | `posgate:{<cluster>}:queue-collapse:<terminal>` | hash | `<tenant>\n<collapse key>` -> id of the queued push with it |
+//! | `posgate:{<cluster>}:queue-waiting:<shard>` | hash | terminal -> its pushes not final: where an owner's drain starts |
+//! | `posgate:{<cluster>}:queue-done:<tenant>` | hash | the tenant's final records kept for the retention window: id -> JSON |
+//! | `posgate:{<cluster>}:queue-drops:<tenant>` | sorted set | id -> when its final record is dropped (ms) |
+//! | `posgate:{<cluster>}:queue-feed:<tenant>` | stream | the tenant's final records in the order they became final (field `r`), at most `queue::FEED_MAX` |
+//! | `posgate:{<cluster>}:queue-seq` | string | the acceptance sequence (`INCR`) |
+//! | `posgate:{<cluster>}:queue-usage` | hash | bytes charged: `bytes` (cluster), `t:<tenant>`; `n` pushes not final |
 //!
 //! What this module does not do: talk to Redis or decide key lifetimes (the scripts in
 //! `store/lua/` do that).
@@ -125,6 +135,56 @@ impl Keys {
     pub fn events(&self) -> String {
         self.name("events")
     }
+
+    /// A terminal's pushes not final: hash id -> record JSON.
+    pub fn queue(&self, terminal: &str) -> String {
+        self.name(format_args!("queue:{terminal}"))
+    }
+
+    /// Their bodies: hash id -> bytes.
+    pub fn queue_bodies(&self, terminal: &str) -> String {
+        self.name(format_args!("queue-bodies:{terminal}"))
+    }
+
+    /// Their order: sorted set id -> acceptance sequence.
+    pub fn queue_order(&self, terminal: &str) -> String {
+        self.name(format_args!("queue-order:{terminal}"))
+    }
+
+    /// Queued pushes by collapse key: hash `tenant\ncollapse key` -> id.
+    pub fn queue_collapse(&self, terminal: &str) -> String {
+        self.name(format_args!("queue-collapse:{terminal}"))
+    }
+
+    /// A shard's terminals with pushes not final: hash terminal -> count.
+    pub fn queue_waiting(&self, shard: ShardId) -> String {
+        self.name(format_args!("queue-waiting:{shard}"))
+    }
+
+    /// A tenant's final records: hash id -> record JSON.
+    pub fn queue_done(&self, tenant: &str) -> String {
+        self.name(format_args!("queue-done:{tenant}"))
+    }
+
+    /// When each of a tenant's final records is dropped: sorted set id -> ms.
+    pub fn queue_drops(&self, tenant: &str) -> String {
+        self.name(format_args!("queue-drops:{tenant}"))
+    }
+
+    /// A tenant's outcome feed: stream of final records.
+    pub fn queue_feed(&self, tenant: &str) -> String {
+        self.name(format_args!("queue-feed:{tenant}"))
+    }
+
+    /// The acceptance sequence: string counter.
+    pub fn queue_seq(&self) -> String {
+        self.name("queue-seq")
+    }
+
+    /// Bytes charged to the queue: hash `bytes`, `n`, `t:<tenant>`.
+    pub fn queue_usage(&self) -> String {
+        self.name("queue-usage")
+    }
 }
 
 #[cfg(test)]
@@ -147,6 +207,16 @@ mod tests {
             k.terminals(5),
             k.terminals_version(),
             k.terminals_restored(),
+            k.queue("pos-1"),
+            k.queue_bodies("pos-1"),
+            k.queue_order("pos-1"),
+            k.queue_collapse("pos-1"),
+            k.queue_waiting(3),
+            k.queue_done("acme"),
+            k.queue_drops("acme"),
+            k.queue_feed("acme"),
+            k.queue_seq(),
+            k.queue_usage(),
         ];
         for name in &all {
             assert!(name.starts_with("posgate:{prod-eu.1}:"), "{name}");

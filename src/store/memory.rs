@@ -26,6 +26,13 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::watch;
 
+use futures::future::BoxFuture;
+use futures::FutureExt;
+
+use super::queue::{
+    push_id, Cancelled, Enqueue, Enqueued, Feed, Found, QueueState, QueueStore, Record, Write,
+    Written,
+};
 use super::{ClusterMeta, CoordStore, StoreError};
 use crate::core::lease::{
     next_epoch, AcquireOutcome, Checked, Claim, LeaseCall, ReleaseNote, RenewOutcome,
@@ -59,6 +66,8 @@ pub struct MemoryState {
     notes: BTreeMap<ShardId, (Member, u64)>,
     placement: Option<Placement>,
     notifications: u64,
+    /// The queue's keys (`store::queue`): lost and rolled back with the rest.
+    queue: QueueState,
 }
 
 impl MemoryState {
@@ -75,6 +84,7 @@ impl MemoryState {
             notes: BTreeMap::new(),
             placement: None,
             notifications: 0,
+            queue: QueueState::default(),
         }
     }
 
@@ -88,6 +98,7 @@ impl MemoryState {
         self.leases.clear();
         self.notes.clear();
         self.placement = None;
+        self.queue = QueueState::default();
     }
 
     /// Simulates a failover to a replica that has the data of `earlier` (a copy of this
@@ -252,6 +263,49 @@ impl MemoryState {
         )
     }
 
+    /// The generation's id, created when missing (`current_gen` in `lua/queue_lib.lua`).
+    fn generation_id(&mut self, now_ms: u64) -> String {
+        match self.check_generation(now_ms, "") {
+            Some(info) => info.id,
+            None => unreachable!("no generation id is empty"),
+        }
+    }
+
+    /// See `lua/queue_enqueue.lua`; `known`: whether the terminal is in the shard's
+    /// directory, which this store does not hold. A wake-up for the owner counts as a
+    /// notification.
+    pub fn queue_enqueue(&mut self, now_ms: u64, e: &Enqueue, known: bool) -> Enqueued {
+        let generation = self.generation_id(now_ms);
+        let holder = self.lease_owner(now_ms, e.shard).cloned();
+        let (answer, publish) = self.queue.enqueue(e, &generation, holder.as_ref(), known);
+        if publish {
+            self.notifications += 1;
+        }
+        answer
+    }
+
+    /// See `lua/queue_write.lua`.
+    pub fn queue_write(&mut self, now_ms: u64, w: &Write) -> Written {
+        let holder = self.lease_owner(now_ms, w.shard).cloned();
+        let epoch = self.last_epoch(w.shard);
+        self.queue.write(w, holder.as_ref().map(|h| (h, epoch)))
+    }
+
+    /// See `lua/queue_read.lua` `find`.
+    pub fn queue_find(&self, tenant: &str, terminal: &str, key: &str, now_ms: u64) -> Found {
+        Found {
+            record: self
+                .queue
+                .find(tenant, terminal, &push_id(tenant, terminal, key), now_ms),
+            generation: self.generation.as_ref().map(|(id, _)| id.clone()),
+        }
+    }
+
+    /// The queue's state, for the rest of its reads and calls.
+    pub fn queue(&mut self) -> &mut QueueState {
+        &mut self.queue
+    }
+
     /// The last epoch handed out for `shard` (0: none).
     pub fn last_epoch(&self, shard: ShardId) -> Epoch {
         self.epochs.get(&shard).copied().unwrap_or(0)
@@ -389,6 +443,13 @@ impl MemoryStore {
         }
     }
 
+    /// The queue's charge now: (cluster bytes, `tenant`'s bytes, pushes not final).
+    pub fn queue_usage(&self, tenant: &str) -> (u64, u64, u64) {
+        let mut state = self.lock();
+        let (cluster, of_tenant) = state.queue().usage(tenant);
+        (cluster, of_tenant, state.queue().count())
+    }
+
     /// Test hook: forget everything, like a Redis that restarted empty.
     pub fn wipe(&self) {
         self.lock().wipe();
@@ -476,6 +537,100 @@ impl CoordStore for MemoryStore {
 
     fn changes(&self) -> watch::Receiver<u64> {
         self.changes.subscribe()
+    }
+}
+
+/// The queue in this store's state; the terminal directory is not in it, so an enqueue
+/// that asks for the directory check takes every terminal as listed.
+impl QueueStore for MemoryStore {
+    fn enqueue<'a>(&'a self, e: &'a Enqueue) -> BoxFuture<'a, Result<Enqueued, StoreError>> {
+        let answer = self.with_state(|s, now| s.queue_enqueue(now, e, true));
+        std::future::ready(Ok(answer)).boxed()
+    }
+
+    fn write<'a>(&'a self, w: &'a Write) -> BoxFuture<'a, Result<Written, StoreError>> {
+        let answer = self.with_state(|s, now| s.queue_write(now, w));
+        std::future::ready(Ok(answer)).boxed()
+    }
+
+    fn find<'a>(
+        &'a self,
+        tenant: &'a str,
+        terminal: &'a str,
+        key: &'a str,
+        now: u64,
+    ) -> BoxFuture<'a, Result<Found, StoreError>> {
+        let found = self.with_state(|s, _| s.queue_find(tenant, terminal, key, now));
+        std::future::ready(Ok(found)).boxed()
+    }
+
+    fn pending<'a>(&'a self, terminal: &'a str) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
+        let records = self.with_state(|s, _| s.queue().pending(terminal));
+        std::future::ready(Ok(records)).boxed()
+    }
+
+    fn waiting(&self, shard: ShardId) -> BoxFuture<'_, Result<Vec<(String, u32)>, StoreError>> {
+        let waiting = self.with_state(|s, _| s.queue().waiting(shard));
+        std::future::ready(Ok(waiting)).boxed()
+    }
+
+    fn cancel<'a>(
+        &'a self,
+        shard: ShardId,
+        tenant: &'a str,
+        terminal: &'a str,
+        key: &'a str,
+        now: u64,
+        retention_ms: u64,
+    ) -> BoxFuture<'a, Result<Cancelled, StoreError>> {
+        let out = self.with_state(|s, _| {
+            s.queue()
+                .cancel(shard, tenant, terminal, Some(key), now, retention_ms)
+        });
+        std::future::ready(Ok(out)).boxed()
+    }
+
+    fn purge<'a>(
+        &'a self,
+        shard: ShardId,
+        tenant: &'a str,
+        terminal: &'a str,
+        now: u64,
+        retention_ms: u64,
+    ) -> BoxFuture<'a, Result<Cancelled, StoreError>> {
+        let out = self.with_state(|s, _| {
+            s.queue()
+                .cancel(shard, tenant, terminal, None, now, retention_ms)
+        });
+        std::future::ready(Ok(out)).boxed()
+    }
+
+    fn feed<'a>(
+        &'a self,
+        tenant: &'a str,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Feed, StoreError>> {
+        let after = match after.map(str::parse::<u64>).transpose() {
+            Ok(after) => after,
+            Err(_) => {
+                let refused = StoreError::Config(format!("not a feed cursor: {after:?}"));
+                return std::future::ready(Err(refused)).boxed();
+            }
+        };
+        let feed = self.with_state(|s, _| {
+            let generation = s.generation.as_ref().map(|(id, _)| id.clone());
+            let (events, gap) = s.queue().feed(tenant, after, limit.max(1));
+            Feed {
+                events: events
+                    .into_iter()
+                    .map(|(c, r)| (c.to_string(), r))
+                    .collect(),
+                generation,
+                gap,
+            }
+        });
+        std::future::ready(Ok(feed)).boxed()
     }
 }
 

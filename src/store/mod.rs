@@ -40,6 +40,7 @@ use crate::core::{PodId, ShardId};
 pub mod directory;
 pub mod keys;
 pub mod memory;
+pub mod queue;
 pub mod redis;
 
 /// Settings every pod of a cluster must share, pinned in the store by the first pod.

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
-use redis::{Cmd, RedisResult, Script, ServerErrorKind, Value};
+use redis::{Cmd, RedisResult, Script, ServerErrorKind, ToRedisArgs, Value};
 
 /// `WAIT <replicas> <timeout>` after a write: how many replicas must have it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,11 +20,11 @@ pub struct Wait {
 
 /// Runs `script` with `keys` and `args`; with `wait`, returns how many replicas
 /// acknowledged the write too.
-pub(super) async fn invoke(
+pub(super) async fn invoke<A: ToRedisArgs>(
     conn: &mut ConnectionManager,
     script: &Script,
     keys: &[String],
-    args: &[String],
+    args: &[A],
     wait: Option<Wait>,
 ) -> RedisResult<(Value, Option<u64>)> {
     let Some(wait) = wait else {

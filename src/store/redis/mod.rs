@@ -72,6 +72,7 @@ mod events;
 mod follow;
 mod invoke;
 mod ops;
+mod queue;
 mod reply;
 mod scripts;
 pub mod sentinel_url;
@@ -372,12 +373,12 @@ impl RedisStore {
         self.shared.opts.wait
     }
 
-    async fn run(
+    async fn run<A: redis::ToRedisArgs + Sync>(
         &self,
         op: &'static str,
         script: &Script,
         keys: &[String],
-        args: &[String],
+        args: &[A],
         wait: Option<Wait>,
     ) -> Result<Value, StoreError> {
         let s = &self.shared;

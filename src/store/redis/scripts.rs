@@ -1,5 +1,6 @@
-//! The coordination scripts (`store/lua/`), each with `lib.lua` prepended and flagged as
-//! writing (see the parent module for why); the directory's are `directory.rs`'s.
+//! The coordination and queue scripts (`store/lua/`), each with `lib.lua` prepended and
+//! flagged as writing (see the parent module for why), but the queue's reads; the
+//! directory's are `directory.rs`'s.
 
 use redis::Script;
 
@@ -15,6 +16,18 @@ macro_rules! script {
     };
 }
 
+/// A queue script (`queue_lib.lua` after `lib.lua`), flagged as writing.
+macro_rules! queue_script {
+    ($file:literal) => {
+        Script::new(concat!(
+            "#!lua\n",
+            include_str!("../lua/lib.lua"),
+            include_str!("../lua/queue_lib.lua"),
+            include_str!(concat!("../lua/", $file))
+        ))
+    };
+}
+
 pub(super) struct Scripts {
     pub(super) pin_meta: Script,
     pub(super) heartbeat: Script,
@@ -24,6 +37,12 @@ pub(super) struct Scripts {
     pub(super) release: Script,
     pub(super) snapshot: Script,
     pub(super) place: Script,
+    pub(super) queue_enqueue: Script,
+    pub(super) queue_write: Script,
+    pub(super) queue_cancel: Script,
+    /// Flagged `no-writes`: a status lookup or a feed read runs also while Redis is out
+    /// of memory.
+    pub(super) queue_read: Script,
 }
 
 impl Scripts {
@@ -37,6 +56,13 @@ impl Scripts {
             release: script!("release.lua"),
             snapshot: script!("snapshot.lua"),
             place: script!("place.lua"),
+            queue_enqueue: queue_script!("queue_enqueue.lua"),
+            queue_write: queue_script!("queue_write.lua"),
+            queue_cancel: queue_script!("queue_cancel.lua"),
+            queue_read: Script::new(concat!(
+                "#!lua flags=no-writes\n",
+                include_str!("../lua/queue_read.lua")
+            )),
         }
     }
 }
