@@ -410,6 +410,7 @@ async fn run(pod_rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
             pod: &pod_id,
             content_type: Some(&ct),
             body: Bytes::from_static(b"{\"amount\":1}"),
+            queued: None,
         };
         let answered = send(&mut session.sender(), push, Duration::from_secs(5)).await?;
         anyhow::ensure!(

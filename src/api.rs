@@ -14,6 +14,18 @@ pub const TERMINAL_ROUTE: &str = "/v1/terminals/{id}";
 pub const CLUSTER_ROUTE: &str = "/v1/cluster";
 /// The push's deadline, milliseconds (`?timeout_ms=`).
 pub const TIMEOUT_PARAM: &str = "timeout_ms";
+/// A push that may wait for its terminal: its TTL, seconds (`?ttl_s=`).
+pub const TTL_PARAM: &str = "ttl_s";
+/// Replaces a queued push of the same tenant and terminal with this key
+/// (`?collapse_key=`; needs `ttl_s`).
+pub const COLLAPSE_PARAM: &str = "collapse_key";
+/// `GET`, `DELETE` {PUSHES_ROUTE}: one push with a TTL, by its idempotency key
+/// (percent-encoded in the path).
+pub const PUSH_STATUS_ROUTE: &str = "/v1/terminals/{id}/pushes/{key}";
+/// `DELETE`: cancel every queued push of the tenant to a terminal.
+pub const PUSHES_ROUTE: &str = "/v1/terminals/{id}/pushes";
+/// `GET`: the tenant's feed of pushes that reached a final state.
+pub const FEEDBACK_ROUTE: &str = "/v1/feedback";
 
 /// The caller's idempotency key; passed on under this name to the owner and terminal.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -27,6 +39,12 @@ pub fn valid_terminal_id(id: &str) -> bool {
         && id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+}
+
+/// Whether `key` is a valid `?collapse_key=`: `[A-Za-z0-9._:-]{1,64}`, like a terminal
+/// id, so it needs no escaping in a URL, a log line or a store key.
+pub fn valid_collapse_key(key: &str) -> bool {
+    valid_terminal_id(key)
 }
 
 /// Whether `key` is a valid `Idempotency-Key`: 1-128 visible ASCII characters.

@@ -42,12 +42,14 @@ use crate::pos::tls;
 use crate::push::handoff::{
     self, HandoffHook, Handoffs, PeerPredecessor, HANDOFF_LINGER, RELEASE_TIMEOUT,
 };
+use crate::push::queue::{self, QueueEvents, QueueHook};
 use crate::push::{NoTerminals, PushService, Sessions};
 pub use crate::reload::Reloader;
 use crate::serving::ServingHook;
 use crate::serving::{NoSessions, SessionStats};
 use crate::status::PodStatus;
 use crate::store::directory::Directory;
+use crate::store::queue::QueueStore;
 use crate::store::{ClusterMeta, CoordStore, StoreError};
 use crate::tls::TlsConfigError;
 
@@ -101,7 +103,7 @@ impl Pod {
     /// Runs one pod with its POS connection manager (what `posgate serve` does) until
     /// `shutdown` resolves and its graceful shutdown is done, or until it fails. Dropping
     /// the returned future stops the pod without a graceful shutdown.
-    pub async fn run_with_terminals<S: CoordStore + Directory>(
+    pub async fn run_with_terminals<S: CoordStore + Directory + QueueStore>(
         config: PodConfig,
         store: S,
         listener: TcpListener,
@@ -126,11 +128,12 @@ impl Pod {
         let store = Arc::new(store);
         let metrics = Arc::new(Metrics::new());
         let credentials = config.credentials();
-        let (driver, handoffs) = driver(&config, &store, hook, &credentials, &metrics)?;
+        let (driver, handoffs, _) = driver(&config, &store, hook, None, &credentials, &metrics)?;
         let (server_cert, peer_tls) = tls_parts(&config)?;
         let parts = Parts {
             credentials,
             handoffs,
+            queue: None,
             sessions: Arc::new(NoTerminals),
             stats: Arc::new(NoSessions),
             metrics,
@@ -148,7 +151,7 @@ impl Pod {
     /// the driver. Reads the TLS files now: a bad one fails here, naming the file.
     /// Like [`Pod::start`], the store need not be reachable yet. Must be called within a
     /// tokio runtime.
-    pub fn start_with_terminals<S: CoordStore + Directory>(
+    pub fn start_with_terminals<S: CoordStore + Directory + QueueStore>(
         config: PodConfig,
         store: S,
         listener: TcpListener,
@@ -158,8 +161,9 @@ impl Pod {
     }
 
     /// [`Pod::start_with_terminals`] with the terminal directory kept apart from the
-    /// coordination store (the demo's embedded mode).
-    pub fn start_with_directory<S: CoordStore, D: Directory>(
+    /// coordination store (the demo's embedded mode). The store keeps pushes with a TTL
+    /// too.
+    pub fn start_with_directory<S: CoordStore + QueueStore, D: Directory>(
         config: PodConfig,
         store: Arc<S>,
         directory: Arc<D>,
@@ -212,12 +216,21 @@ impl Pod {
         let manager = ConnectionManager::new(directory, dialer.clone(), manager_config, stale_tx);
         let sessions = Arc::new(manager.clone());
         let stats = Arc::new(manager.clone());
-        let (driver, handoffs) = driver(&config, &store, manager, &credentials, &metrics)?;
+        let queue_store: Arc<dyn QueueStore> = store.clone();
+        let (driver, handoffs, queue) = driver(
+            &config,
+            &store,
+            manager,
+            Some(queue_store),
+            &credentials,
+            &metrics,
+        )?;
         let driver = driver.with_stale_epochs(stale_rx);
         tokio::spawn(forward_status(driver.status(), members_tx));
         let parts = Parts {
             credentials,
             handoffs,
+            queue,
             sessions,
             stats,
             metrics,
@@ -239,27 +252,37 @@ async fn forward_status(mut from: watch::Receiver<PodStatus>, to: watch::Sender<
     }
 }
 
-/// A pod's driver: it tells `hook` and the push layer's handoff hook about serving
-/// transitions.
-type PodDriver<S, H> = Driver<S, (H, HandoffHook)>;
+/// A pod's driver: it tells `hook` and the push layer's hooks (kept answers, queue
+/// drains) about serving transitions.
+type PodDriver<S, H> = Driver<S, (H, (HandoffHook, QueueHook))>;
 
-/// The pod's [`PodDriver`], signing with `credentials`, and the handoff hook's other end.
+/// The queue a pod keeps pushes with a TTL in, and its drains' end of the hook.
+type Queue = (Arc<dyn QueueStore>, QueueEvents);
+
+/// What [`driver`] makes: the driver, the handoff hook's other end, and with a queue
+/// store, the queue and its hook's other end.
+type Driven<S, H> = (PodDriver<S, H>, Handoffs, Option<Queue>);
+
+/// The pod's [`PodDriver`], signing with `credentials`, and the other ends of the push
+/// layer's hooks.
 fn driver<S: CoordStore, H: ServingHook>(
     config: &PodConfig,
     store: &Arc<S>,
     hook: H,
+    queue: Option<Arc<dyn QueueStore>>,
     credentials: &Credentials,
     metrics: &Arc<Metrics>,
-) -> Result<(PodDriver<S, H>, Handoffs), PodError> {
+) -> Result<Driven<S, H>, PodError> {
     let (handoff, handoffs) = handoff::channel();
+    let (queue_hook, events) = queue::hook(queue.is_some());
     let driver = Driver::new(
         config.driver(),
         credentials.clone(),
         store.clone(),
-        (hook, handoff),
+        (hook, (handoff, queue_hook)),
         metrics.clone(),
     )?;
-    Ok((driver, handoffs))
+    Ok((driver, handoffs, queue.map(|q| (q, events))))
 }
 
 /// The listener's certificate (`None`: plain HTTP) and the peer client's TLS config, read
@@ -279,6 +302,8 @@ struct Parts {
     credentials: Credentials,
     /// The other end of the serving hook that moves kept push answers with their shards.
     handoffs: Handoffs,
+    /// Where pushes with a TTL are kept, and the other end of the drains' hook.
+    queue: Option<Queue>,
     sessions: Arc<dyn Sessions>,
     stats: Arc<dyn SessionStats>,
     metrics: Arc<Metrics>,
@@ -298,6 +323,7 @@ fn spawn_pod<S: CoordStore, H: ServingHook>(
     let Parts {
         credentials,
         handoffs,
+        queue,
         sessions,
         stats,
         metrics,
@@ -331,6 +357,10 @@ fn spawn_pod<S: CoordStore, H: ServingHook>(
         metrics.clone(),
     )
     .with_handoffs(&handoffs);
+    let push = match queue {
+        Some((store, events)) => push.with_queue(store, events),
+        None => push,
+    };
     let push = Arc::new(push);
     // Ends when the driver (holding the hook) does.
     tokio::spawn(push.clone().run_handoffs(handoffs));

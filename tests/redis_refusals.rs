@@ -48,6 +48,7 @@ fn member() -> Member {
         started_ms: 1,
         peer_protocol: 2,
         handover: 0,
+        queue: 0,
     }
 }
 

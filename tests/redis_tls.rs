@@ -57,6 +57,7 @@ async fn round_trip(store: &RedisStore) {
         started_ms: 1,
         peer_protocol: 2,
         handover: 0,
+        queue: 0,
     };
     let beat = store.heartbeat(&generation.id, &member, &meta, TTL).await;
     assert!(matches!(beat, Ok(Checked::Ok(_))), "heartbeat: {beat:?}");

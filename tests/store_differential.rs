@@ -258,6 +258,7 @@ fn member(id: &str) -> Member {
         started_ms: 42,
         peer_protocol: 2,
         handover: 0,
+        queue: 0,
     }
 }
 

@@ -12,7 +12,12 @@ use std::time::Duration;
 use super::secrets::{secret_from, Origin};
 use super::{invalid, parse_duration, ConfigError};
 use crate::credentials::ApiTokens;
+use std::num::NonZeroU32;
+
+use crate::http::MAX_TTL_S;
+use crate::push::queue::{QueueSettings, CLOCK_SKEW, COPY_TIMEOUT};
 use crate::push::PushSettings;
+use crate::store::queue::{Limits, RECORD_CHARGE};
 
 /// Environment variable with the API tokens (`tenant:token`, comma-separated).
 pub const API_TOKENS_ENV: &str = "POSGATE_API_TOKENS";
@@ -52,6 +57,26 @@ pub struct PushArgs {
     /// after
     #[arg(long, env = "POSGATE_BODY_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub body_read_timeout: Duration,
+    /// Longest TTL a push may ask for (`?ttl_s=`)
+    #[arg(long, env = "POSGATE_QUEUE_MAX_TTL", default_value = "7d", value_parser = parse_duration)]
+    pub queue_max_ttl: Duration,
+    /// Pushes with a TTL not yet final per terminal; beyond: 429 queue_full
+    #[arg(long, env = "POSGATE_QUEUE_MAX_PER_TERMINAL", default_value_t = 100)]
+    pub queue_max_per_terminal: u32,
+    /// Bytes of pushes with a TTL one tenant may have stored (bodies, plus 512 per
+    /// record, final ones during their retention); beyond: 429 queue_full
+    #[arg(long, env = "POSGATE_QUEUE_MAX_TENANT_BYTES", default_value_t = 64 << 20)]
+    pub queue_max_tenant_bytes: u64,
+    /// Bytes of pushes with a TTL the whole cluster may have stored; keep it well below
+    /// Redis maxmemory; beyond: 429 queue_full
+    #[arg(long, env = "POSGATE_QUEUE_MAX_BYTES", default_value_t = 256 << 20)]
+    pub queue_max_bytes: u64,
+    /// How long a push with a TTL is kept after its final state, for status lookups
+    #[arg(long, env = "POSGATE_QUEUE_RETENTION", default_value = "1h", value_parser = parse_duration)]
+    pub queue_retention: Duration,
+    /// Queued pushes this pod sends per second at most (live pushes are not counted)
+    #[arg(long, env = "POSGATE_QUEUE_DRAIN_RATE", default_value_t = 500)]
+    pub queue_drain_rate: u32,
 }
 
 impl PushArgs {
@@ -119,6 +144,7 @@ impl PushArgs {
                 Some(parsed.map_err(|e| origin.error(e.to_string()))?)
             }
         };
+        let queue = self.queue()?;
         let settings = PushSettings {
             max_push_bytes: self.max_push_bytes,
             max_inflight: self.max_inflight,
@@ -128,7 +154,62 @@ impl PushArgs {
             idempotency_ttl: self.idempotency_ttl,
             idempotency_capacity: self.idempotency_capacity,
             body_read_timeout: self.body_read_timeout,
+            queue,
         };
         Ok((tokens, settings))
+    }
+
+    /// The `--queue-*` flags, checked against each other and `--max-push-bytes`.
+    fn queue(&self) -> Result<QueueSettings, ConfigError> {
+        let max_ttl = self.queue_max_ttl;
+        if max_ttl < Duration::from_secs(1) || max_ttl.as_secs() > MAX_TTL_S {
+            return Err(invalid(
+                "queue-max-ttl",
+                format!("must be 1s..={MAX_TTL_S}s"),
+            ));
+        }
+        // After a lost answer a queued push is sent again only while the terminal's
+        // dedup window (at least --idempotency-ttl) still covers the next copy.
+        let resend = CLOCK_SKEW + COPY_TIMEOUT;
+        if self.idempotency_ttl <= resend {
+            return Err(invalid(
+                "idempotency-ttl",
+                format!("must be longer than {resend:?} (a queued copy's answer time and the clock skew allowance)"),
+            ));
+        }
+        let one_push = self.max_push_bytes as u64 + RECORD_CHARGE;
+        if self.queue_max_per_terminal == 0 {
+            return Err(invalid(
+                "queue-max-per-terminal",
+                "must be greater than zero",
+            ));
+        }
+        if self.queue_max_tenant_bytes < one_push {
+            return Err(invalid(
+                "queue-max-tenant-bytes",
+                format!("must hold one push of --max-push-bytes: at least {one_push}"),
+            ));
+        }
+        if self.queue_max_bytes < self.queue_max_tenant_bytes {
+            return Err(invalid(
+                "queue-max-bytes",
+                "must be at least --queue-max-tenant-bytes",
+            ));
+        }
+        if self.queue_retention.is_zero() {
+            return Err(invalid("queue-retention", "must be greater than zero"));
+        }
+        let drain_rate = NonZeroU32::new(self.queue_drain_rate)
+            .ok_or_else(|| invalid("queue-drain-rate", "must be greater than zero"))?;
+        Ok(QueueSettings {
+            max_ttl,
+            limits: Limits {
+                per_terminal: self.queue_max_per_terminal,
+                tenant_bytes: self.queue_max_tenant_bytes,
+                cluster_bytes: self.queue_max_bytes,
+                retention_ms: self.queue_retention.as_millis() as u64,
+            },
+            drain_rate,
+        })
     }
 }

@@ -33,6 +33,12 @@ pub struct Member {
     /// it dials (`docs/design.md` "Planned moves, per terminal").
     #[serde(default)]
     pub handover: u32,
+    /// Whether the pod keeps pushes for later (`QUEUE_CAPABILITY` of `crate::push::queue`):
+    /// 0 in records of releases before it. Pods accept pushes with a TTL only while every
+    /// member has it, so a push is never queued where a pod serving its shard would not
+    /// drain it.
+    #[serde(default)]
+    pub queue: u32,
 }
 
 /// [`Member::handover`] of a pod that drains: it closes a moved shard's terminals one

@@ -21,6 +21,7 @@ pub(crate) fn member(name: &str) -> Member {
         started_ms: 0,
         peer_protocol: 2,
         handover: 0,
+        queue: 0,
     }
 }
 

@@ -99,6 +99,7 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
                 .map_or(0, |d| d.as_millis() as u64),
             peer_protocol: PEER_PROTOCOL,
             handover: hook.handover(),
+            queue: hook.queue(),
         };
         // A pod that drains names itself in every release, for the next holder to ask
         // (`ReleaseNote`); one that closes whole shards leaves nothing to ask about.

@@ -37,6 +37,17 @@ impl Caller {
         }
     }
 
+    /// The tenant a request about no one terminal (the outcome feed) speaks for.
+    pub(super) fn tenant(&self) -> Result<Tenant, Answer> {
+        match self {
+            Caller::Insecure => Ok(Tenant(INSECURE_TENANT.to_string())),
+            Caller::Granted(Grant::Tenant { tenant, .. }) => Ok(tenant.clone()),
+            Caller::Granted(Grant::Operator) => Err(forbidden(
+                "an operator token sees the cluster; it has no pushes of its own",
+            )),
+        }
+    }
+
     /// `Ok` when the request may see the whole cluster (`/v1/cluster`).
     pub(super) fn operator(&self) -> Result<(), Answer> {
         match self {

@@ -41,6 +41,7 @@ use crate::peer::wire::{Draining, ForwardedPush, ReleaseAnswer, ReleaseTerminals
 use crate::peer::{PeerAnswer, PEER_PROTOCOL, SIGNATURE_HEADER, VERSION_HEADER};
 use crate::pos::handover::Released;
 use crate::push::answer::{Answer, ErrorCode};
+use crate::push::later::Later;
 use crate::push::{Owned, PushRequest, MAX_TIMEOUT};
 
 /// Why a peer request goes no further.
@@ -309,9 +310,13 @@ async fn push(state: &HttpState, terminal: String, headers: &HeaderMap, body: By
         content_type: forwarded.content_type,
         body: forwarded.body,
         received,
+        later: forwarded.ttl.map(|ttl| Later {
+            ttl,
+            collapse_key: forwarded.collapse_key,
+        }),
     };
     let deadline = clock::now() + budget;
-    match state.push.deliver_here(&request, deadline).await {
+    match state.push.deliver_at_owner(&request, deadline).await {
         Owned::Answer(answer) => respond(answer),
         Owned::NotHere => moved(),
     }

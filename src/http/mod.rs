@@ -23,6 +23,7 @@ mod errors;
 mod head_errors;
 mod internal;
 mod push;
+mod pushes;
 mod serve;
 mod status_page;
 pub mod tls;
@@ -38,7 +39,7 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get, post};
+use axum::routing::{any, delete, get, post};
 use axum::{middleware, Json, Router};
 use bytes::{Bytes, BytesMut};
 use futures::future::BoxFuture;
@@ -61,7 +62,7 @@ use crate::status::PodStatus;
 pub use self::caller::INSECURE_TENANT;
 pub use self::connections::{ConnectionLimits, MAX_CLOSING};
 pub use self::errors::MAX_URI_BYTES;
-pub use self::push::{push_head, PushHead, PUSH_FAILURES};
+pub use self::push::{push_head, PushHead, MAX_TTL_S, PUSH_FAILURES};
 pub use self::serve::{bind, LISTEN_BACKLOG};
 
 /// What the HTTP handlers read.
@@ -177,6 +178,12 @@ fn router(state: Arc<HttpState>) -> Router {
     let api = Router::new()
         .route(api::CLUSTER_ROUTE, get(cluster::cluster))
         .route(api::TERMINAL_ROUTE, get(push::terminal))
+        .route(
+            api::PUSH_STATUS_ROUTE,
+            get(pushes::status).delete(pushes::cancel),
+        )
+        .route(api::PUSHES_ROUTE, delete(pushes::purge))
+        .route(api::FEEDBACK_ROUTE, get(pushes::feedback))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             push::require_token,

@@ -23,11 +23,15 @@ use serde::Deserialize;
 use super::caller::Caller;
 use super::errors::{check_head, method_not_allowed, respond};
 use super::{read_bounded, HttpState};
-use crate::api::{valid_key, valid_terminal_id, IDEMPOTENCY_KEY, TIMEOUT_PARAM};
+use crate::api::{
+    valid_collapse_key, valid_key, valid_terminal_id, COLLAPSE_PARAM, IDEMPOTENCY_KEY,
+    TIMEOUT_PARAM, TTL_PARAM,
+};
 use crate::clock;
 use crate::credentials::ApiTokens;
 use crate::metrics::{GaugeUnit, Metrics};
 use crate::push::answer::{Answer, ErrorBody, ErrorCode, ALL_ERROR_CODES};
+use crate::push::later::Later;
 use crate::push::slots::Full;
 use crate::push::{PushRequest, PushService, DEFAULT_TIMEOUT, MAX_TIMEOUT};
 
@@ -145,27 +149,64 @@ fn new_key() -> String {
         .to_string()
 }
 
-/// The push's query: `timeout_ms` only, so a misspelt parameter is an error, not a
-/// silently ignored wish.
+/// The push's query: `timeout_ms`, and for a push that may wait `ttl_s` and
+/// `collapse_key`; nothing else, so a misspelt parameter is an error, not a silently
+/// ignored wish (and a pod of an earlier release refuses `ttl_s` the same way: a
+/// rolling upgrade cannot turn a push meant to wait into one that does not).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PushQuery {
     timeout_ms: Option<String>,
+    ttl_s: Option<String>,
+    collapse_key: Option<String>,
 }
 
-/// The `timeout_ms` query parameter, checked; any other parameter is refused.
-fn deadline_of(uri: &Uri) -> Result<Duration, String> {
+/// The longest `ttl_s` the API takes at all (a pod's `--queue-max-ttl` may be lower).
+pub const MAX_TTL_S: u64 = 366 * 24 * 3600;
+
+/// The query parameters, checked: the deadline and, with `ttl_s`, what makes the push
+/// wait; any other parameter is refused.
+fn query_of(uri: &Uri) -> Result<(Duration, Option<Later>), String> {
     let Query(query) = Query::<PushQuery>::try_from_uri(uri).map_err(|e| e.body_text())?;
-    let Some(raw) = query.timeout_ms else {
-        return Ok(DEFAULT_TIMEOUT);
-    };
     let max = MAX_TIMEOUT.as_millis() as u64;
-    match raw.parse::<u64>() {
-        Ok(ms) if (1..=max).contains(&ms) => Ok(Duration::from_millis(ms)),
-        _ => Err(format!(
-            "{TIMEOUT_PARAM} must be an integer from 1 to {max}"
-        )),
-    }
+    let timeout = match query.timeout_ms {
+        None => DEFAULT_TIMEOUT,
+        Some(raw) => match raw.parse::<u64>() {
+            Ok(ms) if (1..=max).contains(&ms) => Duration::from_millis(ms),
+            _ => {
+                return Err(format!(
+                    "{TIMEOUT_PARAM} must be an integer from 1 to {max}"
+                ))
+            }
+        },
+    };
+    let ttl = match query.ttl_s {
+        None => None,
+        Some(raw) => match raw.parse::<u64>() {
+            Ok(s) if (1..=MAX_TTL_S).contains(&s) => Some(Duration::from_secs(s)),
+            _ => {
+                return Err(format!(
+                    "{TTL_PARAM} must be an integer from 1 to {MAX_TTL_S}"
+                ))
+            }
+        },
+    };
+    let later = match (ttl, query.collapse_key) {
+        (None, None) => None,
+        (None, Some(_)) => return Err(format!("{COLLAPSE_PARAM} needs {TTL_PARAM}")),
+        (Some(ttl), collapse_key) => {
+            if collapse_key
+                .as_deref()
+                .is_some_and(|c| !valid_collapse_key(c))
+            {
+                return Err(format!(
+                    "{COLLAPSE_PARAM} must match [A-Za-z0-9._:-]{{1,64}}"
+                ));
+            }
+            Some(Later { ttl, collapse_key })
+        }
+    };
+    Ok((timeout, later))
 }
 
 /// A request that takes no query parameters.
@@ -221,6 +262,19 @@ async fn checked(
         settings.body_read_timeout,
     )
     .await?;
+    if let Some(later) = &head.later {
+        service
+            .queue_ready()
+            .map_err(|why| Answer::error(ErrorCode::QueueUnavailable, why))?;
+        let max = settings.queue.max_ttl;
+        if later.ttl > max {
+            let message = format!(
+                "{TTL_PARAM} must be at most {} on this cluster (--queue-max-ttl)",
+                max.as_secs()
+            );
+            return Err(Answer::error(ErrorCode::InvalidRequest, message));
+        }
+    }
     let request = PushRequest {
         tenant,
         terminal,
@@ -228,6 +282,7 @@ async fn checked(
         content_type: head.content_type,
         body,
         received,
+        later: head.later,
     };
     Ok((request, head.timeout))
 }
@@ -240,6 +295,8 @@ pub struct PushHead {
     /// `timeout_ms`, or [`DEFAULT_TIMEOUT`].
     pub timeout: Duration,
     pub content_type: Option<HeaderValue>,
+    /// `ttl_s` (and `collapse_key`): the push may wait for its terminal.
+    pub later: Option<Later>,
 }
 
 /// Checks a push's terminal id, query and headers, without IO (a fuzz target's entry,
@@ -270,12 +327,21 @@ pub fn push_head(terminal: &str, uri: &Uri, headers: &HeaderMap) -> Result<PushH
             ));
         }
     }
-    let timeout = deadline_of(uri).map_err(|m| Answer::error(ErrorCode::InvalidRequest, m))?;
+    let (timeout, later) =
+        query_of(uri).map_err(|m| Answer::error(ErrorCode::InvalidRequest, m))?;
     let content_type = single(headers, &header::CONTENT_TYPE)?.cloned();
+    // A push that waits is stored with its content type as text.
+    if later.is_some() && content_type.as_ref().is_some_and(|c| c.to_str().is_err()) {
+        return Err(Answer::error(
+            ErrorCode::InvalidRequest,
+            "a push with ttl_s needs a Content-Type of visible ASCII",
+        ));
+    }
     Ok(PushHead {
         key,
         timeout,
         content_type,
+        later,
     })
 }
 
@@ -368,6 +434,7 @@ mod tests {
         assert_eq!(key.len(), 36);
         assert_eq!(&key[14..15], "4", "a v4 UUID");
         let uri = |q: &str| format!("/v1/terminals/x/push{q}").parse::<Uri>().unwrap();
+        let deadline_of = |u: &Uri| query_of(u).map(|(timeout, _)| timeout);
         assert_eq!(deadline_of(&uri("")), Ok(DEFAULT_TIMEOUT));
         assert_eq!(
             deadline_of(&uri("?timeout_ms=250")),
@@ -386,6 +453,39 @@ mod tests {
             "?timeout_ms=1&timeout_ms=2",
         ] {
             assert!(deadline_of(&uri(bad)).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_push_may_ask_to_wait_with_a_ttl_and_a_collapse_key() {
+        let uri = |q: &str| format!("/v1/terminals/x/push{q}").parse::<Uri>().unwrap();
+        let later = |q: &str| query_of(&uri(q)).map(|(_, later)| later);
+        assert_eq!(later(""), Ok(None));
+        assert_eq!(
+            later("?ttl_s=3600&timeout_ms=100"),
+            Ok(Some(Later {
+                ttl: Duration::from_secs(3_600),
+                collapse_key: None
+            }))
+        );
+        assert_eq!(
+            later("?ttl_s=1&collapse_key=price-list:eu"),
+            Ok(Some(Later {
+                ttl: Duration::from_secs(1),
+                collapse_key: Some("price-list:eu".into())
+            }))
+        );
+        for bad in [
+            "?ttl_s=0",
+            "?ttl_s=-1",
+            "?ttl_s=1h",
+            &format!("?ttl_s={}", MAX_TTL_S + 1),
+            "?collapse_key=menu",
+            "?ttl_s=60&collapse_key=",
+            "?ttl_s=60&collapse_key=has%20space",
+            "?ttl=60",
+        ] {
+            assert!(later(bad).is_err(), "{bad}");
         }
     }
 }

@@ -62,6 +62,26 @@ pub(super) const PUSH_PATHS: [&str; 3] = ["local", "forwarded", "none"];
 /// The `delivery` values of `posgate_shards_suspended`: held past the lease deadline and
 /// delivering (the cluster-wide verdict stands) or parked (connections kept, nothing
 /// delivered).
+/// Every `result` of `posgate_queue_enqueued_total`.
+pub const QUEUE_ENQUEUE_RESULTS: [&str; 6] = [
+    "accepted",
+    "existing",
+    "conflict",
+    "full",
+    "unknown_terminal",
+    "error",
+];
+/// Every `result` of `posgate_queue_copies_total`.
+pub const QUEUE_COPY_RESULTS: [&str; 7] = [
+    "taken",
+    "duplicate",
+    "rejected",
+    "try_again",
+    "not_sent",
+    "stale_epoch",
+    "unknown",
+];
+
 pub const SUSPENDED_DELIVERY: [&str; 2] = ["delivering", "parked"];
 
 /// The `reason` values of `posgate_peer_requests_refused_total` (`AuthError::reason`).
@@ -144,6 +164,15 @@ impl Metrics {
             let _ = self
                 .kept_answers_handoffs
                 .get_or_create(&[("outcome", outcome)]);
+        }
+        for result in QUEUE_ENQUEUE_RESULTS {
+            let _ = self.queue_enqueued.get_or_create(&[("result", result)]);
+        }
+        for state in crate::store::queue::State::FINAL {
+            let _ = self.queue_finals.get_or_create(&[("state", state)]);
+        }
+        for result in QUEUE_COPY_RESULTS {
+            let _ = self.queue_copies.get_or_create(&[("result", result)]);
         }
         for delivery in SUSPENDED_DELIVERY {
             let _ = self

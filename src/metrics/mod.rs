@@ -120,6 +120,15 @@ pub struct Metrics {
     pub push_duplicates: Counter,
     pub kept_answers_handoffs: Family<Label, Counter>,
     pub kept_answers_taken: Counter,
+    // Pushes kept for later (`push::queue`, `push::later`).
+    pub queue_enqueued: Family<Label, Counter>,
+    pub queue_finals: Family<Label, Counter>,
+    pub queue_copies: Family<Label, Counter>,
+    pub queue_pushes: Gauge,
+    pub queue_bytes: Gauge,
+    pub queue_oldest_seconds: Gauge<f64, AtomicU64>,
+    pub queue_oldest_connected_seconds: Gauge<f64, AtomicU64>,
+    pub queue_max_bytes: Gauge,
     // Operations.
     pub reloads: Family<Label, Counter>,
     pub peer_refusals: Family<Label, Counter>,
@@ -190,6 +199,14 @@ impl Metrics {
             push_duplicates: Counter::default(),
             kept_answers_handoffs: Family::default(),
             kept_answers_taken: Counter::default(),
+            queue_enqueued: Family::default(),
+            queue_finals: Family::default(),
+            queue_copies: Family::default(),
+            queue_pushes: Gauge::default(),
+            queue_bytes: Gauge::default(),
+            queue_oldest_seconds: Gauge::default(),
+            queue_oldest_connected_seconds: Gauge::default(),
+            queue_max_bytes: Gauge::default(),
             reloads: Family::default(),
             peer_refusals: Family::default(),
             peer_legacy_accepted: Counter::default(),
@@ -368,6 +385,30 @@ impl Metrics {
             "posgate_kept_answers_taken",
             "Kept push answers taken into this pod's idempotency cache from a shard's previous owner",
             self.kept_answers_taken.clone(),
+        );
+        r.register("posgate_queue_enqueued", "Pushes with a TTL this pod tried to store, by result (accepted, existing: the key was stored before, conflict, full, unknown_terminal, error: the store did not answer)", self.queue_enqueued.clone());
+        r.register("posgate_queue_finals", "Pushes with a TTL this pod moved to a final state, by state (delivered, rejected, expired, replaced, cancelled, unknown)", self.queue_finals.clone());
+        r.register("posgate_queue_copies", "Copies of queued pushes this pod sent, by result (taken, duplicate: the terminal had the key, rejected, try_again: 409/421/428/5xx, not_sent, stale_epoch, unknown: no answer)", self.queue_copies.clone());
+        r.register(
+            "posgate_queue_pushes",
+            "Pushes with a TTL not final yet for the terminals of the shards this pod serves (what its drains last read)",
+            self.queue_pushes.clone(),
+        );
+        r.register(
+            "posgate_queue_bytes",
+            "Bytes the store charges for those pushes (bodies and records)",
+            self.queue_bytes.clone(),
+        );
+        r.register(
+            "posgate_queue_oldest_seconds",
+            "Age of the oldest of those pushes; 0 when there is none",
+            self.queue_oldest_seconds.clone(),
+        );
+        r.register("posgate_queue_oldest_connected_seconds", "Age of the oldest of those pushes whose terminal has a session: a queue that does not drain although its terminal is connected; 0 when there is none", self.queue_oldest_connected_seconds.clone());
+        r.register(
+            "posgate_queue_max_bytes",
+            "The cluster's bound on the queue's bytes (--queue-max-bytes)",
+            self.queue_max_bytes.clone(),
         );
         r.register(
             "posgate_reloads",

@@ -7,7 +7,10 @@
 //! type as received, [`TENANT_HEADER`] (the tenant the token named),
 //! [`IDEMPOTENCY_KEY`], [`DEADLINE_HEADER`] (milliseconds left of the caller's deadline)
 //! and [`HOP_HEADER`] `1`: the owner delivers or answers `421`, never forwards again, so
-//! one attempt is one hop.
+//! one attempt is one hop. A push with a TTL also carries [`TTL_HEADER`] and, with a
+//! collapse key, [`COLLAPSE_HEADER`]; like every `posgate-*` header they are signed. Only
+//! pods that advertise the queue (`Member::queue`) are sent one, and the owner answers
+//! `202` with the push's status while it waits.
 
 use std::time::Duration;
 
@@ -15,7 +18,9 @@ use bytes::Bytes;
 use http::{header, HeaderMap, HeaderName, HeaderValue};
 use serde::{Deserialize, Serialize};
 
-use crate::api::{valid_key, valid_terminal_id, IDEMPOTENCY_KEY, TENANT_HEADER};
+use crate::api::{
+    valid_collapse_key, valid_key, valid_terminal_id, IDEMPOTENCY_KEY, TENANT_HEADER,
+};
 use crate::core::{PodId, ShardId};
 use crate::metrics::timeline::Point;
 
@@ -50,6 +55,10 @@ const MAX_KEPT_BODY: usize = 16 * 1024;
 pub const DEADLINE_HEADER: &str = "posgate-deadline-ms";
 /// `1` on a forwarded push: it must not be forwarded again.
 pub const HOP_HEADER: &str = "posgate-hop";
+/// A push with a TTL: the TTL in milliseconds.
+pub const TTL_HEADER: &str = "posgate-ttl-ms";
+/// A push with a TTL and a collapse key: the key.
+pub const COLLAPSE_HEADER: &str = "posgate-collapse-key";
 
 /// The path of a route with its `{id}` filled in.
 pub fn path_of(route: &str, id: &str) -> String {
@@ -66,6 +75,9 @@ pub struct ForwardedPush {
     pub deadline: Duration,
     pub content_type: Option<HeaderValue>,
     pub body: Bytes,
+    /// A push with a TTL: the TTL, and its collapse key if any.
+    pub ttl: Option<Duration>,
+    pub collapse_key: Option<String>,
 }
 
 impl ForwardedPush {
@@ -93,6 +105,14 @@ impl ForwardedPush {
         if let Some(ct) = &self.content_type {
             headers.insert(header::CONTENT_TYPE, ct.clone());
         }
+        if let Some(ttl) = self.ttl {
+            const TTL: HeaderName = HeaderName::from_static(TTL_HEADER);
+            headers.insert(TTL, HeaderValue::from(ttl.as_millis() as u64));
+        }
+        if let Some(collapse) = &self.collapse_key {
+            const COLLAPSE: HeaderName = HeaderName::from_static(COLLAPSE_HEADER);
+            headers.insert(COLLAPSE, text(collapse));
+        }
         (path_of(PUSH_ROUTE, &self.terminal), headers)
     }
 
@@ -119,7 +139,24 @@ impl ForwardedPush {
         if !valid_terminal_id(&terminal) {
             return Err("invalid terminal id");
         }
+        let ttl = match text(TTL_HEADER) {
+            None => None,
+            Some(ms) => Some(Duration::from_millis(
+                ms.parse::<u64>()
+                    .ok()
+                    .filter(|&ms| ms > 0)
+                    .ok_or("invalid posgate-ttl-ms")?,
+            )),
+        };
+        let collapse_key = match text(COLLAPSE_HEADER) {
+            None => None,
+            Some(_) if ttl.is_none() => return Err("a collapse key needs a TTL"),
+            Some(c) if valid_collapse_key(c) => Some(c.to_string()),
+            Some(_) => return Err("invalid posgate-collapse-key"),
+        };
         Ok(ForwardedPush {
+            ttl,
+            collapse_key,
             tenant: tenant.to_string(),
             key: key.to_string(),
             deadline: Duration::from_millis(deadline_ms),
@@ -416,6 +453,8 @@ mod tests {
             deadline: Duration::from_millis(900),
             content_type: Some(HeaderValue::from_static("application/json")),
             body: Bytes::from_static(b"{}"),
+            ttl: None,
+            collapse_key: None,
         }
     }
 
@@ -429,6 +468,17 @@ mod tests {
         assert!(!headers[TENANT_HEADER].is_sensitive());
         let got = ForwardedPush::decode("pos-1".into(), &headers, sent.body.clone()).unwrap();
         assert_eq!(got, sent);
+        assert!(!headers.contains_key(TTL_HEADER) && !headers.contains_key(COLLAPSE_HEADER));
+        // A push with a TTL and a collapse key carries both.
+        let later = ForwardedPush {
+            ttl: Some(Duration::from_secs(3_600)),
+            collapse_key: Some("price-list".into()),
+            ..push()
+        };
+        let (_, headers) = later.encode();
+        assert_eq!(headers[TTL_HEADER], "3600000");
+        let got = ForwardedPush::decode("pos-1".into(), &headers, later.body.clone()).unwrap();
+        assert_eq!(got, later);
     }
 
     #[test]
@@ -439,6 +489,9 @@ mod tests {
             (TENANT_HEADER, None),
             (IDEMPOTENCY_KEY, Some("has space")),
             (DEADLINE_HEADER, Some("soon")),
+            (TTL_HEADER, Some("0")),
+            (TTL_HEADER, Some("an hour")),
+            (COLLAPSE_HEADER, Some("no ttl")),
         ] {
             let mut h = headers.clone();
             match bad {

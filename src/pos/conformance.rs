@@ -177,6 +177,7 @@ impl Kit<'_> {
             pod: self.dialer.pod(),
             content_type: None,
             body: Bytes::from_static(b"{\"conformance\":true}"),
+            queued: None,
         })
         .expect("a valid push");
         self.send(session, request).await
@@ -337,6 +338,7 @@ impl Kit<'_> {
             pod: self.dialer.pod(),
             content_type: None,
             body: Bytes::new(),
+            queued: None,
         })
         .expect("a valid push");
         keyless

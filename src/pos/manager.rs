@@ -185,7 +185,7 @@ pub enum Lookup {
 }
 
 /// A push's handle on one terminal's link.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct TerminalLink {
     pub terminal: Arc<Terminal>,
     state: watch::Receiver<LinkStatus>,
@@ -205,6 +205,12 @@ impl TerminalLink {
     /// over waits for these before its lease is released (`drain`).
     pub fn sending(&self) -> Sending {
         Sending::new(self.sends.clone())
+    }
+
+    /// Whether the link waits out a backoff after failed dials: no session is coming
+    /// soon.
+    pub fn backing_off(&self) -> bool {
+        self.state.borrow().state == LinkState::Backoff
     }
 
     /// Whether a session with an accepted hello is up now (any epoch).

@@ -33,6 +33,11 @@ pub const STALE_EPOCH_HEADER: &str = "posgate-stale-epoch";
 /// On a 2xx to a push: `1` when the terminal had accepted the push's (tenant, key)
 /// within its dedup window and did not take it again.
 pub const DUPLICATE_HEADER: &str = "posgate-duplicate";
+/// On a push that waited in the queue: when it was accepted and when it expires, Unix
+/// milliseconds on the accepting pod's clock. Terminals that do not know them ignore
+/// them.
+pub const QUEUED_AT_HEADER: &str = "posgate-queued-at";
+pub const EXPIRES_AT_HEADER: &str = "posgate-expires-at";
 /// Where the hello goes.
 pub const HELLO_PATH: &str = "/hello";
 /// Where pushes go unless configured otherwise (`--pos-push-path`).
@@ -115,6 +120,15 @@ pub struct PosPush<'a> {
     pub pod: &'a PodId,
     pub content_type: Option<&'a HeaderValue>,
     pub body: Bytes,
+    /// A push that waited in the queue.
+    pub queued: Option<Queued>,
+}
+
+/// When a queued push was accepted and when it expires (Unix ms).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Queued {
+    pub accepted_ms: u64,
+    pub expires_ms: u64,
 }
 
 /// The request of `push`. Built in place rather than through `Request::builder`, with
@@ -147,6 +161,19 @@ pub fn push(push: &PosPush<'_>) -> Result<Request<Bytes>, http::Error> {
     headers.insert(POD, HeaderValue::from_str(push.pod.as_str())?);
     if let Some(content_type) = push.content_type {
         headers.insert(header::CONTENT_TYPE, content_type.clone());
+    }
+    if let Some(queued) = push.queued {
+        // New on every push, like the key: literals never indexed.
+        const QUEUED_AT: HeaderName = HeaderName::from_static(QUEUED_AT_HEADER);
+        const EXPIRES_AT: HeaderName = HeaderName::from_static(EXPIRES_AT_HEADER);
+        for (name, ms) in [
+            (QUEUED_AT, queued.accepted_ms),
+            (EXPIRES_AT, queued.expires_ms),
+        ] {
+            let mut value = HeaderValue::from(ms);
+            value.set_sensitive(true);
+            headers.insert(name, value);
+        }
     }
     let mut request = Request::new(push.body.clone());
     *request.method_mut() = Method::POST;
@@ -278,6 +305,7 @@ mod tests {
             pod: &pod,
             content_type: Some(&ct),
             body: Bytes::from_static(b"{}"),
+            queued: None,
         };
         let request = push(&p).unwrap();
         assert_eq!(request.uri(), "https://pos-1.test/push");
@@ -291,6 +319,21 @@ mod tests {
         // The key, new on every push, stays out of the HPACK table; the rest repeat.
         assert!(h[IDEMPOTENCY_KEY].is_sensitive());
         assert!(!h[TENANT_HEADER].is_sensitive() && !h[TERMINAL_HEADER].is_sensitive());
+        assert!(!h.contains_key(QUEUED_AT_HEADER) && !h.contains_key(EXPIRES_AT_HEADER));
+        // A push from the queue says when it was accepted and when it expires.
+        let queued = Queued {
+            accepted_ms: 1_000,
+            expires_ms: 61_000,
+        };
+        let request = push(&PosPush {
+            queued: Some(queued),
+            ..p
+        })
+        .unwrap();
+        let h = request.headers();
+        assert_eq!(h[QUEUED_AT_HEADER], "1000");
+        assert_eq!(h[EXPIRES_AT_HEADER], "61000");
+        assert!(h[QUEUED_AT_HEADER].is_sensitive() && h[EXPIRES_AT_HEADER].is_sensitive());
         let hello = hello("https://pos-1.test", 7, &pod, "pos-1").unwrap();
         assert_eq!(hello.uri(), "https://pos-1.test/hello");
         assert_eq!(hello.headers()[EPOCH_HEADER], "7");

@@ -15,7 +15,7 @@ use crate::core::{Epoch, PodId, ShardId};
 pub const RETRY_AFTER_SECS: u32 = 1;
 
 /// Every error code, the internal `shard_moved` last.
-pub const ALL_ERROR_CODES: [ErrorCode; 18] = [
+pub const ALL_ERROR_CODES: [ErrorCode; 23] = [
     ErrorCode::InvalidRequest,
     ErrorCode::Unauthorized,
     ErrorCode::Forbidden,
@@ -33,6 +33,11 @@ pub const ALL_ERROR_CODES: [ErrorCode; 18] = [
     ErrorCode::UriTooLong,
     ErrorCode::HeadersTooLarge,
     ErrorCode::Internal,
+    ErrorCode::QueueFull,
+    ErrorCode::QueueUnavailable,
+    ErrorCode::UnknownPush,
+    ErrorCode::PushInFlight,
+    ErrorCode::PushEnded,
     ErrorCode::ShardMoved,
 ];
 
@@ -86,6 +91,19 @@ pub enum ErrorCode {
     HeadersTooLarge,
     /// A bug in posgate: the answer a handler could not produce.
     Internal,
+    /// A push with a TTL over one of the queue's bounds (`bound` says which).
+    QueueFull,
+    /// A push with a TTL cannot be stored now: the store does not answer, or a pod of
+    /// the cluster does not keep pushes for later yet (a rolling upgrade).
+    QueueUnavailable,
+    /// No push with this key is known (never accepted with a TTL, or final and past
+    /// its retention).
+    UnknownPush,
+    /// A cancel of a push that may be on its way to the terminal.
+    PushInFlight,
+    /// The push with this key ended without delivery (`state`: expired, replaced,
+    /// cancelled).
+    PushEnded,
     /// Internal only (`421`): the pod asked does not serve the shard; never reaches a
     /// caller of the public API.
     ShardMoved,
@@ -111,6 +129,11 @@ impl ErrorCode {
             ErrorCode::UriTooLong => "uri_too_long",
             ErrorCode::HeadersTooLarge => "headers_too_large",
             ErrorCode::Internal => "internal_error",
+            ErrorCode::QueueFull => "queue_full",
+            ErrorCode::QueueUnavailable => "queue_unavailable",
+            ErrorCode::UnknownPush => "unknown_push",
+            ErrorCode::PushInFlight => "push_in_flight",
+            ErrorCode::PushEnded => "push_ended",
             ErrorCode::ShardMoved => "shard_moved",
         }
     }
@@ -131,9 +154,13 @@ impl ErrorCode {
             ErrorCode::UnsupportedEncoding => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ErrorCode::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ErrorCode::PosRejected => StatusCode::BAD_GATEWAY,
-            ErrorCode::TerminalUnavailable | ErrorCode::Overloaded => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            ErrorCode::TerminalUnavailable
+            | ErrorCode::Overloaded
+            | ErrorCode::QueueUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::QueueFull => StatusCode::TOO_MANY_REQUESTS,
+            ErrorCode::UnknownPush => StatusCode::NOT_FOUND,
+            ErrorCode::PushInFlight => StatusCode::CONFLICT,
+            ErrorCode::PushEnded => StatusCode::GONE,
             ErrorCode::PosTimeout => StatusCode::GATEWAY_TIMEOUT,
             ErrorCode::NotFound => StatusCode::NOT_FOUND,
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
@@ -175,6 +202,12 @@ pub struct ErrorBody {
     /// `"unknown"` when the terminal may have received the push (`pos_timeout`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delivery: Option<String>,
+    /// The bound a push was over (`queue_full`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bound: Option<String>,
+    /// Where the push stands (`push_ended`, `push_in_flight`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
 }
 
 /// An HTTP answer: status, JSON body, and whether to send `Retry-After`.
@@ -185,6 +218,14 @@ pub struct Answer {
 }
 
 impl Answer {
+    /// An answer with `status` and the JSON of `value`.
+    pub fn json(status: StatusCode, value: &impl Serialize) -> Answer {
+        Answer {
+            status,
+            body: json(value),
+        }
+    }
+
     pub fn delivered(delivered: &Delivered) -> Answer {
         Answer {
             status: StatusCode::OK,
@@ -211,9 +252,13 @@ impl Answer {
         }
     }
 
-    /// `503` answers tell the caller when to retry.
+    /// `503` and `429` answers tell the caller when to retry.
     pub fn retry_after(&self) -> Option<u32> {
-        (self.status == StatusCode::SERVICE_UNAVAILABLE).then_some(RETRY_AFTER_SECS)
+        let busy = [
+            StatusCode::SERVICE_UNAVAILABLE,
+            StatusCode::TOO_MANY_REQUESTS,
+        ];
+        busy.contains(&self.status).then_some(RETRY_AFTER_SECS)
     }
 
     /// The `error` code of an error answer, if the body is one.
@@ -221,6 +266,78 @@ impl Answer {
         serde_json::from_slice::<ErrorBody>(&self.body)
             .ok()
             .map(|b| b.error)
+    }
+}
+
+/// Where a push with a TTL stands: the body of a `202`, and of
+/// `GET /v1/terminals/{id}/pushes/{key}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PushStatus {
+    pub terminal: String,
+    pub idempotency_key: String,
+    /// queued, sending, delivered, rejected, expired, replaced, cancelled, unknown, or
+    /// lost (the store lost its data since the push was accepted).
+    pub state: String,
+    /// When it was accepted and when it expires, Unix ms (the accepting pod's clock).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accepted_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_ms: Option<u64>,
+    /// The store generation it was looked up in; a different one than the `202` named
+    /// means the store lost its data in between.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collapse_key: Option<String>,
+    /// Copies sent to the terminal so far.
+    #[serde(default)]
+    pub copies: u32,
+    /// Its place in the terminal's queue when accepted (1: next).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position: Option<u32>,
+    /// `sending`: when the first copy whose answer is missing left.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sent_ms: Option<u64>,
+    /// A final state: when it was reached.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub final_ms: Option<u64>,
+    /// The pod that sent the copy (sending, delivered, rejected) and its epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<Epoch>,
+    /// The terminal's status (delivered, rejected).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pos_status: Option<u16>,
+    /// delivered: the terminal had the key already and did not act again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duplicate: Option<bool>,
+    /// replaced: the key of the push that took its place.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replaced_by: Option<String>,
+}
+
+impl PushStatus {
+    /// A status that names only the push and its state (`cancelled`, `lost`).
+    pub fn bare(terminal: &str, key: &str, state: &str) -> PushStatus {
+        PushStatus {
+            terminal: terminal.to_string(),
+            idempotency_key: key.to_string(),
+            state: state.to_string(),
+            accepted_ms: None,
+            expires_ms: None,
+            generation: None,
+            collapse_key: None,
+            copies: 0,
+            position: None,
+            sent_ms: None,
+            final_ms: None,
+            pod: None,
+            epoch: None,
+            pos_status: None,
+            duplicate: None,
+            replaced_by: None,
+        }
     }
 }
 

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::StatusCode;
 
-use super::answer::{Answer, Delivered, ErrorBody, ErrorCode};
+use super::answer::{Answer, Delivered, ErrorBody, ErrorCode, PushStatus};
 use super::PushRequest;
 use crate::peer::wire::ForwardedPush;
 use crate::peer::{PeerClient, PeerTarget, SendError};
@@ -70,6 +70,8 @@ impl ForwardClient {
             deadline: remaining,
             content_type: push.content_type.clone(),
             body: push.body.clone(),
+            ttl: push.later.as_ref().map(|l| l.ttl),
+            collapse_key: push.later.as_ref().and_then(|l| l.collapse_key.clone()),
         };
         let sent = self
             .peers
@@ -121,12 +123,16 @@ impl ForwardClient {
 
 /// The answer for the caller if `status` and `body` are what a posgate owner answers:
 /// a `200` with the delivery, reporting the latency the caller saw rather than only the
-/// owner's part (decoded once, for both), or an error with the documented body, as is.
+/// owner's part (decoded once, for both), a `202` with a waiting push's status, or an
+/// error with the documented body, as is.
 fn owner_answer(status: StatusCode, body: Bytes, push: &PushRequest) -> Option<Answer> {
     if status == StatusCode::OK {
         let mut delivered = serde_json::from_slice::<Delivered>(&body).ok()?;
         delivered.latency_ms = push.received.elapsed().as_millis() as u64;
         Some(Answer::delivered(&delivered))
+    } else if status == StatusCode::ACCEPTED {
+        serde_json::from_slice::<PushStatus>(&body).ok()?;
+        Some(Answer { status, body })
     } else {
         serde_json::from_slice::<ErrorBody>(&body).ok()?;
         Some(Answer { status, body })

@@ -3,7 +3,8 @@
 //! [`PushService::push`] (in `route`) finds the owner from this pod's latest status and
 //! delivers here ([`PushService::deliver_here`], in `owner`) or forwards one hop to the
 //! owner (`forward`), retrying only what provably reached no terminal, until the
-//! caller's deadline. Answers (`answer`) are JSON with the documented codes; the owner's
+//! caller's deadline. A push with a TTL (`later`) is stored first and delivered by the
+//! owner's drain (`queue`), in order per terminal, after its hello. Answers (`answer`) are JSON with the documented codes; the owner's
 //! idempotency cache (`idempotency`) turns retries into replays, and its answers for a
 //! shard move with the shard (`handoff`); `auth` maps bearer tokens to tenants.
 //!
@@ -14,7 +15,9 @@ pub mod answer;
 mod forward;
 pub mod handoff;
 pub mod idempotency;
+pub mod later;
 mod owner;
+pub mod queue;
 mod route;
 pub mod slots;
 
@@ -67,6 +70,8 @@ pub struct PushSettings {
     /// `--body-read-timeout`: how long a request body (a push, a peer request) may take
     /// to arrive whole; `408` after.
     pub body_read_timeout: Duration,
+    /// The `--queue-*` flags: pushes with a TTL.
+    pub queue: queue::QueueSettings,
 }
 
 impl Default for PushSettings {
@@ -80,6 +85,7 @@ impl Default for PushSettings {
             idempotency_ttl: Duration::from_secs(600),
             idempotency_capacity: 100_000,
             body_read_timeout: Duration::from_secs(10),
+            queue: queue::QueueSettings::default(),
         }
     }
 }
@@ -94,6 +100,8 @@ pub struct PushRequest {
     pub body: Bytes,
     /// When this pod received it (for `latency_ms`).
     pub received: Instant,
+    /// A TTL: the push waits for its terminal (`later`).
+    pub later: Option<later::Later>,
 }
 
 /// Where pushes find terminal sessions: the connection manager, or nothing.
@@ -181,6 +189,8 @@ pub struct PushService {
     forward: forward::ForwardClient,
     settings: PushSettings,
     inflight: slots::Slots,
+    /// The drains of pushes with a TTL, when the pod has a queue store.
+    drains: Option<Arc<queue::Drains>>,
     metrics: Arc<Metrics>,
 }
 
@@ -214,9 +224,40 @@ impl PushService {
             cache: IdempotencyCache::new(settings.idempotency_ttl, settings.idempotency_capacity),
             fetching: watch::channel(handoff::Fetching::new()).1,
             inflight: slots::Slots::new(settings.max_inflight, settings.max_inflight_per_tenant),
+            drains: None,
             settings,
             metrics,
         }
+    }
+
+    /// Keeps pushes with a TTL in `store` and drains them on the shards this pod
+    /// serves, as `events` (the other end of its [`queue::QueueHook`]) says.
+    pub fn with_queue(
+        mut self,
+        store: Arc<dyn crate::store::queue::QueueStore>,
+        events: queue::QueueEvents,
+    ) -> Self {
+        let drains = Arc::new(queue::Drains::new(
+            self.pod.clone(),
+            store,
+            self.serving.clone(),
+            self.sessions.clone(),
+            self.settings.queue.clone(),
+            self.settings.idempotency_ttl,
+            self.settings.push_path.clone(),
+            self.metrics.clone(),
+        ));
+        self.metrics
+            .queue_max_bytes
+            .set(self.settings.queue.limits.cluster_bytes as i64);
+        tokio::spawn(drains.clone().run(events));
+        self.drains = Some(drains);
+        self
+    }
+
+    /// The drains of pushes with a TTL, if this pod keeps them.
+    pub fn drains(&self) -> Option<&Arc<queue::Drains>> {
+        self.drains.as_ref()
     }
 
     /// How many shards the cluster has.

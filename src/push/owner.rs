@@ -158,6 +158,7 @@ impl PushService {
                 pod: &self.pod,
                 content_type: push.content_type.as_ref(),
                 body: push.body.clone(),
+                queued: None,
             };
             match pos_push::send(&mut sender, wire, remaining).await {
                 Ok(answered) => {

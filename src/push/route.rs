@@ -43,15 +43,21 @@ pub struct TerminalView {
 impl PushService {
     /// Delivers `push` through whichever pod serves its shard, answering by `deadline`.
     /// Also says which path the answer took: `local`, `forwarded`, or `none` (no owner
-    /// answered in time).
+    /// answered in time). A push with a TTL that no owner takes is stored here
+    /// (`later`): when nobody serves its shard, when the forward's outcome is unknown
+    /// (the owner may have stored it; storing is idempotent), and at the deadline.
     pub async fn push(&self, push: PushRequest, deadline: Instant) -> (Answer, &'static str) {
         let mut waiting = OwnerWait::new(&self.metrics);
         let shard = shard_of(&push.terminal, self.shards);
         let mut status = self.status.clone();
         loop {
             status.borrow_and_update();
-            let miss = match self.target(shard) {
-                Target::Here => match self.deliver_here(&push, deadline).await {
+            let target = self.target(shard);
+            if let (Target::Nobody, Some(later)) = (&target, &push.later) {
+                return (self.enqueue_at_entry(&push, later).await, "none");
+            }
+            let miss = match target {
+                Target::Here => match self.deliver_at_owner(&push, deadline).await {
                     Owned::Answer(answer) => return (answer, "local"),
                     Owned::NotHere => {
                         debug!(shard, "shard left this pod; looking again");
@@ -80,6 +86,9 @@ impl PushService {
                 Target::Nobody => None,
             };
             if miss.is_some_and(|m| !m.may_look_again()) {
+                if let Some(later) = &push.later {
+                    return (self.enqueue_at_entry(&push, later).await, "forwarded");
+                }
                 let mut body = with_key(&push, "no answer from the owner pod; the terminal may have received the push: retry with the same idempotency key");
                 body.delivery = Some("unknown".into());
                 return (Answer::error_with(ErrorCode::PosTimeout, body), "forwarded");
@@ -87,6 +96,9 @@ impl PushService {
             waiting.start();
             let until = deadline.min(now() + RESOLVE_PAUSE);
             if until >= deadline {
+                if let Some(later) = &push.later {
+                    return (self.enqueue_at_entry(&push, later).await, "none");
+                }
                 // Not enough time left for another look to help.
                 tokio::time::sleep_until(deadline.into()).await;
                 let answer =
@@ -94,6 +106,14 @@ impl PushService {
                 return (answer, "none");
             }
             let _ = tokio::time::timeout_at(until.into(), status.changed()).await;
+        }
+    }
+
+    /// The owner's part: a push now, or one with a TTL stored and waited for.
+    pub(crate) async fn deliver_at_owner(&self, push: &PushRequest, deadline: Instant) -> Owned {
+        match &push.later {
+            None => self.deliver_here(push, deadline).await,
+            Some(later) => self.deliver_later_here(push, later, deadline).await,
         }
     }
 

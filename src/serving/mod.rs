@@ -159,6 +159,13 @@ pub trait ServingHook: Send + Sync + 'static {
     fn drain_budget(&self) -> Duration {
         Duration::ZERO
     }
+
+    /// The [`Member::queue`] capability this hook gives the pod (advertised in its
+    /// registration): whether it keeps pushes for later and drains the ones of the
+    /// shards it serves.
+    fn queue(&self) -> u32 {
+        0
+    }
 }
 
 /// Two hooks told the same transitions, in order; a stop resolves when both have.
@@ -192,6 +199,10 @@ impl<A: ServingHook, B: ServingHook> ServingHook for (A, B) {
 
     fn drain_budget(&self) -> Duration {
         self.0.drain_budget().max(self.1.drain_budget())
+    }
+
+    fn queue(&self) -> u32 {
+        self.0.queue().max(self.1.queue())
     }
 }
 

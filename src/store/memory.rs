@@ -24,14 +24,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
 
 use super::queue::{
-    push_id, Cancelled, Enqueue, Enqueued, Feed, Found, QueueState, QueueStore, Record, Write,
-    Written,
+    push_id, Cancelled, Enqueue, Enqueued, Feed, Found, QueueState, QueueStore, Record, Wakeup,
+    Write, Written,
 };
 use super::{ClusterMeta, CoordStore, StoreError};
 use crate::core::lease::{
@@ -272,16 +272,12 @@ impl MemoryState {
     }
 
     /// See `lua/queue_enqueue.lua`; `known`: whether the terminal is in the shard's
-    /// directory, which this store does not hold. A wake-up for the owner counts as a
-    /// notification.
-    pub fn queue_enqueue(&mut self, now_ms: u64, e: &Enqueue, known: bool) -> Enqueued {
+    /// directory, which this store does not hold. Also says whether the shard's owner
+    /// is to be woken (the enqueuing pod does not hold the shard).
+    pub fn queue_enqueue(&mut self, now_ms: u64, e: &Enqueue, known: bool) -> (Enqueued, bool) {
         let generation = self.generation_id(now_ms);
         let holder = self.lease_owner(now_ms, e.shard).cloned();
-        let (answer, publish) = self.queue.enqueue(e, &generation, holder.as_ref(), known);
-        if publish {
-            self.notifications += 1;
-        }
-        answer
+        self.queue.enqueue(e, &generation, holder.as_ref(), known)
     }
 
     /// See `lua/queue_write.lua`.
@@ -420,6 +416,7 @@ fn wall_ms() -> u64 {
 pub struct MemoryStore {
     state: Arc<Mutex<MemoryState>>,
     changes: Arc<watch::Sender<u64>>,
+    wakeups: broadcast::Sender<Wakeup>,
 }
 
 impl Default for MemoryStore {
@@ -440,6 +437,7 @@ impl MemoryStore {
         MemoryStore {
             state: Arc::new(Mutex::new(state)),
             changes: Arc::new(tx),
+            wakeups: broadcast::channel(1024).0,
         }
     }
 
@@ -544,7 +542,12 @@ impl CoordStore for MemoryStore {
 /// that asks for the directory check takes every terminal as listed.
 impl QueueStore for MemoryStore {
     fn enqueue<'a>(&'a self, e: &'a Enqueue) -> BoxFuture<'a, Result<Enqueued, StoreError>> {
-        let answer = self.with_state(|s, now| s.queue_enqueue(now, e, true));
+        let (answer, wake) = self.with_state(|s, now| s.queue_enqueue(now, e, true));
+        if wake {
+            let _ = self
+                .wakeups
+                .send(Wakeup::Terminal(e.shard, e.record.terminal.clone()));
+        }
         std::future::ready(Ok(answer)).boxed()
     }
 
@@ -603,6 +606,10 @@ impl QueueStore for MemoryStore {
                 .cancel(shard, tenant, terminal, None, now, retention_ms)
         });
         std::future::ready(Ok(out)).boxed()
+    }
+
+    fn wakeups(&self) -> broadcast::Receiver<Wakeup> {
+        self.wakeups.subscribe()
     }
 
     fn feed<'a>(

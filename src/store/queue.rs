@@ -351,6 +351,14 @@ pub struct Feed {
     pub gap: bool,
 }
 
+/// A push was queued by a pod that does not hold its shard: the owner's drain looks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Wakeup {
+    Terminal(ShardId, String),
+    /// Notifications may have been missed (a new subscription): every drain looks.
+    All,
+}
+
 /// The queue's store calls. Each is one atomic step; like every store call, a failed one
 /// may or may not have been applied.
 pub trait QueueStore: Send + Sync + 'static {
@@ -394,6 +402,9 @@ pub trait QueueStore: Send + Sync + 'static {
         now: WallMs,
         retention_ms: u64,
     ) -> BoxFuture<'a, Result<Cancelled, StoreError>>;
+
+    /// Wake-ups for owners: a push queued by a pod that does not hold its shard.
+    fn wakeups(&self) -> tokio::sync::broadcast::Receiver<Wakeup>;
 
     /// Up to `limit` outcome events of `tenant` after `after` (from the oldest kept
     /// without one).

@@ -147,6 +147,7 @@ async fn protocol_1_is_accepted_only_during_a_rolling_upgrade() {
         started_ms: 1,
         peer_protocol: protocol,
         handover: 0,
+        queue: 0,
     };
     server.status.send_replace(PodStatus {
         members: vec![

@@ -46,6 +46,7 @@ async fn cluster_view_shape() {
         started_ms: 1,
         peer_protocol: 2,
         handover: 0,
+        queue: 0,
     };
     let learned = Instant::now() - Duration::from_millis(1500);
     server.status.send_replace(PodStatus {

@@ -23,6 +23,7 @@ mod delivery;
 mod kept_answers;
 mod lifecycle;
 mod peer_replay;
+mod queued;
 mod scopes;
 mod status_codes;
 mod terminal_dedup;

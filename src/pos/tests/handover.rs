@@ -130,6 +130,7 @@ fn config(predecessor: Arc<Local>, metrics: Arc<Metrics>, drain: Duration) -> Ma
 fn member_a() -> Member {
     Member {
         handover: HANDOVER_DRAIN,
+        queue: 0,
         ..crate::core::testing::member("pod-a")
     }
 }
@@ -388,6 +389,7 @@ async fn a_push_waiting_for_a_terminal_makes_it_the_next_one_asked_for() {
 fn member(name: &str) -> Member {
     Member {
         handover: HANDOVER_DRAIN,
+        queue: 0,
         ..crate::core::testing::member(name)
     }
 }

@@ -147,5 +147,6 @@ fn sim_member(id: &PodId, ms: u64) -> Member {
         started_ms: ms,
         peer_protocol: 2,
         handover: HANDOVER_DRAIN,
+        queue: 0,
     }
 }

@@ -1,10 +1,13 @@
 //! The task behind [`RedisStore::changes`](super::RedisStore): one pub/sub connection,
 //! kept alive for the store's lifetime.
 //!
-//! Every message on the cluster's event channel bumps a `watch` counter. After any loss
-//! (closed socket, failed PING) the task resubscribes with capped exponential backoff
-//! and then bumps the counter once, because messages published while it was away are
-//! lost and the pod must poll instead. A store built by `connect_lazy` starts without a
+//! Every message on the cluster's event channel bumps a `watch` counter, except
+//! `queue <shard> <terminal>` (a push queued by a pod that does not hold the shard),
+//! which goes to the queue's wake-ups instead: it is news for one drain, not a reason
+//! for every pod to poll. After any loss (closed socket, failed PING) the task
+//! resubscribes with capped exponential backoff and then bumps the counter once and
+//! wakes every drain, because messages published while it was away are lost and the
+//! pod must look instead. A store built by `connect_lazy` starts without a
 //! subscription: the task makes its first attempt at once and bumps the counter when it
 //! succeeds, like after any other resubscription. It subscribes on the master as last
 //! found, and again when the master moved (`follow.rs`), before it waits for one.
@@ -19,11 +22,13 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use redis::aio::{PubSubSink, PubSubStream};
 use redis::{Client, Value};
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 use tracing::{info, warn};
 
 use super::client::bounded;
 use super::{Link, RedisOptions};
+use crate::core::ShardId;
+use crate::store::queue::Wakeup;
 use crate::store::StoreError;
 
 /// Pub/sub liveness check interval (a PING on the subscribed connection). Missed
@@ -43,6 +48,8 @@ pub(super) struct Events {
     pub channel: String,
     pub opts: RedisOptions,
     pub tx: watch::Sender<u64>,
+    /// The queue's wake-ups.
+    pub queue: broadcast::Sender<Wakeup>,
     pub round_trips: Arc<AtomicU64>,
 }
 
@@ -62,6 +69,16 @@ fn bump(tx: &watch::Sender<u64>) {
     tx.send_modify(|n| *n = n.wrapping_add(1));
 }
 
+/// The wake-up a `queue <shard> <terminal>` message carries, if it is one.
+fn queue_wakeup(payload: &[u8]) -> Option<Wakeup> {
+    let text = std::str::from_utf8(payload).ok()?;
+    let mut words = text.strip_prefix("queue ")?.split(' ');
+    let shard = words.next()?.parse::<ShardId>().ok()?;
+    let terminal = words.next()?;
+    (words.next().is_none() && crate::api::valid_terminal_id(terminal))
+        .then(|| Wakeup::Terminal(shard, terminal.to_string()))
+}
+
 /// Why a subscription ended.
 enum Ended {
     Lost(String),
@@ -76,7 +93,12 @@ async fn pump(events: &mut Events, (sink, stream): &mut Subscription) -> Ended {
     loop {
         tokio::select! {
             msg = stream.next() => match msg {
-                Some(_) => bump(&events.tx),
+                Some(msg) => match queue_wakeup(msg.get_payload_bytes()) {
+                    Some(wakeup) => {
+                        let _ = events.queue.send(wakeup);
+                    }
+                    None => bump(&events.tx),
+                },
                 None => return Ended::Lost("connection closed".into()),
             },
             moved = events.link.changed() => {
@@ -127,8 +149,10 @@ pub(super) async fn run(mut events: Events, first: Option<Subscription>) {
                 match subscribe(&client, &channel, &events.opts).await {
                     Ok(sub) => {
                         info!(channel = %channel, "redis event subscription established");
-                        // Messages published while we were away are gone: make peers poll.
+                        // Messages published while we were away are gone: make peers poll
+                        // and drains look.
                         bump(&events.tx);
+                        let _ = events.queue.send(Wakeup::All);
                         sub
                     }
                     Err(e) => {
@@ -156,6 +180,30 @@ pub(super) async fn run(mut events: Events, first: Option<Subscription>) {
                 backoff = (backoff * 2).min(MAX_BACKOFF);
                 warn!(channel = %channel, reason = %reason, "redis event subscription lost; resubscribing");
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_messages_name_a_shard_and_a_terminal() {
+        assert_eq!(
+            queue_wakeup(b"queue 7 pos-00042"),
+            Some(Wakeup::Terminal(7, "pos-00042".into()))
+        );
+        for other in [
+            &b"release 7"[..],
+            b"queue 7",
+            b"queue x pos-1",
+            b"queue 7 bad id!",
+            b"queue 7 pos-1 more",
+            b"join pod-a",
+            b"\xff",
+        ] {
+            assert_eq!(queue_wakeup(other), None, "{other:?}");
         }
     }
 }

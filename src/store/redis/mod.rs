@@ -182,6 +182,8 @@ struct Shared {
     rebuilds: AtomicU32,
     round_trips: Arc<AtomicU64>,
     url: String,
+    /// The queue's wake-ups, fed by the events task.
+    wakeups: tokio::sync::broadcast::Sender<crate::store::queue::Wakeup>,
 }
 
 impl Shared {
@@ -314,11 +316,13 @@ impl RedisStore {
         let (link, link_rx) = watch::channel(link);
         let round_trips = Arc::new(AtomicU64::new(round_trips));
         let (tx, rx) = watch::channel(0);
+        let wakeups = tokio::sync::broadcast::channel(1024).0;
         let events = Events {
             link: link_rx,
             channel: keys.events(),
             opts: opts.clone(),
             tx,
+            queue: wakeups.clone(),
             round_trips: round_trips.clone(),
         };
         let shared = Arc::new(Shared {
@@ -333,6 +337,7 @@ impl RedisStore {
             rebuilds: AtomicU32::new(0),
             round_trips,
             url,
+            wakeups,
         });
         let tasks = vec![
             tokio::spawn(events::run(events, first)),

@@ -23,7 +23,7 @@ use crate::core::delivery::WallMs;
 use crate::core::ShardId;
 use crate::store::queue::{
     parse_bound, parse_record, push_id, Cancelled, Change, Enqueue, Enqueued, Feed, Found,
-    QueueStore, Record, Write, Written, FEED_MAX, GC_PER_CALL, RECORD_CHARGE,
+    QueueStore, Record, Wakeup, Write, Written, FEED_MAX, GC_PER_CALL, RECORD_CHARGE,
 };
 use crate::store::StoreError;
 
@@ -349,6 +349,10 @@ impl QueueStore for RedisStore {
     ) -> BoxFuture<'a, Result<Cancelled, StoreError>> {
         self.cancel_call(shard, tenant, terminal, None, now, retention_ms)
             .boxed()
+    }
+
+    fn wakeups(&self) -> tokio::sync::broadcast::Receiver<Wakeup> {
+        self.shared.wakeups.subscribe()
     }
 
     fn feed<'a>(

@@ -1,0 +1,268 @@
+//! Pushes with a TTL (`?ttl_s=`) end to end: stored while their terminal is offline
+//! (`202`), delivered in acceptance order right after it says hello again, with a
+//! status per push and an outcome feed; expiry, collapse keys and cancelling.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use http::{Request, StatusCode};
+use http_body_util::Full;
+use posgate::push::PushSettings;
+use posgate_loadtest::pos_sim::FaultConfig;
+use serde_json::Value;
+
+use super::{Cluster, ACME};
+use crate::support::api::{self, client, push, Http, Push};
+use crate::support::wait::wait_for;
+
+/// A push as acme with `key`, waiting up to `ttl_s` for its terminal.
+fn later<'a>(key: &'a str, query: &'a str) -> Push<'a> {
+    Push {
+        key: Some(key),
+        query,
+        ..Push::new(ACME)
+    }
+}
+
+/// `method url` as acme; the status and JSON body.
+async fn call(http: &Http, method: &str, url: &str) -> (StatusCode, Value) {
+    let request = Request::builder()
+        .method(method)
+        .uri(url)
+        .header("authorization", format!("Bearer {ACME}"))
+        .body(Full::default())
+        .unwrap();
+    let (status, _, body) = api::send(http, request).await;
+    (status, body)
+}
+
+/// The keys a terminal took, in the order it took them (the farm keeps the last 32).
+fn taken(c: &Cluster, terminal: &str) -> Vec<String> {
+    c.farm
+        .terminal_report(terminal)
+        .unwrap()
+        .recent_pushes
+        .into_iter()
+        .map(|p| p.idempotency_key.trim_start_matches("acme:").to_string())
+        .collect()
+}
+
+fn offline(c: &Cluster, terminals: &[String]) {
+    let faults = FaultConfig {
+        offline_terminals: terminals.to_vec(),
+        ..FaultConfig::default()
+    };
+    c.farm.set_faults(faults).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pushes_wait_for_offline_terminals_and_arrive_in_order_after_their_hello() {
+    const DOWN: usize = 200;
+    const EACH: usize = 5;
+    let c = Cluster::start(3, 400, &[], PushSettings::default()).await;
+    let http = client();
+    let down: Vec<String> = c.ids()[..DOWN].to_vec();
+    offline(&c, &down);
+    // Sent through every pod in turn: most are forwarded to the owner, which stores them
+    // and, its terminal backing off, answers at once.
+    let started = Instant::now();
+    let mut generations = std::collections::BTreeSet::new();
+    for round in 0..EACH {
+        // One round at a time (each push's place in its queue is its round), its pushes
+        // at once.
+        let answers = futures::stream::iter(down.iter().enumerate())
+            .map(|(i, t)| {
+                let (http, base) = (&http, &c.urls[(i + round) % c.urls.len()]);
+                async move {
+                    let key = format!("{t}-{round}");
+                    let query = "?ttl_s=600&timeout_ms=300";
+                    let (status, _, body) = push(http, base, t, later(&key, query)).await;
+                    (key, status, body)
+                }
+            })
+            .buffer_unordered(32)
+            .collect::<Vec<_>>()
+            .await;
+        for (key, status, body) in answers {
+            assert_eq!(status, StatusCode::ACCEPTED, "{key}: {body}");
+            assert_eq!(body["state"], "queued", "{body}");
+            assert_eq!(body["position"], round + 1, "{body}");
+            let accepted = body["accepted_ms"].as_u64().unwrap();
+            assert_eq!(body["expires_ms"].as_u64().unwrap() - accepted, 600_000);
+            generations.insert(body["generation"].as_str().unwrap().to_string());
+        }
+    }
+    assert_eq!(generations.len(), 1, "{generations:?}");
+    eprintln!(
+        "[queued] {} pushes to {DOWN} offline terminals answered 202 in {:.1} s",
+        DOWN * EACH,
+        started.elapsed().as_secs_f64()
+    );
+    // None reached a terminal; the other terminals still take pushes at once.
+    assert!(down.iter().all(|t| taken(&c, t).is_empty()));
+    let up = &c.ids()[DOWN];
+    let (status, _, body) = push(&http, &c.urls[0], up, later("up-now", "?ttl_s=60")).await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "a connected terminal takes it at once: {body}"
+    );
+    assert_eq!(taken(&c, up), ["up-now"]);
+
+    // The terminals come back: each gets its five, in acceptance order, soon after its
+    // session is up again.
+    offline(&c, &[]);
+    wait_for(
+        "every queued push delivered",
+        Duration::from_secs(90),
+        || down.iter().all(|t| taken(&c, t).len() == EACH),
+    )
+    .await;
+    let mut lags = Vec::new();
+    for t in &down {
+        let want: Vec<String> = (0..EACH).map(|r| format!("{t}-{r}")).collect();
+        assert_eq!(taken(&c, t), want, "{t}: in acceptance order");
+        let report = c.farm.terminal_report(t).unwrap();
+        let opened = report.open_connections[0].opened_unix_ms;
+        let last = report.recent_pushes.last().unwrap().at_unix_ms;
+        lags.push(last.saturating_sub(opened));
+    }
+    lags.sort();
+    let worst = *lags.last().unwrap();
+    eprintln!(
+        "[queued] last push of a terminal after its session opened: p50 {} ms, max {worst} ms",
+        lags[lags.len() / 2]
+    );
+    assert!(
+        worst < 10_000,
+        "all five within 10 s of the hello: {worst} ms"
+    );
+    let counters = c.farm.counters();
+    assert_eq!(counters.keys_delivered_twice, 0, "{counters:?}");
+
+    // Every push says delivered, through any pod.
+    let mut states = BTreeMap::new();
+    for (i, t) in down.iter().enumerate() {
+        for round in 0..EACH {
+            let url = format!("{}/v1/terminals/{t}/pushes/{t}-{round}", c.urls[i % 3]);
+            let (status, body) = call(&http, "GET", &url).await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            *states
+                .entry(body["state"].as_str().unwrap().to_string())
+                .or_insert(0) += 1;
+        }
+    }
+    assert_eq!(
+        states,
+        BTreeMap::from([("delivered".to_string(), DOWN * EACH)])
+    );
+    // A retry of a delivered key is answered from the store, without a second copy.
+    let t = &down[0];
+    let (status, _, body) =
+        push(&http, &c.urls[1], t, later(&format!("{t}-0"), "?ttl_s=600")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(taken(&c, t).len(), EACH);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_expired_push_is_never_sent_and_collapse_keys_and_cancels_keep_only_the_last() {
+    let c = Cluster::start(2, 20, &[], PushSettings::default()).await;
+    let http = client();
+    let t = c.ids()[0].clone();
+    offline(&c, std::slice::from_ref(&t));
+    let queued = |key: &'static str, query: &'static str| later(key, query);
+    let send = |p: Push<'static>| {
+        let (http, base, t) = (&http, c.urls[1].clone(), t.clone());
+        async move { push(http, &base, &t, p).await }
+    };
+    let (status, _, body) = send(queued("short", "?ttl_s=3&timeout_ms=200")).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    for key in ["menu-1", "menu-2", "menu-3"] {
+        let (status, _, body) =
+            send(queued(key, "?ttl_s=600&collapse_key=menu&timeout_ms=200")).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+        // Behind "short"; each replaces the one before it.
+        assert_eq!(body["position"], 2, "{key}: {body}");
+    }
+    let (status, _, body) = send(queued("cancel-me", "?ttl_s=600&timeout_ms=200")).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let base = &c.urls[0];
+    let url = |key: &str| format!("{base}/v1/terminals/{t}/pushes/{key}");
+    let (status, body) = call(&http, "DELETE", &url("cancel-me")).await;
+    assert_eq!(
+        (status, &body["state"]),
+        (StatusCode::OK, &"cancelled".into()),
+        "{body}"
+    );
+    let (status, body) = call(&http, "DELETE", &url("cancel-me")).await;
+    assert_eq!(
+        (status, &body["error"]),
+        (StatusCode::GONE, &"push_ended".into()),
+        "{body}"
+    );
+
+    // The short one expires while the terminal is down; then it comes back.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    offline(&c, &[]);
+    wait_for("menu-3 delivered", Duration::from_secs(60), || {
+        taken(&c, &t) == ["menu-3"]
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        taken(&c, &t),
+        ["menu-3"],
+        "only the last menu: never the expired, replaced or cancelled"
+    );
+    for (key, state) in [
+        ("short", "expired"),
+        ("menu-1", "replaced"),
+        ("menu-2", "replaced"),
+        ("menu-3", "delivered"),
+        ("cancel-me", "cancelled"),
+    ] {
+        let (status, body) = call(&http, "GET", &url(key)).await;
+        assert_eq!(
+            (status, body["state"].as_str()),
+            (StatusCode::OK, Some(state)),
+            "{key}: {body}"
+        );
+    }
+    let (_, body) = call(&http, "GET", &url("menu-1")).await;
+    assert_eq!(body["replaced_by"], "menu-2");
+    // A retried POST of an ended push says how it ended.
+    let (status, _, body) = send(queued("short", "?ttl_s=3")).await;
+    assert_eq!(
+        (status, &body["state"]),
+        (StatusCode::GONE, &"expired".into()),
+        "{body}"
+    );
+    // The feed has every outcome once, in order, and pages by its cursor.
+    let (status, body) = call(&http, "GET", &format!("{base}/v1/feedback?limit=10")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let keys: Vec<(&str, &str)> = body["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["idempotency_key"].as_str().unwrap(),
+                e["state"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            ("menu-1", "replaced"),
+            ("menu-2", "replaced"),
+            ("cancel-me", "cancelled"),
+            ("short", "expired"),
+            ("menu-3", "delivered")
+        ]
+    );
+    let cursor = body["cursor"].as_str().unwrap();
+    let (_, body) = call(&http, "GET", &format!("{base}/v1/feedback?cursor={cursor}")).await;
+    assert_eq!(body["events"], Value::Array(vec![]), "{body}");
+}
