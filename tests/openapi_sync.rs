@@ -47,13 +47,18 @@ fn documented_routes_are_the_public_routes() {
         .filter(|l| l.starts_with("  /"))
         .map(|l| l.trim().trim_end_matches(':'))
         .collect();
-    use posgate::api::{CLUSTER_ROUTE, PUSH_ROUTE, TERMINAL_ROUTE};
+    use posgate::api::{
+        CLUSTER_ROUTE, FEEDBACK_ROUTE, PUSHES_ROUTE, PUSH_ROUTE, PUSH_STATUS_ROUTE, TERMINAL_ROUTE,
+    };
     assert_eq!(
         paths,
         [
             PUSH_ROUTE,
+            PUSH_STATUS_ROUTE,
+            PUSHES_ROUTE,
             TERMINAL_ROUTE,
             CLUSTER_ROUTE,
+            FEEDBACK_ROUTE,
             "/healthz",
             "/readyz"
         ]
@@ -62,8 +67,11 @@ fn documented_routes_are_the_public_routes() {
     let router = include_str!("../src/http/mod.rs");
     for mounted in [
         "api::PUSH_ROUTE",
+        "api::PUSH_STATUS_ROUTE",
+        "api::PUSHES_ROUTE",
         "api::TERMINAL_ROUTE",
         "api::CLUSTER_ROUTE",
+        "api::FEEDBACK_ROUTE",
         "\"/healthz\"",
         "\"/readyz\"",
     ] {

@@ -178,10 +178,7 @@ fn router(state: Arc<HttpState>) -> Router {
     let api = Router::new()
         .route(api::CLUSTER_ROUTE, get(cluster::cluster))
         .route(api::TERMINAL_ROUTE, get(push::terminal))
-        .route(
-            api::PUSH_STATUS_ROUTE,
-            get(pushes::status).delete(pushes::cancel),
-        )
+        .route(api::PUSH_STATUS_ROUTE, pushes::push_status_route())
         .route(api::PUSHES_ROUTE, delete(pushes::purge))
         .route(api::FEEDBACK_ROUTE, get(pushes::feedback))
         .route_layer(middleware::from_fn_with_state(

@@ -44,6 +44,11 @@ fn push_of(caller: &Caller, terminal: &str, key: Option<&str>) -> Result<Tenant,
     caller.tenant_for(terminal)
 }
 
+/// `GET` (the status) and `DELETE` (cancel) of one push.
+pub(super) fn push_status_route() -> axum::routing::MethodRouter<Arc<HttpState>> {
+    axum::routing::get(status).delete(cancel)
+}
+
 /// `?generation=`: the store generation the push's `202` named.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

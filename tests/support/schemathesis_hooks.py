@@ -9,6 +9,15 @@ handler could panic, not because it may).
 import schemathesis
 
 
+@schemathesis.hook
+def map_query(ctx, query):
+    """The feed waits up to wait_ms for an outcome when there is none: cap what the
+    fuzzer asks for, so a hundred examples do not take a hundred long polls."""
+    if query and isinstance(query.get("wait_ms"), int):
+        query["wait_ms"] = min(query["wait_ms"], 50)
+    return query
+
+
 @schemathesis.check
 def only_documented_server_errors(ctx, response, case):
     status = response.status_code
