@@ -8,9 +8,11 @@
 //! session to is never answered `404`; the idempotency key is reserved (replay or
 //! `409`); the push then waits, bounded by the deadline and a per-terminal cap, for a
 //! session whose hello was accepted with the shard's current epoch; right before
-//! sending, the lease is checked again, so nothing goes out past the lease deadline (for
-//! a shard held past it through a cluster-wide store outage: past the verdict; such
-//! deliveries are counted in `posgate_pushes_on_suspended_shards_total`). A refused
+//! sending, the delivery rule (`crate::core::delivery::check`, which the queue's drain
+//! and the simulation call too) looks at the lease, the session's epoch and the time
+//! left again, so nothing goes out past the lease deadline (for a shard held past it
+//! through a cluster-wide store outage: past the verdict; such deliveries are counted
+//! in `posgate_pushes_on_suspended_shards_total`). A refused
 //! epoch drops the shard and sends the caller to the new owner (the push was not
 //! processed); a connection that closed before the request left is waited out; a
 //! request that may have left without an answer is `504` with `"delivery": "unknown"`
@@ -29,6 +31,7 @@ use super::answer::{Answer, Delivered, ErrorBody, ErrorCode};
 use super::idempotency::Reserve;
 use super::{PushRequest, PushService};
 use crate::clock::now;
+use crate::core::delivery::{self, Moment, Verdict, MIN_SEND_BUDGET};
 use crate::core::lease::StaleEpoch;
 use crate::core::shard::shard_of;
 use crate::pos::manager::Lookup;
@@ -38,10 +41,6 @@ use crate::serving::Grant;
 
 /// How often a push re-checks while the shard's terminal list loads.
 const LOADING_POLL: Duration = Duration::from_millis(10);
-/// Least time left before the deadline for a push to go out: a terminal's answer takes
-/// a round trip plus its own work, and one that misses the deadline turns a delivered
-/// push into `504` delivery unknown.
-const MIN_SEND_BUDGET: Duration = Duration::from_millis(20);
 
 /// The owner's outcome.
 #[derive(Debug)]
@@ -130,24 +129,30 @@ impl PushService {
             // Counted as being sent before the last check: a shard handed over releases
             // its lease only once no push passed that check (`pos::manager` drain).
             let _sending = link.sending();
-            // Fence: the lease must still be ours, with the epoch the session carries.
-            let Some(grant) = self
-                .serving
-                .grant(shard, now())
-                .filter(|g| g.epoch() == epoch)
-            else {
-                continue;
-            };
+            let grant = self.serving.grant(shard, now());
             let remaining = deadline.saturating_duration_since(now());
-            if remaining < MIN_SEND_BUDGET {
+            let moment = Moment {
+                serving: grant.map(Grant::epoch),
+                session: epoch,
+                left: remaining,
+                queued: None,
+            };
+            match delivery::check(&moment) {
+                Verdict::Send => {}
+                Verdict::NotServed => return Owned::NotHere,
+                // A new epoch: wait for the session to say hello with it.
+                Verdict::StaleSession | Verdict::Queued(_) => continue,
                 // Sent now, the terminal could take the push and its answer come back
                 // too late: an unknown outcome, after which the caller's retry is
                 // delivered again. Not sent, the answer is certain and the key free.
-                return Owned::Answer(unavailable(
-                    push,
-                    "too little of the deadline left to send the push and hear the answer",
-                ));
+                Verdict::TooLate => {
+                    return Owned::Answer(unavailable(
+                        push,
+                        "too little of the deadline left to send the push and hear the answer",
+                    ))
+                }
             }
+            let grant = grant.expect("checked: served");
             let wire = PosPush {
                 terminal: &push.terminal,
                 server_name: &link.terminal.server_name,

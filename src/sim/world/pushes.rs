@@ -7,7 +7,8 @@
 //! deduplicates by key ([`crate::sim::keys`], which also holds the invariant).
 //!
 //! Timings follow the real pod at the simulation's faster lease: a deadline per
-//! attempt, a re-look pause after each miss, the owner's least send budget. Answers are
+//! attempt, a re-look pause after each miss; the owner's last check is the pod's own
+//! ([`crate::core::delivery::check`]). Answers are
 //! lost on each hop with a small probability (the owner's from the terminal, the
 //! entry's from the owner, the caller's from the entry), which is what makes a caller
 //! retry a key the terminal already has.
@@ -20,6 +21,7 @@ use std::time::Duration;
 use rand::Rng;
 
 use super::{Ev, World};
+use crate::core::delivery::{self, Moment, Verdict};
 use crate::core::route::{self, Miss, Target};
 use crate::core::{Epoch, ShardId};
 use crate::credentials::Tenant;
@@ -34,8 +36,6 @@ const DEADLINE: Duration = Duration::from_millis(1_500);
 const CALLER_GRACE: Duration = Duration::from_millis(300);
 /// The entry pod's pause before it looks for the owner again.
 const RELOOK: Duration = Duration::from_millis(50);
-/// Least time left before the deadline for the owner to send (as in `push::owner`).
-const MIN_SEND_BUDGET: Duration = Duration::from_millis(20);
 /// How likely an answer is lost on one hop.
 const ANSWER_LOSS: f64 = 0.02;
 /// The idempotency cache's key digest: the simulation sends one body per key.
@@ -290,7 +290,8 @@ impl World<'_> {
     }
 
     /// The owner's checks, in the order of `push::owner`: serving here, the key
-    /// reserved, enough deadline left; then the copy goes to the terminal.
+    /// reserved, then the delivery rule ([`delivery::check`]: still served, the
+    /// session's epoch, enough deadline left); then the copy goes to the terminal.
     fn at_owner(&mut self, pod: usize, flight: usize, look: u32) -> Result<(), Violation> {
         let f = &self.flights[flight];
         let (key, deadline, local) = (f.key, f.deadline, f.entry == pod);
@@ -309,7 +310,10 @@ impl World<'_> {
         let tried = match reserved {
             Reserve::Replay(_) => Tried::Answer(Heard::Delivered),
             Reserve::Conflict(_) => Tried::Answer(Heard::NotDelivered),
-            Reserve::Reserved(_) if deadline.saturating_sub(self.now) < MIN_SEND_BUDGET => {
+            // A served shard's terminal is taken to be connected with its epoch.
+            Reserve::Reserved(_)
+                if self.last_check(pod, shard, epoch, deadline) != Verdict::Send =>
+            {
                 Tried::Answer(Heard::NotDelivered)
             }
             Reserve::Reserved(r) => {
@@ -347,6 +351,16 @@ impl World<'_> {
         self.stats.answers_handed_over += kept.len() as u64;
         let now = self.local(pod);
         self.pods[pod].cache.import(kept, now);
+    }
+
+    /// The delivery rule for a copy on `epoch`'s session with `deadline`, at `pod` now.
+    fn last_check(&self, pod: usize, shard: ShardId, epoch: Epoch, deadline: Duration) -> Verdict {
+        delivery::check(&Moment {
+            serving: self.serving_epoch(pod, shard),
+            session: epoch,
+            left: deadline.saturating_sub(self.now),
+            queued: None,
+        })
     }
 
     fn serving_epoch(&self, pod: usize, shard: ShardId) -> Option<Epoch> {
