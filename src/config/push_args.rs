@@ -210,6 +210,7 @@ impl PushArgs {
                 retention_ms: self.queue_retention.as_millis() as u64,
             },
             drain_rate,
+            copy_timeout: COPY_TIMEOUT,
         })
     }
 }

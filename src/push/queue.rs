@@ -60,7 +60,8 @@ pub const QUEUE_CAPABILITY: u32 = 1;
 /// queued push leaves only while `now + CLOCK_SKEW` is before its expiry, which another
 /// pod fixed. See `docs/operations.md` for what a wider skew does.
 pub const CLOCK_SKEW: Duration = Duration::from_millis(500);
-/// How long one queued copy waits for the terminal's answer.
+/// How long one queued copy waits for the terminal's answer: the same as a push's
+/// default deadline would give a live one, twice over.
 pub const COPY_TIMEOUT: Duration = Duration::from_secs(10);
 /// First pause after a copy the terminal did not take or answer, doubled each time up
 /// to [`MAX_RETRY_PAUSE`].
@@ -85,6 +86,8 @@ pub struct QueueSettings {
     pub limits: Limits,
     /// `--queue-drain-rate`: queued copies this pod sends per second, at most.
     pub drain_rate: NonZeroU32,
+    /// How long one queued copy waits for its answer ([`COPY_TIMEOUT`]; not a flag).
+    pub copy_timeout: Duration,
 }
 
 impl Default for QueueSettings {
@@ -98,6 +101,7 @@ impl Default for QueueSettings {
                 retention_ms: 3_600_000,
             },
             drain_rate: NonZeroU32::new(500).expect("non-zero"),
+            copy_timeout: COPY_TIMEOUT,
         }
     }
 }
@@ -250,7 +254,7 @@ impl Drains {
             rules: QueueRules {
                 window,
                 skew: CLOCK_SKEW,
-                copy_timeout: COPY_TIMEOUT,
+                copy_timeout: settings.copy_timeout,
             },
             settings,
             push_path,

@@ -37,6 +37,7 @@ use posgate::credentials::ApiTokens;
 use posgate::pod::PodHandle;
 use posgate::push::PushSettings;
 use posgate::store::directory::Terminal;
+use posgate_loadtest::pos_sim::FarmConfig;
 use serde_json::Value;
 
 use crate::support::api::Push;
@@ -107,24 +108,31 @@ impl Cluster {
         extra: &[(&str, &str)],
         push: PushSettings,
     ) -> Self {
-        Cluster::start_with(pods, terminals, extra, push, false).await
+        Cluster::start_with(pods, farm::config(terminals), extra, push, false).await
+    }
+
+    /// Like `start`, over a farm of `farm`'s settings.
+    async fn start_farm(pods: usize, farm: FarmConfig, push: PushSettings) -> Self {
+        Cluster::start_with(pods, farm, &[], push, false).await
     }
 
     /// Like `start`, with a [`PeerTap`] in front of every pod: each pod advertises its
     /// tap's URL, so every forwarded push crosses a tap and is recorded there.
     async fn start_tapped(pods: usize, terminals: u64) -> Self {
-        Cluster::start_with(pods, terminals, &[], PushSettings::default(), true).await
+        let farm = farm::config(terminals);
+        Cluster::start_with(pods, farm, &[], PushSettings::default(), true).await
     }
 
     async fn start_with(
         pods: usize,
-        terminals: u64,
+        farm: FarmConfig,
         extra: &[(&str, &str)],
         push: PushSettings,
         tapped: bool,
     ) -> Self {
+        let terminals = farm.range.end - farm.range.start;
         let redis = RedisServer::start();
-        let farm = Farm::start(farm::config(terminals)).await;
+        let farm = Farm::start(farm).await;
         let mut entries = farm.entries();
         for (id, addr) in extra {
             entries.push(Terminal::new(id, addr, Some("nowhere.test")).unwrap());

@@ -140,6 +140,9 @@ async fn pushes_wait_for_offline_terminals_and_arrive_in_order_after_their_hello
     );
     let counters = c.farm.counters();
     assert_eq!(counters.keys_delivered_twice, 0, "{counters:?}");
+    // With "up-now", which went through the queue too.
+    assert_eq!(counters.queued_pushes, (DOWN * EACH) as u64 + 1, "{counters:?}");
+    assert_eq!(counters.pushes_after_expiry, 0, "{counters:?}");
 
     // Every push says delivered, through any pod.
     let mut states = BTreeMap::new();
@@ -206,7 +209,7 @@ async fn an_expired_push_is_never_sent_and_collapse_keys_and_cancels_keep_only_t
     tokio::time::sleep(Duration::from_secs(4)).await;
     offline(&c, &[]);
     wait_for("menu-3 delivered", Duration::from_secs(60), || {
-        taken(&c, &t) == ["menu-3"]
+        taken(&c, &t).contains(&"menu-3".to_string())
     })
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -215,6 +218,7 @@ async fn an_expired_push_is_never_sent_and_collapse_keys_and_cancels_keep_only_t
         ["menu-3"],
         "only the last menu: never the expired, replaced or cancelled"
     );
+    assert_eq!(c.farm.counters().pushes_after_expiry, 0);
     for (key, state) in [
         ("short", "expired"),
         ("menu-1", "replaced"),
@@ -265,4 +269,84 @@ async fn an_expired_push_is_never_sent_and_collapse_keys_and_cancels_keep_only_t
     let cursor = body["cursor"].as_str().unwrap();
     let (_, body) = call(&http, "GET", &format!("{base}/v1/feedback?cursor={cursor}")).await;
     assert_eq!(body["events"], Value::Array(vec![]), "{body}");
+}
+
+/// A copy whose answer is lost is sent again only while the terminal's dedup window
+/// (`--idempotency-ttl`, which terminals must honour) still covers it; after that the
+/// push ends `unknown` and no copy follows, because a terminal that forgot the key would
+/// take it again. Here the terminal takes every push but answers after the pod stopped
+/// waiting: the window is 4 s, a copy waits 1 s, the skew allowance is 0.5 s, so a
+/// second copy may leave up to 2.5 s after the first, and none after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_answer_is_sent_again_only_within_the_window_then_ends_unknown() {
+    const WINDOW: Duration = Duration::from_secs(4);
+    let mut farm = crate::support::farm::config(4);
+    farm.dedup.window = WINDOW;
+    let mut settings = PushSettings {
+        idempotency_ttl: WINDOW,
+        ..PushSettings::default()
+    };
+    settings.queue.copy_timeout = Duration::from_secs(1);
+    let c = Cluster::start_farm(2, farm, settings).await;
+    let http = client();
+    let t = c.ids()[0].clone();
+    c.farm
+        .set_faults(FaultConfig {
+            answer_delay_ms: 1_500,
+            ..FaultConfig::default()
+        })
+        .unwrap();
+    let (status, _, body) = push(
+        &http,
+        &c.urls[0],
+        &t,
+        later("slow", "?ttl_s=120&timeout_ms=300"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let url = format!("{}/v1/terminals/{t}/pushes/slow", c.urls[1]);
+    let ended = Instant::now();
+    let mut body = Value::Null;
+    while ended.elapsed() < Duration::from_secs(20) {
+        (_, body) = call(&http, "GET", &url).await;
+        if body["state"] == "unknown" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(body["state"], "unknown", "{body}");
+    assert_eq!(
+        body["copies"], 2,
+        "one copy and one resend within the window: {body}"
+    );
+    let (sent, at) = (
+        body["sent_ms"].as_u64().unwrap(),
+        body["final_ms"].as_u64().unwrap(),
+    );
+    assert!(
+        at - sent >= 2_500,
+        "given up only once no copy could be covered: {body}"
+    );
+    // Nothing more reaches the terminal, also after its window has passed.
+    tokio::time::sleep(WINDOW + Duration::from_secs(2)).await;
+    let copies: Vec<u64> = c
+        .farm
+        .terminal_report(&t)
+        .unwrap()
+        .recent_pushes
+        .iter()
+        .filter(|p| p.idempotency_key == "acme:slow")
+        .map(|p| p.at_unix_ms)
+        .collect();
+    assert_eq!(copies.len(), 2, "{copies:?}");
+    assert!(
+        copies[1] - copies[0] < WINDOW.as_millis() as u64,
+        "the resend was inside the window: {copies:?}"
+    );
+    let counters = c.farm.counters();
+    assert_eq!(
+        counters.duplicate_deliveries, 1,
+        "the resend was answered as a repeat: {counters:?}"
+    );
+    assert_eq!(counters.pushes_after_expiry, 0, "{counters:?}");
 }

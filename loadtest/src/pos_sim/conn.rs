@@ -38,6 +38,8 @@ pub const H_POD: &str = "posgate-pod";
 pub const H_TERMINAL: &str = "posgate-terminal";
 pub const H_STALE_EPOCH: &str = "posgate-stale-epoch";
 pub const H_IDEMPOTENCY_KEY: &str = "idempotency-key";
+/// On a push that waited in posgate's queue: when it expires (Unix ms).
+pub const H_EXPIRES_AT: &str = "posgate-expires-at";
 /// On a `200` to a push: `1`, the terminal had accepted this key within its dedup window
 /// and did not take the push again.
 pub const H_DUPLICATE: &str = "posgate-duplicate";
@@ -318,6 +320,13 @@ async fn push(ctx: &ConnCtx, req: Request<Incoming>) -> Response<Full<Bytes>> {
         None => key.to_string(),
     };
     let key = key.as_str();
+    if let Some(expires) = header(&parts.headers, H_EXPIRES_AT) {
+        Counters::bump(&ctx.shared.counters.queued_pushes);
+        if expires.parse::<u64>().is_ok_and(|at| unix_ms() > at) {
+            Counters::bump(&ctx.shared.counters.pushes_after_expiry);
+            warn!(terminal = %ctx.id, key, expires, "push arrived after its posgate-expires-at");
+        }
+    }
     // The payload is read in full (as a terminal would) but not kept: only its size matters.
     let size = match Limited::new(body, MAX_BODY).collect().await {
         Ok(collected) => collected.to_bytes().len(),
@@ -338,6 +347,10 @@ async fn push(ctx: &ConnCtx, req: Request<Incoming>) -> Response<Full<Bytes>> {
         .push(ctx.conn, epoch, pod, key, now, &s.counters);
     debug!(terminal = %ctx.id, conn = ctx.conn, epoch, key, size, ?outcome, "push");
     let faults = s.faults();
+    if faults.answer_delay_ms > 0 {
+        // Taken (or refused) already: a pod that stops waiting loses only the answer.
+        sleep(Duration::from_millis(faults.answer_delay_ms)).await;
+    }
     match outcome {
         PushOutcome::Accepted => respond(StatusCode::OK, "accepted\n"),
         PushOutcome::Repeated { .. } if faults.forget_keys => {

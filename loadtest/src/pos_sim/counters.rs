@@ -119,6 +119,12 @@ counters! {
     /// `dedup_capacity`: a repeat of one of them would be taken again. 0 unless one
     /// terminal takes pushes faster than the capacity allows.
     keys_forgotten_early,
+    /// Pushes that carried `posgate-expires-at` (pushes that waited in posgate's queue),
+    /// whatever the answer.
+    queued_pushes,
+    /// Of those, pushes that arrived after the time their `posgate-expires-at` named
+    /// (by this farm's clock): a gateway that sends late. Answered as usual.
+    pushes_after_expiry,
 }
 
 impl Counters {

@@ -20,6 +20,9 @@ pub struct FaultConfig {
     pub handshake_delay_ms: u64,
     /// Wait this long before answering each hello and push.
     pub response_latency_ms: u64,
+    /// Wait this long after taking a push before answering it: the push is taken even
+    /// when the pod stops waiting first (its answer is lost on the way back).
+    pub answer_delay_ms: u64,
     /// Fraction (0..=1) of the farm's terminals that are offline: their SNI is refused and
     /// their live connections are dropped when the setting is applied. Which terminals is
     /// a fixed function of the terminal number, so the same fraction picks the same ones.
