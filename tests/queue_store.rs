@@ -203,7 +203,7 @@ async fn script<S: QueueStore + CoordStore>(store: &S) -> Transcript {
         store.enqueue(&enqueue(f, b"six", cluster)).await.unwrap(),
     );
     t.line("pending", store.pending("pos-1").await.unwrap());
-    t.line("waiting", store.waiting(SHARD).await.unwrap());
+    t.line("waiting", store.waiting(&[SHARD, SHARD + 1]).await.unwrap());
 
     // Marks: only the lease holder with its epoch, only at the revision read.
     let me = pod("pod-a");
@@ -344,7 +344,10 @@ async fn script<S: QueueStore + CoordStore>(store: &S) -> Transcript {
             .unwrap(),
     );
     t.line("pending after", store.pending("pos-1").await.unwrap());
-    t.line("waiting after", store.waiting(SHARD).await.unwrap());
+    t.line(
+        "waiting after",
+        store.waiting(&[SHARD, SHARD + 1]).await.unwrap(),
+    );
     for key in ["k1", "k2", "k3", "k4", "nope"] {
         let found = store.find("acme", "pos-1", key, T0 + 20).await.unwrap();
         let gen = found.generation.map(|g| t.gen(&g));
@@ -450,8 +453,8 @@ async fn an_entry_pods_enqueue_needs_the_terminal_in_the_directory() {
         "{accepted:?}"
     );
     assert_eq!(
-        store.waiting(shard).await.unwrap(),
-        vec![("pos-1".to_string(), 1)]
+        store.waiting(&[shard]).await.unwrap(),
+        vec![(shard, "pos-1".to_string(), 1)]
     );
 }
 

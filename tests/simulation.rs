@@ -2,7 +2,9 @@
 //!
 //! Runs `POSGATE_SIM_SEEDS` seeds (default 1,000) starting at `POSGATE_SIM_FIRST_SEED`
 //! (default 0). A failing seed is printed with its recent history and can be replayed
-//! with `posgate simulate --seed <SEED>`.
+//! with `posgate simulate --seed <SEED>`. Pushes with a TTL run in every seed
+//! (`src/sim/later.rs`): red without the window rule (seed 5), the expiry check (seed 0)
+//! or the store's replica keeping acknowledged writes (seed 3).
 
 use posgate::sim::{run_seed, run_seeds, SimConfig};
 
@@ -57,6 +59,23 @@ fn many_seeds_keep_the_invariants() {
         total.failovers >= seeds / 4 && total.rollbacks_seen >= seeds / 25,
         "failovers that lost writes were not exercised: {total:?}"
     );
+    // Pushes with a TTL: acknowledged ones delivered, expired while their terminal was
+    // offline, replaced by a collapse key, given up after a lost answer outlived the
+    // terminal's window, lost with a wiped store; copies sent again after lost answers
+    // and deduplicated by the terminal.
+    assert!(
+        total.later_acked >= seeds * 50 && total.later_delivered * 10 >= total.later_acked * 8,
+        "too few pushes with a TTL acknowledged and delivered: {total:?}"
+    );
+    for (what, n, least) in [
+        ("expired", total.later_expired, seeds),
+        ("replaced", total.later_replaced, seeds / 10),
+        ("unknown", total.later_unknown, seeds / 2),
+        ("lost with a wipe", total.later_lost, seeds),
+        ("repeats deduplicated", total.later_repeats, seeds),
+    ] {
+        assert!(n >= least, "too few pushes with a TTL {what}: {total:?}");
+    }
 }
 
 #[test]

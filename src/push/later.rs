@@ -103,7 +103,10 @@ impl PushService {
         let e = self.enqueue_request(push, later, shard, false);
         // Watched before it is stored, so no change the drain makes is missed.
         let mut changes = drains.watch(&e.id, e.record.clone());
-        let (mut latest, generation, position) = match self.enqueue(push, &e).await {
+        let stored = self.enqueue(push, &e, deadline).await;
+        // Whatever the answer: a failed call may still have stored it.
+        drains.wake(shard, &push.terminal);
+        let (mut latest, generation, position) = match stored {
             Ok(Stored::New {
                 position,
                 generation,
@@ -116,7 +119,6 @@ impl PushService {
             }
             Err(answer) => return Owned::Answer(answer),
         };
-        drains.wake(shard, &push.terminal);
         // The owner knows its terminal has no session coming soon: answer now.
         if !link.backing_off() {
             let final_state = changes.wait_for(|r| r.state.is_final());
@@ -133,10 +135,15 @@ impl PushService {
 
     /// An entry pod's part of a push with a TTL when no owner could take it: stored
     /// here (the terminal must be in the directory), answered at once.
-    pub(super) async fn enqueue_at_entry(&self, push: &PushRequest, later: &Later) -> Answer {
+    pub(super) async fn enqueue_at_entry(
+        &self,
+        push: &PushRequest,
+        later: &Later,
+        deadline: Instant,
+    ) -> Answer {
         let shard = shard_of(&push.terminal, self.shards);
         let e = self.enqueue_request(push, later, shard, true);
-        match self.enqueue(push, &e).await {
+        match self.enqueue(push, &e, deadline).await {
             Ok(Stored::New {
                 position,
                 generation,
@@ -187,9 +194,25 @@ impl PushService {
         }
     }
 
-    /// Stores `e`, counting the result; an error answer when it is not stored.
-    async fn enqueue(&self, push: &PushRequest, e: &Enqueue) -> Result<Stored, Answer> {
+    /// Stores `e`, counting the result; an error answer when it is not stored. Never
+    /// once the request's `deadline` has passed: its caller has given up on this
+    /// attempt and may have retried already; stored later (a pod frozen with the request
+    /// in hand), after the store lost an earlier copy of the key, it would reach the
+    /// terminal again when the terminal's window may be over. The deadline bounds that
+    /// delay by `timeout_ms`, far inside any window.
+    async fn enqueue(
+        &self,
+        push: &PushRequest,
+        e: &Enqueue,
+        deadline: Instant,
+    ) -> Result<Stored, Answer> {
         let drains = self.drains.as_ref().expect("checked by the caller");
+        if now() >= deadline {
+            return Err(queue_unavailable(
+                push,
+                "the request's deadline passed before the push was stored; retry with the same idempotency key",
+            ));
+        }
         let enqueued = drains.store().enqueue(e).await;
         let result = match &enqueued {
             Ok(Enqueued::Accepted { .. }) => "accepted",

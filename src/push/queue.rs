@@ -21,8 +21,10 @@
 //! acted on twice.
 //!
 //! Wake-ups: the shard starting here (its terminals with waiting pushes are read), a
-//! push queued by this pod, a store notification of one queued by a pod that does not
-//! hold the shard, and each terminal's own timers (expiry, the window).
+//! push queued by this pod (whatever its store call answered: a lost answer may hide a
+//! write that happened), a store notification of one queued by a pod that does not hold
+//! the shard, each terminal's own timers (expiry, the window), and every 30 s a read of
+//! all served shards' waiting terminals, so a lost wake-up delays a push by that much.
 //!
 //! Not for: accepting a push (`route`, `owner`), or the store's rules (`store::queue`).
 
@@ -67,6 +69,9 @@ pub const COPY_TIMEOUT: Duration = Duration::from_secs(10);
 /// to [`MAX_RETRY_PAUSE`].
 const RETRY_PAUSE: Duration = Duration::from_millis(500);
 const MAX_RETRY_PAUSE: Duration = Duration::from_secs(30);
+/// How often a pod reads the waiting terminals of all the shards it serves (one store
+/// call), in case a wake-up was lost.
+const WAITING_SCAN: Duration = Duration::from_secs(30);
 /// How often the queue's gauges are set from what the drains read.
 const GAUGE_EVERY: Duration = Duration::from_secs(1);
 /// Pause after a failed store call, doubled up to [`MAX_RETRY_PAUSE`].
@@ -283,9 +288,12 @@ impl Drains {
     pub async fn run(self: Arc<Self>, mut events: QueueEvents) {
         let mut wakeups = self.store.wakeups();
         let mut gauges = tokio::time::interval(GAUGE_EVERY);
+        let mut scan = tokio::time::interval(WAITING_SCAN);
+        scan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = gauges.tick() => self.set_gauges(),
+                _ = scan.tick() => self.clone().scan(),
                 event = events.0.recv() => match event {
                     Some(Served::Start(shard)) => self.start(shard),
                     Some(Served::Stop(shard, done)) => {
@@ -329,14 +337,15 @@ impl Drains {
         let drains = self.clone();
         tokio::spawn(async move {
             let mut pause = STORE_PAUSE;
+            let shards = [shard];
             loop {
                 let read = tokio::select! {
-                    read = drains.store.waiting(shard) => read,
+                    read = drains.store.waiting(&shards) => read,
                     _ = stop.wait_for(|s| *s) => return,
                 };
                 match read {
                     Ok(terminals) => {
-                        for (terminal, _) in terminals {
+                        for (shard, terminal, _) in terminals {
                             drains.wake(shard, &terminal);
                         }
                         return;
@@ -349,6 +358,27 @@ impl Drains {
                         pause = (pause * 2).min(MAX_RETRY_PAUSE);
                     }
                 }
+            }
+        });
+    }
+
+    /// Reads the waiting terminals of every shard served here, in one call, and wakes
+    /// their drains: a wake-up that was lost (the reply of a pod's own store call, a
+    /// notification missed without a resubscription) delays a push by this period at
+    /// most.
+    fn scan(self: Arc<Self>) {
+        let shards: Vec<ShardId> = lock(&self.shards).keys().copied().collect();
+        if shards.is_empty() {
+            return;
+        }
+        tokio::spawn(async move {
+            match self.store.waiting(&shards).await {
+                Ok(terminals) => {
+                    for (shard, terminal, _) in terminals {
+                        self.wake(shard, &terminal);
+                    }
+                }
+                Err(e) => debug!(error = %e, "queue: the periodic scan failed"),
             }
         });
     }

@@ -54,7 +54,7 @@ impl PushService {
             status.borrow_and_update();
             let target = self.target(shard);
             if let (Target::Nobody, Some(later)) = (&target, &push.later) {
-                return (self.enqueue_at_entry(&push, later).await, "none");
+                return (self.enqueue_at_entry(&push, later, deadline).await, "none");
             }
             let miss = match target {
                 Target::Here => match self.deliver_at_owner(&push, deadline).await {
@@ -87,7 +87,10 @@ impl PushService {
             };
             if miss.is_some_and(|m| !m.may_look_again()) {
                 if let Some(later) = &push.later {
-                    return (self.enqueue_at_entry(&push, later).await, "forwarded");
+                    return (
+                        self.enqueue_at_entry(&push, later, deadline).await,
+                        "forwarded",
+                    );
                 }
                 let mut body = with_key(&push, "no answer from the owner pod; the terminal may have received the push: retry with the same idempotency key");
                 body.delivery = Some("unknown".into());
@@ -97,7 +100,7 @@ impl PushService {
             let until = deadline.min(now() + RESOLVE_PAUSE);
             if until >= deadline {
                 if let Some(later) = &push.later {
-                    return (self.enqueue_at_entry(&push, later).await, "none");
+                    return (self.enqueue_at_entry(&push, later, deadline).await, "none");
                 }
                 // Not enough time left for another look to help.
                 tokio::time::sleep_until(deadline.into()).await;

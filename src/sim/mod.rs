@@ -22,6 +22,7 @@
 mod checks;
 mod faults;
 mod keys;
+mod later;
 mod world;
 
 use std::time::Duration;
@@ -106,6 +107,22 @@ pub struct SimStats {
     pub failovers: u64,
     /// Times a pod found the store had gone back in time (lost writes it acknowledged).
     pub rollbacks_seen: u64,
+    /// Pushes with a TTL: planned, stored, acknowledged to their caller; of those,
+    /// ended delivered, expired, replaced (collapse key), unknown, or lost with the
+    /// store's data; copies sent, and copies the terminal answered as repeats.
+    pub later_pushes: u64,
+    pub later_stored: u64,
+    pub later_acked: u64,
+    pub later_delivered: u64,
+    pub later_expired: u64,
+    pub later_replaced: u64,
+    pub later_unknown: u64,
+    pub later_lost: u64,
+    pub later_copies: u64,
+    pub later_repeats: u64,
+    /// Keys taken again from a new stored push after a wipe lost the first (a retry
+    /// the caller made within the window, waiting in the queue past it).
+    pub later_retaken: u64,
 }
 
 impl SimStats {
@@ -132,6 +149,17 @@ impl SimStats {
         self.unannounced_drains += other.unannounced_drains;
         self.failovers += other.failovers;
         self.rollbacks_seen += other.rollbacks_seen;
+        self.later_pushes += other.later_pushes;
+        self.later_stored += other.later_stored;
+        self.later_acked += other.later_acked;
+        self.later_delivered += other.later_delivered;
+        self.later_expired += other.later_expired;
+        self.later_replaced += other.later_replaced;
+        self.later_unknown += other.later_unknown;
+        self.later_lost += other.later_lost;
+        self.later_copies += other.later_copies;
+        self.later_repeats += other.later_repeats;
+        self.later_retaken += other.later_retaken;
     }
 }
 

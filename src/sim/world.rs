@@ -10,6 +10,7 @@
 mod converge;
 mod failover;
 mod inject;
+mod later;
 mod pushes;
 mod session_checks;
 mod sessions;
@@ -17,7 +18,7 @@ mod store_calls;
 mod terminals;
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
@@ -26,12 +27,14 @@ use rand::{Rng, SeedableRng};
 use self::converge::settle;
 pub use self::failover::Failover;
 use self::failover::Replica;
+use self::later::{LaterEv, StoreOp};
 use self::pushes::{Caller, Flight, PushEv};
 use self::sessions::{SessionEv, Sessions};
 use self::store_calls::failed;
 use super::checks::{Checker, Hello, Violation};
 use super::faults::{self, Fault};
 use super::keys::{Heard, Keys};
+use super::later::Ledger;
 use super::{SimConfig, SimStats};
 use crate::core::lease::{AcquireOutcome, Checked, Claim, RenewOutcome, StaleEpoch};
 use crate::core::membership::{Member, Snapshot, HANDOVER_DRAIN};
@@ -101,6 +104,14 @@ enum Ev {
     AtTerminal(usize, u32, usize, Epoch),
     /// The per-terminal handover (`sessions`).
     Session(SessionEv),
+    /// A caller sends (again) a push with a TTL; a pod's acknowledgement reaches it.
+    LaterSend(usize),
+    LaterHeard(usize, String),
+    /// A queue event at a pod (`later`), a queue call reaching the store, a queued copy
+    /// reaching the terminal (pod, copy, shard, key, epoch, when it left).
+    Later(usize, LaterEv),
+    LaterStore(usize, StoreOp),
+    LaterAtTerminal(usize, u64, ShardId, (usize, u64), Epoch, Duration),
 }
 
 struct SimPod {
@@ -116,6 +127,12 @@ struct SimPod {
     wake_at: Option<Duration>,
     /// The pod's idempotency cache (the real one); lost when the pod dies.
     cache: IdempotencyCache,
+    /// Its wall clock minus true time, ms (within half the queue's skew allowance).
+    wall_offset_ms: i64,
+    /// Its drains of pushes with a TTL, one per served shard, and their copies on the
+    /// way (`later`).
+    drains: BTreeMap<ShardId, later::Drain>,
+    copies: BTreeMap<u64, later::Copy>,
 }
 
 pub struct World<'a> {
@@ -146,6 +163,15 @@ pub struct World<'a> {
     sessions: Sessions,
     /// Callers stop retrying here, so every attempt ends before the run does.
     retry_until: Duration,
+    /// Pushes with a TTL (`later`): their ledger, when each shard's terminal is
+    /// offline, when a queue write last waited for the replica, the last copy's number.
+    later: Ledger,
+    terminal_offline: Vec<Vec<(Duration, Duration)>>,
+    queue_waited: Duration,
+    /// A failover is under way: the replica to be promoted is cut off from the master,
+    /// so no write can be acknowledged by it (`WAIT` fails) until it is the store.
+    failing_over: bool,
+    next_copy: u64,
 }
 
 impl<'a> World<'a> {
@@ -174,6 +200,11 @@ impl<'a> World<'a> {
             keys: Keys::default(),
             sessions: Sessions::default(),
             retry_until: cfg.fault_end + settle(cfg),
+            later: Ledger::default(),
+            terminal_offline: Vec::new(),
+            queue_waited: Duration::ZERO,
+            failing_over: false,
+            next_copy: 0,
             rng,
         };
         for _ in 0..cfg.initial_pods {
@@ -184,6 +215,9 @@ impl<'a> World<'a> {
             w.schedule(at, Ev::Fault(fault));
         }
         w.plan_pushes(Duration::from_secs(2), cfg.fault_end);
+        // Pushes with a TTL end (at most 10 s) a few seconds before the faults do.
+        let later_until = cfg.fault_end.saturating_sub(Duration::from_secs(14));
+        w.plan_later(Duration::from_secs(2), later_until);
         w
     }
 
@@ -207,6 +241,8 @@ impl<'a> World<'a> {
         }
         self.now = self.end();
         self.converged()?;
+        self.later_converged()?;
+        self.stats.later_pushes = self.later.keys.len() as u64;
         self.stats.invariant_checks = self.check.checks;
         self.stats.fenced_overlaps = self.check.fenced_overlaps;
         self.stats.refused_hellos = self.check.refused_hellos;
@@ -294,6 +330,19 @@ impl<'a> World<'a> {
             Ev::CallerHears(key, attempt, heard) => self.caller_hears(key, attempt, heard),
             Ev::AtTerminal(flight, look, pod, epoch) => self.at_terminal(flight, look, pod, epoch),
             Ev::Session(ev) => self.session_event(ev),
+            Ev::LaterSend(key) => {
+                self.later_send(key);
+                Ok(())
+            }
+            Ev::LaterHeard(key, generation) => {
+                self.later_heard(key, generation);
+                Ok(())
+            }
+            Ev::Later(pod, _) => self.deliver(pod, ev),
+            Ev::LaterStore(pod, op) => self.later_store(pod, op),
+            Ev::LaterAtTerminal(pod, copy, shard, key, epoch, left) => {
+                self.later_at_terminal(pod, copy, shard, key, epoch, left)
+            }
         }
     }
 
@@ -322,11 +371,16 @@ impl<'a> World<'a> {
         if let Ev::Push(_, push) = ev {
             return self.push_event(pod, push);
         }
+        if let Ev::Later(_, later) = ev {
+            return self.later_event(pod, later);
+        }
         let now = self.local(pod);
         let p = &mut self.pods[pod];
         if let Ev::Start(_) = ev {
             p.rec = Some(Reconciler::new(self.cfg.core.clone(), p.id.clone(), now));
+            self.later_pod_started(pod);
         }
+        let p = &mut self.pods[pod];
         let Some(rec) = p.rec.as_mut() else {
             return Ok(());
         };
@@ -396,6 +450,7 @@ impl<'a> World<'a> {
                     }
                     self.take_over_answers(pod, shard);
                     self.sessions_start(pod, shard, epoch)?;
+                    self.later_start(pod, shard);
                     self.stats.handovers += 1;
                 }
                 Action::SuspendServing { shard, epoch } => {
@@ -424,6 +479,7 @@ impl<'a> World<'a> {
                         Close::Drain => self.rng.random_range(0.0..0.05),
                     };
                     self.sessions_stop(pod, shard, epoch, close == Close::Drain);
+                    self.later_stop(pod, shard);
                     let close = self.cfg.core.close_budget.mul_f64(share);
                     self.schedule(self.now + close, Ev::StopAck(pod, shard));
                 }

@@ -30,8 +30,8 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 
 use super::queue::{
-    push_id, Cancelled, Enqueue, Enqueued, Feed, Found, QueueState, QueueStore, Record, Wakeup,
-    Write, Written,
+    push_id, Cancelled, Enqueue, Enqueued, Feed, Found, QueueState, QueueStore, Record, Waiting,
+    Wakeup, Write, Written,
 };
 use super::{ClusterMeta, CoordStore, StoreError};
 use crate::core::lease::{
@@ -572,8 +572,11 @@ impl QueueStore for MemoryStore {
         std::future::ready(Ok(records)).boxed()
     }
 
-    fn waiting(&self, shard: ShardId) -> BoxFuture<'_, Result<Vec<(String, u32)>, StoreError>> {
-        let waiting = self.with_state(|s, _| s.queue().waiting(shard));
+    fn waiting<'a>(
+        &'a self,
+        shards: &'a [ShardId],
+    ) -> BoxFuture<'a, Result<Vec<Waiting>, StoreError>> {
+        let waiting = self.with_state(|s, _| s.queue().waiting(shards));
         std::future::ready(Ok(waiting)).boxed()
     }
 

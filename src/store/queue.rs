@@ -351,6 +351,9 @@ pub struct Feed {
     pub gap: bool,
 }
 
+/// A terminal with pushes not final: its shard, its id, how many.
+pub type Waiting = (ShardId, String, u32);
+
 /// A push was queued by a pod that does not hold its shard: the owner's drain looks.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Wakeup {
@@ -379,8 +382,12 @@ pub trait QueueStore: Send + Sync + 'static {
     /// Every push of `terminal` not yet final, in acceptance order.
     fn pending<'a>(&'a self, terminal: &'a str) -> BoxFuture<'a, Result<Vec<Record>, StoreError>>;
 
-    /// The terminals of `shard` with pushes not yet final, and how many each.
-    fn waiting(&self, shard: ShardId) -> BoxFuture<'_, Result<Vec<(String, u32)>, StoreError>>;
+    /// The terminals of each of `shards` with pushes not yet final, and how many each,
+    /// in one call.
+    fn waiting<'a>(
+        &'a self,
+        shards: &'a [ShardId],
+    ) -> BoxFuture<'a, Result<Vec<Waiting>, StoreError>>;
 
     /// Cancels the `queued` push of `tenant` with `key` to `terminal`.
     fn cancel<'a>(
@@ -485,6 +492,8 @@ impl QueueState {
         let r = &e.record;
         self.gc(&r.tenant, r.accepted_ms);
         if let Some(existing) = self.lookup(&r.tenant, &r.terminal, &e.id) {
+            // (The script bumps the sequence here so its `WAIT` covers the record;
+            // nothing the model shows.)
             let answer = if existing.digest == r.digest {
                 Enqueued::Existing {
                     record: Box::new(existing),
@@ -644,11 +653,14 @@ impl QueueState {
     }
 
     /// `waiting`.
-    pub fn waiting(&self, shard: ShardId) -> Vec<(String, u32)> {
-        self.waiting
-            .get(&shard)
-            .map(|m| m.iter().map(|(t, n)| (t.clone(), *n)).collect())
-            .unwrap_or_default()
+    pub fn waiting(&self, shards: &[ShardId]) -> Vec<Waiting> {
+        let mut out = Vec::new();
+        for &s in shards {
+            for (t, n) in self.waiting.get(&s).into_iter().flatten() {
+                out.push((s, t.clone(), *n));
+            }
+        }
+        out
     }
 
     /// `cancel` (`key`: one push) and `purge` (`None`: all of the tenant's).

@@ -141,7 +141,11 @@ async fn pushes_wait_for_offline_terminals_and_arrive_in_order_after_their_hello
     let counters = c.farm.counters();
     assert_eq!(counters.keys_delivered_twice, 0, "{counters:?}");
     // With "up-now", which went through the queue too.
-    assert_eq!(counters.queued_pushes, (DOWN * EACH) as u64 + 1, "{counters:?}");
+    assert_eq!(
+        counters.queued_pushes,
+        (DOWN * EACH) as u64 + 1,
+        "{counters:?}"
+    );
     assert_eq!(counters.pushes_after_expiry, 0, "{counters:?}");
 
     // Every push says delivered, through any pod.

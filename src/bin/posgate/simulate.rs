@@ -80,7 +80,10 @@ pub fn main(args: &SimulateArgs) -> ExitCode {
 /// (<x> across pods), <h> answers handed over, <t> terminals dialed on a release, <u>
 /// without one, <f> sessions fenced by the terminals, <p> released while a holder not
 /// asked drained them, <n> drains not announced, <f> store failovers that lost writes,
-/// <r> times a pod found the store gone back`.
+/// <r> times a pod found the store gone back; pushes with a TTL: <q> sent, <a>
+/// acknowledged, <d> delivered, <e> expired, <r> replaced, <u> unknown, <l> lost with the
+/// store's data, <c> copies (<r> repeats the terminal deduplicated), <t> taken again from
+/// a retry stored after a wipe`.
 fn sim_line(seeds: u64, total: &SimStats, elapsed: Duration) -> String {
     let secs = elapsed.as_secs_f64();
     let rate = |n: u64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
@@ -91,7 +94,10 @@ fn sim_line(seeds: u64, total: &SimStats, elapsed: Duration) -> String {
          {} deduplicated by the terminal ({} across pods), {} answers handed over, \
          {} terminals dialed on a release, {} without one, {} sessions fenced by the terminals, \
          {} released while a holder not asked drained them, {} drains not announced, \
-         {} store failovers that lost writes, {} times a pod found the store gone back",
+         {} store failovers that lost writes, {} times a pod found the store gone back; \
+         pushes with a TTL: {} sent, {} acknowledged, {} delivered, {} expired, {} replaced, \
+         {} unknown, {} lost with the store's data, {} copies ({} repeats the terminal \
+         deduplicated), {} taken again from a retry stored after a wipe",
         rate(seeds),
         total.events,
         rate(total.events),
@@ -115,5 +121,15 @@ fn sim_line(seeds: u64, total: &SimStats, elapsed: Duration) -> String {
         total.unannounced_drains,
         total.failovers,
         total.rollbacks_seen,
+        total.later_pushes,
+        total.later_acked,
+        total.later_delivered,
+        total.later_expired,
+        total.later_replaced,
+        total.later_unknown,
+        total.later_lost,
+        total.later_copies,
+        total.later_repeats,
+        total.later_retaken,
     )
 }

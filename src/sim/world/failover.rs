@@ -53,6 +53,15 @@ impl Replica {
         }
     }
 
+    /// Copies the state now, whatever the step: a write the replica acknowledged
+    /// (`WAIT`) is in it.
+    pub fn force(&mut self, now: Duration, state: &MemoryState) {
+        if self.copies.back().is_some_and(|(at, _)| *at == now) {
+            self.copies.pop_back();
+        }
+        self.copies.push_back((now, state.clone()));
+    }
+
     /// The newest copy taken no later than `at`, if any is kept.
     fn as_of(&self, at: Duration) -> Option<&MemoryState> {
         self.copies
@@ -78,7 +87,13 @@ impl World<'_> {
     pub(super) fn begin_failover(&mut self, failover: Failover) {
         self.store_up = false;
         let at = self.now + failover.outage;
-        let promoted = self.now.saturating_sub(failover.lost);
+        // Writes acknowledged by the replica (the queue's, with `WAIT`) are not lost, nor
+        // is anything before them: a replica's data is a prefix of the master's.
+        let promoted = self
+            .now
+            .saturating_sub(failover.lost)
+            .max(self.queue_waited);
+        self.failing_over = true;
         self.schedule(at, Ev::FailedOver(failover, promoted));
     }
 
@@ -87,10 +102,12 @@ impl World<'_> {
         if let Some(state) = self.replica.as_of(promoted) {
             let state = state.clone();
             self.store.roll_back_to(&state);
+            self.later_rolled_back();
         }
         self.store_clock_ms += failover.clock_ms;
         self.store_clock_peak_ms = self.store_clock_ms.max(self.store_clock_peak_ms);
         self.store_up = true;
+        self.failing_over = false;
         self.stats.failovers += 1;
         self.check.rolled_back(|shard| self.store.last_epoch(shard));
         self.check.log(

@@ -110,6 +110,9 @@ impl World<'_> {
             deferred: Vec::new(),
             wake_at: None,
             cache: IdempotencyCache::new(Duration::from_secs(600), 100_000),
+            wall_offset_ms: self.rng.random_range(-250..=250),
+            drains: Default::default(),
+            copies: Default::default(),
         });
         self.schedule(at, Ev::Start(idx));
     }

@@ -19,6 +19,10 @@ gc(k, rec.tenant, now, per_call, per_record)
 local existing = redis.call('HGET', k.t, id) or redis.call('HGET', k.d, id)
 if existing then
   if cjson.decode(existing).digest == rec.digest then
+    -- Another pod may have written the record and not seen it replicated yet: a write
+    -- of ours after it makes the WAIT behind this call cover it (replication is one
+    -- ordered stream), so a 202 from here never rests on a record a failover can lose.
+    redis.call('INCR', KEYS[2])
     return {'existing', existing, gen}
   end
   return {'conflict'}

@@ -3,7 +3,7 @@
 --   find:    KEYS 1 gen, 2 queue:<t>, 3 done:<tenant>, 4 drops:<tenant>;
 --            ARGV 2 id, 3 now ms -> {generation or '', record JSON or ''}
 --   pending: KEYS 1 queue:<t>, 2 order:<t> -> {record JSON...} in acceptance order
---   waiting: KEYS 1 waiting:<shard> -> {terminal, count, terminal, count, ...}
+--   waiting: KEYS waiting:<shard>... -> per key {terminal, count, terminal, count, ...}
 --   feed:    KEYS 1 gen, 2 feed:<tenant>; ARGV 2 after ('' for the oldest), 3 limit
 --            -> {generation or '', gap 0/1, {cursor, record JSON}...}
 local op = ARGV[1]
@@ -27,7 +27,11 @@ elseif op == 'pending' then
   end
   return out
 elseif op == 'waiting' then
-  return redis.call('HGETALL', KEYS[1])
+  local out = {}
+  for i, key in ipairs(KEYS) do
+    out[i] = redis.call('HGETALL', key)
+  end
+  return out
 elseif op == 'feed' then
   local gen = redis.call('HGET', KEYS[1], 'id') or ''
   if redis.call('EXISTS', KEYS[2]) == 0 then

@@ -23,7 +23,7 @@ use crate::core::delivery::WallMs;
 use crate::core::ShardId;
 use crate::store::queue::{
     parse_bound, parse_record, push_id, Cancelled, Change, Enqueue, Enqueued, Feed, Found,
-    QueueStore, Record, Wakeup, Write, Written, FEED_MAX, GC_PER_CALL, RECORD_CHARGE,
+    QueueStore, Record, Waiting, Wakeup, Write, Written, FEED_MAX, GC_PER_CALL, RECORD_CHARGE,
 };
 use crate::store::StoreError;
 
@@ -302,20 +302,35 @@ impl QueueStore for RedisStore {
         .boxed()
     }
 
-    fn waiting(&self, shard: ShardId) -> BoxFuture<'_, Result<Vec<(String, u32)>, StoreError>> {
+    fn waiting<'a>(
+        &'a self,
+        shards: &'a [ShardId],
+    ) -> BoxFuture<'a, Result<Vec<Waiting>, StoreError>> {
         async move {
-            let keys = vec![self.shared.keys.queue_waiting(shard)];
-            let flat = items(self.read(keys, vec![arg("waiting")]).await?)?;
-            if flat.len() % 2 != 0 {
-                return Err(bad("queue waiting answered an odd list"));
+            if shards.is_empty() {
+                return Ok(Vec::new());
             }
-            let mut out = Vec::with_capacity(flat.len() / 2);
-            let mut it = flat.into_iter();
-            while let (Some(t), Some(n)) = (it.next(), it.next()) {
-                let n = string(n)?
-                    .parse::<u32>()
-                    .map_err(|_| bad("queue waiting count is not a number"))?;
-                out.push((string(t)?, n));
+            let keys = shards
+                .iter()
+                .map(|&s| self.shared.keys.queue_waiting(s))
+                .collect();
+            let per_shard = items(self.read(keys, vec![arg("waiting")]).await?)?;
+            if per_shard.len() != shards.len() {
+                return Err(bad("queue waiting answered another number of shards"));
+            }
+            let mut out = Vec::new();
+            for (&shard, flat) in shards.iter().zip(per_shard) {
+                let flat = items(flat)?;
+                if flat.len() % 2 != 0 {
+                    return Err(bad("queue waiting answered an odd list"));
+                }
+                let mut it = flat.into_iter();
+                while let (Some(t), Some(n)) = (it.next(), it.next()) {
+                    let n = string(n)?
+                        .parse::<u32>()
+                        .map_err(|_| bad("queue waiting count is not a number"))?;
+                    out.push((shard, string(t)?, n));
+                }
             }
             Ok(out)
         }
