@@ -32,6 +32,7 @@ mod pos_connections;
 mod pos_faults;
 mod push_api;
 mod queue_store;
+mod queued_faults;
 mod redis_failover;
 mod redis_refusals;
 mod redis_round_trips;

@@ -558,7 +558,9 @@ impl World<'_> {
         let rules = rules();
         let wall = self.wall_ms(pod);
         match delivery::step(&head.pending(), wall, &rules) {
-            Step::Expire => self.drain_settle(pod, shard, gen, &head, State::Expired { at_ms: wall }),
+            Step::Expire => {
+                self.drain_settle(pod, shard, gen, &head, State::Expired { at_ms: wall })
+            }
             Step::GiveUp => {
                 let since_ms = head.pending().unanswered_since_ms.unwrap_or(wall);
                 let state = State::Unknown {
@@ -730,7 +732,14 @@ impl World<'_> {
         let _ = c.key;
     }
 
-    fn drain_settle(&mut self, pod: usize, shard: ShardId, gen: u64, record: &Record, state: State) {
+    fn drain_settle(
+        &mut self,
+        pod: usize,
+        shard: ShardId,
+        gen: u64,
+        record: &Record,
+        state: State,
+    ) {
         let done = record.moved_to(state);
         let change = Change::Final {
             retention_ms: RETENTION_MS,
