@@ -259,7 +259,11 @@ async fn a_sentinel_failover_with_replica_acknowledgements_loses_no_acknowledged
         "[{test}] every push delivered {:.1} s after the failover",
         secs(started.elapsed())
     );
-    assert_eq!(acked.len(), DOWN, "[{test}] acknowledged only while the replicas followed");
+    assert_eq!(
+        acked.len(),
+        DOWN,
+        "[{test}] acknowledged only while the replicas followed"
+    );
     // Each acknowledged key taken once; the refused ones were lost with the old master.
     taken_once(&gw.farm, acked.len(), test);
     gw.pods.clear();

@@ -21,6 +21,8 @@ use crate::store::queue::{Limits, RECORD_CHARGE};
 
 /// Environment variable with the API tokens (`tenant:token`, comma-separated).
 pub const API_TOKENS_ENV: &str = "POSGATE_API_TOKENS";
+/// Largest `--queue-max-per-terminal` accepted.
+pub const MAX_PER_TERMINAL: u32 = 10_000;
 /// Largest `--max-push-bytes` accepted: pushes are buffered in memory.
 pub const MAX_PUSH_BYTES: usize = 16 * 1024 * 1024;
 
@@ -178,10 +180,12 @@ impl PushArgs {
             ));
         }
         let one_push = self.max_push_bytes as u64 + RECORD_CHARGE;
-        if self.queue_max_per_terminal == 0 {
+        // Each step of a terminal's drain reads its whole queue, and a purge cancels it
+        // in one call: bounded.
+        if !(1..=MAX_PER_TERMINAL).contains(&self.queue_max_per_terminal) {
             return Err(invalid(
                 "queue-max-per-terminal",
-                "must be greater than zero",
+                format!("must be 1..={MAX_PER_TERMINAL}"),
             ));
         }
         if self.queue_max_tenant_bytes < one_push {

@@ -150,6 +150,18 @@ pub fn step(pending: &Pending, now: WallMs, rules: &QueueRules) -> Step {
     }
 }
 
+/// How long a queued copy that leaves at `now` may take to leave and be answered: its
+/// copy timeout, but never past the point where it would leave after its expiry (an
+/// HTTP/2 request can wait for a stream before it leaves; bounded by this, it leaves
+/// in time or not at all).
+pub fn send_bound(pending: &Pending, now: WallMs, rules: &QueueRules) -> Duration {
+    let ms = |d: Duration| d.as_millis() as u64;
+    let last = pending.expires_ms.saturating_sub(ms(rules.skew));
+    rules
+        .copy_timeout
+        .min(Duration::from_millis(last.saturating_sub(now)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -202,6 +214,22 @@ mod tests {
         };
         assert_eq!(at(9_000), Verdict::Send);
         assert_eq!(at(10_001), Verdict::Queued(Step::Expire));
+    }
+
+    #[test]
+    fn a_queued_copy_is_bounded_by_its_expiry() {
+        let p = Pending {
+            expires_ms: 10_000,
+            unanswered_since_ms: None,
+        };
+        assert_eq!(send_bound(&p, 0, &RULES), Duration::from_millis(9_500));
+        let far = Pending {
+            expires_ms: 100_000,
+            ..p
+        };
+        assert_eq!(send_bound(&far, 0, &RULES), RULES.copy_timeout);
+        assert_eq!(send_bound(&p, 9_000, &RULES), Duration::from_millis(500));
+        assert_eq!(send_bound(&p, 9_600, &RULES), Duration::ZERO);
     }
 
     #[test]

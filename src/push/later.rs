@@ -143,7 +143,13 @@ impl PushService {
     ) -> Answer {
         let shard = shard_of(&push.terminal, self.shards);
         let e = self.enqueue_request(push, later, shard, true);
-        match self.enqueue(push, &e, deadline).await {
+        let stored = self.enqueue(push, &e, deadline).await;
+        // This pod may hold the shard without serving it yet (the store then announces
+        // nothing): its drain looks too, if it runs one.
+        if let Some(drains) = &self.drains {
+            drains.wake(shard, &push.terminal);
+        }
+        match stored {
             Ok(Stored::New {
                 position,
                 generation,

@@ -38,7 +38,7 @@ use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use http::{HeaderValue, StatusCode};
 use tokio::sync::{broadcast, mpsc, watch, Notify};
 use tokio::task::JoinSet;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use super::Sessions;
 use crate::clock::now;
@@ -74,6 +74,9 @@ const MAX_RETRY_PAUSE: Duration = Duration::from_secs(30);
 const WAITING_SCAN: Duration = Duration::from_secs(30);
 /// How often the queue's gauges are set from what the drains read.
 const GAUGE_EVERY: Duration = Duration::from_secs(1);
+/// Pause while the shard is not served for a moment (a lease renewed late): only the
+/// shard's stop ends a drain.
+const LAPSE_PAUSE: Duration = Duration::from_millis(200);
 /// Pause after a failed store call, doubled up to [`MAX_RETRY_PAUSE`].
 const STORE_PAUSE: Duration = Duration::from_millis(100);
 /// Longest a shard's stop waits for its drains to record what they sent: a drain in
@@ -231,11 +234,19 @@ enum Next {
     Stop,
 }
 
-/// Whether a terminal's non-2xx answer means "not taken, try again" for a queued push
-/// (the issue of a moment: a stale or closing session, a terminal error) rather than
-/// its final refusal.
-fn try_again(status: StatusCode) -> bool {
-    matches!(status.as_u16(), 409 | 421 | 428) || status.is_server_error()
+/// Whether a terminal's non-2xx answer says the copy was not taken because of its
+/// session (`421` superseded, `428` no hello with this epoch): the protocol's checks
+/// before it looks at the push. Sent again as if never sent.
+fn not_taken(status: StatusCode) -> bool {
+    matches!(status.as_u16(), 421 | 428)
+}
+
+/// Whether a terminal's non-2xx answer is an error of a moment (`5xx`, a `409` without
+/// `posgate-stale-epoch`): sent again later, but only within the terminal's window, as
+/// after a lost answer, because nothing says the terminal did not act on it. Any other
+/// status is its final refusal (`rejected`).
+fn try_later(status: StatusCode) -> bool {
+    status.as_u16() == 409 || status.is_server_error()
 }
 
 impl Drains {
@@ -422,8 +433,11 @@ impl Drains {
             stop: entry.stop.subscribe(),
             link: None,
             pause: RETRY_PAUSE,
+            unsettled: None,
         };
         entry.terminals.insert(terminal.to_string(), running);
+        // Drains that ended are joined here, so the set holds only running ones.
+        while entry.tasks.try_join_next().is_some() {}
         entry.tasks.spawn(drain.run());
     }
 
@@ -541,6 +555,8 @@ struct TerminalDrain {
     link: Option<TerminalLink>,
     /// The next pause after a copy that was not taken or not answered.
     pause: Duration,
+    /// A terminal's answer whose final write failed: written before the next step.
+    unsettled: Option<(Record, State)>,
 }
 
 impl TerminalDrain {
@@ -549,6 +565,16 @@ impl TerminalDrain {
         loop {
             if *self.stop.borrow() {
                 return;
+            }
+            // A terminal's answer whose write failed is written before anything else.
+            if let Some((record, state)) = self.unsettled.take() {
+                if let Next::Stop = self.settle(&record, state).await {
+                    return;
+                }
+                if self.unsettled.is_some() && self.idle(store_pause).await {
+                    return;
+                }
+                continue;
             }
             let seen = self.wakes.load(Ordering::Acquire);
             let pending = tokio::select! {
@@ -574,15 +600,11 @@ impl TerminalDrain {
                 }
                 continue;
             };
-            match self.turn(head).await {
-                Next::Again => {}
-                Next::Stop => {
-                    self.drains.retire(self.shard, &self.terminal, u64::MAX);
-                    lock(&self.drains.shards)
-                        .get_mut(&self.shard)
-                        .map(|e| e.terminals.remove(&self.terminal));
-                    return;
-                }
+            // Only the shard's stop ends a drain: a lapse of the lease (renewed late),
+            // a refused mark or a stale epoch pause it, and the shard's stop follows
+            // if the shard is lost.
+            if let Next::Stop = self.turn(head).await {
+                return;
             }
         }
     }
@@ -591,7 +613,7 @@ impl TerminalDrain {
         let connected = self.link.as_ref().is_some_and(TerminalLink::connected);
         *lock(&self.seen) = Seen {
             pushes: pending.len() as u64,
-            bytes: pending.iter().map(|r| r.bytes).sum(),
+            bytes: pending.iter().fold(0, |n, r| n.saturating_add(r.bytes)),
             oldest_ms: pending.iter().map(|r| r.accepted_ms).min(),
             connected,
         };
@@ -646,33 +668,32 @@ impl TerminalDrain {
         let expiry = head.expires_ms.saturating_sub(ms(r.skew));
         match head.pending().unanswered_since_ms {
             Some(since) => {
-                expiry.min((since + ms(r.window)).saturating_sub(ms(r.skew) + ms(r.copy_timeout)))
+                let last = since.saturating_add(ms(r.window));
+                expiry.min(last.saturating_sub(ms(r.skew) + ms(r.copy_timeout)))
             }
             None => expiry,
         }
     }
 
-    /// The terminal's link, waiting while the shard's list loads; `None` when the
-    /// shard is not served here or the terminal is not in its directory.
-    async fn link(&mut self) -> Result<&mut TerminalLink, Next> {
-        if self.link.is_none() {
-            loop {
-                match self.drains.sessions.lookup(self.shard, &self.terminal) {
-                    Lookup::Found(link) => {
-                        self.link = Some(link);
-                        break;
-                    }
-                    Lookup::NotServed => return Err(Next::Stop),
-                    Lookup::Unknown => return Err(Next::Again),
-                    Lookup::Loading => {
-                        if sleep_or_stop(Duration::from_millis(10), &mut self.stop).await {
-                            return Err(Next::Stop);
-                        }
+    /// The terminal's link, waiting while the shard's list loads; `Err(None)` when the
+    /// terminal is not in the shard's directory, `Err(Some(next))` when the shard is not
+    /// served now (after a pause) or stopped.
+    async fn link(&mut self) -> Result<TerminalLink, Option<Next>> {
+        loop {
+            if let Some(link) = &self.link {
+                return Ok(link.clone());
+            }
+            match self.drains.sessions.lookup(self.shard, &self.terminal) {
+                Lookup::Found(link) => self.link = Some(link),
+                Lookup::NotServed => return Err(Some(self.paused(LAPSE_PAUSE).await)),
+                Lookup::Unknown => return Err(None),
+                Lookup::Loading => {
+                    if sleep_or_stop(Duration::from_millis(10), &mut self.stop).await {
+                        return Err(Some(Next::Stop));
                     }
                 }
             }
         }
-        Ok(self.link.as_mut().expect("set above"))
     }
 
     /// Sends `head` once its terminal has a session, or comes back when it is due no
@@ -680,13 +701,13 @@ impl TerminalDrain {
     async fn send(&mut self, head: Record) -> Next {
         let due = self.due(&head);
         let Some(epoch) = self.drains.serving.serving(self.shard, now()) else {
-            return Next::Stop;
+            return self.paused(LAPSE_PAUSE).await;
         };
         let mut link = match self.link().await {
-            Ok(link) => link.clone(),
+            Ok(link) => link,
             // Not in the directory: nothing can be sent; wait for its due time (it then
             // expires or ends unknown) or for the directory to list it.
-            Err(Next::Again) => {
+            Err(None) => {
                 let at = due.min(wall_ms() + 5_000);
                 return if self.until(at).await {
                     Next::Stop
@@ -694,7 +715,7 @@ impl TerminalDrain {
                     Next::Again
                 };
             }
-            Err(stop) => return stop,
+            Err(Some(next)) => return next,
         };
         let wait = Duration::from_millis(due.saturating_sub(wall_ms()).max(1));
         let sender = tokio::select! {
@@ -717,38 +738,33 @@ impl TerminalDrain {
         let _sending = link.sending();
         let rules = self.drains.rules;
         let check = |record: &Record| {
+            let wall = wall_ms();
             delivery::check(&Moment {
                 serving: self.drains.serving.serving(self.shard, now()),
                 session: epoch,
-                left: rules.copy_timeout,
-                queued: Some((&record.pending(), wall_ms(), &rules)),
+                left: delivery::send_bound(&record.pending(), wall, &rules),
+                queued: Some((&record.pending(), wall, &rules)),
             })
         };
         match check(&head) {
             Verdict::Send => {}
-            Verdict::NotServed => return Next::Stop,
+            Verdict::NotServed => return self.paused(LAPSE_PAUSE).await,
             Verdict::StaleSession | Verdict::TooLate | Verdict::Queued(_) => return Next::Again,
         }
         let marked = head.marked(&self.drains.pod, epoch, wall_ms());
-        let body = match self
-            .write(
-                &head,
-                &marked,
-                Change::Mark {
-                    pod: self.drains.pod.clone(),
-                    epoch,
-                },
-            )
-            .await
-        {
+        let mark = Change::Mark {
+            pod: self.drains.pod.clone(),
+            epoch,
+        };
+        let body = match self.write(&head, &marked, mark).await {
             Ok(Written::Done { body: Some(body) }) => body,
             Ok(Written::NotHolder) => {
-                info!(shard = self.shard, epoch, "queue: the store says this pod does not hold the shard with this epoch; the drain stops until the shard starts again");
-                return Next::Stop;
+                debug!(shard = self.shard, epoch, "queue: the store says this pod does not hold the shard with this epoch; pausing");
+                return self.paused(Duration::from_secs(1)).await;
             }
             Ok(_) => return Next::Again,
             // The mark may or may not be in: nothing was sent; look again.
-            Err(_) => return self.pause_store().await,
+            Err(_) => return self.paused(STORE_PAUSE).await,
         };
         self.drains.publish(&marked);
         // The rule once more, as the copy leaves: time passed during the mark.
@@ -776,7 +792,10 @@ impl TerminalDrain {
         };
         let copies = &self.drains.metrics.queue_copies;
         let count = |result: &'static str| copies.get_or_create(&[("result", result)]).inc();
-        match pos_push::send(&mut sender, wire, rules.copy_timeout).await {
+        // Bounded by its expiry: it leaves in time (an HTTP/2 request may wait for a
+        // stream before it leaves), or not at all.
+        let bound = delivery::send_bound(&marked.pending(), wall_ms(), &rules);
+        match pos_push::send(&mut sender, wire, bound).await {
             Ok(Answered::Accepted { status, receipt }) => {
                 let duplicate = receipt == Receipt::Duplicate;
                 count(if duplicate { "duplicate" } else { "taken" });
@@ -790,15 +809,18 @@ impl TerminalDrain {
                 };
                 self.settle(&marked, state).await
             }
-            Ok(Answered::Refused { status }) if try_again(status) => {
+            Ok(Answered::Refused { status }) if not_taken(status) => {
                 count("try_again");
-                debug!(shard = self.shard, terminal = %self.terminal, status = status.as_u16(), "queue: the terminal did not take a copy; trying again later");
+                debug!(shard = self.shard, terminal = %self.terminal, status = status.as_u16(), "queue: the terminal did not take a copy (its session); trying again later");
                 self.unsent(&head, &marked).await;
-                if self.pause().await {
-                    Next::Stop
-                } else {
-                    Next::Again
-                }
+                self.backed_off().await
+            }
+            Ok(Answered::Refused { status }) if try_later(status) => {
+                // The terminal's error of a moment: it may have acted, so the record
+                // stays `sending` and the next copy goes only within the window.
+                count("try_again");
+                debug!(shard = self.shard, terminal = %self.terminal, status = status.as_u16(), "queue: the terminal answered an error of a moment; trying again within its window");
+                self.backed_off().await
             }
             Ok(Answered::Refused { status }) => {
                 count("rejected");
@@ -814,11 +836,7 @@ impl TerminalDrain {
                 count("not_sent");
                 debug!(shard = self.shard, terminal = %self.terminal, %why, "queue: copy not sent; waiting for a new session");
                 self.unsent(&head, &marked).await;
-                if self.pause().await {
-                    Next::Stop
-                } else {
-                    Next::Again
-                }
+                self.backed_off().await
             }
             Err(PushFailure::StaleEpoch { highest }) => {
                 count("stale_epoch");
@@ -828,16 +846,31 @@ impl TerminalDrain {
                     epoch,
                     highest,
                 });
-                Next::Stop
+                self.paused(Duration::from_secs(1)).await
             }
             Err(PushFailure::Unknown(why)) => {
                 count("unknown");
                 debug!(shard = self.shard, terminal = %self.terminal, %why, "queue: no answer to a copy; it may have been taken");
-                if self.pause().await {
-                    return Next::Stop;
-                }
-                Next::Again
+                self.backed_off().await
             }
+        }
+    }
+
+    /// Waits the retry pause, doubling it for next time: `Again`, or `Stop` on the stop.
+    async fn backed_off(&mut self) -> Next {
+        if self.pause().await {
+            Next::Stop
+        } else {
+            Next::Again
+        }
+    }
+
+    /// Waits `pause` (or the stop): `Again`, or `Stop` on the stop.
+    async fn paused(&mut self, pause: Duration) -> Next {
+        if sleep_or_stop(pause, &mut self.stop).await {
+            Next::Stop
+        } else {
+            Next::Again
         }
     }
 
@@ -846,14 +879,6 @@ impl TerminalDrain {
         let pause = self.pause;
         self.pause = (self.pause * 2).min(MAX_RETRY_PAUSE);
         sleep_or_stop(pause, &mut self.stop).await
-    }
-
-    async fn pause_store(&mut self) -> Next {
-        if sleep_or_stop(STORE_PAUSE, &mut self.stop).await {
-            Next::Stop
-        } else {
-            Next::Again
-        }
     }
 
     /// Writes `next` over `record` (its revision) with `change`.
@@ -888,7 +913,8 @@ impl TerminalDrain {
     }
 
     /// Records `record`'s final `state`. A terminal's answer is the truth whatever
-    /// changed meanwhile: if another pod re-marked it, it is written over that revision.
+    /// changed meanwhile: if another pod re-marked it, it is written over that revision;
+    /// if the store does not answer, it is kept and written before the next step.
     async fn settle(&mut self, record: &Record, state: State) -> Next {
         let retention_ms = self.drains.settings.limits.retention_ms;
         let mut current = record.clone();
@@ -907,11 +933,14 @@ impl TerminalDrain {
                     current = *now;
                 }
                 Ok(_) => return Next::Again,
-                Err(_) => {
-                    if sleep_or_stop(STORE_PAUSE, &mut self.stop).await {
-                        return Next::Stop;
-                    }
+                // Kept, and written first on the next step: not now, while the copy
+                // still counts as being sent (a store that does not answer must not
+                // hold up the shard's handover).
+                Err(_) if answered(&state) => {
+                    self.unsettled = Some((current, state));
+                    return Next::Again;
                 }
+                Err(_) => return Next::Again,
             }
         }
         Next::Again
@@ -930,11 +959,24 @@ mod tests {
 
     #[test]
     fn only_a_moments_refusals_are_tried_again() {
-        for code in [409, 421, 428, 500, 502, 503, 504] {
-            assert!(try_again(StatusCode::from_u16(code).unwrap()), "{code}");
+        let status = |code| StatusCode::from_u16(code).unwrap();
+        for code in [421, 428] {
+            assert!(
+                not_taken(status(code)) && !try_later(status(code)),
+                "{code}"
+            );
+        }
+        for code in [409, 500, 502, 503, 504] {
+            assert!(
+                try_later(status(code)) && !not_taken(status(code)),
+                "{code}"
+            );
         }
         for code in [400, 404, 410, 413, 415, 422] {
-            assert!(!try_again(StatusCode::from_u16(code).unwrap()), "{code}");
+            assert!(
+                !try_later(status(code)) && !not_taken(status(code)),
+                "{code}"
+            );
         }
     }
 }

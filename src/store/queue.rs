@@ -50,7 +50,7 @@ pub const RECORD_CHARGE: u64 = 512;
 /// Due final records of a tenant dropped per call of that tenant.
 pub const GC_PER_CALL: usize = 16;
 /// Most outcome events a tenant's feed keeps (oldest trimmed first).
-pub const FEED_MAX: usize = 100_000;
+pub const FEED_MAX: usize = 10_000;
 
 /// The id of a push within the store: the first 16 bytes of SHA-256 over tenant,
 /// terminal and key, hex. Fixed length and free of separators, whatever the key holds.
@@ -175,7 +175,7 @@ impl Record {
     /// The record with `state`, one revision on.
     pub fn moved_to(&self, state: State) -> Record {
         Record {
-            rev: self.rev + 1,
+            rev: self.rev.saturating_add(1),
             state,
             ..self.clone()
         }
@@ -189,7 +189,7 @@ impl Record {
             _ => now,
         };
         Record {
-            copies: self.copies + 1,
+            copies: self.copies.saturating_add(1),
             ..self.moved_to(State::Sending {
                 since_ms,
                 epoch,

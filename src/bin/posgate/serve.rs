@@ -103,10 +103,19 @@ async fn run_pod(
              push to terminals; never do this outside local development"
         );
     }
+    let options = settings.redis_options();
+    if options.wait.is_none() {
+        tracing::warn!(
+            "pushes with a TTL are acknowledged (202) once the Redis master has them \
+             (--redis-wait-replicas 0): a failover to a replica that lacks them loses them, \
+             and a Redis restart without persistence loses all of them; production runs \
+             --redis-wait-replicas 1 with replicas and AOF (docs/operations.md, \
+             \"Pushes kept for later\")"
+        );
+    }
     let shutdown = shutdown_signal()?;
     // Lazy: a pod may start before Redis does (a fresh cluster, a node restart); it then
     // serves health and retries in the background instead of crash-looping.
-    let options = settings.redis_options();
     let store = RedisStore::connect_lazy(&settings.redis_url, &settings.cluster, options)
         .context("cannot set up the Redis store")?;
     let listener =

@@ -10,9 +10,13 @@ local k = {u = KEYS[1], t = KEYS[2], b = KEYS[3], o = KEYS[4], c = KEYS[5], s = 
 local tenant, now, per_record = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[5])
 gc(k, tenant, now, tonumber(ARGV[6]), per_record)
 local cancelled, left = {}, {}
-for _, id in ipairs(redis.call('ZRANGE', k.o, 0, -1)) do
+local ids = {ARGV[2]}
+if ARGV[2] == '' then
+  ids = redis.call('ZRANGE', k.o, 0, -1)
+end
+for _, id in ipairs(ids) do
   local json = redis.call('HGET', k.t, id)
-  if json and (ARGV[2] == '' or ARGV[2] == id) then
+  if json then
     local rec = cjson.decode(json)
     if rec.tenant == tenant then
       if rec.state == 'queued' then

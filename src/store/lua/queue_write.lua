@@ -5,7 +5,8 @@
 -- ARGV: 1 id, 2 expected revision, 3 new record JSON, 4 change: mark | unsent | final,
 --   5 pod, 6 epoch, 7 shard, 8 now ms, 9 retention ms, 10 charge per record,
 --   11 drops per call, 12 feed length
--- Reply: {'done', body or nothing} | {'changed', JSON} | {'gone'} | {'not_holder'}
+-- Reply: {'done', body or nothing} | {'changed', JSON} | {'gone'} | {'not_holder'} |
+--   {'no_body'} (a mark of a push whose body is missing: nothing written)
 local k = {u = KEYS[1], t = KEYS[2], b = KEYS[3], o = KEYS[4], c = KEYS[5], s = KEYS[6],
   d = KEYS[7], r = KEYS[8], f = KEYS[9]}
 local id, change = ARGV[1], ARGV[4]
@@ -30,11 +31,15 @@ if change == 'mark' then
   if redis.call('GET', KEYS[10]) ~= ARGV[5] or redis.call('HGET', KEYS[11], ARGV[7]) ~= ARGV[6] then
     return {'not_holder'}
   end
+  local body = redis.call('HGET', k.b, id)
+  if not body then
+    return {'no_body'}
+  end
   if field and redis.call('HGET', k.c, field) == id then
     redis.call('HDEL', k.c, field)
   end
   redis.call('HSET', k.t, id, ARGV[3])
-  return {'done', redis.call('HGET', k.b, id)}
+  return {'done', body}
 elseif change == 'unsent' then
   if field and new.state == 'queued' then
     redis.call('HSETNX', k.c, field, id)

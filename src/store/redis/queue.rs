@@ -51,6 +51,21 @@ fn record(v: Value) -> Result<Record, StoreError> {
     parse_record(&bytes(v)?)
 }
 
+/// The records of a list reply; one that cannot be read is left out with a warning
+/// (something other than posgate wrote it), so it cannot hold up the others.
+fn records(v: Value) -> Result<Vec<Record>, StoreError> {
+    Ok(items(v)?
+        .into_iter()
+        .filter_map(|item| match record(item) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                tracing::warn!(error = %e, "a queued push record in Redis cannot be read; left out");
+                None
+            }
+        })
+        .collect())
+}
+
 /// The tail of the finishing scripts' arguments: charge per record, drops per call,
 /// feed length.
 fn finish_args() -> [Vec<u8>; 3] {
@@ -186,6 +201,10 @@ impl RedisStore {
             ("changed", 1) => Ok(Written::Changed(Box::new(record(rest.remove(0))?))),
             ("gone", 0) => Ok(Written::Gone),
             ("not_holder", 0) => Ok(Written::NotHolder),
+            ("no_body", 0) => {
+                tracing::error!(id = %w.id, "a queued push in Redis has no body; not sent");
+                Ok(Written::Gone)
+            }
             (tag, n) => Err(bad(format!(
                 "unexpected queue_write reply {tag:?} with {n} items"
             ))),
@@ -225,10 +244,7 @@ impl RedisStore {
                 .into_iter()
                 .map(string)
                 .collect::<Result<_, _>>()?,
-            in_flight: items(left)?
-                .into_iter()
-                .map(record)
-                .collect::<Result<_, _>>()?,
+            in_flight: records(left)?,
         })
     }
 
@@ -296,8 +312,7 @@ impl QueueStore for RedisStore {
         async move {
             let k = &self.shared.keys;
             let keys = vec![k.queue(terminal), k.queue_order(terminal)];
-            let reply = self.read(keys, vec![arg("pending")]).await?;
-            items(reply)?.into_iter().map(record).collect()
+            records(self.read(keys, vec![arg("pending")]).await?)
         }
         .boxed()
     }
@@ -326,10 +341,15 @@ impl QueueStore for RedisStore {
                 }
                 let mut it = flat.into_iter();
                 while let (Some(t), Some(n)) = (it.next(), it.next()) {
-                    let n = string(n)?
-                        .parse::<u32>()
-                        .map_err(|_| bad("queue waiting count is not a number"))?;
-                    out.push((shard, string(t)?, n));
+                    // An entry that cannot be read is left out, not the whole scan.
+                    let entry = string(t).and_then(|t| {
+                        let n = string(n)?.parse::<u32>().map_err(bad)?;
+                        Ok((shard, t, n))
+                    });
+                    match entry {
+                        Ok(entry) => out.push(entry),
+                        Err(e) => tracing::warn!(shard, error = %e, "a queue waiting entry in Redis cannot be read; left out"),
+                    }
                 }
             }
             Ok(out)
