@@ -169,6 +169,12 @@ fn every_metric_used_by_dashboard_and_rules_is_documented() {
         "posgate_pushes_on_suspended_shards_total",
         "posgate_store_verdict",
         "posgate_store_unreachable_seconds",
+        // Pushes kept for later: how many, how old, how they end.
+        "posgate_queue_pushes",
+        "posgate_queue_bytes",
+        "posgate_queue_oldest_connected_seconds",
+        "posgate_queue_finals_total",
+        "posgate_queue_copies_total",
     ] {
         assert!(
             dashboard.contains(needed),
@@ -185,6 +191,9 @@ fn every_metric_used_by_dashboard_and_rules_is_documented() {
         "posgate_store_reachable",
         "posgate_store_verdict",
         "posgate_store_unreachable_seconds",
+        "posgate_queue_oldest_connected_seconds",
+        "posgate_queue_bytes",
+        "posgate_queue_max_bytes",
     ] {
         assert!(rules.contains(needed), "alert rules do not use {needed}");
     }
