@@ -10,6 +10,7 @@
 //!   they fail (`support::tools`);
 //! - `prometheusrule.yaml` (the operator's wrapping of the rules) is exactly what
 //!   `scripts/gen-prometheusrule` makes of `alerts.yaml` today;
+//! - every alert links its runbook, a heading of `docs/operations.md`;
 //! - the dashboard is JSON with the expected variables, and every panel has a title and a
 //!   query;
 //! - a live pod (`Pod::start_with_terminals` against a real `redis-server`, like
@@ -289,4 +290,45 @@ fn prometheus_rule_is_generated_from_the_alert_rules() {
         generated == read(PROMETHEUS_RULE),
         "{PROMETHEUS_RULE} is out of date with {ALERTS}: run scripts/gen-prometheusrule"
     );
+}
+
+/// Every alert's runbook link `docs/operations.md#<anchor>` names a heading of that file,
+/// and every alert has one: an operator paged at night follows it.
+#[test]
+fn every_alert_links_a_runbook_section_that_exists() {
+    let anchors: BTreeSet<String> = read("docs/operations.md")
+        .lines()
+        .filter_map(|l| l.strip_prefix("### ").or_else(|| l.strip_prefix("## ")))
+        .map(|h| {
+            // GitHub's anchors: lower case, spaces to '-', punctuation dropped.
+            h.to_lowercase()
+                .chars()
+                .filter_map(|c| match c {
+                    ' ' => Some('-'),
+                    c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+                    _ => None,
+                })
+                .collect()
+        })
+        .collect();
+    let rules = read(ALERTS);
+    let mut problems = Vec::new();
+    let mut alerts = 0;
+    for block in rules.split("- alert: ").skip(1) {
+        alerts += 1;
+        let name = block.lines().next().unwrap_or("").trim();
+        let anchor = block
+            .split("docs/operations.md#")
+            .nth(1)
+            .map(|rest| rest.split(['"', ' ', '\n']).next().unwrap_or(""));
+        match anchor {
+            None => problems.push(format!("{name}: no docs/operations.md# runbook link")),
+            Some(a) if !anchors.contains(a) => {
+                problems.push(format!("{name}: docs/operations.md#{a} is not a heading"))
+            }
+            Some(_) => {}
+        }
+    }
+    assert!(alerts >= 10, "found only {alerts} alerts in {ALERTS}");
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
