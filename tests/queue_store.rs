@@ -18,7 +18,8 @@ use posgate::core::{Epoch, PodId, ShardId};
 use posgate::store::directory::{DirectoryAdmin, Terminal};
 use posgate::store::memory::MemoryStore;
 use posgate::store::queue::{
-    push_id, Change, Enqueue, Enqueued, Limits, QueueStore, Record, State, Write, RECORD_CHARGE,
+    charge_of, push_id, Change, Enqueue, Enqueued, Limits, QueueStore, Record, State, Write,
+    Written, RECORD_CHARGE,
 };
 use posgate::store::redis::RedisStore;
 use posgate::store::CoordStore;
@@ -53,7 +54,7 @@ fn record(tenant: &str, key: &str, collapse: Option<&str>, body: &[u8], at: u64)
         accepted_by: "pod-a".into(),
         collapse_key: collapse.map(str::to_string),
         digest: hex::encode(<sha2::Sha256 as sha2::Digest>::digest(body)),
-        bytes: body.len() as u64 + RECORD_CHARGE,
+        bytes: charge_of(body.len() as u64),
         content_type: Some("application/json".into()),
         copies: 0,
         state: State::Queued,
@@ -182,7 +183,7 @@ async fn script<S: QueueStore + CoordStore>(store: &S) -> Transcript {
     );
     let tight = Limits {
         per_terminal: 10,
-        tenant_bytes: 3 * (RECORD_CHARGE + 5) + RECORD_CHARGE,
+        tenant_bytes: 3 * charge_of(5) + RECORD_CHARGE,
         ..LIMITS
     };
     let f = record("acme", "k6", None, b"six", T0 + 6);
@@ -429,7 +430,7 @@ async fn redis_runs_the_queue_model_call_for_call() {
     );
     // Left: the reused k1 (3 bytes); the four final records were past their retention
     // and dropped by that enqueue.
-    assert_eq!((model.0, model.2), (RECORD_CHARGE + 3, 1));
+    assert_eq!((model.0, model.2), (charge_of(3), 1));
 }
 
 #[tokio::test]
@@ -482,4 +483,118 @@ async fn a_status_and_the_feed_are_read_while_redis_is_out_of_memory() {
         .unwrap()
         .events
         .is_empty());
+}
+
+/// Redis's `used_memory` now.
+async fn used_memory(redis: &RedisServer) -> u64 {
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("used_memory in INFO memory")
+}
+
+/// The charge the bounds count (`docs/operations.md`, "Sizing Redis memory") covers what
+/// Redis really spends (`used_memory`), for bodies from 1 byte to the largest push, one
+/// push per terminal (the most keys per push): a queued push less than [`charge_of`] its
+/// body, a final one (its record kept for the retention, its feed entry) less than
+/// [`RECORD_CHARGE`], and a tenant's feed less than 600 bytes per outcome (the doc's
+/// "about 5 MB" for 10,000). Were the charge too low, `--queue-max-bytes` at a quarter
+/// of `maxmemory` would not protect the leases.
+#[tokio::test]
+async fn the_charge_covers_what_redis_spends_per_push() {
+    let limits = Limits {
+        per_terminal: 100,
+        tenant_bytes: 1 << 40,
+        cluster_bytes: 1 << 40,
+        retention_ms: 3_600_000,
+    };
+    for (size, pushes) in [(1_usize, 2_000_u64), (1_024, 2_000), (65_536, 300)] {
+        let body: &'static [u8] = Box::leak(vec![b'x'; size].into_boxed_slice());
+        let redis = RedisServer::start();
+        let store = RedisStore::connect(&redis.url(), "test", store_options())
+            .await
+            .unwrap();
+        let records: Vec<Record> = (0..=pushes)
+            .map(|i| Record {
+                terminal: format!("pos-{i:05}"),
+                ..record("acme", &format!("order-{i:06}"), None, body, T0)
+            })
+            .collect();
+        let id = |r: &Record| push_id(&r.tenant, &r.terminal, &r.key);
+        let mut before = 0;
+        for (i, r) in records.iter().enumerate() {
+            let got = store
+                .enqueue(&Enqueue {
+                    id: id(r),
+                    ..enqueue(r.clone(), body, limits)
+                })
+                .await
+                .unwrap();
+            assert!(matches!(got, Enqueued::Accepted { .. }), "{got:?}");
+            if i == 0 {
+                // The generation, usage and sequence keys exist from here on.
+                before = used_memory(&redis).await;
+            }
+        }
+        let queued = used_memory(&redis).await - before;
+        let charged = pushes * charge_of(size as u64);
+        println!(
+            "body {size}: Redis spends {} bytes per queued push, charged {}",
+            queued / pushes,
+            charged / pushes
+        );
+        assert!(
+            queued < charged,
+            "body {size}: {queued} bytes in Redis for {pushes} queued pushes, charged {charged}"
+        );
+
+        for r in &records[1..] {
+            let expired = r.moved_to(State::Expired { at_ms: T0 + 1 });
+            let w = Write {
+                id: id(r),
+                ..write(
+                    r,
+                    1,
+                    expired,
+                    Change::Final {
+                        retention_ms: 3_600_000,
+                    },
+                    T0 + 1,
+                )
+            };
+            assert_eq!(store.write(&w).await.unwrap(), Written::Done { body: None });
+        }
+        let finals = used_memory(&redis).await.saturating_sub(before);
+        let feed: u64 = redis
+            .command(&[
+                "MEMORY",
+                "USAGE",
+                "posgate:{test}:queue-feed:acme",
+                "SAMPLES",
+                "0",
+            ])
+            .trim_start_matches(':')
+            .parse()
+            .expect("MEMORY USAGE of the feed");
+        println!(
+            "body {size}: {} bytes per final push, {} of them its feed entry",
+            finals / pushes,
+            feed / pushes
+        );
+        assert!(
+            finals < pushes * RECORD_CHARGE,
+            "body {size}: {finals} bytes for {pushes} final pushes"
+        );
+        assert!(
+            feed < pushes * 600,
+            "body {size}: the feed takes {feed} bytes for {pushes} outcomes"
+        );
+    }
 }

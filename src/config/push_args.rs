@@ -17,7 +17,7 @@ use std::num::NonZeroU32;
 use crate::http::MAX_TTL_S;
 use crate::push::queue::{QueueSettings, CLOCK_SKEW, COPY_TIMEOUT};
 use crate::push::PushSettings;
-use crate::store::queue::{Limits, RECORD_CHARGE};
+use crate::store::queue::{charge_of, Limits};
 
 /// Environment variable with the API tokens (`tenant:token`, comma-separated).
 pub const API_TOKENS_ENV: &str = "POSGATE_API_TOKENS";
@@ -65,8 +65,9 @@ pub struct PushArgs {
     /// Pushes with a TTL not yet final per terminal; beyond: 429 queue_full
     #[arg(long, env = "POSGATE_QUEUE_MAX_PER_TERMINAL", default_value_t = 100)]
     pub queue_max_per_terminal: u32,
-    /// Bytes of pushes with a TTL one tenant may have stored (bodies, plus 512 per
-    /// record, final ones during their retention); beyond: 429 queue_full
+    /// Bytes of pushes with a TTL one tenant may have stored (each charged what Redis
+    /// spends on it: its body plus a quarter, plus 1536; final ones 1536 during their
+    /// retention); beyond: 429 queue_full
     #[arg(long, env = "POSGATE_QUEUE_MAX_TENANT_BYTES", default_value_t = 64 << 20)]
     pub queue_max_tenant_bytes: u64,
     /// Bytes of pushes with a TTL the whole cluster may have stored; keep it well below
@@ -179,7 +180,7 @@ impl PushArgs {
                 format!("must be longer than {resend:?} (a queued copy's answer time and the clock skew allowance)"),
             ));
         }
-        let one_push = self.max_push_bytes as u64 + RECORD_CHARGE;
+        let one_push = charge_of(self.max_push_bytes as u64);
         // Each step of a terminal's drain reads its whole queue, and a purge cancels it
         // in one call: bounded.
         if !(1..=MAX_PER_TERMINAL).contains(&self.queue_max_per_terminal) {

@@ -31,7 +31,7 @@ use crate::core::ShardId;
 use crate::credentials::Tenant;
 use crate::pos::manager::Lookup;
 use crate::store::queue::{
-    push_id, Enqueue, Enqueued, Found, QueueStore, Record, State, RECORD_CHARGE,
+    charge_of, push_id, Enqueue, Enqueued, Found, QueueStore, Record, State,
 };
 
 /// What makes a push wait for its terminal: `?ttl_s=` and `?collapse_key=`.
@@ -180,7 +180,7 @@ impl PushService {
             accepted_by: self.pod.to_string(),
             collapse_key: later.collapse_key.clone(),
             digest: hex::encode(Sha256::digest(&push.body)),
-            bytes: push.body.len() as u64 + RECORD_CHARGE,
+            bytes: charge_of(push.body.len() as u64),
             content_type: push
                 .content_type
                 .as_ref()

@@ -21,8 +21,8 @@
 //!
 //! Bounds, enforced inside the enqueue call, so no interleaving of pods can pass them:
 //! pushes not yet final per terminal, bytes per tenant and bytes in the cluster (a
-//! queued push is charged its body plus [`RECORD_CHARGE`], a final one kept for its
-//! retention [`RECORD_CHARGE`]); every call touches at most one body, except a purge
+//! queued push is charged [`charge_of`] its body, a final one kept for its retention
+//! [`RECORD_CHARGE`]: what Redis spends on them, measured); every call touches at most one body, except a purge
 //! (at most one terminal's queue). Final records are kept for the retention window and
 //! dropped by the next calls of their tenant ([`GC_PER_CALL`] at a time), and each
 //! tenant's outcome feed holds at most [`FEED_MAX`] entries.
@@ -45,8 +45,23 @@ use super::StoreError;
 use crate::core::delivery::{Pending, WallMs};
 use crate::core::{Epoch, PodId, ShardId};
 
-/// Bytes a record is charged besides its body: its metadata, generously.
-pub const RECORD_CHARGE: u64 = 512;
+/// Bytes a record is charged besides its body: its metadata, its entries in the
+/// terminal's keys, and once final, its record kept for the retention and its feed entry.
+/// Redis spent 520-950 bytes per queued push beyond the body (10 or 1 per terminal), and
+/// 990-1,290 per final one (`tests/queue_store.rs` measures it).
+///
+/// Changing it is a stored-data change: a final record is charged the finishing pod's
+/// value and uncharged the collecting pod's, so pods of both versions would drift the
+/// usage counters by the difference per final record; store the charge in the final
+/// record first.
+pub const RECORD_CHARGE: u64 = 1_536;
+
+/// What a queued push with a body of `body` bytes is charged: the body as Redis's
+/// allocator stores it (size classes a quarter apart: up to 25% more) plus
+/// [`RECORD_CHARGE`].
+pub fn charge_of(body: u64) -> u64 {
+    body.saturating_add(body / 4).saturating_add(RECORD_CHARGE)
+}
 /// Due final records of a tenant dropped per call of that tenant.
 pub const GC_PER_CALL: usize = 16;
 /// Most outcome events a tenant's feed keeps (oldest trimmed first).
