@@ -1,6 +1,7 @@
 //! Pushes with a TTL (`?ttl_s=`) end to end: stored while their terminal is offline
 //! (`202`), delivered in acceptance order right after it says hello again, with a
-//! status per push and an outcome feed; expiry, collapse keys and cancelling.
+//! status per push and an outcome feed; expiry, collapse keys, cancelling, and a push
+//! Redis lost (`lost` to a caller naming its generation).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -273,6 +274,35 @@ async fn an_expired_push_is_never_sent_and_collapse_keys_and_cancels_keep_only_t
     let cursor = body["cursor"].as_str().unwrap();
     let (_, body) = call(&http, "GET", &format!("{base}/v1/feedback?cursor={cursor}")).await;
     assert_eq!(body["events"], Value::Array(vec![]), "{body}");
+
+    // Redis loses its data (a restart without persistence): a push it held is `lost` to
+    // a caller naming the generation its 202 named, and it never reaches the terminal.
+    offline(&c, std::slice::from_ref(&t));
+    let (status, _, body) = send(queued("wiped", "?ttl_s=600&timeout_ms=200")).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let generation = body["generation"].as_str().unwrap().to_string();
+    assert_eq!(c.redis.command(&["FLUSHALL"]), "+OK");
+    let lookup = format!("{}?generation={generation}", url("wiped"));
+    let (status, body) = call(&http, "GET", &lookup).await;
+    assert_eq!(
+        (status, body["state"].as_str()),
+        (StatusCode::OK, Some("lost")),
+        "{body}"
+    );
+    assert_ne!(
+        body["generation"].as_str(),
+        Some(generation.as_str()),
+        "{body}"
+    );
+    let (status, body) = call(&http, "GET", &url("wiped")).await;
+    assert_eq!(
+        (status, &body["error"]),
+        (StatusCode::NOT_FOUND, &"unknown_push".into()),
+        "{body}"
+    );
+    offline(&c, &[]);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!taken(&c, &t).contains(&"wiped".to_string()));
 }
 
 /// A copy whose answer is lost is sent again only while the terminal's dedup window
