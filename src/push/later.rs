@@ -22,14 +22,13 @@ use http::StatusCode;
 use sha2::{Digest, Sha256};
 
 use super::answer::{Answer, Delivered, ErrorBody, ErrorCode, PushStatus};
-use super::owner::{unavailable, with_key, Owned};
+use super::owner::{with_key, Owned};
 use super::queue::{wall_ms, QUEUE_CAPABILITY};
 use super::{PushRequest, PushService};
 use crate::clock::now;
 use crate::core::shard::shard_of;
 use crate::core::ShardId;
 use crate::credentials::Tenant;
-use crate::pos::manager::Lookup;
 use crate::store::queue::{
     charge_of, push_id, Enqueue, Enqueued, Found, QueueStore, Record, State,
 };
@@ -40,9 +39,6 @@ pub struct Later {
     pub ttl: Duration,
     pub collapse_key: Option<String>,
 }
-
-/// How often the owner looks again while the shard's terminal list loads.
-const LOADING_POLL: Duration = Duration::from_millis(10);
 
 impl PushService {
     /// Whether this pod takes pushes with a TTL now: it keeps them, and so does every
@@ -80,25 +76,9 @@ impl PushService {
                 "this pod keeps no pushes for later",
             ));
         };
-        let link = loop {
-            if self.serving.serving(shard, now()).is_none() {
-                return Owned::NotHere;
-            }
-            match self.sessions.lookup(shard, &push.terminal) {
-                Lookup::Found(link) => break link,
-                Lookup::Unknown => {
-                    return Owned::Answer(Answer::error(
-                        ErrorCode::UnknownTerminal,
-                        "no such terminal in the directory",
-                    ))
-                }
-                Lookup::Loading | Lookup::NotServed => {
-                    if now() + LOADING_POLL >= deadline {
-                        return Owned::Answer(unavailable(push, "terminal list is loading"));
-                    }
-                    tokio::time::sleep(LOADING_POLL).await;
-                }
-            }
+        let link = match self.link_of(push, shard, deadline).await {
+            Ok(link) => link,
+            Err(owned) => return owned,
         };
         let e = self.enqueue_request(push, later, shard, false);
         // Watched before it is stored, so no change the drain makes is missed.

@@ -34,7 +34,8 @@ use crate::clock::now;
 use crate::core::delivery::{self, Moment, Verdict, MIN_SEND_BUDGET};
 use crate::core::lease::StaleEpoch;
 use crate::core::shard::shard_of;
-use crate::pos::manager::Lookup;
+use crate::core::ShardId;
+use crate::pos::manager::{Lookup, TerminalLink};
 use crate::pos::push::{self as pos_push, Answered, PushFailure};
 use crate::pos::wire::{PosPush, Receipt};
 use crate::serving::Grant;
@@ -52,33 +53,45 @@ pub enum Owned {
 }
 
 impl PushService {
-    /// Delivers `push` if this pod serves its shard, answering by `deadline`.
-    pub async fn deliver_here(&self, push: &PushRequest, deadline: Instant) -> Owned {
-        let shard = shard_of(&push.terminal, self.shards);
-        if self.serving.serving(shard, now()).is_none() {
-            return Owned::NotHere;
-        }
-        let mut link = loop {
+    /// The link to `push`'s terminal once this pod serves its `shard` and knows the
+    /// shard's terminals; `NotHere`, `unknown_terminal`, or `503` when the terminal list
+    /// is still loading at `deadline`.
+    pub(super) async fn link_of(
+        &self,
+        push: &PushRequest,
+        shard: ShardId,
+        deadline: Instant,
+    ) -> Result<TerminalLink, Owned> {
+        loop {
+            if self.serving.serving(shard, now()).is_none() {
+                return Err(Owned::NotHere);
+            }
             match self.sessions.lookup(shard, &push.terminal) {
-                Lookup::Found(link) => break link,
+                Lookup::Found(link) => return Ok(link),
                 Lookup::Unknown => {
-                    return Owned::Answer(Answer::error(
+                    return Err(Owned::Answer(Answer::error(
                         ErrorCode::UnknownTerminal,
                         "no such terminal in the directory",
-                    ))
+                    )))
                 }
                 // `NotServed` while the table says served: the connection layer is
                 // being told right now. Either way, wait a moment and look again.
                 Lookup::Loading | Lookup::NotServed => {
-                    if self.serving.serving(shard, now()).is_none() {
-                        return Owned::NotHere;
-                    }
                     if now() + LOADING_POLL >= deadline {
-                        return Owned::Answer(unavailable(push, "terminal list is loading"));
+                        return Err(Owned::Answer(unavailable(push, "terminal list is loading")));
                     }
                     tokio::time::sleep(LOADING_POLL).await;
                 }
             }
+        }
+    }
+
+    /// Delivers `push` if this pod serves its shard, answering by `deadline`.
+    pub async fn deliver_here(&self, push: &PushRequest, deadline: Instant) -> Owned {
+        let shard = shard_of(&push.terminal, self.shards);
+        let mut link = match self.link_of(push, shard, deadline).await {
+            Ok(link) => link,
+            Err(owned) => return owned,
         };
         // A shard just taken over: its kept answers may be on their way (`handoff`).
         let until = deadline.checked_sub(MIN_SEND_BUDGET).unwrap_or(deadline);
