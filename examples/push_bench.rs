@@ -9,6 +9,7 @@
 //! cargo run --release --example push_bench [-- PUSHES CONCURRENCY SECONDS [--base=R]]
 //! valgrind --tool=callgrind --collect-atstart=no --separate-threads=yes \
 //!     target/release/examples/push_bench --ir [PUSHES]
+//! cargo run --release --example push_bench -- --queued [DEPTH CONCURRENCY SECONDS] [--drain-rate=R]
 //! ```
 //! Two pods on the embedded store and a simulated farm share this process and its
 //! cores with the client, so compare the rows (the ratios), not absolute numbers across
@@ -30,13 +31,25 @@
 //! the longer the pushes took). With `--separate-threads=yes` the pods' share is the
 //! files of threads that ran no bench code (`push_bench::`, `pos_sim`): `scripts/push-ir`
 //! sums them and subtracts the idle part.
+//!
+//! `--queued` measures pushes that waited: both pods on a private `redis-server` (the
+//! queue's store; it must be on the PATH), every served terminal taken offline, DEPTH
+//! (5) pushes with a TTL stored for each, then the terminals let back and the owners'
+//! drain timed, in five rounds each with a live throughput step (CONCURRENCY, SECONDS)
+//! before it. Per round: drained and live pushes per pod CPU-second and their ratio (the
+//! redials and hellos subtracted: the same terminals down and back with nothing stored),
+//! Redis round trips and CPU per drained push, and per terminal the time from its hello
+//! to its last queued push. `--drain-rate=R` is the pods' `--queue-drain-rate` (500).
+//! It does not measure the enqueue, a drain across pods' handovers, or expiries.
 
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use bytes::Bytes;
+use futures::StreamExt;
 use http::{HeaderValue, Request};
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
@@ -45,13 +58,16 @@ use posgate::config::{PodConfig, PosSettings};
 use posgate::core::shard::shard_of;
 use posgate::core::{CoreConfig, PodId};
 use posgate::pod::{Pod, PodHandle};
+use posgate::pos::backoff::BackoffPolicy;
 use posgate::pos::dialer::{Dialer, DialerConfig};
 use posgate::pos::push::{send, Answered};
 use posgate::pos::tls::{client_config, TlsFiles};
 use posgate::pos::wire::PosPush;
 use posgate::store::directory::{DirectoryAdmin, MemoryDirectory, Terminal};
 use posgate::store::memory::MemoryStore;
-use posgate_loadtest::pos_sim::{FarmConfig, PosFarm};
+use posgate::store::redis::RedisStore;
+use posgate_loadtest::load::redis::RedisServer;
+use posgate_loadtest::pos_sim::{FarmConfig, FaultConfig, PosFarm};
 
 type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
 
@@ -85,8 +101,9 @@ fn row(name: &str, mut samples: Vec<Duration>) -> (Duration, Duration) {
     (p50, p99)
 }
 
-async fn api_push(http: &HttpClient, base: &str, terminal: &str, key: &str) -> bool {
-    let request = Request::post(format!("{base}/v1/terminals/{terminal}/push"))
+/// A push with `query` (`""`, or `?ttl_s=...`) on its URL; whether it was answered 2xx.
+async fn api_push(http: &HttpClient, base: &str, terminal: &str, key: &str, query: &str) -> bool {
+    let request = Request::post(format!("{base}/v1/terminals/{terminal}/push{query}"))
         .header("idempotency-key", key)
         .header("content-type", "application/json")
         .body(Full::new(Bytes::from_static(b"{\"amount\":1}")))
@@ -109,7 +126,7 @@ async fn count_instructions<'a>(
         for forwarded in [false, true] {
             let (t, base) = path_of(n, forwarded);
             let key = format!("warm-{forwarded}-{n}");
-            anyhow::ensure!(api_push(http, base, t, &key).await, "push failed");
+            anyhow::ensure!(api_push(http, base, t, &key, "").await, "push failed");
         }
     }
     for (part, forwarded) in [("local", false), ("forwarded", true)] {
@@ -118,7 +135,7 @@ async fn count_instructions<'a>(
         for n in 0..pushes {
             let (t, base) = path_of(n, forwarded);
             let key = format!("ir-{part}-{n}");
-            anyhow::ensure!(api_push(http, base, t, &key).await, "push failed");
+            anyhow::ensure!(api_push(http, base, t, &key, "").await, "push failed");
         }
         let took = started.elapsed();
         callgrind(&["--instr=off"])?;
@@ -233,7 +250,7 @@ async fn throughput(
             let mut n = 0usize;
             while Instant::now() < deadline {
                 let t = &terminals[(w + n * concurrency) % terminals.len()];
-                let ok = api_push(&http, &base, t, &format!("tp{step}-{w}-{n}")).await;
+                let ok = api_push(&http, &base, t, &format!("tp{step}-{w}-{n}"), "").await;
                 let counter = if ok { &done } else { &failed };
                 counter.fetch_add(1, Ordering::Relaxed);
                 n += 1;
@@ -258,6 +275,244 @@ async fn throughput(
 
 /// Throughput steps run so far (their keys' prefix).
 static STEP: AtomicU64 = AtomicU64::new(0);
+
+/// Rounds of `--queued`, each a live step and a drain, interleaved so that the machine's
+/// slow and fast moments fall on both.
+const QUEUED_ROUNDS: usize = 5;
+
+/// `--queued`: pushes with a TTL stored for every served terminal while it is offline
+/// (the farm's `offline_terminals` fault: its TLS refused, its connections dropped), each
+/// sent to its owner, then drained by the owners once the terminals said hello again;
+/// against live pushes to pod 0's terminals through pod 0 (the default mode's
+/// throughput step). Both pods' runtime CPU counts for both.
+struct Queued<'a> {
+    farm: &'a PosFarm,
+    pods: &'a [(PodHandle, String)],
+    http: &'a HttpClient,
+    /// Pod 0's terminals, for the live step.
+    owned: &'a [String],
+    /// Every served terminal with its owner's index in `pods`.
+    served: &'a [(String, usize)],
+    redis: &'a RedisServer,
+    /// The pods' stores, which count their round trips.
+    stores: &'a [Arc<RedisStore>],
+}
+
+/// What one stretch from "terminals back" to "all delivered" cost.
+struct Window {
+    pod_cpu: f64,
+    redis_cpu: f64,
+    redis_calls: u64,
+    wall: Duration,
+    /// Per terminal, from its session's connection opening (its hello is the first
+    /// request on it) to its last queued push reaching it, in ms.
+    hello_to_drained: Vec<u64>,
+}
+
+impl Queued<'_> {
+    async fn run(
+        &self,
+        depth: usize,
+        drain_rate: u32,
+        concurrency: usize,
+        seconds: u64,
+    ) -> anyhow::Result<()> {
+        let terminals = self.served.len();
+        let pushes = depth * terminals;
+        println!(
+            "queued: {pushes} pushes with a TTL stored for {terminals} offline terminals ({depth} each), each through its owner, drained by the owners once the terminals are back; --queue-drain-rate {drain_rate} per pod"
+        );
+        println!(
+            "live: pushes without a TTL to pod 0's {} terminals through pod 0, {concurrency} at once for {seconds} s (the throughput step of the default mode)",
+            self.owned.len()
+        );
+        println!(
+            "drained / pod CPU-s: the pods' CPU from the terminals' return to the last push delivered, less the same terminals down and back with nothing stored (redials, hellos, the pods' timers), measured in the same round"
+        );
+        println!();
+        println!("| round | live / pod CPU-s | drained / pod CPU-s | drained / live | drained incl. redials / pod CPU-s | Redis round trips / drained | Redis CPU µs / drained | back to all drained, s | hello to drained p50 / p99 / max ms |");
+        println!("|---|---|---|---|---|---|---|---|---|");
+        let (mut lives, mut drains, mut ratios, mut waits) = (vec![], vec![], vec![], vec![]);
+        for round in 0..QUEUED_ROUNDS {
+            let live =
+                throughput(self.http, self.owned, &self.pods[0].1, concurrency, seconds).await?;
+            anyhow::ensure!(live.failed == 0, "{} live pushes failed", live.failed);
+            let live_rate = live
+                .per_cpu_second()
+                .ok_or_else(|| anyhow::anyhow!("no /proc"))?;
+            let back = self.down_and_back(round, 0).await?;
+            let mut drained = self.down_and_back(round, depth).await?;
+            let n = pushes as f64;
+            let rate = n / (drained.pod_cpu - back.pod_cpu).max(0.01);
+            // The pods' own calls (renewals, polls) during the drain, at the rate of the
+            // stretch without pushes.
+            let background =
+                back.redis_calls as f64 / back.wall.as_secs_f64() * drained.wall.as_secs_f64();
+            drained.hello_to_drained.sort_unstable();
+            let ms = |p: f64| percentile_ms(&drained.hello_to_drained, p);
+            println!(
+                "| {} | {live_rate:.0} | {rate:.0} | {:.3} | {:.0} | {:.2} | {:.0} | {:.2} | {} / {} / {} |",
+                round + 1,
+                rate / live_rate,
+                n / drained.pod_cpu.max(0.01),
+                (drained.redis_calls as f64 - background) / n,
+                (drained.redis_cpu - back.redis_cpu) / n * 1e6,
+                drained.wall.as_secs_f64(),
+                ms(0.5),
+                ms(0.99),
+                ms(1.0),
+            );
+            ratios.push(rate / live_rate);
+            lives.push(live_rate);
+            drains.push(rate);
+            waits.extend(drained.hello_to_drained);
+        }
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        waits.sort_unstable();
+        println!();
+        println!(
+            "median of {QUEUED_ROUNDS} rounds: {:.0} drained pushes per pod CPU-second against {:.0} live ones; median of the rounds' drained / live: {:.3}",
+            median(drains),
+            median(lives),
+            median(ratios),
+        );
+        println!(
+            "hello to its {depth} queued pushes delivered, {} terminals x {QUEUED_ROUNDS} rounds: p50 {} ms, p99 {} ms, max {} ms",
+            terminals,
+            percentile_ms(&waits, 0.5),
+            percentile_ms(&waits, 0.99),
+            percentile_ms(&waits, 1.0),
+        );
+        let c = self.farm.counters();
+        println!(
+            "farm: keys delivered twice {}, pushes after their expiry {}",
+            c.keys_delivered_twice, c.pushes_after_expiry
+        );
+        Ok(())
+    }
+
+    /// Takes the served terminals offline, stores `depth` pushes with a TTL for each,
+    /// brings them back and measures until every terminal said hello and every push is
+    /// `delivered`.
+    async fn down_and_back(&self, round: usize, depth: usize) -> anyhow::Result<Window> {
+        let down = self.served.len() as u64;
+        self.farm.set_faults(FaultConfig {
+            offline_terminals: self.served.iter().map(|(t, _)| t.clone()).collect(),
+            ..FaultConfig::default()
+        })?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.farm.counters().terminals_connected > SERVED - down {
+            anyhow::ensure!(Instant::now() < deadline, "terminals never went offline");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // The owner answers at once for a terminal whose link backs off.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let prefix = format!("q{round}-");
+        let not_stored = futures::stream::iter(0..depth * self.served.len())
+            .map(|n| {
+                let (t, owner) = &self.served[n % self.served.len()];
+                let key = format!("{prefix}{n}");
+                let base = &self.pods[*owner].1;
+                async move { api_push(self.http, base, t, &key, "?ttl_s=600&timeout_ms=50").await }
+            })
+            .buffer_unordered(64)
+            .filter(|ok| std::future::ready(!ok))
+            .count()
+            .await;
+        anyhow::ensure!(not_stored == 0, "{not_stored} pushes with a TTL not stored");
+        let delivered = || -> u64 {
+            let finals = |p: &PodHandle| {
+                p.metrics
+                    .queue_finals
+                    .get_or_create(&[("state", "delivered")])
+                    .get()
+            };
+            self.pods.iter().map(|(p, _)| finals(p)).sum()
+        };
+        let calls = || self.stores.iter().map(|s| s.round_trips()).sum::<u64>();
+        let redis_cpu = || {
+            let ticks = self
+                .redis
+                .process()
+                .and_then(|p| p.cpu_ticks())
+                .unwrap_or(0);
+            ticks as f64 / 100.0
+        };
+        let (calls_before, redis_before) = (calls(), redis_cpu());
+        let (delivered_before, hellos_before) =
+            (delivered(), self.farm.counters().sessions_accepted);
+        let pod_before = threads_cpu_s("pod-rt").unwrap_or(0.0);
+        let started = Instant::now();
+        self.farm.set_faults(FaultConfig::default())?;
+        let want = (depth * self.served.len()) as u64;
+        while self.farm.counters().sessions_accepted - hellos_before < down
+            || delivered() - delivered_before < want
+        {
+            anyhow::ensure!(
+                started.elapsed() < Duration::from_secs(60),
+                "not drained in 60 s"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let wall = started.elapsed();
+        let pod_cpu = threads_cpu_s("pod-rt").unwrap_or(0.0) - pod_before;
+        let mut hello_to_drained = Vec::new();
+        for (t, _) in self.served.iter().filter(|_| depth > 0) {
+            let report = self.farm.terminal_report(t).expect("a farm terminal");
+            let opened = report
+                .open_connections
+                .iter()
+                .filter(|c| c.session_epoch.is_some() && !c.superseded)
+                .map(|c| c.opened_unix_ms)
+                .max();
+            let queued: Vec<u64> = report
+                .recent_pushes
+                .iter()
+                // The farm sees the key as `tenant:key`.
+                .filter(|p| {
+                    p.idempotency_key
+                        .rsplit(':')
+                        .next()
+                        .is_some_and(|k| k.starts_with(&prefix))
+                })
+                .map(|p| p.at_unix_ms)
+                .collect();
+            // The farm keeps a terminal's last 32 pushes.
+            anyhow::ensure!(
+                queued.len() == depth.min(32),
+                "{t}: {} of its {depth} queued pushes seen",
+                queued.len()
+            );
+            let opened =
+                opened.ok_or_else(|| anyhow::anyhow!("{t}: no session after the drain"))?;
+            hello_to_drained.push(
+                queued
+                    .iter()
+                    .max()
+                    .unwrap_or(&opened)
+                    .saturating_sub(opened),
+            );
+        }
+        Ok(Window {
+            pod_cpu,
+            redis_cpu: redis_cpu() - redis_before,
+            redis_calls: calls() - calls_before,
+            wall,
+            hello_to_drained,
+        })
+    }
+}
+
+/// The `p` quantile of `sorted` (ms); 0 when empty.
+fn percentile_ms(sorted: &[u64], p: f64) -> u64 {
+    match sorted.len() {
+        0 => 0,
+        n => sorted[((n - 1) as f64 * p).round() as usize],
+    }
+}
 
 /// As in the `posgate` binary (`src/bin/posgate/main.rs` says why jemalloc).
 #[global_allocator]
@@ -286,6 +541,14 @@ fn main() -> anyhow::Result<()> {
 
 async fn run(pod_rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
     let ir_mode = std::env::args().any(|a| a == "--ir");
+    // `--queued`: PUSHES is the pushes stored per terminal (5 unless given);
+    // `--drain-rate=R` the pods' `--queue-drain-rate` (the default, 500 per second per
+    // pod, unless given).
+    let queued = std::env::args().any(|a| a == "--queued");
+    let drain_rate: u32 = std::env::args()
+        .filter_map(|a| a.strip_prefix("--drain-rate=").and_then(|r| r.parse().ok()))
+        .next()
+        .unwrap_or(500);
     // `--base=R`: the baseline build's pushes per pod CPU-second, measured in the same
     // session, for the 1.5x bound of issue 19.
     let base_rate: Option<f64> = std::env::args()
@@ -315,11 +578,27 @@ async fn run(pod_rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
     let (served, baseline) = all.split_at(SERVED as usize);
     let directory = Arc::new(MemoryDirectory::new());
     directory.upsert(64, served).await?;
-    let store = Arc::new(MemoryStore::new());
     let tls = TlsFiles {
         ca_file: Some(ca_file.clone()),
         client: None,
     };
+    // `--queued`: each pod with its own connection to a private redis-server, the
+    // queue's store in production, made on the pod runtime so the store's tasks count as
+    // the pods' CPU.
+    let redis = match queued {
+        true => Some(RedisServer::start(&dir).await?),
+        false => None,
+    };
+    let mut redis_stores = Vec::new();
+    if let Some(redis) = &redis {
+        for _ in 0..2 {
+            let url = format!("redis://{}", redis.addr());
+            let connect =
+                async move { RedisStore::connect(&url, "bench", Default::default()).await };
+            redis_stores.push(Arc::new(pod_rt.spawn(connect).await??));
+        }
+    }
+    let store = Arc::new(MemoryStore::new());
 
     let mut pods: Vec<(PodHandle, String)> = Vec::new();
     let _on_pod_rt = pod_rt.enter();
@@ -340,7 +619,19 @@ async fn run(pod_rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
             dial_rate: NonZeroU32::new(2_000).unwrap(),
             ..PosSettings::default()
         };
-        let pod = Pod::start_with_directory(config, store.clone(), directory.clone(), listener)?;
+        let pod = match redis_stores.get(i) {
+            None => Pod::start_with_directory(config, store.clone(), directory.clone(), listener)?,
+            Some(redis_store) => {
+                // Terminals back within half a second of the farm letting them.
+                config.pos.backoff = BackoffPolicy {
+                    base: Duration::from_millis(50),
+                    cap: Duration::from_millis(500),
+                };
+                config.push.queue.drain_rate =
+                    NonZeroU32::new(drain_rate).context("--drain-rate=0")?;
+                Pod::start_with_directory(config, redis_store.clone(), directory.clone(), listener)?
+            }
+        };
         pods.push((pod, url));
     }
     drop(_on_pod_rt);
@@ -371,6 +662,29 @@ async fn run(pod_rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         };
         return count_instructions(&http, pushes, path_of).await;
     }
+    // Pod 0's terminals: the throughput steps'.
+    let owned: Vec<String> = ids
+        .iter()
+        .filter(|t| owner_of(t) == Some(0))
+        .cloned()
+        .collect();
+    if let Some(redis) = &redis {
+        let with_owner: Vec<(String, usize)> = ids
+            .iter()
+            .map(|t| Ok((t.clone(), owner_of(t).context("a shard not served")?)))
+            .collect::<anyhow::Result<_>>()?;
+        let bench = Queued {
+            farm: &farm,
+            pods: &pods,
+            http: &http,
+            owned: &owned,
+            served: &with_owner,
+            redis,
+            stores: &redis_stores,
+        };
+        let depth = args.first().map_or(5, |&d| d as usize);
+        return bench.run(depth, drain_rate, concurrency, seconds).await;
+    }
 
     println!("| path | pushes | p50 ms | p99 ms | max ms |");
     println!("|---|---|---|---|---|");
@@ -382,7 +696,10 @@ async fn run(pod_rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         for (pod, samples) in [(owner, &mut local), (1 - owner, &mut forwarded)] {
             let key = format!("seq-{pod}-{n}");
             let sent = Instant::now();
-            anyhow::ensure!(api_push(&http, &pods[pod].1, t, &key).await, "push failed");
+            anyhow::ensure!(
+                api_push(&http, &pods[pod].1, t, &key, "").await,
+                "push failed"
+            );
             samples.push(sent.elapsed());
         }
     }
@@ -435,11 +752,6 @@ async fn run(pod_rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
 
     // Throughput: pushes for pod 0's terminals, `concurrency` at once, sent to pod 0
     // (local), then to pod 1 (each forwarded to pod 0).
-    let owned: Vec<String> = ids
-        .iter()
-        .filter(|t| owner_of(t) == Some(0))
-        .cloned()
-        .collect();
     let local = throughput(&http, &owned, &pods[0].1, concurrency, seconds).await?;
     local.print("one pod, local pushes", " (target >= 10,000)");
     if let (Some(cpu), Some(rate)) = (local.pod_cpu, local.per_cpu_second()) {
