@@ -3,11 +3,12 @@
 //!
 //! `/v1/cluster` answers from this pod's latest status, plus connected and listed
 //! terminal counts for the shards it serves and its timeline (the last minutes of
-//! terminals connected, dials and pushes, `crate::metrics::timeline`); with
-//! `?include=terminals` it also asks every other member for theirs (signed, 500 ms each,
-//! in parallel), so one request shows the whole ring. A member that does not answer
-//! leaves its shards' counts `null` and its timeline out; one of the previous release
-//! answers connected counts only. The view also says what this pod makes of the store
+//! terminals connected, dials and pushes, `crate::metrics::timeline`) and its pushes
+//! waiting for their terminals; with `?include=terminals` it also asks every other member
+//! for theirs (signed, 500 ms each, in parallel), so one request shows the whole ring. A
+//! member that does not answer leaves its shards' counts and its queue `null` and its
+//! timeline out; one of an earlier release answers connected counts only, or no queue
+//! (`null`, never 0). The view also says what this pod makes of the store
 //! (`store.verdict`, and how long it has failed).
 
 use std::collections::BTreeMap;
@@ -26,7 +27,8 @@ use super::HttpState;
 use crate::clock::now;
 use crate::core::{PodId, ShardId};
 use crate::metrics::timeline::Point;
-use crate::peer::{PeerTarget, ShardTerminals};
+use crate::peer::{PeerTarget, QueueDepth, ShardTerminals};
+use crate::push::queue::wall_ms;
 use crate::status::{ShardStatus, StoreStatus};
 
 /// How long a peer gets to report its counts.
@@ -74,6 +76,10 @@ struct PlacementView {
 struct MemberView<'a> {
     pod: &'a PodId,
     url: &'a str,
+    /// Pushes with a TTL waiting for the terminals of the shards the member serves;
+    /// `null` unknown (it did not answer, keeps no pushes for later, or is of an earlier
+    /// release).
+    queue: Option<QueueDepth>,
 }
 
 #[derive(Serialize)]
@@ -129,9 +135,13 @@ pub(super) async fn cluster(
     let mut connected: BTreeMap<ShardId, usize> = BTreeMap::new();
     let mut listed: BTreeMap<ShardId, usize> = BTreeMap::new();
     let mut timelines = Vec::new();
+    let mut queues: BTreeMap<PodId, QueueDepth> = BTreeMap::new();
     for answer in answers {
         connected.extend(answer.shards);
         listed.extend(answer.listed);
+        if let (Some(pod), Some(queue)) = (&answer.pod, answer.queue) {
+            queues.insert(pod.clone(), queue);
+        }
         if let (Some(pod), Some(points)) = (answer.pod, answer.timeline) {
             timelines.push(PodTimeline { pod, points });
         }
@@ -157,6 +167,7 @@ pub(super) async fn cluster(
             .map(|m| MemberView {
                 pod: &m.pod,
                 url: &m.url,
+                queue: queues.get(&m.pod).copied(),
             })
             .collect(),
         shards: status
@@ -175,14 +186,22 @@ pub(super) async fn cluster(
 }
 
 /// `GET /internal/v1/shard-terminals`: connected and listed terminals per shard served
-/// here, and this pod's timeline.
+/// here, this pod's timeline and its queue.
 pub(super) async fn shard_terminals(State(state): State<Arc<HttpState>>) -> Response {
     Json(own_counts(&state)).into_response()
 }
 
-/// What this pod tells about itself: its shards' counts and its timeline.
+/// What this pod tells about itself: its shards' counts, its timeline and what its
+/// drains last read (the queue gauges' source).
 fn own_counts(state: &HttpState) -> ShardTerminals {
     let counts = state.stats.shard_counts();
+    let queue = state.push.drains().map(|drains| {
+        let (seen, _) = drains.seen();
+        QueueDepth {
+            pushes: seen.pushes,
+            oldest_ms_ago: seen.oldest_ms.map(|at| wall_ms().saturating_sub(at)),
+        }
+    });
     ShardTerminals {
         pod: state.status.borrow().pod.clone(),
         shards: counts.iter().map(|c| (c.shard, c.connected)).collect(),
@@ -191,5 +210,6 @@ fn own_counts(state: &HttpState) -> ShardTerminals {
             .filter_map(|c| Some((c.shard, c.listed?)))
             .collect(),
         timeline: Some(state.metrics.timeline(now())),
+        queue,
     }
 }

@@ -180,18 +180,34 @@ function podTotals(view, pods) {
   return totals;
 }
 
+// Pushes with a TTL waiting for the terminals of the shards a pod serves, as it counts
+// them: null (unknown, never 0) for a pod that did not say: one that did not answer, is
+// not a member or is of an earlier release.
+function queueOf(view, pod) {
+  const member = view.members.find((m) => m.pod === pod);
+  return member?.queue ?? null;
+}
+function queueText(queue) {
+  if (queue === null) return "queued pushes: unknown";
+  if (queue.oldest_ms_ago === null) return `queued pushes: ${queue.pushes}`;
+  const secs = Math.round(queue.oldest_ms_ago / 1000);
+  const age = secs < 120 ? `${secs} s` : `${Math.round(secs / 60)} min`;
+  return `queued pushes: ${queue.pushes}, the oldest waits ${age}`;
+}
+
 function renderBars(view, pods, colour) {
   const el = document.getElementById("bars");
   el.replaceChildren();
   const totals = podTotals(view, pods);
   const most = Math.max(1, ...[...totals.values()].map((t) => Math.max(t.connected, t.expected)));
-  const ROW = 38;
+  const ROW = 52;
   el.setAttribute("viewBox", `0 0 400 ${Math.max(1, pods.length) * ROW}`);
   pods.forEach((pod, i) => {
-    const t = totals.get(pod), y = i * ROW;
+    const t = totals.get(pod), y = i * ROW, queue = queueOf(view, pod);
     const g = svg("g", {
       class: "bar", "data-pod": pod, "data-connected": t.connected, "data-expected": t.expected,
       "data-connected-unknown": t.connectedUnknown, "data-expected-unknown": t.expectedUnknown,
+      "data-queued": queue?.pushes ?? "", "data-queued-oldest-ms": queue?.oldest_ms_ago ?? "",
     }, el);
     const of = (n, unknown) => unknown ? `≥${n} (${unknown} shards uncounted)` : `${n}`;
     label(g, 0, y + 12, `${pod}: ${of(t.connected, t.connectedUnknown)} of ` +
@@ -202,6 +218,7 @@ function renderBars(view, pods, colour) {
     svg("rect", {
       x: 0, y: y + 19, width: 400 * t.connected / most, height: 10, fill: colour.get(pod),
     }, g);
+    label(g, 0, y + 44, queueText(queue), { class: "dim" });
   });
 }
 

@@ -3,7 +3,8 @@
 //! headers that let it do nothing else: a Content-Security-Policy allowing exactly its
 //! inline script and style (by their SHA-256) and fetches to this pod, and no framing by
 //! any other page. The script draws the shards as an SVG ring coloured by pod, bars of
-//! connected vs expected terminals per pod and the last minutes' timeline; SVG
+//! connected vs expected terminals per pod with the pushes waiting for their terminals
+//! (unknown for a pod that did not say), and the last minutes' timeline; SVG
 //! attributes and classes only, as the policy allows no style attribute.
 //!
 //! Not for: the data it shows (`GET /v1/cluster`, `cluster.rs`, with the operator's

@@ -33,7 +33,7 @@ pub use self::signing::{
     VERSION_HEADER,
 };
 pub use self::tls::PeerTls;
-pub use self::wire::{PeerAnswer, ShardTerminals};
+pub use self::wire::{PeerAnswer, QueueDepth, ShardTerminals};
 
 /// Largest body the internal endpoints buffer, and the largest answer the client reads.
 pub const MAX_INTERNAL_BODY: usize = 64 * 1024;

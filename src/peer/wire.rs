@@ -174,8 +174,9 @@ pub struct PeerAnswer {
     pub store_reachable: bool,
 }
 
-/// A peer's answer on [`SHARD_TERMINALS_ROUTE`]. Pods of the previous release send only
-/// `pod` and `shards` (the rest defaults), and ignore the rest.
+/// A peer's answer on [`SHARD_TERMINALS_ROUTE`]. Pods of earlier releases send only
+/// `pod` and `shards`, or no `queue` (the rest defaults), and ignore what they do not
+/// know.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ShardTerminals {
     pub pod: Option<PodId>,
@@ -187,6 +188,22 @@ pub struct ShardTerminals {
     /// The pod's timeline (`crate::metrics::timeline`), oldest first.
     #[serde(default)]
     pub timeline: Option<Vec<Point>>,
+    /// Pushes with a TTL waiting for the terminals of the shards served. `None` is
+    /// unknown, not none waiting: a pod that keeps no pushes for later, or of a release
+    /// that does not send it.
+    #[serde(default)]
+    pub queue: Option<QueueDepth>,
+}
+
+/// Pushes with a TTL not final yet for the terminals of the shards a pod serves, as its
+/// drains last read them (what `posgate_queue_pushes` and
+/// `posgate_queue_oldest_seconds` say).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueDepth {
+    pub pushes: u64,
+    /// How long ago the oldest of them was accepted, by the answering pod's clock;
+    /// `None` when none waits.
+    pub oldest_ms_ago: Option<u64>,
 }
 
 /// The body of a request on [`RELEASE_TERMINALS_ROUTE`].
@@ -336,6 +353,25 @@ impl HandedOver {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_shard_terminals_answer_without_a_queue_says_unknown_not_none() {
+        // What a pod of the previous release answers.
+        let old = br#"{"pod":"pod-a","shards":[[3,10]],"listed":[[3,12]],"timeline":[]}"#;
+        let answer: super::ShardTerminals = serde_json::from_slice(old).unwrap();
+        assert_eq!(answer.queue, None);
+        let depth = super::QueueDepth {
+            pushes: 2,
+            oldest_ms_ago: Some(1500),
+        };
+        let new = super::ShardTerminals {
+            queue: Some(depth),
+            ..answer
+        };
+        let again: super::ShardTerminals =
+            serde_json::from_slice(&serde_json::to_vec(&new).unwrap()).unwrap();
+        assert_eq!(again, new);
+    }
+
     #[test]
     fn a_release_request_names_1_to_64_valid_terminals() {
         let ok = ReleaseTerminals {

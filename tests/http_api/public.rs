@@ -93,7 +93,11 @@ async fn cluster_view_shape() {
         "pod": "pod-a",
         "store": {"verdict": "reachable", "unreachable_ms": null, "recovery_hold_ms": null},
         "placement": {"version": 3, "changed_ms_ago": 1500},
-        "members": [{"pod": "pod-a", "url": "http://a:8080"}, {"pod": "pod-b", "url": "http://b:8080"}],
+        // No queue store here: pod-a's queue is unknown; pod-b was not asked.
+        "members": [
+            {"pod": "pod-a", "url": "http://a:8080", "queue": null},
+            {"pod": "pod-b", "url": "http://b:8080", "queue": null},
+        ],
         "shards": [
             {"shard": 0, "assigned": "pod-a", "owner": "pod-a", "epoch": 7, "serving": true, "suspended": false, "terminals_connected": null, "terminals_listed": null},
             {"shard": 1, "assigned": "pod-b", "owner": null, "epoch": null, "serving": false, "suspended": true, "terminals_connected": null, "terminals_listed": null},
@@ -103,6 +107,86 @@ async fn cluster_view_shape() {
     });
     assert_eq!(body, expected);
     server.stop().await;
+}
+
+/// With `include=terminals` each member's queue is what it answered: a peer of this
+/// release its pushes waiting, one of the previous release (da7c015: no `queue` in its
+/// answer) unknown, `null`, not 0, though its shard counts are there.
+#[tokio::test]
+async fn the_cluster_view_shows_a_queue_a_previous_release_peer_does_not_send_as_unknown() {
+    let server = Server::start(Some(vec![secret(1)])).await;
+    let current = canned_peer(
+        r#"{"pod":"pod-b","shards":[[1,4]],"listed":[[1,5]],"timeline":[],"queue":{"pushes":3,"oldest_ms_ago":1500}}"#,
+    )
+    .await;
+    let previous =
+        canned_peer(r#"{"pod":"pod-c","shards":[[2,6]],"listed":[[2,7]],"timeline":[]}"#).await;
+    let member = |id: &str, url: &str| Member {
+        pod: pod(id),
+        url: url.to_string(),
+        version: "0.1.0".to_string(),
+        ring_version: "test".to_string(),
+        started_ms: 1,
+        peer_protocol: PEER_PROTOCOL,
+        handover: 0,
+        queue: 0,
+    };
+    server.status.send_replace(PodStatus {
+        members: vec![
+            member("pod-a", "http://a:8080"),
+            member("pod-b", &current),
+            member("pod-c", &previous),
+        ],
+        shards: (0..3)
+            .map(|shard| ShardStatus {
+                shard,
+                assigned: None,
+                owner: None,
+                epoch: None,
+                serving: false,
+                suspended: false,
+            })
+            .collect(),
+        ..status_of("pod-a", true)
+    });
+    let (code, body) = get(&format!("{}/v1/cluster?include=terminals", server.base)).await;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    let body: Value = serde_json::from_str(&body).unwrap();
+    let queues: Vec<&Value> = body["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| &m["queue"])
+        .collect();
+    assert_eq!(
+        queues,
+        [
+            &Value::Null,
+            &json!({"pushes": 3, "oldest_ms_ago": 1500}),
+            &Value::Null
+        ],
+        "{body}"
+    );
+    let counted: Vec<&Value> = body["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| &s["terminals_connected"])
+        .collect();
+    assert_eq!(counted, [&Value::Null, &json!(4), &json!(6)], "{body}");
+    server.stop().await;
+}
+
+/// `http://` address of a peer that answers every request `200` with `body` (JSON),
+/// whatever it asks: the answers of a pod of another release. Over HTTP/2 without TLS
+/// (prior knowledge), as the peer client speaks.
+async fn canned_peer(body: &'static str) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let answer = move || async move { ([(http::header::CONTENT_TYPE, "application/json")], body) };
+    let serve = axum::serve(listener, axum::Router::new().fallback(answer));
+    tokio::spawn(std::future::IntoFuture::into_future(serve));
+    base
 }
 
 #[tokio::test]

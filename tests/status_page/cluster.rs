@@ -1,9 +1,11 @@
 //! The status page of a cluster: three pods with terminals from a `PosFarm` on one
 //! `redis-server`, drawn by the browser steady (every shard served, one colour per pod,
-//! every pod's bar full, the timeline's points) and then mid-rebalance: a pod crashes
-//! and the test keeps its leases alive (renewed for a minute as the crashed pod, as its
-//! own lease TTL would for seconds), so the shards the placement moved to the others stay
-//! held by the crashed pod long enough to be drawn and compared: moving.
+//! every pod's bar full and no push queued, the timeline's points), with a terminal down
+//! and a push with a TTL waiting for it (counted on the bar of the pod serving it), and
+//! then mid-rebalance: a pod crashes and the test keeps its leases alive (renewed for a
+//! minute as the crashed pod, as its own lease TTL would for seconds), so the shards the
+//! placement moved to the others stay held by the crashed pod long enough to be drawn
+//! and compared: moving; its queue is drawn unknown, not 0.
 //!
 //! The page's own read of `/v1/cluster` gives each peer 500 ms for its counts; on a
 //! loaded machine that read alone can miss one, which nothing the test read brackets, so
@@ -15,9 +17,12 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use posgate::core::lease::{Checked, RenewOutcome};
+use posgate::core::shard::shard_of;
 use posgate::core::{PodId, ShardId};
+use posgate::pod::PodHandle;
 use posgate::store::redis::RedisStore;
 use posgate::store::CoordStore;
+use posgate_loadtest::pos_sim::FaultConfig;
 use serde_json::Value;
 use tokio::task::JoinHandle;
 
@@ -130,12 +135,35 @@ async fn the_status_page_draws_a_steady_cluster_and_a_rebalance() {
             (0, 0),
             "{pod}"
         );
+        assert_eq!((bar.queued, bar.oldest_ms_ago), (Some(0), None), "{pod}");
     }
+    assert_eq!(
+        dom.matches("queued pushes: 0<").count(),
+        PODS.len(),
+        "{dom}"
+    );
     check_timeline(&drawn);
     eprintln!("[page] steady: {:?}", drawn.bars);
     let page = format!("{url}/#token={TOKEN}");
     screenshot(bin, &page, "status-page.png", (1100, 850)).await;
     screenshot(bin, &page, "status-page-phone.png", (390, 1250)).await;
+
+    // A terminal of pod-a's goes down; a push with a TTL for it is kept (202) and
+    // counted on pod-a's bar, the others' stay 0.
+    let down = queue_a_push(&farm, &pods[0], &url).await;
+    let queued_on_a = |view: &Value| picture::bar_of(view, PODS[0]).queued == Some(1);
+    wait_for_async("pod-a counts the push", Duration::from_secs(10), || async {
+        queued_on_a(&cluster_view(&url).await)
+    })
+    .await;
+    let (before, dom, after) = draw(bin, &url).await;
+    assert!(queued_on_a(&before) && queued_on_a(&after));
+    let drawn = picture::read_and_check(&dom, &before, &after);
+    let queued: Vec<Option<u64>> = PODS.iter().map(|p| drawn.bars[*p].queued).collect();
+    assert_eq!(queued, [Some(1), Some(0), Some(0)], "{:?}", drawn.bars);
+    let age = drawn.bars[PODS[0]].oldest_ms_ago.expect("the push's age");
+    assert!(dom.contains("queued pushes: 1, the oldest waits "), "{dom}");
+    eprintln!("[page] a push for {down} queued on pod-a, drawn {age} ms old");
 
     // Mid-rebalance: pod-c crashes; its leases are kept alive, so the shards the
     // placement gives to the others are held by pod-c still: moving.
@@ -175,14 +203,49 @@ async fn the_status_page_draws_a_steady_cluster_and_a_rebalance() {
     }
     let (_, words) = &drawn.legend[PODS[2]];
     assert!(words.contains("not a member"), "{words}");
-    // Nobody counts the crashed pod's terminals; the others expect them.
+    // Nobody counts the crashed pod's terminals; the others expect them. Its queue is
+    // unknown, not empty; pod-a's push still waits.
     assert_eq!(drawn.bars[PODS[2]].connected_unknown, held.len() as u64);
     assert_eq!(drawn.bars[PODS[2]].expected, 0);
+    assert_eq!(drawn.bars[PODS[2]].queued, None);
+    assert_eq!(drawn.bars[PODS[0]].queued, Some(1));
+    assert!(dom.contains("queued pushes: unknown"), "{dom}");
     check_timeline(&drawn);
     screenshot(bin, &page, "status-page-rebalance.png", (1100, 850)).await;
     assert!(!keeper.is_finished(), "{:?}", keeper.await);
     keeper.abort();
     pod::stop(pods).await;
+}
+
+/// Takes a terminal of the shards `pod` serves offline and sends it a push with a TTL
+/// through `url`: answered `202`, queued. Returns the terminal.
+async fn queue_a_push(farm: &Farm, pod: &PodHandle, url: &str) -> String {
+    let served = pod::served(pod);
+    let down = farm
+        .ids
+        .iter()
+        .find(|id| served.contains(&shard_of(id, SHARDS)))
+        .expect("a terminal of the pod's shards")
+        .clone();
+    let faults = FaultConfig {
+        offline_terminals: vec![down.clone()],
+        ..FaultConfig::default()
+    };
+    farm.set_faults(faults).unwrap();
+    wait_for("its session closed", Duration::from_secs(10), || {
+        farm.terminal_report(&down)
+            .is_some_and(|r| r.open_connections.is_empty())
+    })
+    .await;
+    let push = Push {
+        key: Some("waits-for-its-terminal"),
+        query: "?ttl_s=600&timeout_ms=500",
+        ..Push::new(TENANT_TOKEN)
+    };
+    let (code, _, body) = api::push(&api::client(), url, &down, push).await;
+    assert_eq!(code, http::StatusCode::ACCEPTED, "{body}");
+    assert_eq!(body["state"], "queued", "{body}");
+    down
 }
 
 /// Renews `shards` as `pod` for a minute, now and then every second in the background,

@@ -1,7 +1,8 @@
 //! What the status page drew, read back from the DOM Chromium dumped (the SVG elements'
 //! attributes), and checked against `/v1/cluster` as the test read it just before and
 //! just after the browser did: every shard's segment (owner, assigned pod, state, fill),
-//! the legend's colours, the per-pod bars and the timeline's series.
+//! the legend's colours, the per-pod bars with their queued pushes and the timeline's
+//! series.
 //!
 //! A shard may change while the browser renders (a rebalance goes on), so each drawn
 //! value must be what one of the two views says; where they agree, it is exactly that.
@@ -53,13 +54,16 @@ pub struct Segment {
     pub assigned_fill: String,
 }
 
-/// A per-pod bar: terminals counted, and shards not counted.
+/// A per-pod bar: terminals counted, and shards not counted; pushes with a TTL waiting
+/// and the oldest one's age (`None`: unknown).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Bar {
     pub connected: u64,
     pub expected: u64,
     pub connected_unknown: u64,
     pub expected_unknown: u64,
+    pub queued: Option<u64>,
+    pub oldest_ms_ago: Option<u64>,
 }
 
 /// A timeline series: how many points, the latest value.
@@ -205,10 +209,22 @@ pub fn read_and_check(dom: &str, before: &Value, after: &Value) -> Picture {
     assert_eq!(bars.keys().cloned().collect::<BTreeSet<_>>(), legend_pods);
     for (pod, bar) in &bars {
         let sums: Vec<Bar> = views.iter().map(|v| bar_of(v, pod)).collect();
+        // The oldest push's age grows between the reads: the drawn one lies between.
+        let aged = |read: &Bar| Bar {
+            oldest_ms_ago: bar.oldest_ms_ago,
+            ..read.clone()
+        };
         assert!(
-            sums.contains(bar),
+            sums.iter().map(aged).any(|read| read == *bar),
             "{pod}'s bar {bar:?}, /v1/cluster said {sums:?}"
         );
+        if let Some(age) = bar.oldest_ms_ago {
+            let (low, high) = (sums[0].oldest_ms_ago, sums[1].oldest_ms_ago);
+            assert!(
+                low.unwrap_or(0) <= age && age <= high.unwrap_or(u64::MAX),
+                "{pod}'s oldest push drawn {age} ms old, /v1/cluster said {sums:?}"
+            );
+        }
     }
 
     let series = elements(dom, "polyline")
@@ -236,6 +252,10 @@ pub fn bars(dom: &str) -> BTreeMap<String, Bar> {
             .parse()
             .unwrap_or_else(|_| panic!("{name} of {g:?}"))
     };
+    // Empty when unknown.
+    let maybe = |g: &BTreeMap<String, String>, name: &str| -> Option<u64> {
+        (!g[name].is_empty()).then(|| number(g, name))
+    };
     elements(dom, "g")
         .into_iter()
         .filter(|g| g.get("class").is_some_and(|c| c == "bar"))
@@ -245,6 +265,8 @@ pub fn bars(dom: &str) -> BTreeMap<String, Bar> {
                 expected: number(&g, "data-expected"),
                 connected_unknown: number(&g, "data-connected-unknown"),
                 expected_unknown: number(&g, "data-expected-unknown"),
+                queued: maybe(&g, "data-queued"),
+                oldest_ms_ago: maybe(&g, "data-queued-oldest-ms"),
             };
             (g["data-pod"].clone(), bar)
         })
@@ -252,7 +274,8 @@ pub fn bars(dom: &str) -> BTreeMap<String, Bar> {
 }
 
 /// Whether the page's own read of `/v1/cluster` missed a peer's counts that both of the
-/// test's reads had: a bar with more shards uncounted than either view implies. The
+/// test's reads had: a bar with more shards uncounted than either view implies, or its
+/// queue unknown where both knew it. The
 /// answering pod gives each peer 500 ms (`src/http/cluster.rs`); on a loaded machine,
 /// with the browser starting beside the pods, one can miss it for the page alone.
 pub fn missed_a_peer(dom: &str, before: &Value, after: &Value) -> bool {
@@ -261,18 +284,28 @@ pub fn missed_a_peer(dom: &str, before: &Value, after: &Value) -> bool {
             let read = bar_of(v, pod);
             bar.connected_unknown > read.connected_unknown
                 || bar.expected_unknown > read.expected_unknown
+                || (bar.queued.is_none() && read.queued.is_some())
         })
     })
 }
 
 /// `pod`'s bar as `view` implies it: connected terminals of the shards it holds,
-/// listed ones of the shards assigned to it, and the shards without a count.
+/// listed ones of the shards assigned to it, and the shards without a count; its queue
+/// as the member says (unknown for a pod that is not one, or did not say).
 pub fn bar_of(view: &Value, pod: &str) -> Bar {
+    let queue = view["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["pod"] == pod)
+        .map(|m| &m["queue"]);
     let mut bar = Bar {
         connected: 0,
         expected: 0,
         connected_unknown: 0,
         expected_unknown: 0,
+        queued: queue.and_then(|q| q["pushes"].as_u64()),
+        oldest_ms_ago: queue.and_then(|q| q["oldest_ms_ago"].as_u64()),
     };
     for s in view["shards"].as_array().unwrap() {
         if s["owner"] == pod {
