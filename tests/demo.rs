@@ -1,8 +1,10 @@
 //! `posgate demo` as a user runs it: the whole cluster in one process, once on the
 //! embedded store (no `redis-server` on `PATH`) without the script, once with a private
-//! `redis-server` and the script (a pod joins at 10 s, one is killed at 20 s). The
-//! summary must report a fully connected farm, no overlapping connections or sessions
-//! and no key delivered twice.
+//! `redis-server` and the script (a pod joins at 10 s, one is killed at 20 s, five
+//! terminals are offline from 25 s for 2 s). The summary must report a fully connected
+//! farm, no overlapping connections or sessions and no key delivered twice; the script's
+//! pushes with a TTL to the offline terminals must be answered `202` and delivered once
+//! they are back.
 
 use std::process::Command;
 
@@ -49,7 +51,7 @@ fn demo_on_the_embedded_store() {
 #[test]
 fn demo_script_with_a_private_redis() {
     let path = std::env::var("PATH").unwrap_or_default();
-    let (ok, out) = demo(&["--duration", "26s", "--terminals", "300"], &path);
+    let (ok, out) = demo(&["--duration", "34s", "--terminals", "300"], &path);
     assert!(ok);
     assert!(out.contains("store: private redis-server"), "{out}");
     assert!(
@@ -57,6 +59,16 @@ fn demo_script_with_a_private_redis() {
         "the 4th pod joins: {out}"
     );
     assert!(out.contains("x demo-pod-1 killed"), "{out}");
+    for line in [
+        "- 5 terminals offline (",
+        "- 5 of 5 pushes with ?ttl_s=60 answered 202 queued",
+        "+ the 5 terminals back online",
+        "= 5 of 5 queued pushes delivered, ",
+        "pushes with a TTL to offline terminals: 5 of 5 answered 202, 5 delivered once back",
+    ] {
+        assert!(out.contains(line), "no {line:?} line in:\n{out}");
+    }
+    assert!(!out.contains("the rest: "), "{out}");
     let sessions = "session overlaps (two accepted sessions > 1 s):";
     assert_summary(
         &out,

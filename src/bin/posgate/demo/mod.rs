@@ -5,11 +5,15 @@
 //! status page. The store is a private `redis-server` when one is on `PATH` (started on a
 //! free port, stopped at exit), else the embedded in-memory store; the demo says which.
 //! Tokens and the cluster secret are generated. Lease timings are short
-//! (`CoreConfig::fast()`) so takeovers show within the run. The script: a pod joins at
-//! 10 s, pod 1 is killed without releasing at 20 s, the run ends at 35 s with a summary.
+//! (`CoreConfig::fast()`) so takeovers show within the run, and redials back off 2 s at
+//! most so a terminal back online is reached soon. The script: a pod joins at 10 s, pod
+//! 1 is killed without releasing at 20 s, five terminals go offline at 25 s with a push
+//! with a TTL waiting for each, and are back 2 s later (`offline`); the run ends at 35 s
+//! with a summary.
 //!
 //! Not for: production (everything is in one process, secrets are throwaway).
 
+mod offline;
 mod redis_child;
 mod traffic;
 
@@ -28,14 +32,20 @@ use posgate::core::{CoreConfig, PodId};
 use posgate::credentials::ApiTokens;
 use posgate::credentials::ClusterSecret;
 use posgate::pod::{Pod, PodHandle};
+use posgate::pos::backoff::BackoffPolicy;
 use posgate::pos::tls::TlsFiles;
 use posgate::store::directory::{DirectoryAdmin, MemoryDirectory, Terminal};
 use posgate::store::memory::MemoryStore;
 use posgate::store::redis::{RedisOptions, RedisStore};
-use posgate_loadtest::pos_sim::{FarmConfig, FarmCounters, PosFarm};
+use posgate_loadtest::pos_sim::{FarmConfig, FarmCounters, FaultConfig, PosFarm};
+use tokio::task::JoinHandle;
 use tracing_subscriber::EnvFilter;
 
 const CLUSTER: &str = "demo";
+/// When the script's steps happen.
+const JOIN_AT: Duration = Duration::from_secs(10);
+const KILL_AT: Duration = Duration::from_secs(20);
+const OFFLINE_AT: Duration = Duration::from_secs(25);
 
 /// Flags of `posgate demo`.
 #[derive(Clone, Debug, clap::Args)]
@@ -52,7 +62,7 @@ pub struct DemoArgs {
     /// Pushes per second
     #[arg(long, default_value_t = 50)]
     pub push_rate: u32,
-    /// Do not add a pod at 10 s and kill one at 20 s
+    /// Do not add a pod at 10 s, kill one at 20 s, or take terminals offline at 25 s
     #[arg(long)]
     pub no_script: bool,
 }
@@ -72,7 +82,7 @@ enum Backing {
 struct Demo {
     args: DemoArgs,
     backing: Backing,
-    farm: PosFarm,
+    farm: Arc<PosFarm>,
     ca_file: std::path::PathBuf,
     /// The tenant `demo`'s token (pushes).
     token: String,
@@ -80,6 +90,8 @@ struct Demo {
     operator_token: String,
     secret: ClusterSecret,
     pods: Vec<(String, String, Option<PodHandle>)>,
+    /// How the offline phase went, once the script ran it.
+    offline: Option<offline::Outcome>,
 }
 
 /// Runs `posgate demo` to its end or Ctrl-C: exit 0, or 1 after saying what failed.
@@ -109,7 +121,7 @@ pub async fn run(
     interrupt: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let dir = tempfile_dir()?;
-    let farm = start_farm(args.terminals).await?;
+    let farm = Arc::new(start_farm(args.terminals).await?);
     let ca_file = dir.join("pos-ca.pem");
     std::fs::write(&ca_file, farm.ca_pem()).context("writing the demo CA")?;
     let entries: Vec<Terminal> = farm
@@ -162,6 +174,7 @@ pub async fn run(
         operator_token,
         secret,
         pods: Vec::new(),
+        offline: None,
     };
     for _ in 0..demo.args.pods {
         demo.add_pod().await?;
@@ -228,6 +241,10 @@ impl Demo {
                 client: None,
             },
             dial_rate: std::num::NonZeroU32::new(1_000).expect("non-zero"),
+            backoff: BackoffPolicy {
+                base: Duration::from_millis(500),
+                cap: Duration::from_secs(2),
+            },
             ..PosSettings::default()
         };
         Ok(config)
@@ -251,20 +268,23 @@ impl Demo {
         Ok(())
     }
 
-    /// The timeline: table every second, a join at 10 s, a crash at 20 s.
+    /// The timeline: table every second, a join at 10 s, a crash at 20 s, terminals
+    /// offline at 25 s.
     async fn script(&mut self, traffic: &Traffic) -> anyhow::Result<()> {
         let started = Instant::now();
         let (mut joined, mut killed) = (self.args.no_script, self.args.no_script);
+        // The offline phase once started.
+        let mut phase: Option<JoinHandle<offline::Outcome>> = None;
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         while started.elapsed() < self.args.duration {
             tick.tick().await;
             let t = started.elapsed();
-            if !joined && t >= Duration::from_secs(10) {
+            if !joined && t >= JOIN_AT {
                 joined = true;
                 self.add_pod().await?;
                 traffic.set_urls(self.live_urls());
             }
-            if !killed && t >= Duration::from_secs(20) && self.pods.len() > 1 {
+            if !killed && t >= KILL_AT && self.pods.len() > 1 {
                 killed = true;
                 let (id, _, handle) = &mut self.pods[1];
                 if let Some(h) = handle.take() {
@@ -275,7 +295,26 @@ impl Demo {
                 }
                 traffic.set_urls(self.live_urls());
             }
+            if phase.is_none() && !self.args.no_script && t >= OFFLINE_AT {
+                let ids: Vec<String> = self.farm.terminals().into_iter().map(|t| t.id).collect();
+                phase = Some(tokio::spawn(offline::run(
+                    self.farm.clone(),
+                    self.live_urls(),
+                    offline::pick(&ids),
+                    self.token.clone(),
+                )));
+            }
             self.print_table(t, &traffic.counts());
+        }
+        if let Some(phase) = phase {
+            self.offline = Some(if phase.is_finished() {
+                phase.await?
+            } else {
+                phase.abort();
+                // Its terminals back, if it was cut short before that.
+                self.farm.set_faults(FaultConfig::default())?;
+                offline::Outcome::CutShort
+            });
         }
         Ok(())
     }
@@ -346,6 +385,9 @@ impl Demo {
         );
         println!("keys delivered twice: {}", farm.keys_delivered_twice);
         println!("pushes: {ok} ok, {failed} failed");
+        if let Some(outcome) = &self.offline {
+            println!("{}", offline::summary_line(outcome));
+        }
     }
 
     async fn shutdown(&mut self) {
