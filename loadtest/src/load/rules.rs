@@ -166,7 +166,7 @@ mod tests {
     fn the_project_rules_are_all_read() {
         let r = rules(ALERTS_YAML);
         let names: Vec<&str> = r.iter().map(|r| r.alert.as_str()).collect();
-        assert_eq!(names.len(), 8, "{names:?}");
+        assert_eq!(names.len(), 10, "{names:?}");
         let owner = &r[0];
         assert_eq!(owner.alert, "PosgateShardWithoutOwner");
         assert_eq!(owner.for_, Duration::from_secs(30));
