@@ -268,6 +268,8 @@ pub fn open_loop(targets: Targets, rate_per_s: f64, terminals: u64, test: &str) 
         timeout_ms: PUSH_TIMEOUT_MS,
         terminals,
         run_tag: format!("{test}-{}", unix_ms()),
+        ttl_s: None,
+        offline: Default::default(),
     };
     PushGen::start(plan, http::client(), targets, test)
 }

@@ -11,6 +11,7 @@ use super::{
     dark,
     handover::{self, Verdict},
     host::STEAL_NOTABLE,
+    later,
     observe::{Sample, SAMPLE_EVERY},
     outage, panels,
     report::ScenarioReport,
@@ -159,6 +160,7 @@ pub fn checks(c: &Cluster, sc: Scenario, r: &mut ScenarioReport) {
         );
     }
     upgrade::checks(r);
+    later::checks(r);
     outage::checks(r, sc);
     dark::check(r, sc);
     alerts::check(r);
@@ -167,7 +169,8 @@ pub fn checks(c: &Cluster, sc: Scenario, r: &mut ScenarioReport) {
         Scenario::ScaleOut
         | Scenario::ScaleIn
         | Scenario::RollingRestart
-        | Scenario::RollingUpgrade => {
+        | Scenario::RollingUpgrade
+        | Scenario::OfflineLater => {
             // The first attempt: the gateway's answer, before a retry can paper over it.
             let ok = r.pushes.ok_ratio >= 0.999;
             let d = format!(
@@ -241,7 +244,7 @@ pub fn checks(c: &Cluster, sc: Scenario, r: &mut ScenarioReport) {
             let d = format!("{kib:.1} KiB per connection (incl. each pod's base)");
             r.check("RSS per held connection <= 64 KiB", false, kib <= 64.0, d);
         }
-        Scenario::RollingRestart | Scenario::RollingUpgrade => {
+        Scenario::RollingRestart | Scenario::RollingUpgrade | Scenario::OfflineLater => {
             let d = format!(
                 "{:.2} connections per terminal (naive ~2)",
                 r.reconnects_per_terminal

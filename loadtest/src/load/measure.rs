@@ -1,7 +1,8 @@
 //! Running one scenario under load and measuring it: counters, Redis stats and CPU before
-//! and after, the sampler and the push generator throughout, the simulators' logs
-//! (refusals, duplicates, dark intervals) after, then the analysis into a
-//! [`ScenarioReport`], whose pass/fail lines `checks` writes.
+//! and after, the sampler and the push generator throughout (and in rolling-upgrade a
+//! second one of pushes with a TTL), the simulators' logs (refusals, duplicates, dark
+//! intervals) after, then the analysis into a [`ScenarioReport`], whose pass/fail lines
+//! `checks` writes.
 //!
 //! Session gaps come from the simulators' per-terminal connection events (the cheapest
 //! sound source: the terminals saw every close and open, no pod-side logs needed). A
@@ -20,6 +21,7 @@ use super::{
     cluster::{Cluster, SHARDS},
     dark, duplicates,
     host::{CpuShares, CpuTimes},
+    later::{self, How, Sent},
     observe::{Owners, Sampler},
     outage, panels,
     pods::TENANT,
@@ -78,7 +80,20 @@ pub async fn run_scenario(c: &mut Cluster, sc: Scenario) -> Result<ScenarioRepor
         timeout_ms: c.profile.push_timeout_ms,
         terminals: c.profile.terminals,
         run_tag: format!("r{t0}"),
+        ttl_s: None,
+        offline: sc.offline(),
     };
+    // rolling-upgrade: pushes with a TTL throughout, at half the rate, which pods of the
+    // previous release refuse (400) and new ones refuse while the releases mix (503).
+    let ttl_gen = (sc == Scenario::RollingUpgrade).then(|| {
+        let plan = PushPlan {
+            rate_per_s: plan.rate_per_s / 2.0,
+            ttl_s: Some(later::TTL_S),
+            ..plan.clone()
+        };
+        let tag = format!("{}-ttl", sc.name());
+        PushGen::start(plan, c.client.clone(), c.targets.clone(), &tag)
+    });
     let gen = PushGen::start(plan, c.client.clone(), c.targets.clone(), sc.name());
     tokio::time::sleep(Duration::from_secs(2)).await;
     let action = act(c, sc).await?;
@@ -95,6 +110,10 @@ pub async fn run_scenario(c: &mut Cluster, sc: Scenario) -> Result<ScenarioRepor
         None
     };
     let pushes = gen.stop().await;
+    let ttl_pushes = match ttl_gen {
+        Some(g) => Some(g.stop().await),
+        None => None,
+    };
     let samples = sampler.stop().await;
     let t1 = unix_ms();
     let refusals = c.sims.refusals().await;
@@ -250,6 +269,14 @@ pub async fn run_scenario(c: &mut Cluster, sc: Scenario) -> Result<ScenarioRepor
     r.steady_round_trips_per_pod_s = steady;
     if let Some(trace) = &action.upgrade {
         r.upgrade = Some(upgrade::report(c, trace, &pushes).await);
+    }
+    let sent = action.later.clone().or(ttl_pushes.map(|pushes| Sent {
+        pushes,
+        how: How::Generator,
+    }));
+    if let Some(sent) = &sent {
+        let (queued, late) = (d("queued_pushes"), d("pushes_after_expiry"));
+        r.later = Some(later::report(c, sent, queued, late).await);
     }
     if sc == Scenario::ColdStart {
         let rss: u64 = r.rss_kib.values().sum();

@@ -26,6 +26,7 @@ pub mod floor;
 pub mod handover;
 pub mod host;
 pub mod http;
+pub mod later;
 pub mod measure;
 pub mod observe;
 pub mod outage;

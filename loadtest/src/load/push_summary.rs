@@ -56,7 +56,7 @@ fn entry_faulted(attempt: &Attempt, hard_faults: &[(String, u64, u64)], timeout_
     })
 }
 
-fn outcome_key(a: &Attempt) -> String {
+pub(crate) fn outcome_key(a: &Attempt) -> String {
     if a.status == 0 {
         a.outcome.clone()
     } else {

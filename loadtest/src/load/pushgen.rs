@@ -9,7 +9,11 @@
 //! [`MAX_ATTEMPTS`] attempts. Only these retries reuse a key, so a key a terminal accepts
 //! twice is either the gateway's doing or the crash gap `duplicates` classifies.
 //!
-//! Not for: judging outcomes (`measure`) or classifying duplicates (`duplicates`).
+//! With [`PushPlan::ttl_s`] the pushes wait for their terminal (`?ttl_s=`): a `202` is
+//! recorded with its `state` (`202 queued`) and not retried; `later` follows them to
+//! where they end. offline-later's rounds send such pushes one by one ([`Push::send`]).
+//!
+//! Not for: judging outcomes (`measure`, `later`) or classifying duplicates (`duplicates`).
 
 use std::{
     sync::{Arc, Mutex, RwLock},
@@ -26,6 +30,7 @@ use super::{
     pods::TOKEN,
     unix_ms,
 };
+use crate::pos_sim::FaultConfig;
 
 /// Pods pushes may be sent to now: `(pod id, base URL)`. Like a Service's endpoints, the
 /// harness removes a pod before it stops, kills or pauses it.
@@ -47,7 +52,8 @@ pub struct Attempt {
     pub entry_pod: String,
     /// HTTP status, 0 without an answer.
     pub status: u16,
-    /// `ok` (200), the `error` code of another answer, `transport` / `unanswered` without one.
+    /// `ok` (200), the `state` of a `202`, the `error` code of another answer,
+    /// `transport` / `unanswered` without one.
     pub outcome: String,
     pub latency_ms: u64,
     /// No answer within the push deadline + 1 s, or the connection failed before one.
@@ -86,6 +92,11 @@ pub struct PushPlan {
     pub timeout_ms: u64,
     pub terminals: u64,
     pub run_tag: String,
+    /// `?ttl_s=` of every push: they wait for their terminal up to this long.
+    pub ttl_s: Option<u64>,
+    /// The terminals the scenario takes offline (offline-later's fifth, pos-sim's fault):
+    /// a push without a TTL to them could only fail, so the generator leaves them out.
+    pub offline: FaultConfig,
 }
 
 /// A running generator; [`PushGen::stop`] ends it and waits for the answers.
@@ -140,7 +151,7 @@ pub fn pick_target(targets: &[(String, String)], tried: &[String]) -> Option<(St
     Some(pool[fastrand::usize(..pool.len())].clone())
 }
 
-fn snapshot(targets: &Targets) -> Vec<(String, String)> {
+pub(crate) fn snapshot(targets: &Targets) -> Vec<(String, String)> {
     targets.read().unwrap_or_else(|p| p.into_inner()).clone()
 }
 
@@ -166,12 +177,20 @@ async fn run(
         let Some(target) = pick_target(&snapshot(&targets), &[]) else {
             continue;
         };
+        let Some(terminal) = (0..100)
+            .map(|_| fastrand::u64(..plan.terminals))
+            .map(|n| (n, format!("pos-{n:05}")))
+            .find(|(n, id)| !plan.offline.is_offline(*n, id))
+        else {
+            continue;
+        };
         seq += 1;
         let push = Push {
-            terminal: format!("pos-{:05}", fastrand::u64(..plan.terminals)),
+            terminal: terminal.1,
             key: format!("{tag}-{seq}"),
             body: Bytes::from(format!("{{\"seq\":{seq}}}")),
             timeout_ms: plan.timeout_ms,
+            ttl_s: plan.ttl_s,
         };
         let (client, targets, records) = (client.clone(), targets.clone(), records.clone());
         tasks.spawn(async move {
@@ -189,17 +208,18 @@ async fn run(
 }
 
 /// What every attempt of one push sends.
-struct Push {
-    terminal: String,
-    key: String,
-    body: Bytes,
-    timeout_ms: u64,
+pub(crate) struct Push {
+    pub(crate) terminal: String,
+    pub(crate) key: String,
+    pub(crate) body: Bytes,
+    pub(crate) timeout_ms: u64,
+    pub(crate) ttl_s: Option<u64>,
 }
 
 impl Push {
     /// The first attempt through `target`, then the retries [`retry_delay`] allows, each
     /// through a pod not tried yet when there is one.
-    async fn send(
+    pub(crate) async fn send(
         self,
         client: &HttpClient,
         targets: &Targets,
@@ -236,8 +256,9 @@ impl Push {
         client: &HttpClient,
         target: (String, String),
     ) -> (Attempt, Option<u64>) {
+        let ttl = self.ttl_s.map_or(String::new(), |s| format!("&ttl_s={s}"));
         let url = format!(
-            "{}/v1/terminals/{}/push?timeout_ms={}",
+            "{}/v1/terminals/{}/push?timeout_ms={}{ttl}",
             target.1, self.terminal, self.timeout_ms
         );
         let limit = Duration::from_millis(self.timeout_ms + 1000);
@@ -271,7 +292,9 @@ impl Push {
                 (200, "ok".to_owned(), false, None)
             }
             Ok(a) => {
-                let code = field(&a.body, "error").unwrap_or_else(|| "?".into());
+                let code = field(&a.body, "error")
+                    .or_else(|| field(&a.body, "state"))
+                    .unwrap_or_else(|| "?".into());
                 (a.status, code, false, a.retry_after_s)
             }
             Err(ExchangeError::Timeout) => (0, "unanswered".to_owned(), true, None),
@@ -356,6 +379,9 @@ mod tests {
             ms(retry_delay(&attempt(503, "overloaded"), Some(30))),
             Some(2_000)
         );
+        // A push with a TTL not stored now (a rolling upgrade): the same key later.
+        let later = attempt(503, "queue_unavailable");
+        assert_eq!(ms(retry_delay(&later, Some(1))), Some(1_000));
         for (status, code) in [
             (400, "invalid_request"),
             (401, "unauthorized"),
@@ -363,6 +389,8 @@ mod tests {
             (409, "?"),
             (413, "payload_too_large"),
             (502, "pos_rejected"),
+            // A push with a TTL stored for later: answered, nothing to retry.
+            (202, "queued"),
         ] {
             assert_eq!(retry_delay(&attempt(status, code), None), None, "{status}");
         }

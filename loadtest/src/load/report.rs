@@ -14,6 +14,7 @@ use super::{
     floor::Floor,
     handover::{HandoverSummary, StaleCheck, Verdict},
     host::CpuShares,
+    later::{self, LaterReport},
     observe::Sample,
     outage::{PushWindow, Takeover},
     panels::PanelCheck,
@@ -120,6 +121,8 @@ pub struct ScenarioReport {
     pub host_cpu: Option<CpuShares>,
     /// rolling-upgrade: the mixed phase and the new pods' peer counters.
     pub upgrade: Option<UpgradeReport>,
+    /// offline-later, rolling-upgrade: the pushes with a TTL and where they ended.
+    pub later: Option<LaterReport>,
     /// The alerts the run's Prometheus raised in the scenario; `None` without Prometheus.
     pub alerts: Option<AlertReport>,
     /// Every dashboard query evaluated over the scenario; `None` without Prometheus.
@@ -312,6 +315,9 @@ pub fn markdown(header: &str, reports: &[ScenarioReport]) -> String {
         }
         if let Some(u) = &r.upgrade {
             upgrade::lines(&mut md, u);
+        }
+        if let Some(l) = &r.later {
+            later::lines(&mut md, l);
         }
         alerts::lines(&mut md, r);
         for c in &r.checks {

@@ -1,16 +1,20 @@
 //! The scenarios: what state each needs ([`prepare`], not measured) and the event it
 //! injects ([`act`]).
+//!
+//! Not for: measuring them (`measure`) or judging them (`checks`).
 
 use std::time::{Duration, Instant};
 
 use super::{
     cluster::Cluster,
+    later::{self, How, Sent},
     pods::{import_directory, PodProc, Release},
     procs::Signal,
     sentinels, unix_ms,
     upgrade::{self, Step, UpgradeTrace},
     LoadError,
 };
+use crate::pos_sim::FaultConfig;
 
 /// One scenario of the harness.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,6 +33,9 @@ pub enum Scenario {
     PartialPartition,
     /// A cluster of one pod cut off from Redis for the profile's outage length.
     SinglePodOutage,
+    /// A fifth of the terminals offline while pushes with a TTL go to every terminal;
+    /// the offline ones come back during a scale-out, then every pod is replaced.
+    OfflineLater,
     /// Every pod on the previous release, replaced one by one by this one (needs the
     /// previous release's binary, so not part of `all`).
     RollingUpgrade,
@@ -39,7 +46,7 @@ pub enum Scenario {
 
 impl Scenario {
     /// Every scenario, in the order `all` runs them.
-    pub const ALL: [Scenario; 11] = [
+    pub const ALL: [Scenario; 12] = [
         Scenario::ColdStart,
         Scenario::ScaleOut,
         Scenario::ScaleIn,
@@ -50,6 +57,8 @@ impl Scenario {
         Scenario::RedisOutage,
         Scenario::PodPartition,
         Scenario::PartialPartition,
+        // It ends with one pod more, which single-pod-outage stops anyway.
+        Scenario::OfflineLater,
         // Last: the one-pod cluster costs a rebalance onto one pod (its dial rate), and a
         // scenario after it would pay another one back to N pods.
         Scenario::SinglePodOutage,
@@ -72,6 +81,7 @@ impl Scenario {
             Scenario::PodPartition => "pod-partition",
             Scenario::PartialPartition => "partial-partition",
             Scenario::SinglePodOutage => "single-pod-outage",
+            Scenario::OfflineLater => "offline-later",
             Scenario::RollingUpgrade => "rolling-upgrade",
             Scenario::RedisFailover => "redis-failover",
         }
@@ -93,7 +103,20 @@ impl Scenario {
                 | Scenario::ScaleIn
                 | Scenario::RollingRestart
                 | Scenario::RollingUpgrade
+                | Scenario::OfflineLater
         )
+    }
+
+    /// The terminals the scenario takes offline (pos-sim's fault): offline-later's fifth,
+    /// chosen by terminal number, the same ones every time.
+    pub fn offline(self) -> FaultConfig {
+        FaultConfig {
+            offline_fraction: match self {
+                Scenario::OfflineLater => later::OFFLINE_FRACTION,
+                _ => 0.0,
+            },
+            ..FaultConfig::default()
+        }
     }
 
     /// How many pods the scenario starts from in a profile of `pods`.
@@ -149,6 +172,8 @@ pub struct Action {
     /// The pods cut off from Redis and when (redis-outage, single-pod-outage,
     /// partial-partition, pod-partition).
     pub cut: Option<Cut>,
+    /// offline-later: its pushes with a TTL.
+    pub later: Option<Sent>,
 }
 
 /// Pods cut off from Redis (not from their terminals or peers) and when.
@@ -346,6 +371,40 @@ pub async fn act(c: &mut Cluster, scenario: Scenario) -> Result<Action, LoadErro
                     .into(),
             );
             replace_each(c, Release::Current, None).await?;
+        }
+        Scenario::OfflineLater => {
+            // The scale-out moves a sixth, the rolling restart every terminal.
+            a.ideal_moved = Some(t);
+            let offline = scenario.offline();
+            c.sims.set_faults(&offline).await?;
+            let ids: Vec<String> = (0..t).map(|n| c.sims.id(n)).collect();
+            let tag = format!("r{}-{}", a.event_unix_ms, scenario.name());
+            let pushes = later::rounds(&c.client, &c.targets, &ids, &tag).await;
+            let sent_s = (unix_ms() - a.event_unix_ms) as f64 / 1000.0;
+            // The scale-out: the offline terminals come back while the new pod joins.
+            let n = c.start_pod(Release::Current).await?;
+            c.sims.set_faults(&FaultConfig::default()).await?;
+            let back_unix_ms = unix_ms();
+            c.wait_ready(n, c.profile.converge_limit).await?;
+            let ready_s = (unix_ms() - back_unix_ms) as f64 / 1000.0;
+            replace_each(c, Release::Current, None).await?;
+            a.notes.push(format!(
+                "{:.0}% of the terminals offline (pos-sim's offline_fraction); {} rounds of a \
+                 push with ttl_s={} to every terminal in {sent_s:.1} s; a pod started and the \
+                 offline terminals back at once ({ready_s:.1} s before it was ready); then \
+                 every pod replaced (new pod first, then SIGTERM one old pod, like a \
+                 Deployment); plain pushes leave the offline terminals out",
+                later::OFFLINE_FRACTION * 100.0,
+                later::ROUNDS,
+                later::TTL_S
+            ));
+            a.later = Some(Sent {
+                pushes,
+                how: How::Rounds {
+                    offline,
+                    back_unix_ms,
+                },
+            });
         }
         Scenario::RollingUpgrade => {
             a.ideal_moved = Some(t);

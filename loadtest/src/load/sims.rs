@@ -1,7 +1,7 @@
 //! The `pos-sim` processes of a run: as many as the open-file limit needs (at most
 //! 12,500 terminals each, on distinct listener addresses), their merged terminal CSV and
-//! CA bundle, summed counters, merged logs (refusals, duplicates, dark intervals), and
-//! per-terminal reports.
+//! CA bundle, summed counters, merged logs (refusals, duplicates, dark intervals),
+//! per-terminal reports, and their faults (terminals taken offline).
 
 use std::{
     collections::BTreeMap,
@@ -16,7 +16,7 @@ use tokio::{process::Command, sync::Semaphore, task::JoinSet};
 
 use crate::{
     dist::dist,
-    pos_sim::{DarkIntervals, Duplicates, Refusals},
+    pos_sim::{DarkIntervals, Duplicates, FaultConfig, Refusals},
 };
 
 use super::{
@@ -54,6 +54,9 @@ pub struct OpenConn {
 pub struct AcceptedPush {
     pub epoch: u64,
     pub at_unix_ms: u64,
+    /// `tenant:key`, as the terminal deduplicates it.
+    #[serde(default)]
+    pub idempotency_key: String,
 }
 
 /// The fields of `GET /terminals/{id}` the harness uses.
@@ -259,6 +262,35 @@ impl SimFarm {
         all.intervals.sort_by_key(|i| i.end_unix_ms);
         all.summary = dist(all.intervals.iter().map(|i| i.ms()).collect());
         Ok(all)
+    }
+
+    /// Sets `faults` on every simulator: a whole state, so what it leaves out is off
+    /// (`FaultConfig::default()` brings offline terminals back).
+    pub async fn set_faults(&self, faults: &FaultConfig) -> Result<(), LoadError> {
+        let body = serde_json::to_vec(faults).map_err(|e| LoadError::Plan(e.to_string()))?;
+        for sim in &self.sims {
+            let url = format!("http://{}/faults", sim.admin);
+            let err = |message: String| LoadError::Http {
+                url: url.clone(),
+                message,
+            };
+            let headers = [("content-type", "application/json")];
+            let limit = Duration::from_secs(10);
+            let answer = http::exchange(
+                &self.client,
+                ::http::Method::POST,
+                &url,
+                &headers,
+                body.clone().into(),
+                limit,
+            )
+            .await
+            .map_err(|e| err(e.to_string()))?;
+            if answer.status != 200 {
+                return Err(err(format!("status {}", answer.status)));
+            }
+        }
+        Ok(())
     }
 
     /// Terminal id of number `n`.
