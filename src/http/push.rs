@@ -371,10 +371,17 @@ pub static PUSH_FAILURES: LazyLock<Vec<&'static str>> = LazyLock::new(|| {
 /// The `result` of an error answer without a known code.
 const OTHER_FAILURE: &str = "other";
 
+/// The `result` of a `202`: a push with a TTL kept for its terminal.
+const QUEUED: &str = "queued";
+
 /// Counts a push API answer by path and result, with its latency.
 fn count(metrics: &Metrics, path: &'static str, answer: &Answer, received: Instant) {
     let result = if answer.status == StatusCode::OK {
         "ok"
+    } else if answer.status == StatusCode::ACCEPTED {
+        // Kept for later: not delivered yet, and no failure either (its outcome is
+        // counted by posgate_queue_finals_total).
+        QUEUED
     } else {
         // The code comes from our own answers, so it is one of a fixed set.
         answer

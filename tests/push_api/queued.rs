@@ -186,6 +186,15 @@ async fn an_expired_push_is_never_sent_and_collapse_keys_and_cancels_keep_only_t
     };
     let (status, _, body) = send(queued("short", "?ttl_s=3&timeout_ms=200")).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    // Counted as kept for later, not as a failure (PosgatePushErrorRatio leaves it out).
+    let metrics = api::metrics(&http, &c.urls[1]).await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("posgate_push_requests_total{")
+                && l.contains("result=\"queued\"")),
+        "{metrics}"
+    );
     for key in ["menu-1", "menu-2", "menu-3"] {
         let (status, _, body) =
             send(queued(key, "?ttl_s=600&collapse_key=menu&timeout_ms=200")).await;

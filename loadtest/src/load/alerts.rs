@@ -81,13 +81,6 @@ pub fn expect(sc: Scenario) -> Expectation {
              are left out as the caller's); quick, the mix lasts about as long as the rule's \
              window + for (1 min + 1 min scaled)",
         )),
-        Scenario::OfflineLater => e.may.push((
-            "PosgatePushErrorRatio",
-            "a defect, not a failure of the scenario: posgate counts a push stored for later \
-             (202) as result=\"other\" in posgate_push_requests_total, which the rule counts \
-             as failed; the rounds' ~20% of 202s within ~10 s keep the ratio over 1 min \
-             (scaled) above 1% about as long as its for",
-        )),
         _ => {}
     }
     e

@@ -25,11 +25,11 @@ pub const EMPTY_OK: [(&str, &str); 2] = [
          counts them, 0 included)",
     ),
     (
-        "sum by (result) (rate(posgate_push_requests_total{result!~\"ok|invalid_request|\
-         unauthorized|unknown_terminal|idempotency_conflict|payload_too_large\",pod=~\".*\"}\
-         [4s])) / scalar(sum(rate(posgate_push_requests_total{result!~\"invalid_request|\
-         unauthorized|unknown_terminal|idempotency_conflict|payload_too_large\",pod=~\".*\"}\
-         [4s])))",
+        "sum by (result) (rate(posgate_push_requests_total{result!~\"ok|queued|push_ended|\
+         invalid_request|unauthorized|unknown_terminal|idempotency_conflict|payload_too_large\",\
+         pod=~\".*\"}[4s])) / scalar(sum(rate(posgate_push_requests_total{result!~\"queued|\
+         push_ended|invalid_request|unauthorized|unknown_terminal|idempotency_conflict|\
+         payload_too_large\",pod=~\".*\"}[4s])))",
         "one line per failure result: a result has no series before its first failure, so \
          empty while no push fails (the panel's ratio query shows 0 then)",
     ),
