@@ -7,6 +7,9 @@
 //!   must parse with the real binary — run with `--help` appended, so clap rejects an
 //!   unknown flag or a bad value but nothing starts;
 //! - `cargo …`: every package (`-p`) is a workspace member and every `--example` exists;
+//! - `target/release/examples/NAME …`: examples/NAME.rs exists and reads every `--flag`
+//!   given (the examples parse their arguments by hand, so this looks for the flag's
+//!   literal in the source);
 //! - `scripts/…`: the script exists and CI or a test runs it;
 //! - `promtool …`: the files exist and `tests/observability/` runs promtool on them;
 //! - `curl …`: method and path are in `docs/openapi.yaml` and the headers the API needs
@@ -250,6 +253,30 @@ fn cargo_command(words: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+/// An example's run: the example exists and its source reads each `--flag` (`--flag=V`
+/// too) the command gives it.
+fn example_command(words: &[String]) -> Result<(), String> {
+    let name = Path::new(&words[0])
+        .file_name()
+        .unwrap_or_default()
+        .to_string_lossy();
+    let file = format!("examples/{name}.rs");
+    if !root().join(&file).exists() {
+        return Err(format!("no {file}"));
+    }
+    let source = read(&file);
+    for flag in words[1..].iter().filter(|w| w.starts_with("--")) {
+        let literal = match flag.split_once('=') {
+            Some((f, _)) => format!("\"{f}=\""),
+            None => format!("\"{flag}\""),
+        };
+        if !source.contains(&literal) {
+            return Err(format!("{flag}: {file} does not read it"));
+        }
+    }
+    Ok(())
+}
+
 /// A script must exist and be run by CI (`scripts/test`, `.ci/run`) or by a test.
 fn script_command(words: &[String]) -> Result<(), String> {
     let script = if words[0] == "bash" {
@@ -370,6 +397,9 @@ fn check(c: &DocCommand) -> Result<(), String> {
     };
     if first == "bash" || first.starts_with("scripts/") {
         return script_command(&c.words);
+    }
+    if first.contains("/examples/") {
+        return example_command(&c.words);
     }
     let program = Path::new(first)
         .file_name()
