@@ -66,6 +66,7 @@ use posgate::pos::wire::PosPush;
 use posgate::store::directory::{DirectoryAdmin, MemoryDirectory, Terminal};
 use posgate::store::memory::MemoryStore;
 use posgate::store::redis::RedisStore;
+use posgate_loadtest::dist::dist;
 use posgate_loadtest::load::redis::RedisServer;
 use posgate_loadtest::pos_sim::{FarmConfig, FaultConfig, PosFarm};
 
@@ -341,15 +342,14 @@ impl Queued<'_> {
                 .per_cpu_second()
                 .ok_or_else(|| anyhow::anyhow!("no /proc"))?;
             let back = self.down_and_back(round, 0).await?;
-            let mut drained = self.down_and_back(round, depth).await?;
+            let drained = self.down_and_back(round, depth).await?;
             let n = pushes as f64;
             let rate = n / (drained.pod_cpu - back.pod_cpu).max(0.01);
             // The pods' own calls (renewals, polls) during the drain, at the rate of the
             // stretch without pushes.
             let background =
                 back.redis_calls as f64 / back.wall.as_secs_f64() * drained.wall.as_secs_f64();
-            drained.hello_to_drained.sort_unstable();
-            let ms = |p: f64| percentile_ms(&drained.hello_to_drained, p);
+            let wait = dist(drained.hello_to_drained.clone());
             println!(
                 "| {} | {live_rate:.0} | {rate:.0} | {:.3} | {:.0} | {:.2} | {:.0} | {:.2} | {} / {} / {} |",
                 round + 1,
@@ -358,9 +358,9 @@ impl Queued<'_> {
                 (drained.redis_calls as f64 - background) / n,
                 (drained.redis_cpu - back.redis_cpu) / n * 1e6,
                 drained.wall.as_secs_f64(),
-                ms(0.5),
-                ms(0.99),
-                ms(1.0),
+                wait.p50,
+                wait.p99,
+                wait.max,
             );
             ratios.push(rate / live_rate);
             lives.push(live_rate);
@@ -371,7 +371,7 @@ impl Queued<'_> {
             v.sort_by(f64::total_cmp);
             v[v.len() / 2]
         };
-        waits.sort_unstable();
+        let waits = dist(waits);
         println!();
         println!(
             "median of {QUEUED_ROUNDS} rounds: {:.0} drained pushes per pod CPU-second against {:.0} live ones; median of the rounds' drained / live: {:.3}",
@@ -381,10 +381,7 @@ impl Queued<'_> {
         );
         println!(
             "hello to its {depth} queued pushes delivered, {} terminals x {QUEUED_ROUNDS} rounds: p50 {} ms, p99 {} ms, max {} ms",
-            terminals,
-            percentile_ms(&waits, 0.5),
-            percentile_ms(&waits, 0.99),
-            percentile_ms(&waits, 1.0),
+            terminals, waits.p50, waits.p99, waits.max,
         );
         let c = self.farm.counters();
         println!(
@@ -507,13 +504,6 @@ impl Queued<'_> {
 }
 
 /// The `p` quantile of `sorted` (ms); 0 when empty.
-fn percentile_ms(sorted: &[u64], p: f64) -> u64 {
-    match sorted.len() {
-        0 => 0,
-        n => sorted[((n - 1) as f64 * p).round() as usize],
-    }
-}
-
 /// As in the `posgate` binary (`src/bin/posgate/main.rs` says why jemalloc).
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
