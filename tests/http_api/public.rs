@@ -35,19 +35,24 @@ async fn health_and_readiness() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn cluster_view_shape() {
-    let server = Server::start(Some(vec![secret(1)])).await;
-    let member = |id: &str, url: &str| Member {
+/// A member of the view, advertising `peer_protocol`, no handover and no queue.
+fn member(id: &str, url: &str, peer_protocol: u32) -> Member {
+    Member {
         pod: pod(id),
         url: url.to_string(),
         version: "0.1.0".to_string(),
         ring_version: "test".to_string(),
         started_ms: 1,
-        peer_protocol: 2,
+        peer_protocol,
         handover: 0,
         queue: 0,
-    };
+    }
+}
+
+#[tokio::test]
+async fn cluster_view_shape() {
+    let server = Server::start(Some(vec![secret(1)])).await;
+    let member = |id: &str, url: &str| member(id, url, 2);
     let learned = Instant::now() - Duration::from_millis(1500);
     server.status.send_replace(PodStatus {
         placement: Some(PlacementStatus {
@@ -121,16 +126,7 @@ async fn the_cluster_view_shows_a_queue_a_previous_release_peer_does_not_send_as
     .await;
     let previous =
         canned_peer(r#"{"pod":"pod-c","shards":[[2,6]],"listed":[[2,7]],"timeline":[]}"#).await;
-    let member = |id: &str, url: &str| Member {
-        pod: pod(id),
-        url: url.to_string(),
-        version: "0.1.0".to_string(),
-        ring_version: "test".to_string(),
-        started_ms: 1,
-        peer_protocol: PEER_PROTOCOL,
-        handover: 0,
-        queue: 0,
-    };
+    let member = |id: &str, url: &str| member(id, url, PEER_PROTOCOL);
     server.status.send_replace(PodStatus {
         members: vec![
             member("pod-a", "http://a:8080"),
