@@ -5,9 +5,9 @@
 //! if a gate failed (a raw overlap in a graceful scenario, any session overlap, any key
 //! delivered twice except by a killed owner's successor, a push attempt unanswered by its
 //! deadline + 1 s; for rolling-upgrade also no protocol-1 request accepted by a new pod;
-//! for offline-later and rolling-upgrade no push with a TTL answered 200/202 and left
-//! undelivered, refused without a clear answer or taken after its expiry, and for
-//! offline-later each terminal's taken in acceptance order;
+//! for offline-later, cold-start-queued and rolling-upgrade no push with a TTL answered
+//! 200/202 and left undelivered, refused without a clear answer or taken after its
+//! expiry, and for the first two each terminal's taken in acceptance order;
 //! with Prometheus installed, an alert the scenario must raise that did not fire, one it
 //! does not allow that fired, or a dashboard query without data), 2 if the harness itself
 //! failed (so is a missing `prometheus` under `CI=true`). Pushes not answered 200 are retried
@@ -41,8 +41,8 @@ use posgate_loadtest::load::{
 struct Args {
     /// Scenarios to run in order: cold-start, scale-out, scale-in, rolling-restart, kill,
     /// pause, redis-restart, redis-outage, pod-partition, partial-partition,
-    /// offline-later, single-pod-outage, or all (those twelve); and, only when named,
-    /// rolling-upgrade (needs --old-posgate) and redis-failover.
+    /// offline-later, cold-start-queued, single-pod-outage, or all (those thirteen); and,
+    /// only when named, rolling-upgrade (needs --old-posgate) and redis-failover.
     #[arg(required = true)]
     scenarios: Vec<String>,
     /// 5 pods, 5,000 terminals, TTL 3 s (CI).
@@ -424,7 +424,7 @@ mod tests {
     #[test]
     fn rolling_upgrade_runs_only_when_named_and_given_the_old_binary() {
         let all = list(&["all"], None).unwrap();
-        assert_eq!(all.len(), 12);
+        assert_eq!(all.len(), 13);
         assert_eq!(all.last(), Some(&Scenario::SinglePodOutage));
         assert!(!all.contains(&Scenario::RollingUpgrade));
         let err = list(&["rolling-upgrade"], None).unwrap_err();
@@ -457,7 +457,7 @@ mod tests {
         // Full: 50,000 over 19 pods (one down) and over 10 (half cut off) fit; on one
         // pod they do not.
         let full = scenarios(&names(&["all"]), None, &Profile::full()).unwrap();
-        assert_eq!(full.list.len(), 11);
+        assert_eq!(full.list.len(), 12);
         assert!(!full.list.contains(&Scenario::SinglePodOutage));
         assert_eq!(full.left_out.len(), 1);
         assert!(

@@ -244,6 +244,15 @@ pub fn checks(c: &Cluster, sc: Scenario, r: &mut ScenarioReport) {
             let d = format!("{kib:.1} KiB per connection (incl. each pod's base)");
             r.check("RSS per held connection <= 64 KiB", false, kib <= 64.0, d);
         }
+        Scenario::ColdStartQueued => {
+            let (pass, d) = later::drained(r);
+            r.check(
+                "time to drained reported beside the same cold start's convergence",
+                false,
+                pass,
+                d,
+            );
+        }
         Scenario::RollingRestart | Scenario::RollingUpgrade | Scenario::OfflineLater => {
             let d = format!(
                 "{:.2} connections per terminal (naive ~2)",

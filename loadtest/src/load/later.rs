@@ -61,9 +61,10 @@ const EXAMPLES: usize = 20;
 /// How a scenario sent its pushes with a TTL.
 #[derive(Debug, Clone)]
 pub enum How {
-    /// offline-later: one push to every terminal per round, each round once the previous
-    /// one was answered, so each terminal's pushes were accepted in round order; the
-    /// `offline` terminals were offline meanwhile and came back at `back_unix_ms`.
+    /// offline-later and cold-start-queued: one push to every terminal per round, each
+    /// round once the previous one was answered, so each terminal's pushes were accepted
+    /// in round order; the `offline` terminals were offline meanwhile and came back at
+    /// `back_unix_ms` (cold-start-queued: all of them, at the cold start).
     Rounds {
         offline: FaultConfig,
         back_unix_ms: u64,
@@ -80,17 +81,18 @@ pub struct Sent {
     pub how: How,
 }
 
-/// offline-later's pushes: [`ROUNDS`] rounds of one push to each of `terminals`
-/// ([`IN_FLIGHT`] at once, each through a random pod in service, retried as `pushgen`
-/// retries), a round once the previous one was answered. In round order.
+/// offline-later's and cold-start-queued's pushes: `rounds` rounds of one push to each
+/// of `terminals` ([`IN_FLIGHT`] at once, each through a random pod in service, retried
+/// as `pushgen` retries), a round once the previous one was answered. In round order.
 pub async fn rounds(
     client: &HttpClient,
     targets: &Targets,
     terminals: &[String],
     tag: &str,
+    rounds: usize,
 ) -> Vec<PushRecord> {
-    let mut out = Vec::with_capacity(terminals.len() * ROUNDS);
-    for round in 0..ROUNDS {
+    let mut out = Vec::with_capacity(terminals.len() * rounds);
+    for round in 0..rounds {
         let gate = Arc::new(Semaphore::new(IN_FLIGHT));
         let mut tasks = JoinSet::new();
         for (i, terminal) in terminals.iter().enumerate() {
@@ -552,6 +554,31 @@ pub fn checks(r: &mut ScenarioReport) {
             d,
         );
     }
+}
+
+/// cold-start-queued's benchmark: from the cold start to the last queued push taken,
+/// beside the same start's convergence (every terminal with its session). Passes when
+/// every offline terminal took its push and the cluster converged; the figures are the
+/// point, not the pass.
+pub fn drained(r: &ScenarioReport) -> (bool, String) {
+    let Some(t) = r.later.as_ref().and_then(|l| l.taken.as_ref()) else {
+        return (false, "no pushes with a TTL followed".into());
+    };
+    let b = &t.back_to_last_ms;
+    let drained_s = b.max as f64 / 1000.0;
+    let beside = match r.converged_after_s {
+        Some(c) => format!(
+            "converged after {c:.1} s: drained / converged {:.2}",
+            drained_s / c
+        ),
+        None => "not converged".into(),
+    };
+    let d = format!(
+        "{} of {} terminals took their queued push, the last {drained_s:.1} s after the cold \
+         start (per terminal p50/p99 {}/{} ms); {beside}",
+        b.count, t.offline, b.p50, b.p99
+    );
+    (b.count == t.offline && r.converged_after_s.is_some(), d)
 }
 
 /// The report's Markdown lines about the pushes with a TTL.

@@ -121,7 +121,8 @@ pub struct ScenarioReport {
     pub host_cpu: Option<CpuShares>,
     /// rolling-upgrade: the mixed phase and the new pods' peer counters.
     pub upgrade: Option<UpgradeReport>,
-    /// offline-later, rolling-upgrade: the pushes with a TTL and where they ended.
+    /// offline-later, cold-start-queued, rolling-upgrade: the pushes with a TTL and where
+    /// they ended.
     pub later: Option<LaterReport>,
     /// The alerts the run's Prometheus raised in the scenario; `None` without Prometheus.
     pub alerts: Option<AlertReport>,

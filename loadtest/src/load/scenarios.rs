@@ -36,6 +36,10 @@ pub enum Scenario {
     /// A fifth of the terminals offline while pushes with a TTL go to every terminal;
     /// the offline ones come back during a scale-out, then every pod is replaced.
     OfflineLater,
+    /// Every terminal offline while one push with a TTL goes to each; every pod stopped;
+    /// the terminals back and every pod started at once: the queue drained by a cold
+    /// start (how long to the last push, beside the same start's convergence).
+    ColdStartQueued,
     /// Every pod on the previous release, replaced one by one by this one (needs the
     /// previous release's binary, so not part of `all`).
     RollingUpgrade,
@@ -46,7 +50,7 @@ pub enum Scenario {
 
 impl Scenario {
     /// Every scenario, in the order `all` runs them.
-    pub const ALL: [Scenario; 12] = [
+    pub const ALL: [Scenario; 13] = [
         Scenario::ColdStart,
         Scenario::ScaleOut,
         Scenario::ScaleIn,
@@ -59,6 +63,7 @@ impl Scenario {
         Scenario::PartialPartition,
         // It ends with one pod more, which single-pod-outage stops anyway.
         Scenario::OfflineLater,
+        Scenario::ColdStartQueued,
         // Last: the one-pod cluster costs a rebalance onto one pod (its dial rate), and a
         // scenario after it would pay another one back to N pods.
         Scenario::SinglePodOutage,
@@ -82,6 +87,7 @@ impl Scenario {
             Scenario::PartialPartition => "partial-partition",
             Scenario::SinglePodOutage => "single-pod-outage",
             Scenario::OfflineLater => "offline-later",
+            Scenario::ColdStartQueued => "cold-start-queued",
             Scenario::RollingUpgrade => "rolling-upgrade",
             Scenario::RedisFailover => "redis-failover",
         }
@@ -104,11 +110,14 @@ impl Scenario {
                 | Scenario::RollingRestart
                 | Scenario::RollingUpgrade
                 | Scenario::OfflineLater
+                | Scenario::ColdStartQueued
         )
     }
 
-    /// The terminals the scenario takes offline (pos-sim's fault): offline-later's fifth,
-    /// chosen by terminal number, the same ones every time.
+    /// The terminals the scenario takes offline while plain pushes flow (pos-sim's
+    /// fault): offline-later's fifth, chosen by terminal number, the same ones every time.
+    /// cold-start-queued takes all of them offline only before its event, so plain pushes
+    /// go to every terminal.
     pub fn offline(self) -> FaultConfig {
         FaultConfig {
             offline_fraction: match self {
@@ -379,7 +388,7 @@ pub async fn act(c: &mut Cluster, scenario: Scenario) -> Result<Action, LoadErro
             c.sims.set_faults(&offline).await?;
             let ids: Vec<String> = (0..t).map(|n| c.sims.id(n)).collect();
             let tag = format!("r{}-{}", a.event_unix_ms, scenario.name());
-            let pushes = later::rounds(&c.client, &c.targets, &ids, &tag).await;
+            let pushes = later::rounds(&c.client, &c.targets, &ids, &tag, later::ROUNDS).await;
             let sent_s = (unix_ms() - a.event_unix_ms) as f64 / 1000.0;
             // The scale-out: the offline terminals come back while the new pod joins.
             let n = c.start_pod(Release::Current).await?;
@@ -403,6 +412,43 @@ pub async fn act(c: &mut Cluster, scenario: Scenario) -> Result<Action, LoadErro
                 how: How::Rounds {
                     offline,
                     back_unix_ms,
+                },
+            });
+        }
+        Scenario::ColdStartQueued => {
+            let offline = FaultConfig {
+                offline_fraction: 1.0,
+                ..FaultConfig::default()
+            };
+            c.sims.set_faults(&offline).await?;
+            let ids: Vec<String> = (0..t).map(|n| c.sims.id(n)).collect();
+            let tag = format!("r{}-{}", a.event_unix_ms, scenario.name());
+            let pushes = later::rounds(&c.client, &c.targets, &ids, &tag, 1).await;
+            let sent_s = (unix_ms() - a.event_unix_ms) as f64 / 1000.0;
+            // Like a Deployment scaled to 0: every pod signalled at once, then waited for.
+            let mut leaving = Vec::new();
+            while !c.pods.is_empty() {
+                leaving.push(terminate(c, 0).await?);
+            }
+            for pod in leaving {
+                pod.exited().await?;
+            }
+            c.sims.set_faults(&FaultConfig::default()).await?;
+            // The event is the cold start: convergence and the drain count from here.
+            a.event_unix_ms = unix_ms();
+            start_ready(c, c.profile.pods, Release::Current).await?;
+            a.notes.push(format!(
+                "every terminal offline; one push with ttl_s={} to each in {sent_s:.1} s; \
+                 every pod stopped (SIGTERM at once); the terminals back and {} pods \
+                 started at once (the event)",
+                later::TTL_S,
+                c.profile.pods
+            ));
+            a.later = Some(Sent {
+                pushes,
+                how: How::Rounds {
+                    offline,
+                    back_unix_ms: a.event_unix_ms,
                 },
             });
         }
