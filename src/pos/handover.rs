@@ -132,7 +132,8 @@ impl WalkConfig {
     /// A window of `dial_rate / 15` (at least 1, at most a batch). `/ 20` (50 ms)
     /// left the asks, not the pacer, setting the pace: a 50k rolling restart took 4%
     /// longer than closing whole shards; `/ 10` (100 ms) doubled the dark time while
-    /// released terminals queued at the pacer (`docs/benchmarks.md`).
+    /// released terminals queued at the pacer (the commit that set `/ 15` has the
+    /// runs; today's rolling-restart figures are in `docs/performance.md`).
     pub fn new(
         predecessor: Arc<dyn Predecessor>,
         status: watch::Receiver<PodStatus>,

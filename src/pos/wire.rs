@@ -149,7 +149,8 @@ pub fn push(push: &PosPush<'_>) -> Result<Request<Bytes>, http::Error> {
     // Every push has a new key, so entering it into the connection's HPACK table only
     // evicts the entries that do repeat (tenant, epoch, terminal, pod) and makes h2's
     // encoder walk a growing chain of same-named entries comparing values on every
-    // push (~8% of a pod's CPU under load, `docs/benchmarks.md`). Marked sensitive, it
+    // push (~8% of a pod's CPU in a `perf` profile of `push_bench`'s throughput step,
+    // ~3% once never indexed; `docs/performance.md`, "Pushes"). Marked sensitive, it
     // goes out as a literal never indexed (RFC 7541 section 6.2.3), which every
     // HTTP/2 decoder reads like any other literal.
     let mut key = HeaderValue::from_str(push.key)?;

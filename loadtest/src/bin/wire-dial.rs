@@ -17,7 +17,7 @@
 //!
 //! So the gap between H and the judged run splits in three: bare TLS handshakes dialed
 //! by 20 processes (what the topology costs), HTTP/2 and the hello (what the protocol
-//! costs), and the rest (posgate). See `docs/benchmarks.md`.
+//! costs), and the rest (posgate). See `docs/performance.md`, "Cold start".
 //!
 //! Not for: a gate (it judges nothing) or posgate's own figures (`posgate-load`).
 //!

@@ -13,7 +13,7 @@
 //! `wire-dial` runs it alone; `posgate-load` runs it before the pods of a cold start, so
 //! that the cold start is reported beside the floor of the same run (`analysis::
 //! against_floor`): on a machine whose cores also run the farm, the protocol's own cost
-//! may exceed the bound built on H (`docs/benchmarks.md`, "the cold start's floor").
+//! may exceed the bound built on H (`docs/performance.md`, "Cold start").
 //!
 //! Not for: the dialing itself (`wire-dial`'s dialer mode) or H (`calibrate`).
 

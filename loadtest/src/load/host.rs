@@ -5,9 +5,9 @@
 //! that time as steal. A run during which the host took a tenth of the CPU is not
 //! comparable with one during which it took nothing: on the 2-core development VM the
 //! same full cold start took 39 s in one run and 70 s in another of the same hour, and
-//! the slow ones were the ones with steal (docs/benchmarks.md). Every scenario and the
-//! handshake calibration report this, so that a figure is read with the machine's state
-//! beside it.
+//! the slow ones were the ones with steal (docs/performance.md, "Cold start"). Every
+//! scenario and the handshake calibration report this, so that a figure is read with
+//! the machine's state beside it.
 //!
 //! Not for: per-process CPU (`procs`), or judging a run: the shares are reported and
 //! checked without gating.

@@ -54,7 +54,8 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// after dropping and redialing them all twice, 41.0 and 41.1 with this (a 1 s decay:
 /// 52.3 and 54.2). What this keeps out of RSS is buffer space not yet written (the
 /// live heap stays 59.7 KiB per connection): a connection that carried a large push has
-/// written its buffers. See docs/benchmarks.md.
+/// written its buffers. These were measured when the setting was chosen; today's figure
+/// per held connection is in docs/performance.md ("Connections").
 #[export_name = "_rjem_malloc_conf"]
 static MALLOC_CONF: &[u8; 34] = b"dirty_decay_ms:0,muzzy_decay_ms:0\0";
 
