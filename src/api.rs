@@ -8,6 +8,8 @@
 
 /// `POST {PUSH_ROUTE}`: push to one terminal.
 pub const PUSH_ROUTE: &str = "/v1/terminals/{id}/push";
+/// `POST {BATCH_ROUTE}`: many pushes, one result each.
+pub const BATCH_ROUTE: &str = "/v1/pushes";
 /// `GET {TERMINAL_ROUTE}`: where a terminal is served.
 pub const TERMINAL_ROUTE: &str = "/v1/terminals/{id}";
 /// `GET {CLUSTER_ROUTE}`: members and shard ownership.

@@ -48,12 +48,14 @@ fn documented_routes_are_the_public_routes() {
         .map(|l| l.trim().trim_end_matches(':'))
         .collect();
     use posgate::api::{
-        CLUSTER_ROUTE, FEEDBACK_ROUTE, PUSHES_ROUTE, PUSH_ROUTE, PUSH_STATUS_ROUTE, TERMINAL_ROUTE,
+        BATCH_ROUTE, CLUSTER_ROUTE, FEEDBACK_ROUTE, PUSHES_ROUTE, PUSH_ROUTE, PUSH_STATUS_ROUTE,
+        TERMINAL_ROUTE,
     };
     assert_eq!(
         paths,
         [
             PUSH_ROUTE,
+            BATCH_ROUTE,
             PUSH_STATUS_ROUTE,
             PUSHES_ROUTE,
             TERMINAL_ROUTE,

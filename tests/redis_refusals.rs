@@ -49,6 +49,7 @@ fn member() -> Member {
         peer_protocol: 2,
         handover: 0,
         queue: 0,
+        batch: 0,
     }
 }
 

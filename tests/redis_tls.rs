@@ -58,6 +58,7 @@ async fn round_trip(store: &RedisStore) {
         peer_protocol: 2,
         handover: 0,
         queue: 0,
+        batch: 0,
     };
     let beat = store.heartbeat(&generation.id, &member, &meta, TTL).await;
     assert!(matches!(beat, Ok(Checked::Ok(_))), "heartbeat: {beat:?}");

@@ -259,6 +259,7 @@ fn member(id: &str) -> Member {
         peer_protocol: 2,
         handover: 0,
         queue: 0,
+        batch: 0,
     }
 }
 

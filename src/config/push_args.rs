@@ -25,6 +25,9 @@ pub const API_TOKENS_ENV: &str = "POSGATE_API_TOKENS";
 pub const MAX_PER_TERMINAL: u32 = 10_000;
 /// Largest `--max-push-bytes` accepted: pushes are buffered in memory.
 pub const MAX_PUSH_BYTES: usize = 16 * 1024 * 1024;
+/// Largest `--max-batch-bytes` accepted: a batch is buffered whole, and its share for
+/// one owner travels base64 in one peer request.
+pub const MAX_BATCH_BYTES: usize = 64 * 1024 * 1024;
 
 /// Push API flags of `posgate serve`.
 #[derive(Clone, clap::Args)]
@@ -36,6 +39,10 @@ pub struct PushArgs {
     /// Largest push body in bytes; larger ones get 413 before they are read
     #[arg(long, env = "POSGATE_MAX_PUSH_BYTES", default_value_t = 64 * 1024)]
     pub max_push_bytes: usize,
+    /// Largest batch request body in bytes (`POST /v1/pushes`, at most 1,000 pushes,
+    /// each within --max-push-bytes); larger ones get 413 before they are read
+    #[arg(long, env = "POSGATE_MAX_BATCH_BYTES", default_value_t = 4 << 20)]
+    pub max_batch_bytes: usize,
     /// Pushes this pod handles at once (received or forwarded to it); beyond: 503
     #[arg(long, env = "POSGATE_MAX_INFLIGHT", default_value_t = 10_000)]
     pub max_inflight: usize,
@@ -94,6 +101,15 @@ impl PushArgs {
                 format!("must be 1..={MAX_PUSH_BYTES}, got {}", self.max_push_bytes),
             ));
         }
+        if self.max_batch_bytes == 0 || self.max_batch_bytes > MAX_BATCH_BYTES {
+            return Err(invalid(
+                "max-batch-bytes",
+                format!(
+                    "must be 1..={MAX_BATCH_BYTES}, got {}",
+                    self.max_batch_bytes
+                ),
+            ));
+        }
         for (flag, value) in [
             ("max-inflight", self.max_inflight),
             ("max-waiting-per-terminal", self.max_waiting_per_terminal),
@@ -150,6 +166,7 @@ impl PushArgs {
         let queue = self.queue()?;
         let settings = PushSettings {
             max_push_bytes: self.max_push_bytes,
+            max_batch_bytes: self.max_batch_bytes,
             max_inflight: self.max_inflight,
             max_inflight_per_tenant: per_tenant,
             max_waiting_per_terminal: self.max_waiting_per_terminal,

@@ -39,6 +39,11 @@ pub struct Member {
     /// drain it.
     #[serde(default)]
     pub queue: u32,
+    /// Whether the pod takes a batch's pushes in one peer request (`BATCH_CAPABILITY`
+    /// of `crate::push::batch`): 0 in records of releases before it, which are sent
+    /// the pushes one by one.
+    #[serde(default)]
+    pub batch: u32,
 }
 
 /// [`Member::handover`] of a pod that drains: it closes a moved shard's terminals one

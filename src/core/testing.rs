@@ -22,6 +22,7 @@ pub(crate) fn member(name: &str) -> Member {
         peer_protocol: 2,
         handover: 0,
         queue: 0,
+        batch: 0,
     }
 }
 

@@ -100,6 +100,7 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
             peer_protocol: PEER_PROTOCOL,
             handover: hook.handover(),
             queue: hook.queue(),
+            batch: crate::push::batch::BATCH_CAPABILITY,
         };
         // A pod that drains names itself in every release, for the next holder to ask
         // (`ReleaseNote`); one that closes whole shards leaves nothing to ask about.

@@ -37,7 +37,10 @@ use crate::credentials::ClusterSecret;
 use crate::credentials::Tenant;
 use crate::peer::replay::{RequestKey, Reserved};
 use crate::peer::signing::{self, claimed, legacy, unix_seconds, AuthError, BodyDigest, Claimed};
-use crate::peer::wire::{Draining, ForwardedPush, ReleaseAnswer, ReleaseTerminals};
+use crate::peer::wire::{
+    BatchAnswer, BatchResult, Draining, ForwardedBatch, ForwardedPush, ReleaseAnswer,
+    ReleaseTerminals,
+};
 use crate::peer::{PeerAnswer, PEER_PROTOCOL, SIGNATURE_HEADER, VERSION_HEADER};
 use crate::pos::handover::Released;
 use crate::push::answer::{Answer, ErrorCode};
@@ -79,7 +82,7 @@ where
     Fut: Future<Output = Response>,
 {
     let (parts, body) = request.into_parts();
-    let limit = state.internal_body_limit();
+    let limit = state.internal_body_limit(parts.uri.path());
     let checked = match state.credentials.accepted_secrets() {
         None => match check_announced(&parts.headers, limit) {
             Ok(()) => read_body(body, limit, state.body_read_timeout(), |_| {})
@@ -320,6 +323,50 @@ async fn push(state: &HttpState, terminal: String, headers: &HeaderMap, body: By
         Owned::Answer(answer) => respond(answer),
         Owned::NotHere => moved(),
     }
+}
+
+/// `POST /internal/v1/push-batch`: one owner's share of a batch, authenticated (the
+/// route's layer). Each push delivered here as a forwarded one would be, at once; one
+/// result per push, `421` for one whose shard this pod does not serve. A batch that
+/// does not decode is refused whole (`400`) before any push is acted on.
+pub(super) async fn push_batch(State(state): State<Arc<HttpState>>, body: Bytes) -> Response {
+    let received = std::time::Instant::now();
+    let (budget, forwarded) = match ForwardedBatch::decode(&body) {
+        Ok(batch) => batch,
+        Err(why) => return bad_forward(why),
+    };
+    let metrics = &state.metrics;
+    metrics
+        .push_batches
+        .get_or_create(&[("from", "peer")])
+        .inc();
+    (metrics.push_batch_items.get_or_create(&[("from", "peer")])).inc_by(forwarded.len() as u64);
+    let pushes = forwarded
+        .into_iter()
+        .map(|f| PushRequest {
+            tenant: Tenant(f.tenant),
+            terminal: f.terminal,
+            key: f.key,
+            content_type: f.content_type,
+            body: f.body,
+            received,
+            later: f.ttl.map(|ttl| Later {
+                ttl,
+                collapse_key: f.collapse_key,
+            }),
+        })
+        .collect();
+    let deadline = clock::now() + budget.min(MAX_TIMEOUT);
+    let answers = state.push.deliver_batch_here(pushes, deadline).await;
+    let results = answers
+        .into_iter()
+        .map(|a| BatchResult {
+            status: a.status.as_u16(),
+            // Every answer of the push service is JSON text.
+            body: String::from_utf8_lossy(&a.body).into_owned(),
+        })
+        .collect();
+    Json(BatchAnswer { results }).into_response()
 }
 
 /// `GET /internal/v1/terminals/{id}`: the owner's view of one terminal, or `421`.

@@ -16,6 +16,7 @@
 //!
 //! What it does not do: terminal traffic, or deciding anything about shards.
 
+mod batch;
 mod caller;
 mod cluster;
 mod connections;
@@ -85,9 +86,15 @@ pub struct HttpState {
 }
 
 impl HttpState {
-    /// Largest body a peer request may carry: a forwarded push is as large as a push.
-    fn internal_body_limit(&self) -> usize {
-        MAX_INTERNAL_BODY.max(self.push.settings().max_push_bytes)
+    /// Largest body a peer request to `path` may carry: a forwarded push is as large as
+    /// a push; one owner's share of a batch as large as the batch, its bodies in base64
+    /// (4/3) and each push's fields beside them.
+    fn internal_body_limit(&self, path: &str) -> usize {
+        let settings = self.push.settings();
+        if path == wire::PUSH_BATCH_ROUTE {
+            return settings.max_batch_bytes / 3 * 4 + wire::MAX_BATCH_PUSHES * 1024;
+        }
+        MAX_INTERNAL_BODY.max(settings.max_push_bytes)
     }
 
     /// How long any request body may take to arrive (`--body-read-timeout`).
@@ -171,6 +178,7 @@ fn router(state: Arc<HttpState>) -> Router {
             post(internal::release_terminals),
         )
         .route(wire::DRAINING_ROUTE, post(internal::draining))
+        .route(wire::PUSH_BATCH_ROUTE, post(internal::push_batch))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             internal::authenticate,
@@ -181,6 +189,7 @@ fn router(state: Arc<HttpState>) -> Router {
         .route(api::PUSH_STATUS_ROUTE, pushes::push_status_route())
         .route(api::PUSHES_ROUTE, delete(pushes::purge))
         .route(api::FEEDBACK_ROUTE, get(pushes::feedback))
+        .route(api::BATCH_ROUTE, post(batch::batch))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             push::require_token,

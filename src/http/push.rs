@@ -142,7 +142,7 @@ fn single<'a>(
 }
 
 /// A fresh UUID v4 for a push sent without a key.
-fn new_key() -> String {
+pub(super) fn new_key() -> String {
     let bytes: [u8; 16] = rand::rng().random();
     uuid::Builder::from_random_bytes(bytes)
         .into_uuid()
@@ -168,18 +168,7 @@ pub const MAX_TTL_S: u64 = 366 * 24 * 3600;
 /// wait; any other parameter is refused.
 fn query_of(uri: &Uri) -> Result<(Duration, Option<Later>), String> {
     let Query(query) = Query::<PushQuery>::try_from_uri(uri).map_err(|e| e.body_text())?;
-    let max = MAX_TIMEOUT.as_millis() as u64;
-    let timeout = match query.timeout_ms {
-        None => DEFAULT_TIMEOUT,
-        Some(raw) => match raw.parse::<u64>() {
-            Ok(ms) if (1..=max).contains(&ms) => Duration::from_millis(ms),
-            _ => {
-                return Err(format!(
-                    "{TIMEOUT_PARAM} must be an integer from 1 to {max}"
-                ))
-            }
-        },
-    };
+    let timeout = timeout_param(query.timeout_ms)?;
     let ttl = match query.ttl_s {
         None => None,
         Some(raw) => match raw.parse::<u64>() {
@@ -207,6 +196,20 @@ fn query_of(uri: &Uri) -> Result<(Duration, Option<Later>), String> {
         }
     };
     Ok((timeout, later))
+}
+
+/// `?timeout_ms=` checked: [`DEFAULT_TIMEOUT`] when absent.
+pub(super) fn timeout_param(raw: Option<String>) -> Result<Duration, String> {
+    let max = MAX_TIMEOUT.as_millis() as u64;
+    match raw {
+        None => Ok(DEFAULT_TIMEOUT),
+        Some(raw) => match raw.parse::<u64>() {
+            Ok(ms) if (1..=max).contains(&ms) => Ok(Duration::from_millis(ms)),
+            _ => Err(format!(
+                "{TIMEOUT_PARAM} must be an integer from 1 to {max}"
+            )),
+        },
+    }
 }
 
 /// A request that takes no query parameters.
@@ -345,7 +348,7 @@ pub fn push_head(terminal: &str, uri: &Uri, headers: &HeaderMap) -> Result<PushH
     })
 }
 
-fn overloaded(request: &PushRequest, full: Full) -> Answer {
+pub(super) fn overloaded(request: &PushRequest, full: Full) -> Answer {
     Answer::error_with(
         ErrorCode::Overloaded,
         ErrorBody {
@@ -375,7 +378,7 @@ const OTHER_FAILURE: &str = "other";
 const QUEUED: &str = "queued";
 
 /// Counts a push API answer by path and result, with its latency.
-fn count(metrics: &Metrics, path: &'static str, answer: &Answer, received: Instant) {
+pub(super) fn count(metrics: &Metrics, path: &'static str, answer: &Answer, received: Instant) {
     let result = if answer.status == StatusCode::OK {
         "ok"
     } else if answer.status == StatusCode::ACCEPTED {

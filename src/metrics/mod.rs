@@ -120,6 +120,8 @@ pub struct Metrics {
     pub push_duplicates: Counter,
     pub kept_answers_handoffs: Family<Label, Counter>,
     pub kept_answers_taken: Counter,
+    pub push_batches: Family<Label, Counter>,
+    pub push_batch_items: Family<Label, Counter>,
     // Pushes kept for later (`push::queue`, `push::later`).
     pub queue_enqueued: Family<Label, Counter>,
     pub queue_finals: Family<Label, Counter>,
@@ -184,6 +186,8 @@ impl Metrics {
             dial_queue_depth: Gauge::default(),
             connections_closed: Family::default(),
             handover_releases: Family::default(),
+            push_batches: Family::default(),
+            push_batch_items: Family::default(),
             handover_waiting: Gauge::default(),
             handover_dark: latency_buckets(),
             draining_sessions: Gauge::default(),
@@ -419,6 +423,16 @@ impl Metrics {
             "posgate_peer_requests_refused",
             "Requests to the peer endpoints refused before they were acted on, by reason",
             self.peer_refusals.clone(),
+        );
+        r.register(
+            "posgate_push_batches",
+            "Batches of pushes received, by whom from (sender: POST /v1/pushes; peer: one owner's share of a batch, forwarded in one request)",
+            self.push_batches.clone(),
+        );
+        r.register(
+            "posgate_push_batch_items",
+            "Pushes received in batches, by whom from (sender, peer)",
+            self.push_batch_items.clone(),
         );
         r.register(
             "posgate_peer_legacy_requests",

@@ -7,7 +7,7 @@
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use http::{HeaderMap, Method, Request, StatusCode};
+use http::{HeaderMap, HeaderValue, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -16,9 +16,10 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use super::signing::{self, legacy, PEER_PROTOCOL};
 use super::tls::PeerConnector;
 use super::wire::{
-    self, Draining, ForwardedPush, PeerAnswer, ReleaseAnswer, ReleaseTerminals, ShardTerminals,
-    DRAINING_ROUTE, KEPT_ANSWERS_ROUTE, MAX_HANDED_OVER_BYTES, RELEASE_TERMINALS_ROUTE,
-    SHARD_TERMINALS_ROUTE, STORE_REACHABLE_ROUTE, TERMINAL_ROUTE,
+    self, Draining, ForwardedBatch, ForwardedPush, PeerAnswer, ReleaseAnswer, ReleaseTerminals,
+    ShardTerminals, DRAINING_ROUTE, KEPT_ANSWERS_ROUTE, MAX_BATCH_ANSWER_BYTES,
+    MAX_HANDED_OVER_BYTES, PUSH_BATCH_ROUTE, RELEASE_TERMINALS_ROUTE, SHARD_TERMINALS_ROUTE,
+    STORE_REACHABLE_ROUTE, TERMINAL_ROUTE,
 };
 use super::{PeerTarget, PeerTls, MAX_INTERNAL_BODY};
 use crate::core::{PodId, ShardId};
@@ -217,6 +218,30 @@ impl PeerClient {
             push.body.clone(),
             headers,
             (timeout, MAX_INTERNAL_BODY),
+        )
+        .await
+    }
+
+    /// Sends `batch` to `owner` ([`PUSH_BATCH_ROUTE`]); returns its status and body.
+    pub async fn push_batch(
+        &self,
+        owner: &PeerTarget,
+        batch: &ForwardedBatch,
+        timeout: Duration,
+    ) -> Result<(StatusCode, Bytes), SendError> {
+        let mut headers = HeaderMap::with_capacity(1);
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        let limit = (timeout, MAX_BATCH_ANSWER_BYTES);
+        self.send(
+            Method::POST,
+            owner,
+            PUSH_BATCH_ROUTE,
+            batch.encode(),
+            headers,
+            limit,
         )
         .await
     }

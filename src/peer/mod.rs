@@ -53,6 +53,8 @@ pub struct PeerTarget {
     pub pod: PodId,
     pub url: String,
     pub protocol: u32,
+    /// Takes a batch's pushes in one request (`Member::batch`).
+    pub batches: bool,
 }
 
 impl From<&Member> for PeerTarget {
@@ -61,6 +63,7 @@ impl From<&Member> for PeerTarget {
             pod: member.pod.clone(),
             url: member.url.clone(),
             protocol: member.peer_protocol,
+            batches: member.batch >= crate::push::batch::BATCH_CAPABILITY,
         }
     }
 }

@@ -11,9 +11,18 @@
 //! collapse key, [`COLLAPSE_HEADER`]; like every `posgate-*` header they are signed. Only
 //! pods that advertise the queue (`Member::queue`) are sent one, and the owner answers
 //! `202` with the push's status while it waits.
+//!
+//! A batch's pushes for one owner travel as one request (`POST
+//! /internal/v1/push-batch`, [`ForwardedBatch`], JSON with base64 bodies: the signature
+//! covers the body, so everything a header carries for one push is in it) and come back
+//! as one result per push ([`BatchAnswer`]), each what the owner answers a forwarded
+//! push. Only members that advertise it (`Member::batch`) are sent one; pods of the
+//! release before it get the batch's pushes one by one.
 
 use std::time::Duration;
 
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine as _;
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderName, HeaderValue};
 use serde::{Deserialize, Serialize};
@@ -28,6 +37,9 @@ use crate::metrics::timeline::Point;
 pub const STORE_REACHABLE_ROUTE: &str = "/internal/v1/store-reachable";
 /// `POST`: a forwarded push -> the owner's public answer, or `421`.
 pub const PUSH_ROUTE: &str = "/internal/v1/push/{id}";
+/// `POST`: the items of a batch whose terminals the pod asked serves ([`ForwardedBatch`])
+/// -> [`BatchAnswer`]. Sent only to members that advertise `Member::batch`.
+pub const PUSH_BATCH_ROUTE: &str = "/internal/v1/push-batch";
 /// `GET`: the owner's view of one terminal -> `TerminalView` JSON, or `421`.
 pub const TERMINAL_ROUTE: &str = "/internal/v1/terminals/{id}";
 /// `GET`: connected and listed terminals per shard served, and the pod's timeline ->
@@ -165,6 +177,142 @@ impl ForwardedPush {
             body,
         })
     }
+}
+
+/// The body of a request on [`PUSH_BATCH_ROUTE`]: pushes for terminals whose shards the
+/// pod asked serves, each as [`ForwardedPush`] carries one, under one deadline. The
+/// bodies are base64: a push body is bytes, not text.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForwardedBatch {
+    /// What is left of the caller's deadline, ms.
+    pub deadline_ms: u64,
+    pub pushes: Vec<BatchedPush>,
+}
+
+/// One push of a [`ForwardedBatch`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchedPush {
+    pub tenant: String,
+    pub terminal: String,
+    pub key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_type: Option<String>,
+    /// The body, base64 (standard alphabet, padded).
+    pub body: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collapse_key: Option<String>,
+}
+
+impl ForwardedBatch {
+    /// The batch of `pushes` with `deadline` left.
+    pub fn new<'a>(pushes: impl Iterator<Item = &'a ForwardedPush>, deadline: Duration) -> Self {
+        let pushes = pushes
+            .map(|p| BatchedPush {
+                tenant: p.tenant.clone(),
+                terminal: p.terminal.clone(),
+                key: p.key.clone(),
+                // Batch items are checked as text at the edge (`crate::http::batch`).
+                content_type: p
+                    .content_type
+                    .as_ref()
+                    .and_then(|c| c.to_str().ok())
+                    .map(str::to_owned),
+                body: BASE64.encode(&p.body),
+                ttl_ms: p.ttl.map(|t| t.as_millis() as u64),
+                collapse_key: p.collapse_key.clone(),
+            })
+            .collect();
+        ForwardedBatch {
+            deadline_ms: deadline.as_millis() as u64,
+            pushes,
+        }
+    }
+
+    pub fn encode(&self) -> Bytes {
+        Bytes::from(serde_json::to_vec(self).expect("a batch serialises"))
+    }
+
+    /// The pushes `body` carries, checked as [`ForwardedPush::decode`] checks one, or
+    /// what is wrong with the first bad one (the whole batch is refused: a peer that
+    /// sends a bad item is not one this release knows).
+    pub fn decode(body: &[u8]) -> Result<(Duration, Vec<ForwardedPush>), &'static str> {
+        let batch: ForwardedBatch = serde_json::from_slice(body).map_err(|_| "not a push batch")?;
+        if batch.pushes.is_empty() || batch.pushes.len() > MAX_BATCH_PUSHES {
+            return Err("a batch carries 1 to 1,000 pushes");
+        }
+        let deadline = Duration::from_millis(batch.deadline_ms);
+        let mut pushes = Vec::with_capacity(batch.pushes.len());
+        for p in batch.pushes {
+            if p.tenant.is_empty() || !p.tenant.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err("invalid tenant");
+            }
+            if !valid_key(&p.key) {
+                return Err("invalid idempotency key");
+            }
+            if !valid_terminal_id(&p.terminal) {
+                return Err("invalid terminal id");
+            }
+            let ttl = match p.ttl_ms {
+                None => None,
+                Some(0) => return Err("invalid ttl_ms"),
+                Some(ms) => Some(Duration::from_millis(ms)),
+            };
+            let collapse_key = match p.collapse_key {
+                None => None,
+                Some(_) if ttl.is_none() => return Err("a collapse key needs a TTL"),
+                Some(c) if valid_collapse_key(&c) => Some(c),
+                Some(_) => return Err("invalid collapse key"),
+            };
+            let content_type = match p.content_type {
+                None => None,
+                // Visible ASCII, as the entry pod checked it (`to_str` refuses the rest).
+                Some(c) => Some(
+                    HeaderValue::try_from(c)
+                        .ok()
+                        .filter(|v| v.to_str().is_ok())
+                        .ok_or("invalid content type")?,
+                ),
+            };
+            let body = BASE64
+                .decode(p.body.as_bytes())
+                .map_err(|_| "a body that is not base64")?;
+            pushes.push(ForwardedPush {
+                tenant: p.tenant,
+                terminal: p.terminal,
+                key: p.key,
+                deadline,
+                content_type,
+                body: Bytes::from(body),
+                ttl,
+                collapse_key,
+            });
+        }
+        Ok((deadline, pushes))
+    }
+}
+
+/// Most pushes one batch carries, from a sender or between pods.
+pub const MAX_BATCH_PUSHES: usize = 1_000;
+/// Most bytes of a [`BatchAnswer`]: an owner's answer to one push is a few hundred.
+pub const MAX_BATCH_ANSWER_BYTES: usize = MAX_BATCH_PUSHES * 2 * 1024;
+
+/// A peer's answer on [`PUSH_BATCH_ROUTE`]: one result per push, in the request's order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchAnswer {
+    pub results: Vec<BatchResult>,
+}
+
+/// What the owner answered for one push of a batch, as it answers a forwarded push:
+/// the status and its JSON body (`421` with its body when it does not serve the
+/// terminal's shard).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchResult {
+    pub status: u16,
+    pub body: String,
 }
 
 /// A peer's answer on [`STORE_REACHABLE_ROUTE`].
@@ -353,6 +501,45 @@ impl HandedOver {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_batch_travels_whole_and_a_bad_one_is_refused_whole() {
+        use super::*;
+        let push = ForwardedPush {
+            tenant: "acme".into(),
+            terminal: "pos-1".into(),
+            key: "k-1".into(),
+            deadline: Duration::from_millis(900),
+            content_type: Some(HeaderValue::from_static("application/octet-stream")),
+            body: Bytes::from_static(&[0, 255, 7]),
+            ttl: Some(Duration::from_secs(60)),
+            collapse_key: Some("menu".into()),
+        };
+        let batch = ForwardedBatch::new([&push].into_iter(), Duration::from_millis(900));
+        let (deadline, pushes) = ForwardedBatch::decode(&batch.encode()).unwrap();
+        assert_eq!((deadline, pushes), (Duration::from_millis(900), vec![push]));
+        let one = |f: &str, v: serde_json::Value| {
+            let mut p =
+                serde_json::json!({"tenant": "acme", "terminal": "pos-1", "key": "k", "body": ""});
+            p[f] = v;
+            serde_json::to_vec(&serde_json::json!({"deadline_ms": 5, "pushes": [p]})).unwrap()
+        };
+        for bad in [
+            one("terminal", "bad id!".into()),
+            one("key", "".into()),
+            one("tenant", "".into()),
+            one("body", "not base64!".into()),
+            one("ttl_ms", 0.into()),
+            one("collapse_key", "menu".into()),
+            one("content_type", "caf\u{e9}".into()),
+            one("unknown", 1.into()),
+            br#"{"deadline_ms": 5, "pushes": []}"#.to_vec(),
+            b"[]".to_vec(),
+        ] {
+            let text = String::from_utf8_lossy(&bad).into_owned();
+            assert!(ForwardedBatch::decode(&bad).is_err(), "{text}");
+        }
+    }
+
     #[test]
     fn a_shard_terminals_answer_without_a_queue_says_unknown_not_none() {
         // What a pod of the previous release answers.

@@ -17,7 +17,7 @@ use http::StatusCode;
 
 use super::answer::{Answer, Delivered, ErrorBody, ErrorCode, PushStatus};
 use super::PushRequest;
-use crate::peer::wire::ForwardedPush;
+use crate::peer::wire::{BatchAnswer, ForwardedBatch, ForwardedPush};
 use crate::peer::{PeerClient, PeerTarget, SendError};
 
 /// Extra wait beyond the caller's deadline for the owner's answer to arrive: the owner
@@ -63,16 +63,7 @@ impl ForwardClient {
         deadline: Instant,
     ) -> Forwarded {
         let remaining = deadline.saturating_duration_since(Instant::now());
-        let wire = ForwardedPush {
-            tenant: push.tenant.0.clone(),
-            terminal: push.terminal.clone(),
-            key: push.key.clone(),
-            deadline: remaining,
-            content_type: push.content_type.clone(),
-            body: push.body.clone(),
-            ttl: push.later.as_ref().map(|l| l.ttl),
-            collapse_key: push.later.as_ref().and_then(|l| l.collapse_key.clone()),
-        };
+        let wire = on_the_wire(push, remaining);
         let sent = self
             .peers
             .push(owner, &wire, remaining + ANSWER_GRACE)
@@ -107,6 +98,78 @@ impl ForwardClient {
         }
     }
 
+    /// Forwards `pushes` (all for shards `owner` serves) in one request, answering by
+    /// `deadline` + grace: one outcome per push, in order. A batch refused whole before
+    /// the owner acted on it (any answer but `200` in posgate's JSON) reached no
+    /// terminal: every push is [`Forwarded::NotSent`], and the router sends each again.
+    pub async fn push_batch(
+        &self,
+        owner: &PeerTarget,
+        pushes: &[&PushRequest],
+        deadline: Instant,
+    ) -> Vec<Forwarded> {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let wire: Vec<ForwardedPush> = pushes.iter().map(|p| on_the_wire(p, remaining)).collect();
+        let batch = ForwardedBatch::new(wire.iter(), remaining);
+        let sent = self
+            .peers
+            .push_batch(owner, &batch, remaining + ANSWER_GRACE)
+            .await;
+        let all = |outcome: &dyn Fn() -> Forwarded| pushes.iter().map(|_| outcome()).collect();
+        match sent {
+            Ok((StatusCode::OK, body)) => {
+                let answer = serde_json::from_slice::<BatchAnswer>(&body)
+                    .ok()
+                    .filter(|a| a.results.len() == pushes.len());
+                let Some(answer) = answer else {
+                    let why = "a batch answer without one result per push";
+                    return all(&|| Forwarded::Unknown(why.into()));
+                };
+                answer
+                    .results
+                    .into_iter()
+                    .zip(pushes)
+                    .map(|(result, push)| {
+                        let status = StatusCode::from_u16(result.status).ok();
+                        match status {
+                            Some(StatusCode::MISDIRECTED_REQUEST) => Forwarded::Moved,
+                            Some(status) => {
+                                let body = Bytes::from(result.body);
+                                owner_answer(status, body, push).map_or_else(
+                                    || {
+                                        Forwarded::Unknown(
+                                            "a batch result that is not an owner's answer".into(),
+                                        )
+                                    },
+                                    Forwarded::Answer,
+                                )
+                            }
+                            None => Forwarded::Unknown("a batch result without a status".into()),
+                        }
+                    })
+                    .collect()
+            }
+            Ok((status, body)) if serde_json::from_slice::<ErrorBody>(&body).is_ok() => {
+                let why = format!("the owner refused the batch with {}", status.as_u16());
+                all(&|| Forwarded::NotSent(why.clone()))
+            }
+            Ok((status, _)) => {
+                let why = format!(
+                    "HTTP {} from the owner's address without posgate's JSON body",
+                    status.as_u16()
+                );
+                all(&|| Forwarded::Unknown(why.clone()))
+            }
+            Err(SendError::Url(e) | SendError::Connect(e)) => {
+                all(&|| Forwarded::NotSent(e.clone()))
+            }
+            Err(SendError::Transport(e)) => all(&|| Forwarded::Unknown(e.clone())),
+            Err(SendError::Timeout(t)) => {
+                all(&|| Forwarded::Unknown(format!("no answer from the peer within {t:?}")))
+            }
+        }
+    }
+
     /// Asks `owner` about `terminal`; returns its status and JSON body.
     pub async fn terminal(
         &self,
@@ -118,6 +181,20 @@ impl ForwardClient {
             .terminal(owner, terminal, timeout)
             .await
             .map_err(|e| format!("{e:?}"))
+    }
+}
+
+/// `push` as it travels to its owner, with `remaining` of its deadline.
+fn on_the_wire(push: &PushRequest, remaining: Duration) -> ForwardedPush {
+    ForwardedPush {
+        tenant: push.tenant.0.clone(),
+        terminal: push.terminal.clone(),
+        key: push.key.clone(),
+        deadline: remaining,
+        content_type: push.content_type.clone(),
+        body: push.body.clone(),
+        ttl: push.later.as_ref().map(|l| l.ttl),
+        collapse_key: push.later.as_ref().and_then(|l| l.collapse_key.clone()),
     }
 }
 

@@ -4,7 +4,8 @@
 //! delivers here ([`PushService::deliver_here`], in `owner`) or forwards one hop to the
 //! owner (`forward`), retrying only what provably reached no terminal, until the
 //! caller's deadline. A push with a TTL (`later`) is stored first and delivered by the
-//! owner's drain (`queue`), in order per terminal, after its hello. Answers (`answer`) are JSON with the documented codes; the owner's
+//! owner's drain (`queue`), in order per terminal, after its hello. A batch (`batch`)
+//! goes to each owner in one request. Answers (`answer`) are JSON with the documented codes; the owner's
 //! idempotency cache (`idempotency`) turns retries into replays, and its answers for a
 //! shard move with the shard (`handoff`); `auth` maps bearer tokens to tenants.
 //!
@@ -12,6 +13,7 @@
 //! (`crate::pos`).
 
 pub mod answer;
+pub mod batch;
 mod forward;
 pub mod handoff;
 pub mod idempotency;
@@ -56,6 +58,8 @@ pub const MAX_TIMEOUT: Duration = Duration::from_millis(30_000);
 pub struct PushSettings {
     /// `--max-push-bytes`: largest push body.
     pub max_push_bytes: usize,
+    /// `--max-batch-bytes`: largest batch request body (`POST /v1/pushes`).
+    pub max_batch_bytes: usize,
     /// `--max-inflight`: pushes this pod handles at once (received or forwarded to it).
     pub max_inflight: usize,
     /// `--max-inflight-per-tenant`: of those, at most this many of one tenant.
@@ -78,6 +82,7 @@ impl Default for PushSettings {
     fn default() -> Self {
         PushSettings {
             max_push_bytes: 64 * 1024,
+            max_batch_bytes: 4 << 20,
             max_inflight: 10_000,
             max_inflight_per_tenant: 5_000,
             max_waiting_per_terminal: 64,

@@ -86,15 +86,7 @@ impl PushService {
                 Target::Nobody => None,
             };
             if miss.is_some_and(|m| !m.may_look_again()) {
-                if let Some(later) = &push.later {
-                    return (
-                        self.enqueue_at_entry(&push, later, deadline).await,
-                        "forwarded",
-                    );
-                }
-                let mut body = with_key(&push, "no answer from the owner pod; the terminal may have received the push: retry with the same idempotency key");
-                body.delivery = Some("unknown".into());
-                return (Answer::error_with(ErrorCode::PosTimeout, body), "forwarded");
+                return (self.outcome_unknown(&push, deadline).await, "forwarded");
             }
             waiting.start();
             let until = deadline.min(now() + RESOLVE_PAUSE);
@@ -112,6 +104,19 @@ impl PushService {
         }
     }
 
+    /// The answer for a push forwarded without an answer: the owner may have delivered
+    /// it, so it is not sent again. A push with a TTL is stored here (idempotent by key
+    /// and body, so the owner's copy and this one are one push); any other is `504` with
+    /// `delivery: unknown`.
+    pub(super) async fn outcome_unknown(&self, push: &PushRequest, deadline: Instant) -> Answer {
+        if let Some(later) = &push.later {
+            return self.enqueue_at_entry(push, later, deadline).await;
+        }
+        let mut body = with_key(push, "no answer from the owner pod; the terminal may have received the push: retry with the same idempotency key");
+        body.delivery = Some("unknown".into());
+        Answer::error_with(ErrorCode::PosTimeout, body)
+    }
+
     /// The owner's part: a push now, or one with a TTL stored and waited for.
     pub(crate) async fn deliver_at_owner(&self, push: &PushRequest, deadline: Instant) -> Owned {
         match &push.later {
@@ -122,7 +127,7 @@ impl PushService {
 
     /// Where to send a push for `shard` now ([`route::target`] on this pod's status),
     /// with the peer resolved to an address.
-    fn target(&self, shard: ShardId) -> Target<PeerTarget> {
+    pub(super) fn target(&self, shard: ShardId) -> Target<PeerTarget> {
         let serving_here = self.serving.serving(shard, now()).is_some();
         let status = self.status.borrow();
         let owner = status

@@ -121,6 +121,7 @@ fn target(base: &str, pod_id: &str) -> PeerTarget {
         pod: pod(pod_id),
         url: base.to_string(),
         protocol: PEER_PROTOCOL,
+        batches: true,
     }
 }
 

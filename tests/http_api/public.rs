@@ -46,6 +46,7 @@ fn member(id: &str, url: &str, peer_protocol: u32) -> Member {
         peer_protocol,
         handover: 0,
         queue: 0,
+        batch: 0,
     }
 }
 

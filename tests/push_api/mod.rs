@@ -19,6 +19,7 @@
 //!
 //! Timings are `CoreConfig::fast()`; measured figures are printed (`--nocapture`).
 
+mod batch;
 mod delivery;
 mod kept_answers;
 mod lifecycle;

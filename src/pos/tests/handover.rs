@@ -131,6 +131,7 @@ fn member_a() -> Member {
     Member {
         handover: HANDOVER_DRAIN,
         queue: 0,
+        batch: 0,
         ..crate::core::testing::member("pod-a")
     }
 }
@@ -390,6 +391,7 @@ fn member(name: &str) -> Member {
     Member {
         handover: HANDOVER_DRAIN,
         queue: 0,
+        batch: 0,
         ..crate::core::testing::member(name)
     }
 }

@@ -148,5 +148,6 @@ fn sim_member(id: &PodId, ms: u64) -> Member {
         peer_protocol: 2,
         handover: HANDOVER_DRAIN,
         queue: 0,
+        batch: 0,
     }
 }
