@@ -26,8 +26,10 @@
 //! `--ir` counts instructions instead of time, which a busy machine does not disturb:
 //! under callgrind, after a warm-up, it switches collection on for exactly PUSHES local
 //! pushes (dumped as part `local`), then for PUSHES forwarded ones (part `forwarded`),
-//! one at a time, through `callgrind_control`; after each, the same span of time without
-//! pushes (parts `local-idle`, `forwarded-idle`: the pods' timers, which run more often
+//! one at a time, then for the same PUSHES in batches of 100 sent to the pod that does
+//! not serve them (`batched`: one peer request per batch), through `callgrind_control`;
+//! after each, the same span of time without pushes (parts `local-idle`,
+//! `forwarded-idle`, `batched-idle`: the pods' timers, which run more often
 //! the longer the pushes took). With `--separate-threads=yes` the pods' share is the
 //! files of threads that ran no bench code (`push_bench::`, `pos_sim`): `scripts/push-ir`
 //! sums them and subtracts the idle part.
@@ -51,7 +53,7 @@ use anyhow::Context;
 use bytes::Bytes;
 use futures::StreamExt;
 use http::{HeaderValue, Request};
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use posgate::config::{PodConfig, PosSettings};
@@ -114,6 +116,36 @@ async fn api_push(http: &HttpClient, base: &str, terminal: &str, key: &str, quer
         .is_ok_and(|r| r.status().is_success())
 }
 
+/// Pushes per batch of `--ir`'s batched part.
+const IR_BATCH: usize = 100;
+
+/// `POST /v1/pushes` to `base` with `items` (terminal, key); whether every push of it
+/// was answered 200.
+async fn api_batch(http: &HttpClient, base: &str, items: &[(&String, String)]) -> bool {
+    let pushes: Vec<serde_json::Value> = items
+        .iter()
+        .map(|(t, key)| {
+            serde_json::json!({"terminal": t, "idempotency_key": key,
+                "content_type": "application/json", "body": "{\"amount\":1}"})
+        })
+        .collect();
+    let body = serde_json::to_vec(&serde_json::json!({ "pushes": pushes })).unwrap();
+    let request = Request::post(format!("{base}/v1/pushes"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap();
+    let Ok(response) = http.request(request).await else {
+        return false;
+    };
+    let Ok(body) = response.into_body().collect().await else {
+        return false;
+    };
+    let answer: serde_json::Value = serde_json::from_slice(&body.to_bytes()).unwrap_or_default();
+    answer["results"]
+        .as_array()
+        .is_some_and(|r| r.len() == items.len() && r.iter().all(|x| x["status"] == 200))
+}
+
 /// `--ir`: `pushes` local then `pushes` forwarded pushes, one at a time, each path with
 /// callgrind's collection on around it alone and dumped as its own part. `path_of(n,
 /// forwarded)` is push `n`'s terminal and the pod it is sent to.
@@ -130,13 +162,32 @@ async fn count_instructions<'a>(
             anyhow::ensure!(api_push(http, base, t, &key, "").await, "push failed");
         }
     }
-    for (part, forwarded) in [("local", false), ("forwarded", true)] {
+    for (part, forwarded) in [("local", false), ("forwarded", true), ("batched", true)] {
         callgrind(&["--instr=on"])?;
         let started = Instant::now();
-        for n in 0..pushes {
-            let (t, base) = path_of(n, forwarded);
-            let key = format!("ir-{part}-{n}");
-            anyhow::ensure!(api_push(http, base, t, &key, "").await, "push failed");
+        if part == "batched" {
+            // The forwarded pushes again, [`IR_BATCH`] at a time to the pod that does
+            // not serve them: each batch is one peer request to the owner.
+            let mut groups: std::collections::HashMap<&String, Vec<(&String, String)>> =
+                Default::default();
+            for n in 0..pushes {
+                let (t, base) = path_of(n, forwarded);
+                let group = groups.entry(base).or_default();
+                group.push((t, format!("ir-{part}-{n}")));
+                if group.len() == IR_BATCH {
+                    anyhow::ensure!(api_batch(http, base, group).await, "batch failed");
+                    group.clear();
+                }
+            }
+            for (base, group) in groups.iter().filter(|(_, g)| !g.is_empty()) {
+                anyhow::ensure!(api_batch(http, base, group).await, "batch failed");
+            }
+        } else {
+            for n in 0..pushes {
+                let (t, base) = path_of(n, forwarded);
+                let key = format!("ir-{part}-{n}");
+                anyhow::ensure!(api_push(http, base, t, &key, "").await, "push failed");
+            }
         }
         let took = started.elapsed();
         callgrind(&["--instr=off"])?;

@@ -39,9 +39,8 @@ pub struct Member {
     /// drain it.
     #[serde(default)]
     pub queue: u32,
-    /// Whether the pod takes a batch's pushes in one peer request (`BATCH_CAPABILITY`
-    /// of `crate::push::batch`): 0 in records of releases before it, which are sent
-    /// the pushes one by one.
+    /// Whether the pod takes a batch's pushes in one peer request ([`BATCH_PEER_ROUTE`]):
+    /// 0 in records of releases before it, which are sent the pushes one by one.
     #[serde(default)]
     pub batch: u32,
 }
@@ -49,6 +48,9 @@ pub struct Member {
 /// [`Member::handover`] of a pod that drains: it closes a moved shard's terminals one
 /// batch at a time, when the new owner asks, and asks its predecessor the same way.
 pub const HANDOVER_DRAIN: u32 = 1;
+
+/// [`Member::batch`] of a pod that serves the peer batch route (`crate::push::batch`).
+pub const BATCH_PEER_ROUTE: u32 = 1;
 
 fn protocol_1() -> u32 {
     1

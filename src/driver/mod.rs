@@ -100,7 +100,7 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
             peer_protocol: PEER_PROTOCOL,
             handover: hook.handover(),
             queue: hook.queue(),
-            batch: crate::push::batch::BATCH_CAPABILITY,
+            batch: crate::core::membership::BATCH_PEER_ROUTE,
         };
         // A pod that drains names itself in every release, for the next holder to ask
         // (`ReleaseNote`); one that closes whole shards leaves nothing to ask about.

@@ -63,7 +63,7 @@ impl From<&Member> for PeerTarget {
             pod: member.pod.clone(),
             url: member.url.clone(),
             protocol: member.peer_protocol,
-            batches: member.batch >= crate::push::batch::BATCH_CAPABILITY,
+            batches: member.batch >= crate::core::membership::BATCH_PEER_ROUTE,
         }
     }
 }

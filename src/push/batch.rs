@@ -13,7 +13,8 @@
 //! been delivered), each ending as a forwarded push without an answer does.
 //!
 //! Pods of the release before batches do not know the peer route; a member that does not
-//! advertise it (`Member::batch`) is sent the group's pushes one by one.
+//! advertise it (`Member::batch`, `BATCH_PEER_ROUTE`) is sent the group's pushes one by
+//! one.
 //!
 //! Not for: parsing a sender's batch (`crate::http::batch`) or the wire format
 //! (`crate::peer::wire`).
@@ -30,9 +31,6 @@ use crate::core::route::Target;
 use crate::core::shard::shard_of;
 use crate::core::PodId;
 use crate::peer::PeerTarget;
-
-/// [`crate::core::membership::Member::batch`] of a pod that serves the peer batch route.
-pub const BATCH_CAPABILITY: u32 = 1;
 
 impl PushService {
     /// Delivers `pushes`, answering each by `deadline` (with the path it took, as
