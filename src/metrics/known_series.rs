@@ -160,6 +160,10 @@ impl Metrics {
         for how in ["released", "budget", "resumed", "unannounced"] {
             let _ = self.drains_ended.get_or_create(&[("how", how)]);
         }
+        for from in ["sender", "peer"] {
+            let _ = self.push_batches.get_or_create(&[("from", from)]);
+            let _ = self.push_batch_items.get_or_create(&[("from", from)]);
+        }
         for outcome in ["taken", "unsupported", "failed", "refused"] {
             let _ = self
                 .kept_answers_handoffs

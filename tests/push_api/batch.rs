@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use http::{Request, StatusCode};
 use http_body_util::Full;
+use posgate::peer::wire::PUSH_BATCH_ROUTE;
 use posgate::push::PushSettings;
 use serde_json::{json, Value};
 
@@ -122,6 +123,44 @@ async fn a_batch_over_every_shard_is_one_peer_request_per_owner_and_delivers_eac
     let counters = c.farm.counters();
     assert_eq!(counters.pushes_accepted, PUSHES as u64, "{counters:?}");
     assert_eq!(counters.keys_delivered_twice, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_owner_without_the_batch_route_gets_the_pushes_one_by_one() {
+    const PUSHES: usize = 200;
+    let c = Cluster::start_tapped(3, 100).await;
+    // Every pod answers the peer batch route 404, as a pod of the previous release would
+    // if it were sent one: nothing acted on, so each push goes again on its own.
+    for tap in &c.taps {
+        tap.unknown_route(PUSH_BATCH_ROUTE);
+    }
+    let http = client();
+    let pushes: Vec<Value> = (0..PUSHES)
+        .map(|i| json!({"terminal": c.ids()[i % c.ids().len()], "idempotency_key": format!("old-{i}"), "body": "{}"}))
+        .collect();
+    let (status, body) = batch(&http, &c.urls[0], ACME, &json!({ "pushes": pushes })).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    for (i, r) in body["results"].as_array().unwrap().iter().enumerate() {
+        assert_eq!(r["status"], 200, "push {i}: {r}");
+    }
+    let counters = c.farm.counters();
+    assert_eq!(counters.pushes_accepted, PUSHES as u64, "{counters:?}");
+    assert_eq!(counters.keys_delivered_twice, 0);
+    let captured: Vec<_> = c.taps.iter().flat_map(|t| t.captured()).collect();
+    let refused = captured
+        .iter()
+        .filter(|x| x.target == PUSH_BATCH_ROUTE)
+        .count();
+    let alone = captured
+        .iter()
+        .filter(|x| x.target.starts_with("/internal/v1/push/"))
+        .count();
+    // Pod 0 sent its two peers one batch each, then their pushes one by one.
+    assert_eq!(refused, 2, "{captured:?}");
+    let forwarded = (0..PUSHES)
+        .filter(|i| c.owner_index(&c.ids()[i % c.ids().len()]) != 0)
+        .count();
+    assert_eq!(alone, forwarded);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -3,7 +3,9 @@
 //! request as it crossed the wire (target, headers, body) and relays it
 //! unchanged, so a test can replay or alter real captured peer traffic. With
 //! [`PeerTap::intercept`] it keeps requests instead of relaying them (answering `503`),
-//! as a man in the middle would before sending an altered copy on.
+//! as a man in the middle would before sending an altered copy on. With
+//! [`PeerTap::unknown_route`] it answers one path `404` as a pod that does not know it
+//! would (a pod of an earlier release).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -35,6 +37,7 @@ pub struct PeerTap {
     pub url: String,
     captured: Arc<Mutex<Vec<Captured>>>,
     intercepting: Arc<AtomicBool>,
+    unknown: Arc<Mutex<Option<String>>>,
     accept: JoinHandle<()>,
 }
 
@@ -52,14 +55,25 @@ impl PeerTap {
         let log = captured.clone();
         let intercepting = Arc::new(AtomicBool::new(false));
         let held = intercepting.clone();
+        let unknown = Arc::new(Mutex::new(None::<String>));
+        let unknown_path = unknown.clone();
         let accept = tokio::spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
                 let (client, log, upstream) = (client.clone(), log.clone(), upstream.clone());
-                let held = held.clone();
+                let (held, unknown_path) = (held.clone(), unknown_path.clone());
                 tokio::spawn(async move {
                     let service = service_fn(move |request: Request<Incoming>| {
                         let hold = held.load(Ordering::SeqCst);
-                        relay(client.clone(), log.clone(), upstream.clone(), request, hold)
+                        let path = request.uri().path();
+                        let unknown = unknown_path.lock().unwrap().as_deref() == Some(path);
+                        relay(
+                            client.clone(),
+                            log.clone(),
+                            upstream.clone(),
+                            request,
+                            hold,
+                            unknown,
+                        )
                     });
                     let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
                         .serve_connection(TokioIo::new(tcp), service)
@@ -71,8 +85,15 @@ impl PeerTap {
             url: format!("http://{addr}"),
             captured,
             intercepting,
+            unknown,
             accept,
         }
+    }
+
+    /// From now on answer requests to `path` `404` in posgate's JSON (recorded, never
+    /// relayed), as a pod of a release without that route does.
+    pub fn unknown_route(&self, path: &str) {
+        *self.unknown.lock().unwrap() = Some(path.to_string());
     }
 
     /// From now on keep requests (recorded, never relayed) instead of relaying them.
@@ -98,6 +119,7 @@ async fn relay(
     upstream: String,
     request: Request<Incoming>,
     hold: bool,
+    unknown: bool,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let (parts, body) = request.into_parts();
     let body = body
@@ -115,6 +137,14 @@ async fn relay(
         headers: parts.headers.clone(),
         body: body.clone(),
     });
+    if unknown {
+        let body = r#"{"error":"not_found","message":"no such route"}"#;
+        let refused = Response::builder()
+            .status(404)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from_static(body.as_bytes())));
+        return Ok(refused.unwrap());
+    }
     if hold {
         let refused = Response::builder()
             .status(503)
