@@ -11,7 +11,7 @@
 //! This module only checks and parses; the pushes go their way in `crate::push::batch`.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::extract::{Extension, Request, State};
 use axum::http::{HeaderValue, StatusCode};
@@ -23,14 +23,13 @@ use serde::Deserialize;
 
 use super::caller::Caller;
 use super::errors::respond;
-use super::push::{count, new_key, overloaded, timeout_param, MAX_TTL_S};
+use super::push::{count, keepable, later_of, new_key, overloaded, timeout_param};
 use super::{read_bounded, HttpState};
-use crate::api::{valid_collapse_key, valid_key, valid_terminal_id, COLLAPSE_PARAM, TTL_PARAM};
+use crate::api::{valid_key, valid_terminal_id};
 use crate::clock;
 use crate::metrics::GaugeUnit;
 use crate::peer::wire::MAX_BATCH_PUSHES;
 use crate::push::answer::{Answer, ErrorCode};
-use crate::push::later::Later;
 use crate::push::slots::Slot;
 use crate::push::PushRequest;
 
@@ -201,34 +200,10 @@ fn checked(
             _ => return Err(bad("content_type must be visible ASCII".into())),
         },
     };
-    let later = match (item.ttl_s, item.collapse_key) {
-        (None, None) => None,
-        (None, Some(_)) => return Err(bad(format!("{COLLAPSE_PARAM} needs {TTL_PARAM}"))),
-        (Some(ttl_s), collapse_key) => {
-            let max = settings.queue.max_ttl.as_secs().min(MAX_TTL_S);
-            if !(1..=max).contains(&ttl_s) {
-                return Err(bad(format!(
-                    "{TTL_PARAM} must be from 1 to {max} on this cluster"
-                )));
-            }
-            if collapse_key
-                .as_deref()
-                .is_some_and(|c| !valid_collapse_key(c))
-            {
-                return Err(bad(format!(
-                    "{COLLAPSE_PARAM} must match [A-Za-z0-9._:-]{{1,64}}"
-                )));
-            }
-            state
-                .push
-                .queue_ready()
-                .map_err(|why| Answer::error(ErrorCode::QueueUnavailable, why))?;
-            Some(Later {
-                ttl: Duration::from_secs(ttl_s),
-                collapse_key,
-            })
-        }
-    };
+    let later = later_of(item.ttl_s, item.collapse_key).map_err(bad)?;
+    if let Some(later) = &later {
+        keepable(&state.push, later)?;
+    }
     let tenant = caller.tenant_for(&item.terminal)?;
     Ok(PushRequest {
         tenant,

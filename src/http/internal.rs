@@ -297,31 +297,24 @@ async fn push(state: &HttpState, terminal: String, headers: &HeaderMap, body: By
         Ok(forwarded) => forwarded,
         Err(why) => return bad_forward(why),
     };
-    let tenant = Tenant(forwarded.tenant);
-    let _slot = match state.push.admit(&tenant) {
-        Ok(slot) => slot,
-        Err(full) => {
-            let message = format!("the owner pod: {}", full.message());
-            return respond(Answer::error(ErrorCode::Overloaded, message));
-        }
-    };
-    let budget = forwarded.deadline.min(MAX_TIMEOUT);
-    let request = PushRequest {
-        tenant,
-        terminal: forwarded.terminal,
-        key: forwarded.key,
-        content_type: forwarded.content_type,
-        body: forwarded.body,
+    let deadline = clock::now() + forwarded.deadline.min(MAX_TIMEOUT);
+    let request = request_of(forwarded, received);
+    respond(state.push.deliver_forwarded(&request, deadline).await)
+}
+
+/// The push a forward carries, received at `received`.
+fn request_of(f: ForwardedPush, received: std::time::Instant) -> PushRequest {
+    PushRequest {
+        tenant: Tenant(f.tenant),
+        terminal: f.terminal,
+        key: f.key,
+        content_type: f.content_type,
+        body: f.body,
         received,
-        later: forwarded.ttl.map(|ttl| Later {
+        later: f.ttl.map(|ttl| Later {
             ttl,
-            collapse_key: forwarded.collapse_key,
+            collapse_key: f.collapse_key,
         }),
-    };
-    let deadline = clock::now() + budget;
-    match state.push.deliver_at_owner(&request, deadline).await {
-        Owned::Answer(answer) => respond(answer),
-        Owned::NotHere => moved(),
     }
 }
 
@@ -341,23 +334,14 @@ pub(super) async fn push_batch(State(state): State<Arc<HttpState>>, body: Bytes)
         .get_or_create(&[("from", "peer")])
         .inc();
     (metrics.push_batch_items.get_or_create(&[("from", "peer")])).inc_by(forwarded.len() as u64);
-    let pushes = forwarded
+    let pushes: Vec<PushRequest> = forwarded
         .into_iter()
-        .map(|f| PushRequest {
-            tenant: Tenant(f.tenant),
-            terminal: f.terminal,
-            key: f.key,
-            content_type: f.content_type,
-            body: f.body,
-            received,
-            later: f.ttl.map(|ttl| Later {
-                ttl,
-                collapse_key: f.collapse_key,
-            }),
-        })
+        .map(|f| request_of(f, received))
         .collect();
     let deadline = clock::now() + budget.min(MAX_TIMEOUT);
-    let answers = state.push.deliver_batch_here(pushes, deadline).await;
+    let push = &state.push;
+    let answers =
+        futures::future::join_all(pushes.iter().map(|p| push.deliver_forwarded(p, deadline))).await;
     let results = answers
         .into_iter()
         .map(|a| BatchResult {

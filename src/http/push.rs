@@ -169,33 +169,52 @@ pub const MAX_TTL_S: u64 = 366 * 24 * 3600;
 fn query_of(uri: &Uri) -> Result<(Duration, Option<Later>), String> {
     let Query(query) = Query::<PushQuery>::try_from_uri(uri).map_err(|e| e.body_text())?;
     let timeout = timeout_param(query.timeout_ms)?;
-    let ttl = match query.ttl_s {
+    let ttl_s = match query.ttl_s {
         None => None,
-        Some(raw) => match raw.parse::<u64>() {
-            Ok(s) if (1..=MAX_TTL_S).contains(&s) => Some(Duration::from_secs(s)),
-            _ => {
-                return Err(format!(
-                    "{TTL_PARAM} must be an integer from 1 to {MAX_TTL_S}"
-                ))
-            }
-        },
+        Some(raw) => Some(raw.parse::<u64>().map_err(|_| ttl_range())?),
     };
-    let later = match (ttl, query.collapse_key) {
-        (None, None) => None,
-        (None, Some(_)) => return Err(format!("{COLLAPSE_PARAM} needs {TTL_PARAM}")),
-        (Some(ttl), collapse_key) => {
-            if collapse_key
-                .as_deref()
-                .is_some_and(|c| !valid_collapse_key(c))
-            {
-                return Err(format!(
-                    "{COLLAPSE_PARAM} must match [A-Za-z0-9._:-]{{1,64}}"
-                ));
-            }
-            Some(Later { ttl, collapse_key })
-        }
-    };
-    Ok((timeout, later))
+    Ok((timeout, later_of(ttl_s, query.collapse_key)?))
+}
+
+fn ttl_range() -> String {
+    format!("{TTL_PARAM} must be an integer from 1 to {MAX_TTL_S}")
+}
+
+/// What makes a push wait, checked (a single push's query, a batch's item): `ttl_s` in
+/// range, and a `collapse_key` only with it and of the allowed characters.
+pub(super) fn later_of(
+    ttl_s: Option<u64>,
+    collapse_key: Option<String>,
+) -> Result<Option<Later>, String> {
+    match (ttl_s, collapse_key) {
+        (None, None) => Ok(None),
+        (None, Some(_)) => Err(format!("{COLLAPSE_PARAM} needs {TTL_PARAM}")),
+        (Some(s), _) if !(1..=MAX_TTL_S).contains(&s) => Err(ttl_range()),
+        (Some(_), Some(c)) if !valid_collapse_key(&c) => Err(format!(
+            "{COLLAPSE_PARAM} must match [A-Za-z0-9._:-]{{1,64}}"
+        )),
+        (Some(s), collapse_key) => Ok(Some(Later {
+            ttl: Duration::from_secs(s),
+            collapse_key,
+        })),
+    }
+}
+
+/// Whether this cluster keeps `later` now: `503 queue_unavailable` while a member does
+/// not keep pushes for later, `400` for a TTL over `--queue-max-ttl`.
+pub(super) fn keepable(service: &PushService, later: &Later) -> Result<(), Answer> {
+    service
+        .queue_ready()
+        .map_err(|why| Answer::error(ErrorCode::QueueUnavailable, why))?;
+    let max = service.settings().queue.max_ttl;
+    if later.ttl > max {
+        let message = format!(
+            "{TTL_PARAM} must be at most {} on this cluster (--queue-max-ttl)",
+            max.as_secs()
+        );
+        return Err(Answer::error(ErrorCode::InvalidRequest, message));
+    }
+    Ok(())
 }
 
 /// `?timeout_ms=` checked: [`DEFAULT_TIMEOUT`] when absent.
@@ -266,17 +285,7 @@ async fn checked(
     )
     .await?;
     if let Some(later) = &head.later {
-        service
-            .queue_ready()
-            .map_err(|why| Answer::error(ErrorCode::QueueUnavailable, why))?;
-        let max = settings.queue.max_ttl;
-        if later.ttl > max {
-            let message = format!(
-                "{TTL_PARAM} must be at most {} on this cluster (--queue-max-ttl)",
-                max.as_secs()
-            );
-            return Err(Answer::error(ErrorCode::InvalidRequest, message));
-        }
+        keepable(service, later)?;
     }
     let request = PushRequest {
         tenant,

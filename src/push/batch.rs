@@ -1,9 +1,9 @@
 //! Many pushes in one request: on the pod that received the batch, its pushes grouped
 //! by the pod that serves their terminals, each group forwarded in **one** signed peer
 //! request ([`PushService::push_batch`]); on an owner, the pushes of such a request
-//! delivered at once ([`PushService::deliver_batch_here`]). Every push of a batch is a
-//! push as one sent alone: its own idempotency key, deadline, slot of `--max-inflight`
-//! and answer, so a batch fails or succeeds per push, and one slow terminal holds only
+//! delivered at once, each as a single forward is ([`PushService::deliver_forwarded`]).
+//! Every push of a batch is a push as one sent alone: its own idempotency key, deadline,
+//! slot of `--max-inflight` and answer, so a batch fails or succeeds per push, and one slow terminal holds only
 //! its own push.
 //!
 //! What a terminal sees is what it sees of single pushes: each push with its key and
@@ -112,30 +112,23 @@ impl PushService {
         join_all(each).await
     }
 
-    /// The owner's part of a batch forwarded by another pod: each push delivered (or
-    /// stored) here, at once, each with its own slot of `--max-inflight`; `421` for one
-    /// whose shard this pod does not serve. In the order given.
-    pub async fn deliver_batch_here(
-        &self,
-        pushes: Vec<PushRequest>,
-        deadline: Instant,
-    ) -> Vec<Answer> {
-        join_all(pushes.iter().map(|push| async move {
-            let _slot = match self.admit(&push.tenant) {
-                Ok(slot) => slot,
-                Err(full) => {
-                    let message = format!("the owner pod: {}", full.message());
-                    return Answer::error(ErrorCode::Overloaded, message);
-                }
-            };
-            match self.deliver_at_owner(push, deadline).await {
-                Owned::Answer(answer) => answer,
-                Owned::NotHere => Answer::error(
-                    ErrorCode::ShardMoved,
-                    "this pod does not serve the terminal's shard",
-                ),
+    /// The owner's part of a push forwarded by another pod, alone or in a batch:
+    /// delivered (or stored) here with its own slot of `--max-inflight`, or `421` when
+    /// this pod does not serve its shard.
+    pub async fn deliver_forwarded(&self, push: &PushRequest, deadline: Instant) -> Answer {
+        let _slot = match self.admit(&push.tenant) {
+            Ok(slot) => slot,
+            Err(full) => {
+                let message = format!("the owner pod: {}", full.message());
+                return Answer::error(ErrorCode::Overloaded, message);
             }
-        }))
-        .await
+        };
+        match self.deliver_at_owner(push, deadline).await {
+            Owned::Answer(answer) => answer,
+            Owned::NotHere => Answer::error(
+                ErrorCode::ShardMoved,
+                "this pod does not serve the terminal's shard",
+            ),
+        }
     }
 }
