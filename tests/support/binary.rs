@@ -162,6 +162,15 @@ impl BinPod {
     }
 }
 
+/// Writes `contents` to `path` by renaming a file written beside it, so a pod started
+/// a moment earlier that reads `path` never sees it empty (a plain write truncates it
+/// first: such a pod exited with "no tokens").
+fn replace_file(path: &Path, writer: &str, contents: &str) {
+    let draft = path.with_extension(writer);
+    std::fs::write(&draft, contents).unwrap();
+    std::fs::rename(&draft, path).unwrap();
+}
+
 /// `posgate serve` as pod `id` of the Redis at `redis_url` with the fast timings, its
 /// push API open to [`API_TOKEN`] and its cluster view to [`OPERATOR_TOKEN`], trusting the POS CA in `ca_file`, dialing at most
 /// 1,000 terminals per second, logging JSON at info, with the `extra` flags (which may
@@ -174,11 +183,11 @@ pub fn terminal_pod(
     extra: &[&str],
 ) -> BinPod {
     let secret_file = dir.join("cluster-secret");
-    std::fs::write(&secret_file, "terminal-pod-test-cluster-secret").unwrap();
+    replace_file(&secret_file, id, "terminal-pod-test-cluster-secret");
     let tokens_file = dir.join("api-tokens");
     let tenant = posgate_loadtest::load::pods::TENANT;
     let tokens = format!("{tenant}:{API_TOKEN}\noperator:{OPERATOR_TOKEN}\n");
-    std::fs::write(&tokens_file, tokens).unwrap();
+    replace_file(&tokens_file, id, &tokens);
     let port = free_port();
     let advertise = format!("http://127.0.0.1:{port}");
     let mut args: Vec<OsString> = ["--redis-url", redis_url, "--cluster", CLUSTER]

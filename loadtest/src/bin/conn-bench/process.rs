@@ -84,10 +84,16 @@ impl Setup<'_> {
         concurrency: u32,
     ) -> Result<(Reaped, u16, Vec<String>)> {
         let port = free_port()?;
+        // Written beside and renamed into place: a pod started a moment earlier may be
+        // reading these, and a plain write truncates them first.
         let secret = self.dir.join("cluster-secret");
-        std::fs::write(&secret, "conn-bench-cluster-secret-0123456789")?;
+        let draft = self.dir.join(format!("cluster-secret.{name}"));
+        std::fs::write(&draft, "conn-bench-cluster-secret-0123456789")?;
+        std::fs::rename(&draft, &secret)?;
         let tokens = self.dir.join("api-tokens");
-        std::fs::write(&tokens, "bench:conn-bench-api-token-0123456789abcdef\n")?;
+        let draft = self.dir.join(format!("api-tokens.{name}"));
+        std::fs::write(&draft, "bench:conn-bench-api-token-0123456789abcdef\n")?;
+        std::fs::rename(&draft, &tokens)?;
         let args: Vec<String> = [
             "serve",
             "--redis-url",
