@@ -268,3 +268,67 @@ fn an_export_imports_back_unchanged() {
         "{stderr}"
     );
 }
+
+/// A file with the `labels` column sets each terminal's labels (an empty cell removes
+/// them) and exports back the same; a file without it, imported plainly or with
+/// `--replace`, keeps the stored labels of the terminals it lists.
+#[test]
+fn labels_are_set_by_the_file_that_has_them_and_kept_by_one_that_does_not() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let dir = tempfile::tempdir().unwrap();
+    let labeled = "id,addr,server_name,labels\n\
+                   pos-1,10.0.0.1:443,,store=17;region=eu\n\
+                   pos-2,10.0.0.2:443,,store=18\n\
+                   pos-3,10.0.0.3:443,,\n";
+    let file = write(dir.path(), "labeled.csv", labeled);
+    ok(&url, &["import", file.to_str().unwrap()]);
+    let exported = ok(&url, &["export"]);
+    assert_eq!(
+        exported,
+        "id,addr,server_name,labels\n\
+         pos-1,10.0.0.1:443,10.0.0.1,region=eu;store=17\n\
+         pos-2,10.0.0.2:443,10.0.0.2,store=18\n\
+         pos-3,10.0.0.3:443,10.0.0.3,\n"
+    );
+    // No labels column: new addresses, the same labels; --replace too.
+    let plain = "id,addr,server_name\n\
+                 pos-1,10.0.1.1:443,\n\
+                 pos-2,10.0.1.2:443,\n";
+    let file = write(dir.path(), "plain.csv", plain);
+    let out = ok(&url, &["import", file.to_str().unwrap()]);
+    assert!(out.contains("(0 added, 2 updated, 0 removed)"), "{out}");
+    let out = ok(&url, &["import", "--replace", file.to_str().unwrap()]);
+    assert!(out.contains("(0 added, 0 updated, 1 removed)"), "{out}");
+    assert_eq!(
+        ok(&url, &["export"]),
+        "id,addr,server_name,labels\n\
+         pos-1,10.0.1.1:443,10.0.1.1,region=eu;store=17\n\
+         pos-2,10.0.1.2:443,10.0.1.2,store=18\n"
+    );
+    // An empty cell removes them; a bad label names its line and imports nothing.
+    let file = write(
+        dir.path(),
+        "clear.csv",
+        "id,addr,server_name,labels\npos-2,10.0.1.2:443,,\n",
+    );
+    ok(&url, &["import", file.to_str().unwrap()]);
+    let file = write(
+        dir.path(),
+        "bad.csv",
+        "id,addr,server_name,labels\npos-1,10.0.1.1:443,,store=1\npos-2,10.0.1.2:443,,store\n",
+    );
+    let out = terminals(&url, &["import", file.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("bad.csv:3: label \"store\" is not key=value"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(
+        ok(&url, &["export"]),
+        "id,addr,server_name,labels\n\
+         pos-1,10.0.1.1:443,10.0.1.1,region=eu;store=17\n\
+         pos-2,10.0.1.2:443,10.0.1.2,\n"
+    );
+}

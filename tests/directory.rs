@@ -5,6 +5,7 @@
 use std::collections::BTreeSet;
 
 use crate::support::RedisServer;
+use posgate::api::Labels;
 use posgate::core::shard::shard_of;
 use posgate::core::ShardId;
 use posgate::store::directory::{Directory, DirectoryAdmin, MemoryDirectory, Terminal};
@@ -159,6 +160,7 @@ async fn invalid_input_writes_nothing() {
         id: "bad id".into(),
         addr: "h:1".into(),
         server_name: "h".into(),
+        labels: Default::default(),
     };
     let err = store.upsert(SHARDS, &[t("a", 1), bad]).await.unwrap_err();
     assert!(matches!(err, StoreError::Config(_)), "{err}");
@@ -239,6 +241,93 @@ async fn versions_never_repeat_after_a_wipe() {
     assert_eq!(read.generation.as_deref(), Some(g1.as_str()));
 }
 
+/// Labels are read, written, changed alone and removed with their terminal; a write of
+/// the entry alone (what a previous release's import does: `HSET` of the JSON and a
+/// version bump, its `directory_upsert.lua`) keeps them; labels left behind by a
+/// previous release's remove count for nothing.
+#[tokio::test]
+async fn labels_live_beside_the_entry() {
+    let redis = RedisServer::start();
+    let store = connect(&redis).await;
+    let labels = Labels::parse("store=17;region=eu").unwrap();
+    let a = t("a", 1).with_labels(labels.clone());
+    store.upsert(SHARDS, &[a.clone(), t("b", 2)]).await.unwrap();
+    let shard = shard_of("a", SHARDS);
+    let read = |id: &'static str| {
+        let store = &store;
+        async move {
+            let shard = shard_of(id, SHARDS);
+            let all = store.terminals(shard).await.unwrap();
+            all.into_iter().find(|t| t.id == id)
+        }
+    };
+    assert_eq!(read("a").await, Some(a.clone()));
+    assert!(read("b").await.unwrap().labels.is_empty());
+
+    // Only the labels change: an update, and the shard's version moves.
+    let v1 = store.versions(&all_shards()).await.unwrap().versions;
+    let relabeled = t("a", 1).with_labels(Labels::parse("store=18").unwrap());
+    let sum = store
+        .upsert(SHARDS, std::slice::from_ref(&relabeled))
+        .await
+        .unwrap();
+    assert_eq!((sum.added, sum.updated, sum.unchanged), (0, 1, 0));
+    let v2 = store.versions(&all_shards()).await.unwrap().versions;
+    assert_eq!(moved(&v1, &v2), BTreeSet::from([shard]));
+    assert_eq!(read("a").await, Some(relabeled.clone()));
+
+    // A previous release's import of "a" with a new address rewrites the JSON entry only.
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let key = format!("posgate:{{test}}:terminals:{shard}");
+    let json = r#"{"addr":"pos-9.example:9","server_name":"pos-9.example"}"#;
+    let () = redis::cmd("HSET")
+        .arg(&key)
+        .arg("a")
+        .arg(json)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let a = read("a").await.unwrap();
+    assert_eq!(
+        (a.addr.as_str(), &a.labels),
+        ("pos-9.example:9", &relabeled.labels)
+    );
+
+    // Labels left behind (a previous release's remove deletes the entry only) are not
+    // read as the terminal's; this release's remove deletes them too.
+    let () = redis::cmd("HDEL")
+        .arg(&key)
+        .arg("a")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(read("a").await, None);
+    let labels_key = format!("posgate:{{test}}:terminal-labels:{shard}");
+    let left: Option<String> = redis::cmd("HGET")
+        .arg(&labels_key)
+        .arg("a")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(left.as_deref(), Some("store=18"));
+    store.remove(SHARDS, &["a".to_string()]).await.unwrap();
+    let left: Option<String> = redis::cmd("HGET")
+        .arg(&labels_key)
+        .arg("a")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(left, None);
+    // An upsert without labels clears them.
+    store
+        .upsert(SHARDS, &[t("b", 2).with_labels(labels)])
+        .await
+        .unwrap();
+    store.upsert(SHARDS, &[t("b", 2)]).await.unwrap();
+    assert!(read("b").await.unwrap().labels.is_empty());
+}
+
 fn random_id(rng: &mut StdRng) -> String {
     format!("pos-{}", rng.random_range(0..300u32))
 }
@@ -250,7 +339,10 @@ fn random_terminals(rng: &mut StdRng, max: usize) -> Vec<Terminal> {
     for _ in 0..rng.random_range(0..max) {
         let id = random_id(rng);
         if seen.insert(id.clone()) {
-            out.push(t(&id, rng.random_range(1..4)));
+            // No labels, or one of two sets: a write may change only a terminal's labels.
+            let labels = ["", "store=1", "store=2;region=eu"][rng.random_range(0..3)];
+            let labels = Labels::parse(labels).unwrap();
+            out.push(t(&id, rng.random_range(1..4)).with_labels(labels));
         }
     }
     out

@@ -56,13 +56,19 @@ async fn records(redis: &RedisServer) -> BTreeMap<ShardId, Value> {
 }
 
 /// The first `n` terminals `t-0`, `t-1`... of `shard` (of [`SHARDS`]), sorted by id as
-/// the directory reads them.
+/// the directory reads them; every other one with labels, which a write-back keeps.
 fn of_shard(shard: ShardId, n: usize) -> Vec<Terminal> {
     let mut out: Vec<Terminal> = (0..)
         .map(|i| format!("t-{i}"))
         .filter(|id| shard_of(id, SHARDS) == shard)
         .take(n)
-        .map(|id| Terminal::new(&id, "pos.example:443", None).unwrap())
+        .enumerate()
+        .map(|(i, id)| {
+            let labels = if i % 2 == 0 { "store=17;region=eu" } else { "" };
+            Terminal::new(&id, "pos.example:443", None)
+                .unwrap()
+                .with_labels(posgate::api::Labels::parse(labels).unwrap())
+        })
         .collect();
     out.sort_by(|a, b| a.id.cmp(&b.id));
     out

@@ -28,8 +28,9 @@ pub struct TerminalsArgs {
 #[derive(Clone, Debug, clap::Subcommand)]
 pub enum TerminalsCommand {
     /// Add or update the terminals of a CSV file with the header id,addr,server_name
-    /// (server_name may be empty: it defaults to the host of addr). Every line is checked
-    /// first; if any is bad, nothing is imported.
+    /// (server_name may be empty: it defaults to the host of addr), or
+    /// id,addr,server_name,labels (labels as key=value;key=value, possibly empty). Every
+    /// line is checked first; if any is bad, nothing is imported.
     Import {
         /// The CSV file
         #[arg(value_name = "FILE")]

@@ -40,6 +40,7 @@ async fn a_link_task_future_is_small() {
             id: "t-1".into(),
             addr: "127.0.0.1:1".into(),
             server_name: "t-1.test".into(),
+            labels: Default::default(),
         },
         mode: mode.1,
         state: watch::channel(LinkStatus::new()).0,

@@ -14,6 +14,7 @@
 //! | `posgate:{<cluster>}:epochs` | hash | shard -> last fencing epoch handed out. Never deleted by posgate, so epochs stay monotonic while Redis keeps its data; after a data loss `max(last + 1, now_ms)` keeps them increasing |
 //! | `posgate:{<cluster>}:lease:<shard>` | string, `PX` ttl | the shard's lease: value = owner pod id, expiry = lease TTL by Redis time. Its epoch is the `epochs` entry of the shard |
 //! | `posgate:{<cluster>}:terminals:<shard>` | hash | the terminal directory of one shard: terminal id -> JSON `{"addr", "server_name"}` ([`Entry`](crate::store::directory::Entry)); written by `posgate terminals`, read by the shard's owner |
+//! | `posgate:{<cluster>}:terminal-labels:<shard>` | hash | the labels of the shard's terminals that have any: terminal id -> text form `k=v;k=v` ([`Labels`](crate::api::Labels)), at most 16 pairs of at most 127 bytes each. Written in the same script call as the terminal's entry (`directory_upsert.lua`, `directory_remove.lua`, `directory_restore.lua`) and counted in the shard's version; kept apart from the JSON entry so that a previous release's import, which rewrites that JSON, cannot drop labels. Read by the shard's owner with its terminals; a field whose terminal is absent from `terminals:<shard>` (left by a previous release's `remove`) is ignored. Lost with the directory, and written back with it by the owners (`restore`) |
 //! | `posgate:{<cluster>}:terminals-version` | hash | shard -> directory version, set to `max(previous + 1, TIME ms)` by every write that changes the shard's terminals; owners poll it |
 //! | `posgate:{<cluster>}:terminals-restored` | hash | shard -> JSON `{"pod", "epoch", "generation", "read_in", "version", "terminals"}`: who wrote the shard's directory back from memory after the store lost it (`directory_restore.lua`), holding the lease with which epoch, into which generation, read in which, at which version, how many terminals. Written only by the write-back, never read by posgate (it is for operators and tests); a later import leaves it, so a version above `version` means the shard changed since. Pods of the previous release never touch it |
 //! | `posgate:{<cluster>}:placement` | hash | the placement every pod follows ([`Placement`](crate::core::placement::Placement)): `version` (grows by one per change) and `table` (JSON `{"pods": [sorted ids], "owner": [index into pods, per shard]}`). Replaced only by `place.lua` when the caller names the current version; lost with the rest of the data, and then put back by the pods that remember it |
@@ -114,6 +115,11 @@ impl Keys {
     /// The terminal directory of `shard`: hash terminal id -> JSON entry.
     pub fn terminals(&self, shard: ShardId) -> String {
         self.name(format_args!("terminals:{shard}"))
+    }
+
+    /// The labels of `shard`'s terminals: hash terminal id -> labels text.
+    pub fn terminal_labels(&self, shard: ShardId) -> String {
+        self.name(format_args!("terminal-labels:{shard}"))
     }
 
     /// Directory versions: hash shard -> version.

@@ -25,8 +25,8 @@ pub fn main(args: TerminalsArgs) -> ExitCode {
 fn run(args: TerminalsArgs) -> Result<ExitCode, ExitCode> {
     let settings = or_usage(args.resolve())?;
     let import = match &args.command {
-        TerminalsCommand::Import { file, .. } => read_import(file)?,
-        _ => Vec::new(),
+        TerminalsCommand::Import { file, .. } => Some(read_import(file)?),
+        _ => None,
     };
     let runtime = runtime()?;
     match runtime.block_on(run_terminals(&args, settings, import)) {
@@ -43,16 +43,18 @@ fn run(args: TerminalsArgs) -> Result<ExitCode, ExitCode> {
     }
 }
 
+/// An import file's terminals, and whether it has the `labels` column.
+type Import = (Vec<posgate::store::directory::Terminal>, bool);
+
 /// Every terminal of the import file, or exit 1 after printing each bad line.
-fn read_import(
-    file: &std::path::Path,
-) -> Result<Vec<posgate::store::directory::Terminal>, ExitCode> {
+fn read_import(file: &std::path::Path) -> Result<Import, ExitCode> {
     let name = file.display();
     let text = std::fs::read_to_string(file).map_err(|err| {
         eprintln!("error: cannot read {name}: {err}");
         ExitCode::FAILURE
     })?;
-    posgate::store::directory::csv::parse(&text).map_err(|errors| {
+    let labeled = posgate::store::directory::csv::labeled(&text);
+    let terminals = posgate::store::directory::csv::parse(&text).map_err(|errors| {
         for e in &errors {
             eprintln!("{name}:{}: {}", e.line, e.reason);
         }
@@ -61,7 +63,8 @@ fn read_import(
             errors.len()
         );
         ExitCode::FAILURE
-    })
+    })?;
+    Ok((terminals, labeled))
 }
 
 /// What a command prints.
@@ -84,7 +87,7 @@ impl Report {
 async fn run_terminals(
     args: &TerminalsArgs,
     settings: StoreSettings,
-    import: Vec<posgate::store::directory::Terminal>,
+    import: Option<Import>,
 ) -> anyhow::Result<Report> {
     use posgate::store::directory::DirectoryAdmin;
     use posgate::store::{ClusterMeta, CoordStore};
@@ -96,6 +99,13 @@ async fn run_terminals(
     Ok(match &args.command {
         TerminalsCommand::Export { output } => export(&store, shards, output.as_deref()).await?,
         TerminalsCommand::Import { replace, .. } => {
+            let (import, labeled) = import.unwrap_or_default();
+            // A file without the labels column keeps the labels stored.
+            let import = if labeled {
+                import
+            } else {
+                store.with_stored_labels(shards, import).await?
+            };
             let done = if *replace {
                 store.replace_all(shards, &import).await
             } else {

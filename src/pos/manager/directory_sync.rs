@@ -212,10 +212,17 @@ impl<D: Directory> Inner<D> {
         let mut wanted: HashMap<String, Terminal> =
             list.into_iter().map(|t| (t.id.clone(), t)).collect();
         let before = entry.links.len();
-        // A changed address or name is a new terminal: close and redial.
-        entry
-            .links
-            .retain(|id, link| wanted.get(id) == Some(&*link.terminal));
+        // A changed address or name is a new terminal: close and redial. Changed labels
+        // are not: relabeling a region must not reconnect it.
+        entry.links.retain(|id, link| match wanted.get(id) {
+            Some(t) if t.same_endpoint(&link.terminal) => {
+                if t.labels != link.terminal.labels {
+                    link.terminal = Arc::new(t.clone());
+                }
+                true
+            }
+            _ => false,
+        });
         let removed = before - entry.links.len();
         wanted.retain(|id, _| !entry.links.contains_key(id));
         let added = wanted.len();

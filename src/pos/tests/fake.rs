@@ -202,6 +202,7 @@ impl FakeTerminal {
             id: id.into(),
             addr: self.addr.to_string(),
             server_name: server_name.into(),
+            labels: Default::default(),
         }
     }
 

@@ -61,9 +61,50 @@ async fn behind_a_freezable_proxy(
         id: "pos-1".into(),
         addr: proxy.to_string(),
         server_name: "pos-1.test".into(),
+        labels: Default::default(),
     };
     directory.upsert(1, &[terminal]).await.unwrap();
     (server, frozen, directory)
+}
+
+/// New labels reach the link's terminal without a redial: relabeling a region must not
+/// reconnect it. A new address does redial.
+#[tokio::test]
+async fn relabeling_keeps_the_session_and_readdressing_redials() {
+    let pki = Pki::new();
+    let (server, directory) = farm(&pki, &["pos-1"]).await;
+    let (stale, _stale_rx) = mpsc::unbounded_channel();
+    let m = ConnectionManager::new(directory.clone(), pki.dialer(), manager_config(), stale);
+    m.start(0, 10);
+    wait_until("connected", || all_connected(&m, 1, 10)).await;
+    let labels = crate::api::Labels::parse("store=17").unwrap();
+    let relabeled = server
+        .terminal("pos-1", "pos-1.test")
+        .with_labels(labels.clone());
+    directory.upsert(1, &[relabeled]).await.unwrap();
+    let labels_of = |m: &ConnectionManager<MemoryDirectory>| match m.lookup(0, "pos-1") {
+        Lookup::Found(link) => link.terminal.labels.clone(),
+        other => panic!("{other:?}"),
+    };
+    wait_until("the new labels read", || labels_of(&m) == labels).await;
+    assert!(all_connected(&m, 1, 10));
+    assert_eq!(
+        server.open.load(Ordering::SeqCst),
+        1,
+        "no redial for labels"
+    );
+    // The same terminal at another address.
+    let other = FakeTerminal::spawn(pki.server("pos-1.test", &[b"h2"])).await;
+    directory
+        .upsert(1, &[other.terminal("pos-1", "pos-1.test")])
+        .await
+        .unwrap();
+    wait_until("redialed at the new address", || {
+        other.open.load(Ordering::SeqCst) == 1 && all_connected(&m, 1, 10)
+    })
+    .await;
+    assert!(labels_of(&m).is_empty());
+    m.stop(stop(0, 10, StopReason::Shutdown, Close::Now)).await;
 }
 
 #[tokio::test]

@@ -102,6 +102,7 @@ async fn closed_port_is_refused() {
         id: "pos-1".into(),
         addr: addr.to_string(),
         server_name: "pos-1.test".into(),
+        labels: Default::default(),
     };
     let err = pki.dialer().dial(&terminal, 1).await.unwrap_err();
     assert!(matches!(err, DialError::Refused), "{err:?}");
@@ -121,6 +122,7 @@ async fn unanswered_keepalive_ends_the_session() {
         id: "pos-1".into(),
         addr: proxy.to_string(),
         server_name: "pos-1.test".into(),
+        labels: Default::default(),
     };
     let mut session = dialer.dial(&terminal, 1).await.unwrap();
     // Answered PINGs keep an idle connection up.

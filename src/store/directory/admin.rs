@@ -60,6 +60,34 @@ pub trait DirectoryAdmin: Directory {
         async move { self.write_removals(ids_by_shard(shards, ids)?).await }
     }
 
+    /// `terminals` with the labels the directory holds for them now (none for a new
+    /// one): what an import file without a `labels` column means, since it says nothing
+    /// about labels and must not clear them. Reads each shard it touches once.
+    fn with_stored_labels(
+        &self,
+        shards: u32,
+        mut terminals: Vec<Terminal>,
+    ) -> impl Future<Output = Result<Vec<Terminal>, StoreError>> + Send {
+        async move {
+            let touched: BTreeSet<ShardId> =
+                terminals.iter().map(|t| shard_of(&t.id, shards)).collect();
+            let stored: Vec<Vec<Terminal>> = stream::iter(touched)
+                .map(|s| self.terminals(s))
+                .buffered(READS_IN_FLIGHT)
+                .try_collect()
+                .await?;
+            let mut labels: BTreeMap<String, _> = stored
+                .into_iter()
+                .flatten()
+                .map(|t| (t.id, t.labels))
+                .collect();
+            for t in &mut terminals {
+                t.labels = labels.remove(&t.id).unwrap_or_default();
+            }
+            Ok(terminals)
+        }
+    }
+
     /// Makes the directory hold exactly `terminals` in shards `0..shards`: reads each
     /// shard, computes the difference ([`diff_shard`]) and applies only that. Not atomic
     /// (a write racing with it may be undone or kept); repeating it converges.

@@ -1,7 +1,10 @@
 //! The file of `posgate terminals import` and `export`: CSV with the exact header
-//! `id,addr,server_name`, one terminal per line, `server_name` possibly empty (it then
-//! defaults to the host of `addr`). [`write()`] produces what [`parse`] reads back
-//! unchanged.
+//! `id,addr,server_name` or `id,addr,server_name,labels`, one terminal per line,
+//! `server_name` possibly empty (it then defaults to the host of `addr`), `labels` the
+//! terminal's [`Labels`] as `key=value;key=value` (possibly empty: none). [`write()`]
+//! produces what [`parse`] reads back unchanged; it writes the `labels` column only when
+//! a terminal has labels, so a file without any still imports with a previous release
+//! (which refuses the four-column header rather than drop the labels).
 //!
 //! Every line is checked before anything is imported: [`parse`] returns either all
 //! terminals or every bad line with its 1-based line number (the header is line 1).
@@ -16,9 +19,12 @@ use std::collections::HashMap;
 use std::fmt;
 
 use super::{Shown, Terminal};
+use crate::api::Labels;
 
-/// The required first line.
+/// The first line of a file without labels.
 pub const HEADER: &str = "id,addr,server_name";
+/// The first line of a file with labels.
+pub const LABELED_HEADER: &str = "id,addr,server_name,labels";
 
 /// One rejected line.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -92,11 +98,15 @@ fn fields(line: &str) -> Result<Vec<String>, String> {
 /// as `\n` or `\r` (files have one line per terminal), so the file stays well formed and
 /// `import` names that line instead of misreading the next ones.
 pub fn write(terminals: &[Terminal]) -> String {
-    let mut out = String::with_capacity(HEADER.len() + 1 + terminals.len() * 64);
-    out.push_str(HEADER);
+    let labeled = terminals.iter().any(|t| !t.labels.is_empty());
+    let mut out = String::with_capacity(LABELED_HEADER.len() + 1 + terminals.len() * 64);
+    out.push_str(if labeled { LABELED_HEADER } else { HEADER });
     out.push('\n');
     for t in terminals {
-        for (i, value) in [&t.id, &t.addr, &t.server_name].into_iter().enumerate() {
+        let labels = t.labels.to_string();
+        let fields = [&t.id, &t.addr, &t.server_name, &labels];
+        let fields = if labeled { &fields[..] } else { &fields[..3] };
+        for (i, &value) in fields.iter().enumerate() {
             if i > 0 {
                 out.push(',');
             }
@@ -118,6 +128,14 @@ pub fn write(terminals: &[Terminal]) -> String {
     out
 }
 
+/// Whether `text` has the `labels` column: without it, the file says nothing about
+/// labels, and an import keeps the ones stored
+/// ([`DirectoryAdmin::with_stored_labels`](super::DirectoryAdmin::with_stored_labels)).
+pub fn labeled(text: &str) -> bool {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    text.lines().next().map(str::trim) == Some(LABELED_HEADER)
+}
+
 /// Every terminal of `text`, or every bad line (sorted by line). Duplicate ids are bad
 /// lines (the later ones, naming the first).
 pub fn parse(text: &str) -> Result<Vec<Terminal>, Vec<LineError>> {
@@ -125,16 +143,21 @@ pub fn parse(text: &str) -> Result<Vec<Terminal>, Vec<LineError>> {
     let mut lines = text.lines().enumerate();
     let mut errors = Vec::new();
     let header = lines.next().map(|(_, l)| l.trim_end_matches('\r'));
-    if header.map(str::trim) != Some(HEADER) {
-        errors.push(LineError {
-            line: 1,
-            reason: format!(
-                "expected the header {HEADER:?}, got {}",
-                Shown::new(header.unwrap_or(""))
-            ),
-        });
-        return Err(errors);
-    }
+    let labeled = match header.map(str::trim) {
+        Some(HEADER) => false,
+        Some(LABELED_HEADER) => true,
+        _ => {
+            errors.push(LineError {
+                line: 1,
+                reason: format!(
+                    "expected the header {HEADER:?} or {LABELED_HEADER:?}, got {}",
+                    Shown::new(header.unwrap_or(""))
+                ),
+            });
+            return Err(errors);
+        }
+    };
+    let expected = if labeled { LABELED_HEADER } else { HEADER };
     let mut terminals = Vec::new();
     let mut first_line: HashMap<String, usize> = HashMap::new();
     for (index, raw) in lines {
@@ -156,14 +179,26 @@ pub fn parse(text: &str) -> Result<Vec<Terminal>, Vec<LineError>> {
                 continue;
             }
         };
-        let [id, addr, server_name] = parts.as_slice() else {
-            fail(format!(
-                "expected 3 fields (id,addr,server_name), got {}",
-                parts.len()
-            ));
-            continue;
+        let (id, addr, server_name, labels) = match parts.as_slice() {
+            [id, addr, server_name] if !labeled => (id, addr, server_name, ""),
+            [id, addr, server_name, labels] if labeled => (id, addr, server_name, &labels[..]),
+            _ => {
+                fail(format!(
+                    "expected {} fields ({expected}), got {}",
+                    expected.split(',').count(),
+                    parts.len()
+                ));
+                continue;
+            }
         };
-        match Terminal::new(id, addr, Some(server_name)) {
+        let labels = match Labels::parse(labels) {
+            Ok(labels) => labels,
+            Err(reason) => {
+                fail(reason);
+                continue;
+            }
+        };
+        match Terminal::new(id, addr, Some(server_name)).map(|t| t.with_labels(labels)) {
             Ok(t) => {
                 if let Some(first) = first_line.get(&t.id) {
                     fail(format!("duplicate id {:?} (first on line {first})", t.id));
@@ -204,6 +239,7 @@ mod tests {
             id: "odd".into(),
             addr: "h:1, \"x\"\nid".into(),
             server_name: " h".into(),
+            labels: Default::default(),
         };
         let written = write(&[terminals[0].clone(), odd, terminals[1].clone()]);
         let errors = parse(&written).unwrap_err();
@@ -281,6 +317,41 @@ mod tests {
         );
         assert!(shown.starts_with("\"\\u{10}"), "{shown}");
         assert!(shown.ends_with("... (150 bytes in all)"), "{shown}");
+    }
+
+    #[test]
+    fn labels_are_a_fourth_column() {
+        let text = "id,addr,server_name,labels\n\
+                    pos-1,10.0.0.1:443,,store=17;region=eu\n\
+                    pos-2,10.0.0.2:443,,\n";
+        let terminals = parse(text).unwrap();
+        assert_eq!(terminals[0].labels.get("store"), Some("17"));
+        assert!(terminals[1].labels.is_empty());
+        let written = write(&terminals);
+        assert_eq!(
+            written,
+            "id,addr,server_name,labels\n\
+             pos-1,10.0.0.1:443,10.0.0.1,region=eu;store=17\n\
+             pos-2,10.0.0.2:443,10.0.0.2,\n"
+        );
+        assert_eq!(parse(&written).unwrap(), terminals);
+        // Without labels, the file a previous release reads.
+        assert!(write(&terminals[1..]).starts_with("id,addr,server_name\n"));
+        assert!(labeled(text) && labeled(&written) && !labeled(&write(&terminals[1..])));
+        let errors = parse(
+            "id,addr,server_name,labels\n\
+             a,h:1,,store\n\
+             b,h:1,\n\
+             c,h:1,,x=1;x=2\n",
+        )
+        .unwrap_err();
+        let lines: Vec<usize> = errors.iter().map(|e| e.line).collect();
+        assert_eq!(lines, vec![2, 3, 4], "{errors:?}");
+        assert!(errors[0].reason.contains("not key=value"), "{errors:?}");
+        assert!(errors[1].reason.contains("expected 4 fields"), "{errors:?}");
+        // A labels column in a three-column file is an extra field, not labels.
+        let errors = parse("id,addr,server_name\na,h:1,,store=1\n").unwrap_err();
+        assert!(errors[0].reason.contains("expected 3 fields"), "{errors:?}");
     }
 
     #[test]

@@ -31,7 +31,7 @@ pub mod csv;
 mod memory;
 pub mod restore;
 
-use crate::api::valid_terminal_id;
+use crate::api::{valid_terminal_id, Labels};
 use std::fmt;
 use std::future::Future;
 use std::net::Ipv6Addr;
@@ -60,6 +60,9 @@ pub struct Terminal {
     pub addr: String,
     /// The TLS server name to send (SNI) and verify.
     pub server_name: String,
+    /// What broadcasts select it by; none by default.
+    #[serde(default, skip_serializing_if = "Labels::is_empty")]
+    pub labels: Labels,
 }
 
 /// What the connection manager needs. Implemented for Redis and memory.
@@ -229,7 +232,13 @@ impl Terminal {
             id: id.to_string(),
             addr: addr.to_string(),
             server_name: server_name.to_string(),
+            labels: Labels::default(),
         })
+    }
+
+    /// This terminal with `labels` (valid by construction).
+    pub fn with_labels(self, labels: Labels) -> Terminal {
+        Terminal { labels, ..self }
     }
 
     /// Checks a terminal built by hand (fields are public); `server_name` must be set.
@@ -240,20 +249,38 @@ impl Terminal {
         Terminal::new(&self.id, &self.addr, Some(&self.server_name)).map(|_| ())
     }
 
+    /// Whether `other` is dialed the same way: same id, address and TLS name (labels
+    /// aside).
+    pub fn same_endpoint(&self, other: &Terminal) -> bool {
+        (&self.id, &self.addr, &self.server_name) == (&other.id, &other.addr, &other.server_name)
+    }
+
     /// What the directory stores for this terminal (besides its id).
     pub fn entry(&self) -> Entry {
         Entry {
             addr: self.addr.clone(),
             server_name: self.server_name.clone(),
+            labels: self.labels.clone(),
         }
     }
 }
 
-/// The stored value of one terminal: JSON `{"addr":..,"server_name":..}` in Redis.
+/// The stored value of one terminal: JSON `{"addr":..,"server_name":..}` in Redis, and
+/// its labels.
+///
+/// The labels are not in that JSON: Redis keeps them in a hash of their own per shard
+/// (`terminal-labels:<shard>`, the text form), written by the same scripts. A previous
+/// release's `posgate terminals import` rewrites the JSON of the terminals it imports
+/// and knows nothing of that hash, so it leaves their labels as they were instead of
+/// dropping them; its `remove` leaves a removed terminal's labels behind, which no
+/// reader looks at (labels count only for a terminal in the terminals hash) and this
+/// release's next write of the terminal replaces.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Entry {
     pub addr: String,
     pub server_name: String,
+    #[serde(skip)]
+    pub labels: Labels,
 }
 
 impl Entry {
@@ -263,6 +290,7 @@ impl Entry {
             id,
             addr: self.addr,
             server_name: self.server_name,
+            labels: self.labels,
         }
     }
 }

@@ -8,10 +8,10 @@
 --   4. the shard's directory is untouched in this generation: no terminals hash and no
 --      version field (an import, a removal or another write-back came first).
 -- KEYS[1] gen, KEYS[2] epochs, KEYS[3] lease:<shard>, KEYS[4] terminals:<shard>,
--- KEYS[5] terminals-version, KEYS[6] terminals-restored
+-- KEYS[5] terminals-version, KEYS[6] terminals-restored, KEYS[7] terminal-labels:<shard>
 -- ARGV[1] caller generation, ARGV[2] nonce, ARGV[3] pod id, ARGV[4] epoch,
 -- ARGV[5] generation the directory was read in, ARGV[6] shard,
--- then pairs (terminal id, JSON entry)
+-- then triples (terminal id, JSON entry, labels text or '')
 -- Reply: {'gen', id, age_ms} | {'ok', outcome} where outcome is
 --   {'written', version} | {'same_generation'} | {'not_holder', owner|false, epoch|false}
 --   | {'present'}
@@ -34,8 +34,11 @@ if redis.call('HLEN', KEYS[4]) > 0 or redis.call('HGET', KEYS[5], shard) then
   return {'ok', {'present'}}
 end
 local n = 0
-for j = 7, #ARGV, 2 do
+for j = 7, #ARGV, 3 do
   redis.call('HSET', KEYS[4], ARGV[j], ARGV[j + 1])
+  if ARGV[j + 2] ~= '' then
+    redis.call('HSET', KEYS[7], ARGV[j], ARGV[j + 2])
+  end
   n = n + 1
 end
 -- The version field is absent (checked above), so max(previous + 1, now) is `now`.

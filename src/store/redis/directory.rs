@@ -1,19 +1,20 @@
 //! The terminal directory in Redis: [`Directory`] and [`DirectoryAdmin`] for
 //! [`RedisStore`].
 //!
-//! Keys (see `store::keys`): one hash per shard, `terminals:<shard>` (id -> JSON
-//! [`Entry`]), and the hash `terminals-version` (shard -> version). All share the
+//! Keys (see `store::keys`): two hashes per shard, `terminals:<shard>` (id -> JSON
+//! [`Entry`]) and `terminal-labels:<shard>` (id -> labels text, for terminals with
+//! labels), and the hash `terminals-version` (shard -> version). All share the
 //! cluster's hash tag, so a script may touch several shards at once.
 //!
 //! | call | Redis |
 //! |---|---|
-//! | `terminals` | `directory_read.lua` `scan`: `HSCAN` pages of [`PAGE`] entries, so a big shard is never one giant reply |
+//! | `terminals` | `directory_read.lua` `scan`: `HSCAN` pages of [`PAGE`] entries, so a big shard is never one giant reply; then the same for the labels hash |
 //! | `versions` | `directory_read.lua` `versions`: the generation id and `HMGET` (missing = 0), one call |
 //! | `count` | `directory_read.lua` `count`: sum of `HLEN` |
-//! | `upsert` (`write_upserts`) | `directory_upsert.lua` per chunk of [`WRITE_CHUNK`] terminals: `HGET`, `HSET` if different, then one version bump per changed shard |
-//! | `remove` (`write_removals`) | `directory_remove.lua` per chunk: `HDEL`, version bump per changed shard |
+//! | `upsert` (`write_upserts`) | `directory_upsert.lua` per chunk of [`WRITE_CHUNK`] terminals: `HGET`, `HSET` if different (the entry and the labels), then one version bump per changed shard |
+//! | `remove` (`write_removals`) | `directory_remove.lua` per chunk: `HDEL` (entry and labels), version bump per changed shard |
 //! | `replace_all` | the trait's own: `terminals` of every shard, `directory::diff_shard`, then the two writes above for only the difference |
-//! | `restore` | `directory_restore.lua`, one call per shard (so the checks of `directory::restore` and the write are one atomic step): generation, lease owner + epoch, shard untouched in this generation; then `HSET` every entry, the version, and the `terminals-restored` record |
+//! | `restore` | `directory_restore.lua`, one call per shard (so the checks of `directory::restore` and the write are one atomic step): generation, lease owner + epoch, shard untouched in this generation; then `HSET` every entry and its labels, the version, and the `terminals-restored` record |
 //!
 //! Writes are sorted by shard before chunking, so a chunk touches few shards; up to
 //! [`IN_FLIGHT`] chunks are sent concurrently on the multiplexed connection. Each chunk
@@ -32,6 +33,7 @@ use redis::{Script, Value};
 
 use super::reply::{bad, checked, items, map_ok, restore_outcome, uint};
 use super::RedisStore;
+use crate::api::Labels;
 use crate::core::lease::Checked;
 use crate::core::ShardId;
 use crate::store::directory::{
@@ -122,24 +124,43 @@ fn exactly<const N: usize>(what: &str, reply: Value) -> Result<[Value; N], Store
 }
 
 impl RedisStore {
+    /// Every `(field, value)` of the hash `key`, by `HSCAN` pages of [`PAGE`] (a field
+    /// may come twice; the later wins where it matters).
+    async fn scan(&self, key: &str) -> Result<Vec<(String, String)>, StoreError> {
+        let mut out = Vec::new();
+        let mut cursor = "0".to_string();
+        loop {
+            let args = vec!["scan".to_string(), cursor, PAGE.to_string()];
+            let reply = self.call("directory_scan", &SCRIPTS.read, vec![key.to_string()], args);
+            let [next, page] = exactly("HSCAN", reply.await?)?;
+            let mut page = items(page)?.into_iter();
+            while let (Some(field), Some(value)) = (page.next(), page.next()) {
+                out.push((string(field)?, string(value)?));
+            }
+            cursor = string(next)?;
+            if cursor == "0" {
+                return Ok(out);
+            }
+        }
+    }
+
     /// The KEYS of a write script for `chunk` (the versions hash, then one terminals hash
-    /// per shard) and the start of its ARGV (the shard ids, in the same order).
+    /// per shard, then one labels hash per shard) and the start of its ARGV (the shard
+    /// ids, in the same order).
     fn write_layout<T>(&self, chunk: &Chunk<T>) -> (Vec<String>, Vec<String>) {
         let k = self.keys();
         let mut keys = vec![k.terminals_version()];
         keys.extend(chunk.shards.iter().map(|&s| k.terminals(s)));
+        keys.extend(chunk.shards.iter().map(|&s| k.terminal_labels(s)));
         let args = chunk.shards.iter().map(ShardId::to_string).collect();
         (keys, args)
     }
 
-    /// Writes one chunk of `(index, (id, json))` entries.
-    async fn upsert_chunk(
-        &self,
-        chunk: Chunk<(String, String)>,
-    ) -> Result<WriteSummary, StoreError> {
+    /// Writes one chunk of `(index, (id, json, labels text))` entries.
+    async fn upsert_chunk(&self, chunk: Chunk<[String; 3]>) -> Result<WriteSummary, StoreError> {
         let (keys, mut args) = self.write_layout(&chunk);
-        for (i, (id, json)) in chunk.items {
-            args.extend([i.to_string(), id, json]);
+        for (i, [id, json, labels]) in chunk.items {
+            args.extend([i.to_string(), id, json, labels]);
         }
         let reply = self.call("directory_upsert", &SCRIPTS.upsert, keys, args);
         let [added, updated, unchanged, changed] = exactly("directory_upsert", reply.await?)?;
@@ -194,25 +215,24 @@ impl Directory for RedisStore {
     async fn terminals(&self, shard: ShardId) -> Result<Vec<Terminal>, StoreError> {
         let key = self.keys().terminals(shard);
         let mut found: BTreeMap<String, Terminal> = BTreeMap::new();
-        let mut cursor = "0".to_string();
-        loop {
-            let args = vec!["scan".to_string(), cursor, PAGE.to_string()];
-            let reply = self.call("directory_scan", &SCRIPTS.read, vec![key.clone()], args);
-            let [next, page] = exactly("HSCAN", reply.await?)?;
-            let mut page = items(page)?.into_iter();
-            while let (Some(id), Some(json)) = (page.next(), page.next()) {
-                let id = string(id)?;
-                let json = string(json)?;
-                let entry: Entry = serde_json::from_str(&json).map_err(|e| {
-                    bad(format!(
-                        "terminal {id:?} in {key} is not a valid entry ({e}): {json:?}"
-                    ))
-                })?;
-                found.insert(id.clone(), entry.terminal(id));
-            }
-            cursor = string(next)?;
-            if cursor == "0" {
-                break;
+        for (id, json) in self.scan(&key).await? {
+            let entry: Entry = serde_json::from_str(&json).map_err(|e| {
+                bad(format!(
+                    "terminal {id:?} in {key} is not a valid entry ({e}): {json:?}"
+                ))
+            })?;
+            found.insert(id.clone(), entry.terminal(id));
+        }
+        // Read after the entries: a terminal imported in between has no labels yet, and
+        // its write bumped the version, so the next poll reads the shard again.
+        let key = self.keys().terminal_labels(shard);
+        for (id, text) in self.scan(&key).await? {
+            let labels = Labels::parse(&text)
+                .map_err(|e| bad(format!("labels of {id:?} in {key}: {e}: {text:?}")))?;
+            // Labels whose terminal is gone (a previous release's remove) count for
+            // nothing.
+            if let Some(t) = found.get_mut(&id) {
+                t.labels = labels;
             }
         }
         Ok(found.into_values().collect())
@@ -270,6 +290,7 @@ impl Directory for RedisStore {
             k.terminals(shard),
             k.terminals_version(),
             k.terminals_restored(),
+            k.terminal_labels(shard),
         ];
         let mut args = vec![
             request.generation.to_string(),
@@ -283,7 +304,7 @@ impl Directory for RedisStore {
             t.validate()?;
             let json = serde_json::to_string(&t.entry())
                 .map_err(|e| bad(format!("cannot encode: {e}")))?;
-            args.extend([t.id.clone(), json]);
+            args.extend([t.id.clone(), json, t.labels.to_string()]);
         }
         let reply = self.call("directory_restore", &SCRIPTS.restore, keys, args);
         map_ok(checked(reply.await?, None, 1)?, |mut outcome| {
@@ -299,7 +320,7 @@ impl DirectoryAdmin for RedisStore {
             for (id, entry) in entries {
                 let json = serde_json::to_string(&entry)
                     .map_err(|e| bad(format!("cannot encode: {e}")))?;
-                all.push((shard, (id, json)));
+                all.push((shard, [id, json, entry.labels.to_string()]));
             }
         }
         write_chunks(all, |c| self.upsert_chunk(c)).await
