@@ -12,8 +12,12 @@ use std::collections::BTreeMap;
 pub const PUSH_ROUTE: &str = "/v1/terminals/{id}/push";
 /// `POST {BATCH_ROUTE}`: many pushes, one result each.
 pub const BATCH_ROUTE: &str = "/v1/pushes";
-/// `GET {TERMINAL_ROUTE}`: where a terminal is served.
+/// `GET {TERMINAL_ROUTE}`: where a terminal is served; `PUT`: add or change its
+/// directory entry; `DELETE`: remove it from the directory.
 pub const TERMINAL_ROUTE: &str = "/v1/terminals/{id}";
+/// `POST {TERMINALS_ROUTE}`: import many terminals (the CSV of `posgate terminals
+/// import`).
+pub const TERMINALS_ROUTE: &str = "/v1/terminals";
 /// `GET {CLUSTER_ROUTE}`: members and shard ownership.
 pub const CLUSTER_ROUTE: &str = "/v1/cluster";
 /// The push's deadline, milliseconds (`?timeout_ms=`).

@@ -48,7 +48,7 @@ pub use crate::reload::Reloader;
 use crate::serving::ServingHook;
 use crate::serving::{NoSessions, SessionStats};
 use crate::status::PodStatus;
-use crate::store::directory::Directory;
+use crate::store::directory::{edits, DirectoryAdmin, DirectoryEdits};
 use crate::store::queue::QueueStore;
 use crate::store::{ClusterMeta, CoordStore, StoreError};
 use crate::tls::TlsConfigError;
@@ -103,7 +103,7 @@ impl Pod {
     /// Runs one pod with its POS connection manager (what `posgate serve` does) until
     /// `shutdown` resolves and its graceful shutdown is done, or until it fails. Dropping
     /// the returned future stops the pod without a graceful shutdown.
-    pub async fn run_with_terminals<S: CoordStore + Directory + QueueStore>(
+    pub async fn run_with_terminals<S: CoordStore + DirectoryAdmin + QueueStore>(
         config: PodConfig,
         store: S,
         listener: TcpListener,
@@ -134,6 +134,7 @@ impl Pod {
             credentials,
             handoffs,
             queue: None,
+            directory: None,
             sessions: Arc::new(NoTerminals),
             stats: Arc::new(NoSessions),
             metrics,
@@ -151,7 +152,7 @@ impl Pod {
     /// the driver. Reads the TLS files now: a bad one fails here, naming the file.
     /// Like [`Pod::start`], the store need not be reachable yet. Must be called within a
     /// tokio runtime.
-    pub fn start_with_terminals<S: CoordStore + Directory + QueueStore>(
+    pub fn start_with_terminals<S: CoordStore + DirectoryAdmin + QueueStore>(
         config: PodConfig,
         store: S,
         listener: TcpListener,
@@ -163,7 +164,7 @@ impl Pod {
     /// [`Pod::start_with_terminals`] with the terminal directory kept apart from the
     /// coordination store (the demo's embedded mode). The store keeps pushes with a TTL
     /// too.
-    pub fn start_with_directory<S: CoordStore + QueueStore, D: Directory>(
+    pub fn start_with_directory<S: CoordStore + QueueStore, D: DirectoryAdmin>(
         config: PodConfig,
         store: Arc<S>,
         directory: Arc<D>,
@@ -213,6 +214,7 @@ impl Pod {
             ..ManagerConfig::default()
         };
         let (stale_tx, stale_rx) = mpsc::unbounded_channel();
+        let edits = edits(directory.clone(), config.core.shards);
         let manager = ConnectionManager::new(directory, dialer.clone(), manager_config, stale_tx);
         let sessions = Arc::new(manager.clone());
         let stats = Arc::new(manager.clone());
@@ -231,6 +233,7 @@ impl Pod {
             credentials,
             handoffs,
             queue,
+            directory: Some(edits),
             sessions,
             stats,
             metrics,
@@ -304,6 +307,8 @@ struct Parts {
     handoffs: Handoffs,
     /// Where pushes with a TTL are kept, and the other end of the drains' hook.
     queue: Option<Queue>,
+    /// The directory API's writes, with a terminal directory.
+    directory: Option<Arc<dyn DirectoryEdits>>,
     sessions: Arc<dyn Sessions>,
     stats: Arc<dyn SessionStats>,
     metrics: Arc<Metrics>,
@@ -324,6 +329,7 @@ fn spawn_pod<S: CoordStore, H: ServingHook>(
         credentials,
         handoffs,
         queue,
+        directory,
         sessions,
         stats,
         metrics,
@@ -377,6 +383,7 @@ fn spawn_pod<S: CoordStore, H: ServingHook>(
         peers,
         ready: ReadyLatch::default(),
         peer: PeerReceiver::default(),
+        directory,
     };
     let meta = ClusterMeta::current(config.core.shards);
     let (stop, stopped) = oneshot::channel();

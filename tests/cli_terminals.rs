@@ -306,13 +306,25 @@ fn labels_are_set_by_the_file_that_has_them_and_kept_by_one_that_does_not() {
          pos-1,10.0.1.1:443,10.0.1.1,region=eu;store=17\n\
          pos-2,10.0.1.2:443,10.0.1.2,store=18\n"
     );
-    // An empty cell removes them; a bad label names its line and imports nothing.
-    let file = write(
-        dir.path(),
-        "clear.csv",
-        "id,addr,server_name,labels\npos-2,10.0.1.2:443,,\n",
-    );
-    ok(&url, &["import", file.to_str().unwrap()]);
+    // An empty cell removes them (the file read from standard input, `-`); a bad label
+    // names its line and imports nothing.
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_posgate"))
+        .args(["terminals", "import", "-", "--redis-url", &url])
+        .env_clear()
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    std::io::Write::write_all(
+        &mut stdin,
+        b"id,addr,server_name,labels\npos-2,10.0.1.2:443,,\n",
+    )
+    .unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert!(text(&out.stdout).contains("(0 added, 1 updated, 0 removed)"));
     let file = write(
         dir.path(),
         "bad.csv",

@@ -17,6 +17,7 @@ mod conformance;
 mod dark_time;
 mod demo;
 mod directory;
+mod directory_api;
 mod directory_restore;
 mod doc_commands;
 mod http_api;

@@ -49,7 +49,7 @@ fn documented_routes_are_the_public_routes() {
         .collect();
     use posgate::api::{
         BATCH_ROUTE, CLUSTER_ROUTE, FEEDBACK_ROUTE, PUSHES_ROUTE, PUSH_ROUTE, PUSH_STATUS_ROUTE,
-        TERMINAL_ROUTE,
+        TERMINALS_ROUTE, TERMINAL_ROUTE,
     };
     assert_eq!(
         paths,
@@ -59,6 +59,7 @@ fn documented_routes_are_the_public_routes() {
             PUSH_STATUS_ROUTE,
             PUSHES_ROUTE,
             TERMINAL_ROUTE,
+            TERMINALS_ROUTE,
             CLUSTER_ROUTE,
             FEEDBACK_ROUTE,
             "/healthz",
@@ -72,6 +73,7 @@ fn documented_routes_are_the_public_routes() {
         "api::PUSH_STATUS_ROUTE",
         "api::PUSHES_ROUTE",
         "api::TERMINAL_ROUTE",
+        "api::TERMINALS_ROUTE",
         "api::CLUSTER_ROUTE",
         "api::FEEDBACK_ROUTE",
         "\"/healthz\"",

@@ -32,7 +32,7 @@ pub enum TerminalsCommand {
     /// id,addr,server_name,labels (labels as key=value;key=value, possibly empty). Every
     /// line is checked first; if any is bad, nothing is imported.
     Import {
-        /// The CSV file
+        /// The CSV file; - reads standard input
         #[arg(value_name = "FILE")]
         file: PathBuf,
         /// Also remove every terminal that is not in FILE

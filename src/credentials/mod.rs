@@ -16,7 +16,9 @@ mod secret;
 mod tokens;
 
 pub use self::secret::{ClusterSecret, SecretTooShort, MIN_SECRET_LEN};
-pub use self::tokens::{ApiTokens, Grant, Scope, Tenant, TokensError, MIN_TOKEN_LEN, OPERATOR};
+pub use self::tokens::{
+    ApiTokens, Grant, Scope, Tenant, TokensError, DIRECTORY, MIN_TOKEN_LEN, OPERATOR,
+};
 
 #[derive(Debug)]
 struct State {

@@ -8,7 +8,11 @@
 //! terminals whose ids match one of its glob patterns (every terminal without any), so
 //! a token given to one vendor or one shop cannot reach another's terminals. The
 //! reserved tenant name [`OPERATOR`] is the operator role: the cluster view and the
-//! status page, no pushes. A tenant may have several tokens, so a token can be rotated
+//! status page, no pushes. The reserved tenant name [`DIRECTORY`] is the directory
+//! role: it adds, changes and removes the terminals its patterns match (the directory
+//! API), and pushes nothing. A release without that role reads such a line as an
+//! ordinary tenant named `directory` (so one tokens file serves both during a rollout;
+//! `docs/operations.md` says what that allows meanwhile). A tenant may have several tokens, so a token can be rotated
 //! without downtime. Only SHA-256 digests are kept, and a presented token is compared
 //! against every entry in constant time, so neither timing nor a memory dump gives a
 //! token away.
@@ -23,6 +27,9 @@ pub const MIN_TOKEN_LEN: usize = 16;
 
 /// The tenant name whose tokens are the operator role.
 pub const OPERATOR: &str = "operator";
+
+/// The tenant name whose tokens are the directory role.
+pub const DIRECTORY: &str = "directory";
 
 /// The tenant a request was authenticated as.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -53,6 +60,8 @@ pub enum Grant {
     Tenant { tenant: Tenant, scope: Scope },
     /// See the cluster (`/v1/cluster`, the status page); no pushes.
     Operator,
+    /// Add, change and remove the terminals of `scope` in the directory; no pushes.
+    Directory { scope: Scope },
 }
 
 impl Grant {
@@ -60,6 +69,7 @@ impl Grant {
         match self {
             Grant::Tenant { tenant, .. } => &tenant.0,
             Grant::Operator => OPERATOR,
+            Grant::Directory { .. } => DIRECTORY,
         }
     }
 }
@@ -199,6 +209,7 @@ impl ApiTokens {
             let grant = match (tenant, scope) {
                 (OPERATOR, Scope::All) => Grant::Operator,
                 (OPERATOR, Scope::Matching(_)) => return Err(TokensError::OperatorScope { at }),
+                (DIRECTORY, scope) => Grant::Directory { scope },
                 (tenant, scope) => Grant::Tenant {
                     tenant: Tenant(tenant.to_string()),
                     scope,
@@ -229,6 +240,15 @@ impl ApiTokens {
         found.cloned()
     }
 
+    /// A name for `token` in an audit line: the first 8 hex digits of its SHA-256,
+    /// which tell two tokens of one tenant apart without giving either away.
+    pub fn token_id(token: &str) -> String {
+        digest(token)[..4]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
     /// The token of an `Authorization` header value (`Bearer <token>`).
     pub fn bearer(header: &str) -> Option<&str> {
         let (scheme, token) = header.trim().split_once(' ')?;
@@ -250,8 +270,26 @@ mod tests {
     fn tenant(tokens: &ApiTokens, token: &str) -> Option<Tenant> {
         match tokens.grant_of(token)? {
             Grant::Tenant { tenant, .. } => Some(tenant),
-            Grant::Operator => None,
+            Grant::Operator | Grant::Directory { .. } => None,
         }
+    }
+
+    #[test]
+    fn the_directory_role_is_a_reserved_tenant_with_patterns() {
+        let text = format!(
+            "directory:{A1}:store-17-*
+directory:{B1}
+"
+        );
+        let tokens = ApiTokens::from_file_text(&text).unwrap();
+        let Some(Grant::Directory { scope }) = tokens.grant_of(A1) else {
+            panic!("{:?}", tokens.grant_of(A1));
+        };
+        assert!(scope.allows("store-17-till-1") && !scope.allows("store-18-till-1"));
+        assert_eq!(
+            tokens.grant_of(B1),
+            Some(Grant::Directory { scope: Scope::All })
+        );
     }
 
     #[test]

@@ -1,12 +1,13 @@
 //! Who a `/v1` request speaks for, as the bearer-token middleware (`push.rs`) found it,
 //! and what that allows: a tenant's token reaches the terminals its patterns match,
-//! an operator's token the cluster view. Every refusal is `403 forbidden`, decided
+//! an operator's token the cluster view, a directory token the directory entries of the
+//! terminals its patterns match. Every refusal is `403 forbidden`, decided
 //! before a terminal is looked up, so a token cannot learn which ids outside its scope
 //! exist.
 //!
 //! Not for: reading tokens (`crate::credentials`), peer requests (`internal.rs`).
 
-use crate::credentials::{Grant, Tenant, OPERATOR};
+use crate::credentials::{Grant, Scope, Tenant, DIRECTORY, OPERATOR};
 use crate::push::answer::{Answer, ErrorCode};
 
 /// The tenant of requests when the API runs without tokens (`--insecure`).
@@ -34,6 +35,7 @@ impl Caller {
             Caller::Granted(Grant::Operator) => Err(forbidden(
                 "an operator token sees the cluster; it does not push or look up terminals",
             )),
+            Caller::Granted(Grant::Directory { .. }) => Err(no_pushes()),
         }
     }
 
@@ -45,6 +47,20 @@ impl Caller {
             Caller::Granted(Grant::Operator) => Err(forbidden(
                 "an operator token sees the cluster; it has no pushes of its own",
             )),
+            Caller::Granted(Grant::Directory { .. }) => Err(no_pushes()),
+        }
+    }
+
+    /// The terminals whose directory entries the request may change: `Err` unless the
+    /// caller has the directory role (or the API runs without tokens).
+    pub(super) fn directory(&self) -> Result<&Scope, Answer> {
+        match self {
+            Caller::Insecure => Ok(&Scope::All),
+            Caller::Granted(Grant::Directory { scope }) => Ok(scope),
+            Caller::Granted(_) => Err(forbidden(format!(
+                "changing the directory needs a directory token (tenant {DIRECTORY} in the \
+                 tokens file)"
+            ))),
         }
     }
 
@@ -52,11 +68,17 @@ impl Caller {
     pub(super) fn operator(&self) -> Result<(), Answer> {
         match self {
             Caller::Insecure | Caller::Granted(Grant::Operator) => Ok(()),
-            Caller::Granted(Grant::Tenant { .. }) => Err(forbidden(format!(
+            Caller::Granted(Grant::Tenant { .. } | Grant::Directory { .. }) => {
+                Err(forbidden(format!(
                 "the cluster view needs an operator token (tenant {OPERATOR} in the tokens file)"
-            ))),
+            )))
+            }
         }
     }
+}
+
+fn no_pushes() -> Answer {
+    forbidden("a directory token changes the directory; it does not push or look up pushes")
 }
 
 fn forbidden(message: impl Into<String>) -> Answer {
@@ -82,6 +104,11 @@ mod tests {
         assert!(operator.operator().is_ok());
         assert!(operator.tenant_for("acme-1").is_err());
         assert!(Caller::Insecure.operator().is_ok());
+        assert!(scoped.directory().is_err() && operator.directory().is_err());
+        let directory = Caller::Granted(Grant::Directory { scope: Scope::All });
+        assert_eq!(directory.directory().unwrap(), &Scope::All);
+        assert!(directory.tenant_for("acme-1").is_err() && directory.tenant().is_err());
+        assert!(directory.operator().is_err());
         assert_eq!(
             Caller::Insecure.tenant_for("any").unwrap(),
             Tenant(INSECURE_TENANT.into())

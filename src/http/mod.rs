@@ -20,6 +20,7 @@ mod batch;
 mod caller;
 mod cluster;
 mod connections;
+mod directory;
 mod errors;
 mod head_errors;
 mod internal;
@@ -62,6 +63,7 @@ use crate::status::PodStatus;
 
 pub use self::caller::INSECURE_TENANT;
 pub use self::connections::{ConnectionLimits, MAX_CLOSING};
+pub use self::directory::MAX_IMPORT_BYTES;
 pub use self::errors::MAX_URI_BYTES;
 pub use self::push::{push_head, PushHead, MAX_TTL_S, PUSH_FAILURES};
 pub use self::serve::{bind, LISTEN_BACKLOG};
@@ -83,6 +85,8 @@ pub struct HttpState {
     pub ready: ReadyLatch,
     /// The peer endpoints' memory of accepted request ids; start with the default.
     pub peer: PeerReceiver,
+    /// The directory API's writes; `None` for a pod without a terminal directory.
+    pub directory: Option<Arc<dyn crate::store::directory::DirectoryEdits>>,
 }
 
 impl HttpState {
@@ -185,7 +189,8 @@ fn router(state: Arc<HttpState>) -> Router {
         ));
     let api = Router::new()
         .route(api::CLUSTER_ROUTE, get(cluster::cluster))
-        .route(api::TERMINAL_ROUTE, get(push::terminal))
+        .route(api::TERMINAL_ROUTE, directory::terminal_route())
+        .route(api::TERMINALS_ROUTE, post(directory::import))
         .route(api::PUSH_STATUS_ROUTE, pushes::push_status_route())
         .route(api::PUSHES_ROUTE, delete(pushes::purge))
         .route(api::FEEDBACK_ROUTE, get(pushes::feedback))

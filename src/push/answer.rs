@@ -15,7 +15,7 @@ use crate::core::{Epoch, PodId, ShardId};
 pub const RETRY_AFTER_SECS: u32 = 1;
 
 /// Every error code, the internal `shard_moved` last.
-pub const ALL_ERROR_CODES: [ErrorCode; 23] = [
+pub const ALL_ERROR_CODES: [ErrorCode; 24] = [
     ErrorCode::InvalidRequest,
     ErrorCode::Unauthorized,
     ErrorCode::Forbidden,
@@ -39,6 +39,7 @@ pub const ALL_ERROR_CODES: [ErrorCode; 23] = [
     ErrorCode::PushInFlight,
     ErrorCode::PushEnded,
     ErrorCode::ShardMoved,
+    ErrorCode::DirectoryUnavailable,
 ];
 
 /// The body of a `200`: the terminal answered 2xx, taking the push now or (`duplicate`)
@@ -107,6 +108,8 @@ pub enum ErrorCode {
     /// Internal only (`421`): the pod asked does not serve the shard; never reaches a
     /// caller of the public API.
     ShardMoved,
+    /// A directory change could not be written now (the store does not answer).
+    DirectoryUnavailable,
 }
 
 impl ErrorCode {
@@ -135,6 +138,7 @@ impl ErrorCode {
             ErrorCode::PushInFlight => "push_in_flight",
             ErrorCode::PushEnded => "push_ended",
             ErrorCode::ShardMoved => "shard_moved",
+            ErrorCode::DirectoryUnavailable => "directory_unavailable",
         }
     }
 
@@ -156,7 +160,8 @@ impl ErrorCode {
             ErrorCode::PosRejected => StatusCode::BAD_GATEWAY,
             ErrorCode::TerminalUnavailable
             | ErrorCode::Overloaded
-            | ErrorCode::QueueUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            | ErrorCode::QueueUnavailable
+            | ErrorCode::DirectoryUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::QueueFull => StatusCode::TOO_MANY_REQUESTS,
             ErrorCode::UnknownPush => StatusCode::NOT_FOUND,
             ErrorCode::PushInFlight => StatusCode::CONFLICT,

@@ -23,6 +23,8 @@ pub use posgate_loadtest::load::pods::OPERATOR_TOKEN;
 /// The bearer token of a [`terminal_pod`]'s push API: the load harness's (tenant
 /// `load`), so its push generator can push through the process too.
 pub use posgate_loadtest::load::pods::TOKEN as API_TOKEN;
+/// The directory token of a [`terminal_pod`] (the directory API, every terminal).
+pub const DIRECTORY_TOKEN: &str = "terminal-pod-test-directory-token";
 
 /// Runs the binary with `args` and only the environment in `env` (so a developer's
 /// `POSGATE_*` variables cannot change the outcome).
@@ -172,7 +174,8 @@ fn replace_file(path: &Path, writer: &str, contents: &str) {
 }
 
 /// `posgate serve` as pod `id` of the Redis at `redis_url` with the fast timings, its
-/// push API open to [`API_TOKEN`] and its cluster view to [`OPERATOR_TOKEN`], trusting the POS CA in `ca_file`, dialing at most
+/// push API open to [`API_TOKEN`], its cluster view to [`OPERATOR_TOKEN`] and its
+/// directory API to [`DIRECTORY_TOKEN`], trusting the POS CA in `ca_file`, dialing at most
 /// 1,000 terminals per second, logging JSON at info, with the `extra` flags (which may
 /// replace a fast timing); its secret and token files go to `dir`.
 pub fn terminal_pod(
@@ -186,7 +189,8 @@ pub fn terminal_pod(
     replace_file(&secret_file, id, "terminal-pod-test-cluster-secret");
     let tokens_file = dir.join("api-tokens");
     let tenant = posgate_loadtest::load::pods::TENANT;
-    let tokens = format!("{tenant}:{API_TOKEN}\noperator:{OPERATOR_TOKEN}\n");
+    let tokens =
+        format!("{tenant}:{API_TOKEN}\noperator:{OPERATOR_TOKEN}\ndirectory:{DIRECTORY_TOKEN}\n");
     replace_file(&tokens_file, id, &tokens);
     let port = free_port();
     let advertise = format!("http://127.0.0.1:{port}");

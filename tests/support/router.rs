@@ -71,6 +71,7 @@ impl Server {
             peers,
             ready: ReadyLatch::default(),
             peer: PeerReceiver::default(),
+            directory: None,
         });
         let listener = posgate::http::bind(([127, 0, 0, 1], 0).into()).unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());

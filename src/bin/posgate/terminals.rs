@@ -49,7 +49,13 @@ type Import = (Vec<posgate::store::directory::Terminal>, bool);
 /// Every terminal of the import file, or exit 1 after printing each bad line.
 fn read_import(file: &std::path::Path) -> Result<Import, ExitCode> {
     let name = file.display();
-    let text = std::fs::read_to_string(file).map_err(|err| {
+    // `-` is standard input (a provisioning job pipes the file in).
+    let read = if file.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin())
+    } else {
+        std::fs::read_to_string(file)
+    };
+    let text = read.map_err(|err| {
         eprintln!("error: cannot read {name}: {err}");
         ExitCode::FAILURE
     })?;

@@ -9,7 +9,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
 
+use futures::future::BoxFuture;
 use futures::{stream, StreamExt, TryStreamExt};
 
 use super::{Directory, Entry, InvalidTerminal, Shown, Terminal};
@@ -125,6 +127,61 @@ pub trait DirectoryAdmin: Directory {
             summary.unchanged += unchanged;
             Ok(summary)
         }
+    }
+}
+
+/// The directory's writes for one cluster behind a pointer, for the directory API
+/// (`http::directory`): [`DirectoryAdmin`] with the shard count fixed and the futures
+/// boxed. Made by [`edits`].
+pub trait DirectoryEdits: Send + Sync + 'static {
+    /// Adds or updates `terminals`; with `labeled` false (the caller named no labels)
+    /// each keeps its stored labels. With `replace`, also removes every terminal not
+    /// among them.
+    fn import(
+        &self,
+        terminals: Vec<Terminal>,
+        labeled: bool,
+        replace: bool,
+    ) -> BoxFuture<'_, Result<WriteSummary, StoreError>>;
+
+    /// Removes the terminals with these ids.
+    fn remove<'a>(&'a self, ids: &'a [String]) -> BoxFuture<'a, Result<WriteSummary, StoreError>>;
+}
+
+/// [`DirectoryEdits`] over `store`, whose cluster has `shards` shards.
+pub fn edits<D: DirectoryAdmin>(store: Arc<D>, shards: u32) -> Arc<dyn DirectoryEdits> {
+    Arc::new(Edits { store, shards })
+}
+
+struct Edits<D> {
+    store: Arc<D>,
+    shards: u32,
+}
+
+impl<D: DirectoryAdmin> DirectoryEdits for Edits<D> {
+    fn import(
+        &self,
+        terminals: Vec<Terminal>,
+        labeled: bool,
+        replace: bool,
+    ) -> BoxFuture<'_, Result<WriteSummary, StoreError>> {
+        Box::pin(async move {
+            let (store, shards) = (&*self.store, self.shards);
+            let terminals = if labeled {
+                terminals
+            } else {
+                store.with_stored_labels(shards, terminals).await?
+            };
+            if replace {
+                store.replace_all(shards, &terminals).await
+            } else {
+                store.upsert(shards, &terminals).await
+            }
+        })
+    }
+
+    fn remove<'a>(&'a self, ids: &'a [String]) -> BoxFuture<'a, Result<WriteSummary, StoreError>> {
+        Box::pin(DirectoryAdmin::remove(&*self.store, self.shards, ids))
     }
 }
 

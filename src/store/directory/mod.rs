@@ -43,7 +43,8 @@ use crate::core::ShardId;
 use crate::store::StoreError;
 
 pub use self::admin::{
-    by_shard, diff_shard, ids_by_shard, DirectoryAdmin, Grouped, ShardDiff, WriteSummary,
+    by_shard, diff_shard, edits, ids_by_shard, DirectoryAdmin, DirectoryEdits, Grouped, ShardDiff,
+    WriteSummary,
 };
 pub use self::memory::MemoryDirectory;
 pub use self::restore::{Refusal, Restore, Restored};
