@@ -4,6 +4,7 @@
 //! one push is that push's result; a token reaches only what it may.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use http::{Request, StatusCode};
 use http_body_util::Full;
@@ -123,6 +124,52 @@ async fn a_batch_over_every_shard_is_one_peer_request_per_owner_and_delivers_eac
     let counters = c.farm.counters();
     assert_eq!(counters.pushes_accepted, PUSHES as u64, "{counters:?}");
     assert_eq!(counters.keys_delivered_twice, 0);
+}
+
+/// One terminal that answers 5 s late does not hold the batch: the others are answered
+/// `200`, it gets `504 pos_timeout` at the batch's deadline, and the answer comes then,
+/// not when the slow terminal answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_slow_terminal_does_not_hold_the_others_past_their_deadline() {
+    let c = Cluster::start(3, 60, &[], PushSettings::default()).await;
+    let ids = c.ids();
+    let slow = ids[0].clone();
+    c.farm
+        .set_faults(posgate_loadtest::pos_sim::FaultConfig {
+            answer_delay_ms: 5_000,
+            slow_terminals: vec![slow.clone()],
+            ..Default::default()
+        })
+        .unwrap();
+    let pushes: Vec<Value> = ids
+        .iter()
+        .map(|t| json!({"terminal": t, "idempotency_key": format!("slow-{t}"), "body": "{}"}))
+        .collect();
+    let request = Request::post(format!("{}/v1/pushes?timeout_ms=1000", c.urls[0]))
+        .header("authorization", format!("Bearer {ACME}"))
+        .body(Full::new(
+            serde_json::to_vec(&json!({ "pushes": pushes }))
+                .unwrap()
+                .into(),
+        ))
+        .unwrap();
+    let started = std::time::Instant::now();
+    let (status, _, body) = api::send(&client(), request).await;
+    let took = started.elapsed();
+    assert_eq!(status, StatusCode::OK, "{body}");
+    for (t, r) in ids.iter().zip(body["results"].as_array().unwrap()) {
+        if *t == slow {
+            assert_eq!(r["status"], 504, "{r}");
+            assert_eq!(r["answer"]["delivery"], "unknown", "{r}");
+        } else {
+            assert_eq!(r["status"], 200, "{t}: {r}");
+        }
+    }
+    // The deadline is 1 s; the slow terminal answers after 5 s.
+    assert!(
+        took < Duration::from_millis(3_500),
+        "answered after {took:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -347,9 +347,10 @@ async fn push(ctx: &ConnCtx, req: Request<Incoming>) -> Response<Full<Bytes>> {
         .push(ctx.conn, epoch, pod, key, now, &s.counters);
     debug!(terminal = %ctx.id, conn = ctx.conn, epoch, key, size, ?outcome, "push");
     let faults = s.faults();
-    if faults.answer_delay_ms > 0 {
+    let delay = faults.answer_delay(&ctx.id);
+    if !delay.is_zero() {
         // Taken (or refused) already: a pod that stops waiting loses only the answer.
-        sleep(Duration::from_millis(faults.answer_delay_ms)).await;
+        sleep(delay).await;
     }
     match outcome {
         PushOutcome::Accepted => respond(StatusCode::OK, "accepted\n"),

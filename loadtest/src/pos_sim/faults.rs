@@ -23,6 +23,8 @@ pub struct FaultConfig {
     /// Wait this long after taking a push before answering it: the push is taken even
     /// when the pod stops waiting first (its answer is lost on the way back).
     pub answer_delay_ms: u64,
+    /// The terminals `answer_delay_ms` applies to; every terminal when empty.
+    pub slow_terminals: Vec<String>,
     /// Fraction (0..=1) of the farm's terminals that are offline: their SNI is refused and
     /// their live connections are dropped when the setting is applied. Which terminals is
     /// a fixed function of the terminal number, so the same fraction picks the same ones.
@@ -66,6 +68,12 @@ impl FaultConfig {
 
     pub(crate) fn response_latency(&self) -> Duration {
         Duration::from_millis(self.response_latency_ms)
+    }
+
+    /// How long terminal `id` waits before answering a push it took.
+    pub(crate) fn answer_delay(&self, id: &str) -> Duration {
+        let slow = self.slow_terminals.is_empty() || self.slow_terminals.iter().any(|t| t == id);
+        Duration::from_millis(if slow { self.answer_delay_ms } else { 0 })
     }
 
     /// Whether terminal number `n` (id `id`) is offline under this configuration.
