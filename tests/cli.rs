@@ -242,10 +242,23 @@ fn version_and_help() {
     let out = posgate(&["--version"], &[]);
     assert!(out.status.success());
     let stdout = String::from_utf8(out.stdout).unwrap();
+    // The release and the commit it was built from (the checkout's, when there is one).
     assert_eq!(
         stdout.trim(),
-        format!("posgate {}", env!("CARGO_PKG_VERSION"))
+        format!(
+            "posgate {} ({})",
+            env!("CARGO_PKG_VERSION"),
+            env!("POSGATE_COMMIT")
+        )
     );
+    let head = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output();
+    if let Some(head) = head.ok().filter(|h| h.status.success()) {
+        let head = String::from_utf8(head.stdout).unwrap();
+        assert_eq!(env!("POSGATE_COMMIT"), head.trim());
+    }
 
     let out = posgate(&["serve", "--help"], &[]);
     assert!(out.status.success());

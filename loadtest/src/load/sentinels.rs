@@ -94,6 +94,10 @@ impl Sentinels {
             args.extend(replica.map(String::from));
             args.push(master_port.to_string());
             let name = format!("redis-replica-{i}");
+            // A replica writes the master's snapshot to its directory before loading
+            // it: into the logs, not the working directory (a dump.rdb was committed).
+            args.extend(["--dir".to_string(), logs.display().to_string()]);
+            args.extend(["--dbfilename".to_string(), format!("{name}.rdb")]);
             let log = logs.join(format!("{name}.log"));
             let proc = spawn("redis-server", args, &log, &name).await?;
             answering(port, &name).await?;

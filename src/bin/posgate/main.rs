@@ -62,8 +62,11 @@ static MALLOC_CONF: &[u8; 34] = b"dirty_decay_ms:0,muzzy_decay_ms:0\0";
 /// Exit code for an invalid command line or configuration (as clap uses).
 const USAGE_ERROR: u8 = 2;
 
+/// `posgate --version`: the release and the commit it was built from.
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("POSGATE_COMMIT"), ")");
+
 #[derive(Parser)]
-#[command(name = "posgate", version, about, long_about = None)]
+#[command(name = "posgate", version = VERSION, about, long_about = None)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -82,6 +82,7 @@ async fn run_pod(
 ) -> anyhow::Result<()> {
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
+        commit = env!("POSGATE_COMMIT"),
         pod = %config.pod_id,
         cluster = %config.cluster,
         advertise_url = %config.advertise_url,
