@@ -1,5 +1,6 @@
-//! Log lines for events a stranger can cause at will (refused requests), at most one
-//! per interval per kind, each saying how many were suppressed since the last one. A
+//! Log lines for events a stranger can cause at will (refused requests), or that come
+//! in bursts of one per shard (a crashed predecessor, found gone by each of its shards'
+//! walks), at most one per interval per kind, each saying how many were suppressed since the last one. A
 //! flood of refusals costs a counter increment each, not a line each, yet an operator
 //! still sees the first one at once and the volume afterwards. The exact counts are in
 //! the metrics.
