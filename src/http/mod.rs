@@ -1,13 +1,14 @@
-//! The pod's HTTP surface: health (`/healthz`, `/readyz`), the push API and cluster
-//! view under `/v1/` (bearer tokens, `push.rs`), and the peer endpoints under
-//! `/internal/` that other pods call (HMAC, `internal.rs`).
+//! The pod's HTTP surface: health (`/healthz`, `/readyz`), the push API, the directory
+//! API (`directory.rs`) and cluster view under `/v1/` (bearer tokens, `push.rs`), and
+//! the peer endpoints under `/internal/` that other pods call (HMAC, `internal.rs`).
 //!
 //! [`Routes`] answers a push ahead of the router (the one route with a rate) and every
 //! other request through it.
 //!
-//! Handlers only read the latest [`PodStatus`] from the driver's `watch` channel; they
-//! never touch the store or the reconciler, so a slow or unreachable store cannot stall
-//! a health probe. Every error answer is JSON `{"error": code, "message": text}`.
+//! The probes and the cluster view only read the latest [`PodStatus`] from the driver's
+//! `watch` channel; they never touch the store or the reconciler, so a slow or
+//! unreachable store cannot stall a health probe. What does go to the store (pushes with
+//! a TTL, directory changes) is bounded in time and answers `503` when it cannot. Every error answer is JSON `{"error": code, "message": text}`.
 //!
 //! [`serve()`] speaks HTTP/1.1 and HTTP/2 with prior knowledge (h2c) on one port; peers use
 //! h2c (see [`crate::peer::PeerClient`]), probes and people HTTP/1.1; or the same over
