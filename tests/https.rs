@@ -328,6 +328,54 @@ async fn pods_sharing_one_certificate_verify_peers_by_name() {
     }
 }
 
+/// `posgate status` as `kubectl exec deploy/posgate -- posgate status --url
+/// https://127.0.0.1:8080` runs it in a prod pod: only the pod's environment (its tokens
+/// file, peer CA and peer TLS name), a certificate that does not name 127.0.0.1. It
+/// draws the cluster; without the name it refuses the certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn posgate_status_inside_a_pod_needs_only_the_pods_environment() {
+    let pki = TestPki::generate();
+    let shared = |config: &mut PodConfig| {
+        config.tls = Some(ServerTlsFiles {
+            cert_file: pki.path("peer"),
+            key_file: pki.path("peer-key"),
+        });
+        config.peers.name = Some(ServerName::try_from(PEER_NAME).unwrap());
+    };
+    let (_farm, _entries, pods) = tls_cluster_with(&pki, &pki.path("ca"), shared).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("api-tokens");
+    std::fs::write(&tokens, format!("acme:{TOKEN}\noperator:{OPERATOR}\n")).unwrap();
+    let url = format!("https://{}", pods[0].1);
+    let (ca, tokens) = (pki.path("ca"), tokens.to_str().unwrap().to_string());
+    for with_name in [true, false] {
+        let (url, ca, tokens) = (url.clone(), ca.clone(), tokens.clone());
+        let out = tokio::task::spawn_blocking(move || {
+            let mut env = vec![
+                ("POSGATE_API_TOKENS_FILE", tokens.as_str()),
+                ("POSGATE_PEER_CA_FILE", ca.to_str().unwrap()),
+            ];
+            if with_name {
+                env.push(("POSGATE_PEER_TLS_NAME", PEER_NAME));
+            }
+            crate::support::binary::posgate(&["status", "--url", &url], &env)
+        })
+        .await
+        .unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        if with_name {
+            assert!(out.status.success(), "{stdout}{stderr}");
+            assert!(stdout.starts_with("posgate cluster, as "), "{stdout}");
+        } else {
+            assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+            assert!(stderr.contains("certificate"), "{stderr}");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn peers_with_an_untrusted_certificate_get_no_forwarded_push() {
     // The pods' peer CA did not issue their certificates: each delivers to its own

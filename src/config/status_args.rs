@@ -3,7 +3,11 @@
 //!
 //! The operator token comes from `POSGATE_OPERATOR_TOKEN` or a file
 //! (`--token-file`, `POSGATE_OPERATOR_TOKEN_FILE`), never from a flag: a command line
-//! is visible to every user of the machine in `ps`.
+//! is visible to every user of the machine in `ps`. Without either it is the `operator`
+//! entry of the pod's own tokens (`POSGATE_API_TOKENS_FILE` or `POSGATE_API_TOKENS`),
+//! and an `https://` pod is verified with the pod's own peer settings
+//! (`POSGATE_PEER_CA_FILE`, `POSGATE_PEER_TLS_NAME`): inside a pod
+//! (`kubectl exec deploy/posgate -- posgate status`) it needs no setup.
 //!
 //! What it does not do: connect, or draw (that is the binary's `status.rs`).
 
@@ -28,8 +32,12 @@ pub struct StatusArgs {
     #[arg(long, env = "POSGATE_OPERATOR_TOKEN_FILE", value_name = "FILE")]
     pub token_file: Option<PathBuf>,
     /// CA bundle (PEM) to verify an https:// pod with [default: the system roots]
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, env = "POSGATE_PEER_CA_FILE", value_name = "FILE")]
     pub ca_file: Option<PathBuf>,
+    /// The name an https:// pod's certificate must hold, when it does not name the
+    /// URL's host (pods share one certificate issued for a service name)
+    #[arg(long, env = "POSGATE_PEER_TLS_NAME", value_name = "NAME")]
+    pub tls_name: Option<String>,
     /// Draw again every --interval until interrupted
     #[arg(long)]
     pub watch: bool,
@@ -49,6 +57,8 @@ pub struct StatusSettings {
     /// `None`: no token (a pod in `--insecure` mode answers without one).
     pub token: Option<String>,
     pub ca_file: Option<PathBuf>,
+    /// `--tls-name`: the name to verify instead of the URL's host.
+    pub tls_name: Option<rustls::pki_types::ServerName<'static>>,
     /// `Some(interval)` with `--watch`.
     pub watch: Option<Duration>,
     pub timeout: Duration,
@@ -82,16 +92,53 @@ impl StatusArgs {
         let token = match (&self.token_file, env(OPERATOR_TOKEN_ENV)) {
             (Some(file), _) => Some(token_from_file(file)?),
             (None, Some(token)) if !token.trim().is_empty() => Some(token.trim().to_string()),
-            (None, _) => None,
+            (None, _) => pods_operator_token(&env)?,
+        };
+        let tls_name = match &self.tls_name {
+            Some(name) => Some(
+                rustls::pki_types::ServerName::try_from(name.clone())
+                    .map_err(|_| invalid("tls-name", "not a DNS name or IP address"))?,
+            ),
+            None => None,
         };
         Ok(StatusSettings {
             cluster_url,
             token,
+            tls_name,
             ca_file: self.ca_file.clone(),
             watch: self.watch.then_some(self.interval),
             timeout: self.timeout,
         })
     }
+}
+
+/// The `operator` entry of the pod's tokens (`POSGATE_API_TOKENS_FILE`, else
+/// `POSGATE_API_TOKENS`), as `posgate serve` in the same environment reads them.
+fn pods_operator_token(
+    env: &impl Fn(&str) -> Option<String>,
+) -> Result<Option<String>, ConfigError> {
+    let (text, separator) = match env("POSGATE_API_TOKENS_FILE") {
+        Some(file) => {
+            let text = std::fs::read_to_string(&file).map_err(|e| {
+                invalid(
+                    "token-file",
+                    format!("no operator token given, and the pod's tokens file {file} cannot be read: {e}"),
+                )
+            })?;
+            (text, '\n')
+        }
+        None => match env("POSGATE_API_TOKENS") {
+            Some(value) => (value, ','),
+            None => return Ok(None),
+        },
+    };
+    let prefix = format!("{}:", crate::credentials::OPERATOR);
+    Ok(text
+        .split(separator)
+        .map(|entry| entry.trim().trim_start_matches('\u{feff}'))
+        .find_map(|entry| entry.strip_prefix(&prefix))
+        .map(|token| token.trim().to_string())
+        .filter(|token| !token.is_empty()))
 }
 
 /// The token in `file`: its content, trimmed (a trailing newline is usual).
@@ -153,6 +200,31 @@ mod tests {
                 other => panic!("{args:?}: {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn inside_a_pod_the_pods_own_tokens_and_peer_name_serve() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("api-tokens");
+        std::fs::write(&file, "# tokens\nacme:acme-token\noperator:op-token\n").unwrap();
+        let path = file.to_str().unwrap().to_string();
+        let argv = ["status", "--tls-name", "posgate-peer.posgate.svc"];
+        let cli = Cli::try_parse_from(argv).expect("flags parse");
+        let env = |name: &str| (name == "POSGATE_API_TOKENS_FILE").then(|| path.clone());
+        let s = cli.status.resolve_with(env).unwrap();
+        assert_eq!(s.token.as_deref(), Some("op-token"));
+        assert_eq!(
+            s.tls_name.map(|n| n.to_str().into_owned()).as_deref(),
+            Some("posgate-peer.posgate.svc")
+        );
+        let env = |name: &str| {
+            (name == "POSGATE_API_TOKENS").then(|| "acme:a-token, operator:op-2".to_string())
+        };
+        let s = cli.status.resolve_with(env).unwrap();
+        assert_eq!(s.token.as_deref(), Some("op-2"));
+        let argv = ["status", "--tls-name", "not a name"];
+        let cli = Cli::try_parse_from(argv).expect("flags parse");
+        assert!(cli.status.resolve_with(|_| None).is_err());
     }
 
     #[test]

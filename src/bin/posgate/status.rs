@@ -20,7 +20,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use posgate::config::status_args::{StatusArgs, StatusSettings};
-use posgate::peer::tls::{h2_client_config, PeerConnector, PeerTls};
+use posgate::peer::tls::{h2_client_config, PeerConnector, PeerTls, PeerVerify};
 use serde::Deserialize;
 
 use crate::{or_usage, runtime};
@@ -69,7 +69,11 @@ type Http = Client<PeerConnector, Empty<Bytes>>;
 /// An HTTP/2 client (as pods talk to each other: cleartext with prior knowledge, or TLS
 /// with ALPN `h2`), verifying an `https://` pod against `--ca-file` or the system roots.
 fn client(settings: &StatusSettings) -> anyhow::Result<Http> {
-    let tls = PeerTls::default();
+    // No CA read here (`ca_file: None`): only the name to verify.
+    let tls = PeerTls::new(&PeerVerify {
+        ca_file: None,
+        name: settings.tls_name.clone(),
+    })?;
     if settings.cluster_url.scheme_str() == Some("https") {
         tls.set(h2_client_config("--ca-file", settings.ca_file.as_deref())?);
     }
@@ -294,6 +298,7 @@ mod tests {
             url: "http://pod-a:8080".into(),
             token_file: None,
             ca_file: None,
+            tls_name: None,
             watch: false,
             interval: std::time::Duration::from_secs(2),
             timeout: std::time::Duration::from_secs(5),
