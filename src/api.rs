@@ -107,7 +107,7 @@ impl From<Labels> for BTreeMap<String, String> {
 }
 
 /// Whether `key` is a valid label key.
-pub fn valid_label_key(key: &str) -> bool {
+fn valid_label_key(key: &str) -> bool {
     (1..=63).contains(&key.len())
         && key.as_bytes()[0].is_ascii_alphanumeric()
         && key
@@ -116,7 +116,7 @@ pub fn valid_label_key(key: &str) -> bool {
 }
 
 /// Whether `value` is a valid label value.
-pub fn valid_label_value(value: &str) -> bool {
+fn valid_label_value(value: &str) -> bool {
     (1..=63).contains(&value.len())
         && value
             .bytes()
@@ -173,11 +173,6 @@ impl Labels {
     /// The value of `key`, if the terminal has it.
     pub fn get(&self, key: &str) -> Option<&str> {
         self.0.get(key).map(String::as_str)
-    }
-
-    /// Every `(key, value)`, sorted by key.
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.0.iter().map(|(k, v)| (k.as_str(), v.as_str()))
     }
 }
 

@@ -277,17 +277,9 @@ async fn labels_live_beside_the_entry() {
     assert_eq!(read("a").await, Some(relabeled.clone()));
 
     // A previous release's import of "a" with a new address rewrites the JSON entry only.
-    let client = redis::Client::open(redis.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let key = format!("posgate:{{test}}:terminals:{shard}");
     let json = r#"{"addr":"pos-9.example:9","server_name":"pos-9.example"}"#;
-    let () = redis::cmd("HSET")
-        .arg(&key)
-        .arg("a")
-        .arg(json)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    assert_eq!(redis.command(&["HSET", &key, "a", json]), ":0");
     let a = read("a").await.unwrap();
     assert_eq!(
         (a.addr.as_str(), &a.labels),
@@ -296,29 +288,21 @@ async fn labels_live_beside_the_entry() {
 
     // Labels left behind (a previous release's remove deletes the entry only) are not
     // read as the terminal's; this release's remove deletes them too.
-    let () = redis::cmd("HDEL")
-        .arg(&key)
-        .arg("a")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    assert_eq!(redis.command(&["HDEL", &key, "a"]), ":1");
     assert_eq!(read("a").await, None);
     let labels_key = format!("posgate:{{test}}:terminal-labels:{shard}");
-    let left: Option<String> = redis::cmd("HGET")
-        .arg(&labels_key)
-        .arg("a")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(left.as_deref(), Some("store=18"));
+    let client = redis::Client::open(redis.url()).unwrap();
+    let conn = client.get_multiplexed_async_connection().await.unwrap();
+    let left = || {
+        let (mut conn, key) = (conn.clone(), labels_key.clone());
+        async move {
+            let cmd = redis::cmd("HGET").arg(key).arg("a").clone();
+            cmd.query_async::<Option<String>>(&mut conn).await.unwrap()
+        }
+    };
+    assert_eq!(left().await.as_deref(), Some("store=18"));
     store.remove(SHARDS, &["a".to_string()]).await.unwrap();
-    let left: Option<String> = redis::cmd("HGET")
-        .arg(&labels_key)
-        .arg("a")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(left, None);
+    assert_eq!(left().await, None);
     // An upsert without labels clears them.
     store
         .upsert(SHARDS, &[t("b", 2).with_labels(labels)])

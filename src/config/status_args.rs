@@ -117,28 +117,16 @@ impl StatusArgs {
 fn pods_operator_token(
     env: &impl Fn(&str) -> Option<String>,
 ) -> Result<Option<String>, ConfigError> {
-    let (text, separator) = match env("POSGATE_API_TOKENS_FILE") {
-        Some(file) => {
-            let text = std::fs::read_to_string(&file).map_err(|e| {
-                invalid(
-                    "token-file",
-                    format!("no operator token given, and the pod's tokens file {file} cannot be read: {e}"),
-                )
-            })?;
-            (text, '\n')
-        }
-        None => match env("POSGATE_API_TOKENS") {
-            Some(value) => (value, ','),
-            None => return Ok(None),
-        },
-    };
-    let prefix = format!("{}:", crate::credentials::OPERATOR);
-    Ok(text
-        .split(separator)
-        .map(|entry| entry.trim().trim_start_matches('\u{feff}'))
-        .find_map(|entry| entry.strip_prefix(&prefix))
-        .map(|token| token.trim().to_string())
-        .filter(|token| !token.is_empty()))
+    if let Some(file) = env("POSGATE_API_TOKENS_FILE") {
+        let text = std::fs::read_to_string(&file).map_err(|e| {
+            let why = format!(
+                "no operator token given, and the pod's tokens file {file} cannot be read: {e}"
+            );
+            invalid("token-file", why)
+        })?;
+        return Ok(crate::credentials::operator_token(&text, false));
+    }
+    Ok(env("POSGATE_API_TOKENS").and_then(|v| crate::credentials::operator_token(&v, true)))
 }
 
 /// The token in `file`: its content, trimmed (a trailing newline is usual).

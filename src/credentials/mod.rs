@@ -17,7 +17,8 @@ mod tokens;
 
 pub use self::secret::{ClusterSecret, SecretTooShort, MIN_SECRET_LEN};
 pub use self::tokens::{
-    ApiTokens, Grant, Scope, Tenant, TokensError, DIRECTORY, MIN_TOKEN_LEN, OPERATOR,
+    operator_token, ApiTokens, Grant, Scope, Tenant, TokensError, DIRECTORY, MIN_TOKEN_LEN,
+    OPERATOR,
 };
 
 #[derive(Debug)]

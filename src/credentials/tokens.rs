@@ -154,33 +154,58 @@ fn pattern(text: &str) -> Option<glob::Pattern> {
     ok.then(|| glob::Pattern::new(text).ok()).flatten()
 }
 
+/// The entries of a tokens file (`lines` ends them at `\n` or `\r\n`).
+fn file_entries(text: &str) -> impl Iterator<Item = (Place, &str)> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    text.lines()
+        .map(str::trim)
+        .enumerate()
+        .filter(|(_, l)| !l.is_empty() && !l.starts_with('#'))
+        .map(|(i, l)| (Place::Line(i + 1), l))
+}
+
+/// The entries of `POSGATE_API_TOKENS`: comma-separated, an item without `:` being one
+/// more pattern of the entry before it.
+fn env_entries(value: &str) -> Vec<(Place, String)> {
+    let mut entries: Vec<(Place, String)> = Vec::new();
+    let items = value.split(',').map(str::trim).filter(|e| !e.is_empty());
+    for item in items {
+        match entries.last_mut() {
+            Some((_, entry)) if !item.contains(':') && entry.matches(':').count() >= 2 => {
+                entry.push(',');
+                entry.push_str(item);
+            }
+            _ => entries.push((Place::Entry(entries.len() + 1), item.to_string())),
+        }
+    }
+    entries
+}
+
+/// The token of the first [`OPERATOR`] entry of a tokens file's text, or of
+/// `POSGATE_API_TOKENS`'s value when `env`: what `posgate status` uses inside a pod.
+pub fn operator_token(text: &str, env: bool) -> Option<String> {
+    let of = |entry: &str| {
+        let mut fields = entry.splitn(3, ':');
+        (fields.next() == Some(OPERATOR))
+            .then(|| fields.next().map(str::to_string))
+            .flatten()
+    };
+    if env {
+        env_entries(text).iter().find_map(|(_, e)| of(e))
+    } else {
+        file_entries(text).find_map(|(_, e)| of(e))
+    }
+}
+
 impl ApiTokens {
-    /// Parses the lines of a tokens file (`lines` ends them at `\n` or `\r\n`).
+    /// Parses the lines of a tokens file.
     pub fn from_file_text(text: &str) -> Result<Self, TokensError> {
-        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-        Self::parse(
-            text.lines()
-                .map(str::trim)
-                .enumerate()
-                .filter(|(_, l)| !l.is_empty() && !l.starts_with('#'))
-                .map(|(i, l)| (Place::Line(i + 1), l)),
-        )
+        Self::parse(file_entries(text))
     }
 
-    /// Parses `POSGATE_API_TOKENS`: comma-separated entries, an item without `:` being
-    /// one more pattern of the entry before it.
+    /// Parses `POSGATE_API_TOKENS` (see [`env_entries`]).
     pub fn from_env_value(value: &str) -> Result<Self, TokensError> {
-        let mut entries: Vec<(Place, String)> = Vec::new();
-        let items = value.split(',').map(str::trim).filter(|e| !e.is_empty());
-        for item in items {
-            match entries.last_mut() {
-                Some((_, entry)) if !item.contains(':') && entry.matches(':').count() >= 2 => {
-                    entry.push(',');
-                    entry.push_str(item);
-                }
-                _ => entries.push((Place::Entry(entries.len() + 1), item.to_string())),
-            }
-        }
+        let entries = env_entries(value);
         Self::parse(entries.iter().map(|(at, e)| (*at, e.as_str())))
     }
 

@@ -110,11 +110,7 @@ pub(super) async fn put(
     Path(id): Path<String>,
     request: Request,
 ) -> Response {
-    respond(
-        put_answer(&state, &caller, &id, request)
-            .await
-            .unwrap_or_else(|a| a),
-    )
+    reply(put_answer(&state, &caller, &id, request).await)
 }
 
 async fn put_answer(
@@ -184,11 +180,7 @@ pub(super) async fn delete(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    respond(
-        delete_answer(&state, &caller, &id, &headers)
-            .await
-            .unwrap_or_else(|a| a),
-    )
+    reply(delete_answer(&state, &caller, &id, &headers).await)
 }
 
 async fn delete_answer(
@@ -244,13 +236,6 @@ struct Imported {
     shards_changed: usize,
 }
 
-/// One bad line of an import, as its answer names it.
-#[derive(Serialize)]
-struct BadLine {
-    line: usize,
-    reason: String,
-}
-
 /// `POST /v1/terminals`.
 pub(super) async fn import(
     State(state): State<Arc<HttpState>>,
@@ -258,8 +243,7 @@ pub(super) async fn import(
     Query(query): Query<ImportQuery>,
     request: Request,
 ) -> Response {
-    let answer = import_answer(&state, &caller, query.replace, request).await;
-    respond(answer.unwrap_or_else(|a| a))
+    reply(import_answer(&state, &caller, query.replace, request).await)
 }
 
 async fn import_answer(
@@ -280,36 +264,11 @@ async fn import_answer(
     let (head, body) = request.into_parts();
     let body = read_bounded(&head.headers, body, MAX_IMPORT_BYTES, WRITE_TIMEOUT).await?;
     let text = std::str::from_utf8(&body).map_err(|_| invalid("the import is not UTF-8"))?;
-    let mut bad = Vec::new();
-    let terminals = match csv::parse(text) {
-        Ok(terminals) => terminals,
-        Err(errors) => {
-            bad = errors
-                .into_iter()
-                .map(|e| BadLine {
-                    line: e.line,
-                    reason: e.reason,
-                })
-                .collect();
-            Vec::new()
-        }
-    };
     // Lines the token may not write are bad lines too: nothing is written.
-    let data_lines = text
-        .lines()
-        .enumerate()
-        .skip(1)
-        .filter(|(_, l)| !l.trim().is_empty());
-    if bad.is_empty() {
-        for ((index, _), t) in data_lines.zip(&terminals) {
-            if !scope.allows(&t.id) {
-                bad.push(BadLine {
-                    line: index + 1,
-                    reason: format!("terminal {:?} is outside this token's patterns", t.id),
-                });
-            }
-        }
-    }
+    let (terminals, mut bad) = match csv::parse_within(text, |id| scope.allows(id)) {
+        Ok(terminals) => (terminals, Vec::new()),
+        Err(errors) => (Vec::new(), errors),
+    };
     if !bad.is_empty() {
         let count = bad.len();
         bad.truncate(SHOWN_LINES);
@@ -345,6 +304,11 @@ async fn import_answer(
             shards_changed: done.changed_shards.len(),
         },
     ))
+}
+
+/// The answer of a handler whose refusals are answers too.
+fn reply(answer: Result<Answer, Answer>) -> Response {
+    respond(answer.unwrap_or_else(|refused| refused))
 }
 
 /// `403` for a terminal outside the token's patterns.

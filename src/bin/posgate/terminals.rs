@@ -106,25 +106,20 @@ async fn run_terminals(
         TerminalsCommand::Export { output } => export(&store, shards, output.as_deref()).await?,
         TerminalsCommand::Import { replace, .. } => {
             let (import, labeled) = import.unwrap_or_default();
-            // A file without the labels column keeps the labels stored.
-            let import = if labeled {
-                import
-            } else {
-                store.with_stored_labels(shards, import).await?
-            };
-            let done = if *replace {
-                store.replace_all(shards, &import).await
-            } else {
-                store.upsert(shards, &import).await
-            }
-            .context("import failed part-way (chunks already written stay; rerun the import)")?;
             let into: std::collections::BTreeSet<_> = import
                 .iter()
                 .map(|t| posgate::core::shard::shard_of(&t.id, shards))
                 .collect();
+            let count = import.len();
+            let done = store
+                .import(shards, import, labeled, *replace)
+                .await
+                .context(
+                    "import failed part-way (chunks already written stay; rerun the import)",
+                )?;
             Report::line(format!(
                 "imported {} terminals ({} added, {} updated, {} removed) into {} shards",
-                import.len(),
+                count,
                 done.added,
                 done.updated,
                 done.removed,

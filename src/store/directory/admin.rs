@@ -90,6 +90,30 @@ pub trait DirectoryAdmin: Directory {
         }
     }
 
+    /// An import: adds or updates `terminals`; with `labeled` false (the file or request
+    /// named no labels) each keeps its stored labels. With `replace`, also removes every
+    /// terminal not among them. What `posgate terminals import` and the directory API do.
+    fn import(
+        &self,
+        shards: u32,
+        terminals: Vec<Terminal>,
+        labeled: bool,
+        replace: bool,
+    ) -> impl Future<Output = Result<WriteSummary, StoreError>> + Send {
+        async move {
+            let terminals = if labeled {
+                terminals
+            } else {
+                self.with_stored_labels(shards, terminals).await?
+            };
+            if replace {
+                self.replace_all(shards, &terminals).await
+            } else {
+                self.upsert(shards, &terminals).await
+            }
+        }
+    }
+
     /// Makes the directory hold exactly `terminals` in shards `0..shards`: reads each
     /// shard, computes the difference ([`diff_shard`]) and applies only that. Not atomic
     /// (a write racing with it may be undone or kept); repeating it converges.
@@ -134,9 +158,7 @@ pub trait DirectoryAdmin: Directory {
 /// (`http::directory`): [`DirectoryAdmin`] with the shard count fixed and the futures
 /// boxed. Made by [`edits`].
 pub trait DirectoryEdits: Send + Sync + 'static {
-    /// Adds or updates `terminals`; with `labeled` false (the caller named no labels)
-    /// each keeps its stored labels. With `replace`, also removes every terminal not
-    /// among them.
+    /// [`DirectoryAdmin::import`].
     fn import(
         &self,
         terminals: Vec<Terminal>,
@@ -165,19 +187,13 @@ impl<D: DirectoryAdmin> DirectoryEdits for Edits<D> {
         labeled: bool,
         replace: bool,
     ) -> BoxFuture<'_, Result<WriteSummary, StoreError>> {
-        Box::pin(async move {
-            let (store, shards) = (&*self.store, self.shards);
-            let terminals = if labeled {
-                terminals
-            } else {
-                store.with_stored_labels(shards, terminals).await?
-            };
-            if replace {
-                store.replace_all(shards, &terminals).await
-            } else {
-                store.upsert(shards, &terminals).await
-            }
-        })
+        Box::pin(DirectoryAdmin::import(
+            &*self.store,
+            self.shards,
+            terminals,
+            labeled,
+            replace,
+        ))
     }
 
     fn remove<'a>(&'a self, ids: &'a [String]) -> BoxFuture<'a, Result<WriteSummary, StoreError>> {

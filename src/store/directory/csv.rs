@@ -27,7 +27,7 @@ pub const HEADER: &str = "id,addr,server_name";
 pub const LABELED_HEADER: &str = "id,addr,server_name,labels";
 
 /// One rejected line.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct LineError {
     /// 1-based; the header is line 1.
     pub line: usize,
@@ -139,6 +139,15 @@ pub fn labeled(text: &str) -> bool {
 /// Every terminal of `text`, or every bad line (sorted by line). Duplicate ids are bad
 /// lines (the later ones, naming the first).
 pub fn parse(text: &str) -> Result<Vec<Terminal>, Vec<LineError>> {
+    parse_within(text, |_| true)
+}
+
+/// [`parse`], where a terminal whose id `allows` refuses (a directory token's patterns)
+/// is a bad line too.
+pub fn parse_within(
+    text: &str,
+    allows: impl Fn(&str) -> bool,
+) -> Result<Vec<Terminal>, Vec<LineError>> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut lines = text.lines().enumerate();
     let mut errors = Vec::new();
@@ -199,6 +208,12 @@ pub fn parse(text: &str) -> Result<Vec<Terminal>, Vec<LineError>> {
             }
         };
         match Terminal::new(id, addr, Some(server_name)).map(|t| t.with_labels(labels)) {
+            Ok(t) if !allows(&t.id) => {
+                fail(format!(
+                    "terminal {:?} is outside this token's patterns",
+                    t.id
+                ));
+            }
             Ok(t) => {
                 if let Some(first) = first_line.get(&t.id) {
                     fail(format!("duplicate id {:?} (first on line {first})", t.id));
