@@ -20,6 +20,10 @@ pub const TERMINAL_ROUTE: &str = "/v1/terminals/{id}";
 pub const TERMINALS_ROUTE: &str = "/v1/terminals";
 /// `GET {CLUSTER_ROUTE}`: members and shard ownership.
 pub const CLUSTER_ROUTE: &str = "/v1/cluster";
+/// Create a broadcast (`POST`, `?selector=&ttl_s=`, `?dry_run=true` only counts).
+pub const BROADCASTS_ROUTE: &str = "/v1/broadcasts";
+/// A broadcast's status (`GET`).
+pub const BROADCAST_ROUTE: &str = "/v1/broadcasts/{id}";
 /// The push's deadline, milliseconds (`?timeout_ms=`).
 pub const TIMEOUT_PARAM: &str = "timeout_ms";
 /// A push that may wait for its terminal: its TTL, seconds (`?ttl_s=`).
@@ -174,6 +178,13 @@ impl Labels {
     pub fn get(&self, key: &str) -> Option<&str> {
         self.0.get(key).map(String::as_str)
     }
+
+    /// Whether a terminal with `labels` is selected by `self` as a broadcast's selector:
+    /// it has every one of these pairs (more of its own do not matter). An empty
+    /// selector selects nothing: a broadcast always names what it reaches.
+    pub fn selects(&self, labels: &Labels) -> bool {
+        !self.is_empty() && self.0.iter().all(|(k, v)| labels.get(k) == Some(v))
+    }
 }
 
 /// The text form: `a=1;b=2`.
@@ -219,6 +230,10 @@ mod tests {
         assert!(Labels::parse(&many[1..].join(";")).is_ok());
         assert!(!valid_label_key(&"k".repeat(64)));
         assert!(valid_label_value(&"v".repeat(63)));
+        let selector = Labels::parse("store=17").unwrap();
+        assert!(selector.selects(&labels) && !Labels::default().selects(&labels));
+        assert!(!Labels::parse("store=18").unwrap().selects(&labels));
+        assert!(!Labels::parse("store=17;lane=1").unwrap().selects(&labels));
         let json: Labels = serde_json::from_str(r#"{"store":"17"}"#).unwrap();
         assert_eq!(json.to_string(), "store=17");
         assert!(serde_json::from_str::<Labels>(r#"{"a":"1;b=2"}"#).is_err());

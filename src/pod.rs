@@ -48,6 +48,7 @@ pub use crate::reload::Reloader;
 use crate::serving::ServingHook;
 use crate::serving::{NoSessions, SessionStats};
 use crate::status::PodStatus;
+use crate::store::broadcast::BroadcastStore;
 use crate::store::directory::{edits, DirectoryAdmin, DirectoryEdits};
 use crate::store::queue::QueueStore;
 use crate::store::{ClusterMeta, CoordStore, StoreError};
@@ -103,7 +104,9 @@ impl Pod {
     /// Runs one pod with its POS connection manager (what `posgate serve` does) until
     /// `shutdown` resolves and its graceful shutdown is done, or until it fails. Dropping
     /// the returned future stops the pod without a graceful shutdown.
-    pub async fn run_with_terminals<S: CoordStore + DirectoryAdmin + QueueStore>(
+    pub async fn run_with_terminals<
+        S: CoordStore + DirectoryAdmin + QueueStore + BroadcastStore,
+    >(
         config: PodConfig,
         store: S,
         listener: TcpListener,
@@ -152,7 +155,7 @@ impl Pod {
     /// the driver. Reads the TLS files now: a bad one fails here, naming the file.
     /// Like [`Pod::start`], the store need not be reachable yet. Must be called within a
     /// tokio runtime.
-    pub fn start_with_terminals<S: CoordStore + DirectoryAdmin + QueueStore>(
+    pub fn start_with_terminals<S: CoordStore + DirectoryAdmin + QueueStore + BroadcastStore>(
         config: PodConfig,
         store: S,
         listener: TcpListener,
@@ -164,7 +167,7 @@ impl Pod {
     /// [`Pod::start_with_terminals`] with the terminal directory kept apart from the
     /// coordination store (the demo's embedded mode). The store keeps pushes with a TTL
     /// too.
-    pub fn start_with_directory<S: CoordStore + QueueStore, D: DirectoryAdmin>(
+    pub fn start_with_directory<S: CoordStore + QueueStore + BroadcastStore, D: DirectoryAdmin>(
         config: PodConfig,
         store: Arc<S>,
         directory: Arc<D>,
@@ -218,7 +221,7 @@ impl Pod {
         let manager = ConnectionManager::new(directory, dialer.clone(), manager_config, stale_tx);
         let sessions = Arc::new(manager.clone());
         let stats = Arc::new(manager.clone());
-        let queue_store: Arc<dyn QueueStore> = store.clone();
+        let queue_store: Stores = (store.clone(), store.clone());
         let (driver, handoffs, queue) = driver(
             &config,
             &store,
@@ -260,7 +263,10 @@ async fn forward_status(mut from: watch::Receiver<PodStatus>, to: watch::Sender<
 type PodDriver<S, H> = Driver<S, (H, (HandoffHook, QueueHook))>;
 
 /// The queue a pod keeps pushes with a TTL in, and its drains' end of the hook.
-type Queue = (Arc<dyn QueueStore>, QueueEvents);
+type Queue = (Stores, QueueEvents);
+
+/// Where pushes with a TTL and broadcasts are kept (one store, seen through each trait).
+type Stores = (Arc<dyn QueueStore>, Arc<dyn BroadcastStore>);
 
 /// What [`driver`] makes: the driver, the handoff hook's other end, and with a queue
 /// store, the queue and its hook's other end.
@@ -272,7 +278,7 @@ fn driver<S: CoordStore, H: ServingHook>(
     config: &PodConfig,
     store: &Arc<S>,
     hook: H,
-    queue: Option<Arc<dyn QueueStore>>,
+    queue: Option<Stores>,
     credentials: &Credentials,
     metrics: &Arc<Metrics>,
 ) -> Result<Driven<S, H>, PodError> {
@@ -364,7 +370,7 @@ fn spawn_pod<S: CoordStore, H: ServingHook>(
     )
     .with_handoffs(&handoffs);
     let push = match queue {
-        Some((store, events)) => push.with_queue(store, events),
+        Some(((store, broadcasts), events)) => push.with_queue(store, broadcasts, events),
         None => push,
     };
     let push = Arc::new(push);

@@ -8,6 +8,8 @@
 
 mod support;
 
+mod broadcast;
+mod broadcast_store;
 mod cli;
 mod cli_init;
 mod cli_status;

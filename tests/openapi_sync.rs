@@ -48,8 +48,8 @@ fn documented_routes_are_the_public_routes() {
         .map(|l| l.trim().trim_end_matches(':'))
         .collect();
     use posgate::api::{
-        BATCH_ROUTE, CLUSTER_ROUTE, FEEDBACK_ROUTE, PUSHES_ROUTE, PUSH_ROUTE, PUSH_STATUS_ROUTE,
-        TERMINALS_ROUTE, TERMINAL_ROUTE,
+        BATCH_ROUTE, BROADCASTS_ROUTE, BROADCAST_ROUTE, CLUSTER_ROUTE, FEEDBACK_ROUTE,
+        PUSHES_ROUTE, PUSH_ROUTE, PUSH_STATUS_ROUTE, TERMINALS_ROUTE, TERMINAL_ROUTE,
     };
     assert_eq!(
         paths,
@@ -62,6 +62,8 @@ fn documented_routes_are_the_public_routes() {
             TERMINALS_ROUTE,
             CLUSTER_ROUTE,
             FEEDBACK_ROUTE,
+            BROADCASTS_ROUTE,
+            BROADCAST_ROUTE,
             "/healthz",
             "/readyz"
         ]
@@ -76,6 +78,8 @@ fn documented_routes_are_the_public_routes() {
         "api::TERMINALS_ROUTE",
         "api::CLUSTER_ROUTE",
         "api::FEEDBACK_ROUTE",
+        "api::BROADCASTS_ROUTE",
+        "api::BROADCAST_ROUTE",
         "\"/healthz\"",
         "\"/readyz\"",
     ] {

@@ -50,6 +50,7 @@ fn member() -> Member {
         handover: 0,
         queue: 0,
         batch: 0,
+        broadcast: 0,
     }
 }
 

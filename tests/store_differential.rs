@@ -260,6 +260,7 @@ fn member(id: &str) -> Member {
         handover: 0,
         queue: 0,
         batch: 0,
+        broadcast: 0,
     }
 }
 

@@ -15,6 +15,7 @@ use crate::credentials::ApiTokens;
 use std::num::NonZeroU32;
 
 use crate::http::MAX_TTL_S;
+use crate::push::broadcast::BroadcastSettings;
 use crate::push::queue::{QueueSettings, CLOCK_SKEW, COPY_TIMEOUT};
 use crate::push::PushSettings;
 use crate::store::queue::{charge_of, Limits};
@@ -87,6 +88,17 @@ pub struct PushArgs {
     /// Queued pushes this pod sends per second at most (live pushes are not counted)
     #[arg(long, env = "POSGATE_QUEUE_DRAIN_RATE", default_value_t = 500)]
     pub queue_drain_rate: u32,
+    /// Broadcast copies this pod sends per second at most (apart from live pushes and
+    /// queued ones)
+    #[arg(long, env = "POSGATE_BROADCAST_RATE", default_value_t = 200)]
+    pub broadcast_rate: u32,
+    /// Unexpired broadcasts the cluster runs at once; beyond: 429 queue_full
+    #[arg(long, env = "POSGATE_BROADCAST_MAX_ACTIVE", default_value_t = crate::store::broadcast::MAX_ACTIVE)]
+    pub broadcast_max_active: usize,
+    /// Tenants whose tokens may broadcast, comma-separated (none by default; without
+    /// tokens, anyone)
+    #[arg(long, env = "POSGATE_BROADCAST_TENANTS", value_delimiter = ',')]
+    pub broadcast_tenants: Vec<String>,
 }
 
 impl PushArgs {
@@ -164,6 +176,20 @@ impl PushArgs {
             }
         };
         let queue = self.queue()?;
+        let broadcast = BroadcastSettings {
+            rate: NonZeroU32::new(self.broadcast_rate)
+                .ok_or_else(|| invalid("broadcast-rate", "must be greater than zero"))?,
+            max_active: match self.broadcast_max_active {
+                0 => return Err(invalid("broadcast-max-active", "must be greater than zero")),
+                n => n,
+            },
+            tenants: self
+                .broadcast_tenants
+                .iter()
+                .map(|t| t.trim().to_string())
+                .filter(|t| !t.is_empty())
+                .collect(),
+        };
         let settings = PushSettings {
             max_push_bytes: self.max_push_bytes,
             max_batch_bytes: self.max_batch_bytes,
@@ -175,6 +201,7 @@ impl PushArgs {
             idempotency_capacity: self.idempotency_capacity,
             body_read_timeout: self.body_read_timeout,
             queue,
+            broadcast,
         };
         Ok((tokens, settings))
     }

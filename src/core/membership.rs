@@ -43,6 +43,11 @@ pub struct Member {
     /// 0 in records of releases before it, which are sent the pushes one by one.
     #[serde(default)]
     pub batch: u32,
+    /// Whether the pod walks broadcasts on the shards it serves ([`BROADCAST_WALK`]): 0
+    /// in records of releases before it. Broadcasts are created only while every member
+    /// does, so none stalls on a shard whose owner would not send it.
+    #[serde(default)]
+    pub broadcast: u32,
 }
 
 /// [`Member::handover`] of a pod that drains: it closes a moved shard's terminals one
@@ -51,6 +56,9 @@ pub const HANDOVER_DRAIN: u32 = 1;
 
 /// [`Member::batch`] of a pod that serves the peer batch route (`crate::push::batch`).
 pub const BATCH_PEER_ROUTE: u32 = 1;
+
+/// [`Member::broadcast`] of a pod that walks broadcasts (`crate::push::broadcast`).
+pub const BROADCAST_WALK: u32 = 1;
 
 fn protocol_1() -> u32 {
     1

@@ -23,6 +23,7 @@ pub(crate) fn member(name: &str) -> Member {
         handover: 0,
         queue: 0,
         batch: 0,
+        broadcast: 0,
     }
 }
 

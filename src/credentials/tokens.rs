@@ -51,6 +51,27 @@ impl Scope {
             Scope::Matching(patterns) => patterns.iter().any(|p| p.matches(terminal)),
         }
     }
+
+    /// The patterns as text (none: every terminal), as a broadcast's record carries
+    /// them to the owners.
+    pub fn patterns(&self) -> Vec<String> {
+        match self {
+            Scope::All => Vec::new(),
+            Scope::Matching(patterns) => patterns.iter().map(|p| p.as_str().to_string()).collect(),
+        }
+    }
+
+    /// The scope [`Scope::patterns`] wrote.
+    pub fn from_patterns(patterns: &[String]) -> Result<Scope, glob::PatternError> {
+        if patterns.is_empty() {
+            return Ok(Scope::All);
+        }
+        let patterns = patterns
+            .iter()
+            .map(|p| glob::Pattern::new(p))
+            .collect::<Result<_, _>>()?;
+        Ok(Scope::Matching(patterns))
+    }
 }
 
 /// What a token may do.

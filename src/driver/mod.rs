@@ -101,6 +101,12 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
             handover: hook.handover(),
             queue: hook.queue(),
             batch: crate::core::membership::BATCH_PEER_ROUTE,
+            // The push layer walks broadcasts with the store it keeps pushes for later in.
+            broadcast: if hook.queue() > 0 {
+                crate::core::membership::BROADCAST_WALK
+            } else {
+                0
+            },
         };
         // A pod that drains names itself in every release, for the next holder to ask
         // (`ReleaseNote`); one that closes whole shards leaves nothing to ask about.

@@ -53,6 +53,18 @@ impl Caller {
 
     /// The terminals whose directory entries the request may change: `Err` unless the
     /// caller has the directory role (or the API runs without tokens).
+    /// The tenant a broadcast is sent as, and the terminals it may reach; whether the
+    /// caller is [`Caller::Insecure`] (no tokens: every tenant may broadcast).
+    pub(super) fn broadcaster(&self) -> Result<(Tenant, Scope, bool), Answer> {
+        match self {
+            Caller::Insecure => Ok((self.tenant()?, Scope::All, true)),
+            Caller::Granted(Grant::Tenant { tenant, scope }) => {
+                Ok((tenant.clone(), scope.clone(), false))
+            }
+            Caller::Granted(_) => Err(self.tenant().expect_err("not a tenant")),
+        }
+    }
+
     pub(super) fn directory(&self) -> Result<&Scope, Answer> {
         match self {
             Caller::Insecure => Ok(&Scope::All),

@@ -18,6 +18,7 @@
 //! What it does not do: terminal traffic, or deciding anything about shards.
 
 mod batch;
+mod broadcast;
 mod caller;
 mod cluster;
 mod connections;
@@ -196,6 +197,8 @@ fn router(state: Arc<HttpState>) -> Router {
         .route(api::PUSHES_ROUTE, delete(pushes::purge))
         .route(api::FEEDBACK_ROUTE, get(pushes::feedback))
         .route(api::BATCH_ROUTE, post(batch::batch))
+        .route(api::BROADCASTS_ROUTE, post(broadcast::create))
+        .route(api::BROADCAST_ROUTE, get(broadcast::status))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             push::require_token,

@@ -71,7 +71,7 @@ pub const QUEUE_ENQUEUE_RESULTS: [&str; 6] = [
     "unknown_terminal",
     "error",
 ];
-/// Every `result` of `posgate_queue_copies_total`.
+/// Every `result` of `posgate_queue_copies_total` and `posgate_broadcast_copies_total`.
 pub const QUEUE_COPY_RESULTS: [&str; 7] = [
     "taken",
     "duplicate",
@@ -177,6 +177,7 @@ impl Metrics {
         }
         for result in QUEUE_COPY_RESULTS {
             let _ = self.queue_copies.get_or_create(&[("result", result)]);
+            let _ = self.broadcast_copies.get_or_create(&[("result", result)]);
         }
         for delivery in SUSPENDED_DELIVERY {
             let _ = self

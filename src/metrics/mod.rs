@@ -131,6 +131,9 @@ pub struct Metrics {
     pub queue_oldest_seconds: Gauge<f64, AtomicU64>,
     pub queue_oldest_connected_seconds: Gauge<f64, AtomicU64>,
     pub queue_max_bytes: Gauge,
+    // Broadcasts (`push::broadcast`).
+    pub broadcasts_active: Gauge,
+    pub broadcast_copies: Family<Label, Counter>,
     // Operations.
     pub reloads: Family<Label, Counter>,
     pub peer_refusals: Family<Label, Counter>,
@@ -211,6 +214,8 @@ impl Metrics {
             queue_oldest_seconds: Gauge::default(),
             queue_oldest_connected_seconds: Gauge::default(),
             queue_max_bytes: Gauge::default(),
+            broadcasts_active: Gauge::default(),
+            broadcast_copies: Family::default(),
             reloads: Family::default(),
             peer_refusals: Family::default(),
             peer_legacy_accepted: Counter::default(),
@@ -392,6 +397,12 @@ impl Metrics {
         );
         r.register("posgate_queue_enqueued", "Pushes with a TTL this pod tried to store, by result (accepted, existing: the key was stored before, conflict, full, unknown_terminal, error: the store did not answer)", self.queue_enqueued.clone());
         r.register("posgate_queue_finals", "Pushes with a TTL this pod moved to a final state, by state (delivered, rejected, expired, replaced, cancelled, unknown)", self.queue_finals.clone());
+        r.register("posgate_broadcasts_active", "Unexpired broadcasts of the cluster, as this pod last read them (each walked by every pod on its shards)", self.broadcasts_active.clone());
+        r.register(
+            "posgate_broadcast_copies",
+            "Broadcast copies this pod sent, by result (as posgate_queue_copies_total)",
+            self.broadcast_copies.clone(),
+        );
         r.register("posgate_queue_copies", "Copies of queued pushes this pod sent, by result (taken, duplicate: the terminal had the key, rejected, try_again: 409/421/428/5xx, not_sent, stale_epoch, unknown: no answer)", self.queue_copies.clone());
         r.register(
             "posgate_queue_pushes",

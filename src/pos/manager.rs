@@ -309,6 +309,28 @@ impl<D: Directory> ConnectionManager<D> {
         }
     }
 
+    /// Every link of `shard` (a broadcast's walk); `None` while the manager does not
+    /// serve the shard or has not read its terminals yet.
+    pub fn links(&self, shard: ShardId) -> Option<Vec<TerminalLink>> {
+        let shards = lock(&self.inner.shards);
+        let entry = shards.get(&shard)?;
+        if entry.listing == Listing::Unread {
+            return None;
+        }
+        Some(
+            entry
+                .links
+                .values()
+                .map(|link| TerminalLink {
+                    terminal: link.terminal.clone(),
+                    state: link.state.clone(),
+                    shared: link.shared.clone(),
+                    sends: entry.sends.clone(),
+                })
+                .collect(),
+        )
+    }
+
     /// Tells the driver that a terminal refused an epoch as stale (a push got the
     /// `409`), as after a refused hello.
     pub fn report_stale(&self, refused: StaleEpoch) {

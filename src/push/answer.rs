@@ -15,7 +15,7 @@ use crate::core::{Epoch, PodId, ShardId};
 pub const RETRY_AFTER_SECS: u32 = 1;
 
 /// Every error code, the internal `shard_moved` last.
-pub const ALL_ERROR_CODES: [ErrorCode; 24] = [
+pub const ALL_ERROR_CODES: [ErrorCode; 25] = [
     ErrorCode::InvalidRequest,
     ErrorCode::Unauthorized,
     ErrorCode::Forbidden,
@@ -40,6 +40,7 @@ pub const ALL_ERROR_CODES: [ErrorCode; 24] = [
     ErrorCode::PushEnded,
     ErrorCode::ShardMoved,
     ErrorCode::DirectoryUnavailable,
+    ErrorCode::UnknownBroadcast,
 ];
 
 /// The body of a `200`: the terminal answered 2xx, taking the push now or (`duplicate`)
@@ -110,6 +111,8 @@ pub enum ErrorCode {
     ShardMoved,
     /// A directory change could not be written now (the store does not answer).
     DirectoryUnavailable,
+    /// No broadcast of this tenant with this id (never created, or past its retention).
+    UnknownBroadcast,
 }
 
 impl ErrorCode {
@@ -139,6 +142,7 @@ impl ErrorCode {
             ErrorCode::PushEnded => "push_ended",
             ErrorCode::ShardMoved => "shard_moved",
             ErrorCode::DirectoryUnavailable => "directory_unavailable",
+            ErrorCode::UnknownBroadcast => "unknown_broadcast",
         }
     }
 
@@ -163,7 +167,7 @@ impl ErrorCode {
             | ErrorCode::QueueUnavailable
             | ErrorCode::DirectoryUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::QueueFull => StatusCode::TOO_MANY_REQUESTS,
-            ErrorCode::UnknownPush => StatusCode::NOT_FOUND,
+            ErrorCode::UnknownPush | ErrorCode::UnknownBroadcast => StatusCode::NOT_FOUND,
             ErrorCode::PushInFlight => StatusCode::CONFLICT,
             ErrorCode::PushEnded => StatusCode::GONE,
             ErrorCode::PosTimeout => StatusCode::GATEWAY_TIMEOUT,

@@ -14,6 +14,7 @@
 
 pub mod answer;
 pub mod batch;
+pub mod broadcast;
 mod forward;
 pub mod handoff;
 pub mod idempotency;
@@ -40,7 +41,7 @@ use crate::credentials::Tenant;
 use crate::metrics::Metrics;
 use crate::peer::PeerClient;
 use crate::pos::handover::Released;
-use crate::pos::manager::{ConnectionManager, Lookup};
+use crate::pos::manager::{ConnectionManager, Lookup, TerminalLink};
 use crate::serving::ServingTable;
 use crate::status::PodStatus;
 use crate::store::directory::Directory;
@@ -76,6 +77,8 @@ pub struct PushSettings {
     pub body_read_timeout: Duration,
     /// The `--queue-*` flags: pushes with a TTL.
     pub queue: queue::QueueSettings,
+    /// The `--broadcast-*` flags.
+    pub broadcast: broadcast::BroadcastSettings,
 }
 
 impl Default for PushSettings {
@@ -91,6 +94,7 @@ impl Default for PushSettings {
             idempotency_capacity: 100_000,
             body_read_timeout: Duration::from_secs(10),
             queue: queue::QueueSettings::default(),
+            broadcast: broadcast::BroadcastSettings::default(),
         }
     }
 }
@@ -112,6 +116,9 @@ pub struct PushRequest {
 /// Where pushes find terminal sessions: the connection manager, or nothing.
 pub trait Sessions: Send + Sync + 'static {
     fn lookup(&self, shard: ShardId, terminal: &str) -> Lookup;
+    /// Every terminal link of `shard`; `None` while it is not served here or its
+    /// terminals are not read yet.
+    fn links(&self, shard: ShardId) -> Option<Vec<TerminalLink>>;
     /// A terminal refused an epoch on a push as stale (see
     /// `Reconciler::handle_stale_epoch`).
     fn report_stale(&self, refused: StaleEpoch);
@@ -130,6 +137,10 @@ pub trait Sessions: Send + Sync + 'static {
 impl<D: Directory> Sessions for ConnectionManager<D> {
     fn lookup(&self, shard: ShardId, terminal: &str) -> Lookup {
         ConnectionManager::lookup(self, shard, terminal)
+    }
+
+    fn links(&self, shard: ShardId) -> Option<Vec<TerminalLink>> {
+        ConnectionManager::links(self, shard)
     }
 
     fn report_stale(&self, refused: StaleEpoch) {
@@ -160,6 +171,10 @@ pub struct NoTerminals;
 impl Sessions for NoTerminals {
     fn lookup(&self, _shard: ShardId, _terminal: &str) -> Lookup {
         Lookup::Unknown
+    }
+
+    fn links(&self, _shard: ShardId) -> Option<Vec<TerminalLink>> {
+        None
     }
 
     fn report_stale(&self, _refused: StaleEpoch) {}
@@ -196,6 +211,8 @@ pub struct PushService {
     inflight: slots::Slots,
     /// The drains of pushes with a TTL, when the pod has a queue store.
     drains: Option<Arc<queue::Drains>>,
+    /// Broadcasts, kept in the same store.
+    broadcasts: Option<Arc<broadcast::Broadcasts>>,
     metrics: Arc<Metrics>,
 }
 
@@ -230,6 +247,7 @@ impl PushService {
             fetching: watch::channel(handoff::Fetching::new()).1,
             inflight: slots::Slots::new(settings.max_inflight, settings.max_inflight_per_tenant),
             drains: None,
+            broadcasts: None,
             settings,
             metrics,
         }
@@ -240,6 +258,7 @@ impl PushService {
     pub fn with_queue(
         mut self,
         store: Arc<dyn crate::store::queue::QueueStore>,
+        broadcasts: Arc<dyn crate::store::broadcast::BroadcastStore>,
         events: queue::QueueEvents,
     ) -> Self {
         let drains = Arc::new(queue::Drains::new(
@@ -255,9 +274,28 @@ impl PushService {
         self.metrics
             .queue_max_bytes
             .set(self.settings.queue.limits.cluster_bytes as i64);
+        let broadcasts = Arc::new(broadcast::Broadcasts::new(
+            self.pod.clone(),
+            broadcasts,
+            self.serving.clone(),
+            self.sessions.clone(),
+            self.status.clone(),
+            self.settings.broadcast.clone(),
+            *drains.rules(),
+            &self.settings.queue,
+            self.settings.push_path.clone(),
+            self.metrics.clone(),
+        ));
         tokio::spawn(drains.clone().run(events));
+        tokio::spawn(broadcasts.clone().run());
         self.drains = Some(drains);
+        self.broadcasts = Some(broadcasts);
         self
+    }
+
+    /// Broadcasts, if this pod keeps pushes for later (the same store).
+    pub fn broadcasts(&self) -> Option<&Arc<broadcast::Broadcasts>> {
+        self.broadcasts.as_ref()
     }
 
     /// The drains of pushes with a TTL, if this pod keeps them.

@@ -237,7 +237,7 @@ enum Next {
 /// Whether a terminal's non-2xx answer says the copy was not taken because of its
 /// session (`421` superseded, `428` no hello with this epoch): the protocol's checks
 /// before it looks at the push. Sent again as if never sent.
-fn not_taken(status: StatusCode) -> bool {
+pub(super) fn not_taken(status: StatusCode) -> bool {
     matches!(status.as_u16(), 421 | 428)
 }
 
@@ -245,7 +245,7 @@ fn not_taken(status: StatusCode) -> bool {
 /// `posgate-stale-epoch`): sent again later, but only within the terminal's window, as
 /// after a lost answer, because nothing says the terminal did not act on it. Any other
 /// status is its final refusal (`rejected`).
-fn try_later(status: StatusCode) -> bool {
+pub(super) fn try_later(status: StatusCode) -> bool {
     status.as_u16() == 409 || status.is_server_error()
 }
 

@@ -28,6 +28,10 @@
 //! | `posgate:{<cluster>}:queue-drops:<tenant>` | sorted set | id -> when its final record is dropped (ms) |
 //! | `posgate:{<cluster>}:queue-feed:<tenant>` | stream | the tenant's final records in the order they became final (field `r`), at most `queue::FEED_MAX` |
 //! | `posgate:{<cluster>}:queue-seq` | string | the acceptance sequence (`INCR`) |
+//! | `posgate:{<cluster>}:broadcast:<id>` | hash | one broadcast ([`broadcast_id`](super::broadcast::broadcast_id)): `meta` (JSON [`Broadcast`](super::broadcast::Broadcast)) and `body`; expires (`PEXPIREAT`) at its expiry plus the retention, like every key of the broadcast |
+//! | `posgate:{<cluster>}:broadcasts` | sorted set | id -> expiry ms: the unexpired ones (at most `--broadcast-max-active`), which owners walk |
+//! | `posgate:{<cluster>}:broadcast-progress:<id>` | hash | shard -> JSON [`ShardProgress`](super::broadcast::ShardProgress), written by the shard's holder |
+//! | `posgate:{<cluster>}:broadcast-marks:<id>:<shard>` | hash | terminal -> [`Mark`](super::broadcast::Mark) text, written by the shard's holder |
 //! | `posgate:{<cluster>}:queue-usage` | hash | bytes charged: `bytes` (cluster), `t:<tenant>`; `n` pushes not final |
 //!
 //! What this module does not do: talk to Redis or decide key lifetimes (the scripts in
@@ -185,6 +189,26 @@ impl Keys {
     /// The acceptance sequence: string counter.
     pub fn queue_seq(&self) -> String {
         self.name("queue-seq")
+    }
+
+    /// One broadcast: hash `meta`, `body`.
+    pub fn broadcast(&self, id: &str) -> String {
+        self.name(format_args!("broadcast:{id}"))
+    }
+
+    /// The unexpired broadcasts: sorted set id -> expiry ms.
+    pub fn broadcasts(&self) -> String {
+        self.name("broadcasts")
+    }
+
+    /// What each shard's owner recorded of broadcast `id`: hash shard -> JSON.
+    pub fn broadcast_progress(&self, id: &str) -> String {
+        self.name(format_args!("broadcast-progress:{id}"))
+    }
+
+    /// The marks of `shard`'s terminals for broadcast `id`: hash terminal -> mark.
+    pub fn broadcast_marks(&self, id: &str, shard: ShardId) -> String {
+        self.name(format_args!("broadcast-marks:{id}:{shard}"))
     }
 
     /// Bytes charged to the queue: hash `bytes`, `n`, `t:<tenant>`.

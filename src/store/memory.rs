@@ -18,7 +18,8 @@
 //! never fails with `Unavailable`/`Timeout`; tests that need those use the Redis store
 //! behind a TCP proxy).
 
-use std::collections::BTreeMap;
+use bytes::Bytes;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -29,6 +30,10 @@ use tokio::sync::{broadcast, watch};
 use futures::future::BoxFuture;
 use futures::FutureExt;
 
+use super::broadcast::{
+    Broadcast, BroadcastState, BroadcastStore, Create, Created, Found as BroadcastFound, Mark,
+    MarkWrite, MarksWritten,
+};
 use super::queue::{
     push_id, Cancelled, Enqueue, Enqueued, Feed, Found, QueueState, QueueStore, Record, Waiting,
     Wakeup, Write, Written,
@@ -68,6 +73,8 @@ pub struct MemoryState {
     notifications: u64,
     /// The queue's keys (`store::queue`): lost and rolled back with the rest.
     queue: QueueState,
+    /// The broadcasts' keys (`store::broadcast`): lost and rolled back with the rest.
+    broadcasts: BroadcastState,
 }
 
 impl MemoryState {
@@ -85,6 +92,7 @@ impl MemoryState {
             placement: None,
             notifications: 0,
             queue: QueueState::default(),
+            broadcasts: BroadcastState::default(),
         }
     }
 
@@ -99,6 +107,7 @@ impl MemoryState {
         self.notes.clear();
         self.placement = None;
         self.queue = QueueState::default();
+        self.broadcasts = BroadcastState::default();
     }
 
     /// Simulates a failover to a replica that has the data of `earlier` (a copy of this
@@ -295,6 +304,19 @@ impl MemoryState {
                 .find(tenant, terminal, &push_id(tenant, terminal, key), now_ms),
             generation: self.generation.as_ref().map(|(id, _)| id.clone()),
         }
+    }
+
+    /// See `lua/broadcast_marks.lua`: the lease check, then the marks.
+    pub fn broadcast_marks(&mut self, now_ms: u64, w: &MarkWrite) -> MarksWritten {
+        let holder = self.lease_owner(now_ms, w.shard).cloned();
+        let epoch = self.last_epoch(w.shard);
+        self.broadcasts
+            .write_marks(w, holder.as_ref().map(|h| (h, epoch)))
+    }
+
+    /// The broadcasts' state, for the rest of their calls.
+    pub fn broadcasts(&mut self) -> &mut BroadcastState {
+        &mut self.broadcasts
     }
 
     /// The queue's state, for the rest of its reads and calls.
@@ -641,6 +663,49 @@ impl QueueStore for MemoryStore {
             }
         });
         std::future::ready(Ok(feed)).boxed()
+    }
+}
+
+/// Broadcasts in this store's state.
+impl BroadcastStore for MemoryStore {
+    fn create<'a>(&'a self, c: &'a Create) -> BoxFuture<'a, Result<Created, StoreError>> {
+        let created = self.with_state(|s, now| s.broadcasts().create(c, now));
+        std::future::ready(Ok(created)).boxed()
+    }
+
+    fn find<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<BroadcastFound>, StoreError>> {
+        let found = self.with_state(|s, _| s.broadcasts().find(id));
+        std::future::ready(Ok(found)).boxed()
+    }
+
+    fn active(&self, now: u64) -> BoxFuture<'_, Result<Vec<Broadcast>, StoreError>> {
+        let active = self.with_state(|s, _| s.broadcasts().active(now));
+        std::future::ready(Ok(active)).boxed()
+    }
+
+    fn body<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<Bytes>, StoreError>> {
+        let body = self.with_state(|s, _| s.broadcasts().body(id));
+        std::future::ready(Ok(body)).boxed()
+    }
+
+    fn marks<'a>(
+        &'a self,
+        id: &'a str,
+        shard: ShardId,
+    ) -> BoxFuture<'a, Result<HashMap<String, Mark>, StoreError>> {
+        let marks = self.with_state(|s, _| s.broadcasts().marks(id, shard));
+        std::future::ready(Ok(marks)).boxed()
+    }
+
+    fn write_marks<'a>(
+        &'a self,
+        w: &'a MarkWrite,
+    ) -> BoxFuture<'a, Result<MarksWritten, StoreError>> {
+        let written = self.with_state(|s, now| s.broadcast_marks(now, w));
+        std::future::ready(Ok(written)).boxed()
     }
 }
 

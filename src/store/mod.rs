@@ -37,6 +37,7 @@ use crate::core::placement::Placement;
 use crate::core::ring::Assignment;
 use crate::core::{PodId, ShardId};
 
+pub mod broadcast;
 pub mod directory;
 pub mod keys;
 pub mod memory;

@@ -149,6 +149,7 @@ async fn protocol_1_is_accepted_only_during_a_rolling_upgrade() {
         handover: 0,
         queue: 0,
         batch: 0,
+        broadcast: 0,
     };
     server.status.send_replace(PodStatus {
         members: vec![

@@ -47,6 +47,7 @@ fn member(id: &str, url: &str, peer_protocol: u32) -> Member {
         handover: 0,
         queue: 0,
         batch: 0,
+        broadcast: 0,
     }
 }
 

@@ -25,6 +25,10 @@ pub use posgate_loadtest::load::pods::OPERATOR_TOKEN;
 pub use posgate_loadtest::load::pods::TOKEN as API_TOKEN;
 /// The directory token of a [`terminal_pod`] (the directory API, every terminal).
 pub const DIRECTORY_TOKEN: &str = "terminal-pod-test-directory-token";
+/// Tenant [`BROADCAST_TENANT`] of every terminal, and of the terminals `pos-0000*` only.
+pub const BROADCAST_TOKEN: &str = "terminal-pod-test-broadcast-token";
+pub const SCOPED_BROADCAST_TOKEN: &str = "terminal-pod-test-scoped-broadcast-token";
+pub const BROADCAST_TENANT: &str = "bcast";
 
 /// Runs the binary with `args` and only the environment in `env` (so a developer's
 /// `POSGATE_*` variables cannot change the outcome).
@@ -174,8 +178,8 @@ fn replace_file(path: &Path, writer: &str, contents: &str) {
 }
 
 /// `posgate serve` as pod `id` of the Redis at `redis_url` with the fast timings, its
-/// push API open to [`API_TOKEN`], its cluster view to [`OPERATOR_TOKEN`] and its
-/// directory API to [`DIRECTORY_TOKEN`], trusting the POS CA in `ca_file`, dialing at most
+/// push API open to [`API_TOKEN`], its cluster view to [`OPERATOR_TOKEN`], its
+/// directory API to [`DIRECTORY_TOKEN`] and tenant [`BROADCAST_TENANT`]'s two tokens, trusting the POS CA in `ca_file`, dialing at most
 /// 1,000 terminals per second, logging JSON at info, with the `extra` flags (which may
 /// replace a fast timing); its secret and token files go to `dir`.
 pub fn terminal_pod(
@@ -189,8 +193,10 @@ pub fn terminal_pod(
     replace_file(&secret_file, id, "terminal-pod-test-cluster-secret");
     let tokens_file = dir.join("api-tokens");
     let tenant = posgate_loadtest::load::pods::TENANT;
-    let tokens =
-        format!("{tenant}:{API_TOKEN}\noperator:{OPERATOR_TOKEN}\ndirectory:{DIRECTORY_TOKEN}\n");
+    let tokens = format!(
+        "{tenant}:{API_TOKEN}\noperator:{OPERATOR_TOKEN}\ndirectory:{DIRECTORY_TOKEN}\n\
+         {BROADCAST_TENANT}:{BROADCAST_TOKEN}\n{BROADCAST_TENANT}:{SCOPED_BROADCAST_TOKEN}:pos-0000*\n"
+    );
     replace_file(&tokens_file, id, &tokens);
     let port = free_port();
     let advertise = format!("http://127.0.0.1:{port}");

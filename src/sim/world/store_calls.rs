@@ -149,5 +149,6 @@ fn sim_member(id: &PodId, ms: u64) -> Member {
         handover: HANDOVER_DRAIN,
         queue: 0,
         batch: 0,
+        broadcast: 0,
     }
 }

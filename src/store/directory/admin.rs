@@ -168,6 +168,10 @@ pub trait DirectoryEdits: Send + Sync + 'static {
 
     /// Removes the terminals with these ids.
     fn remove<'a>(&'a self, ids: &'a [String]) -> BoxFuture<'a, Result<WriteSummary, StoreError>>;
+
+    /// Every terminal of every shard, read a few shards at a time (a broadcast's dry
+    /// run counts what it would select).
+    fn all(&self) -> BoxFuture<'_, Result<Vec<Terminal>, StoreError>>;
 }
 
 /// [`DirectoryEdits`] over `store`, whose cluster has `shards` shards.
@@ -198,6 +202,17 @@ impl<D: DirectoryAdmin> DirectoryEdits for Edits<D> {
 
     fn remove<'a>(&'a self, ids: &'a [String]) -> BoxFuture<'a, Result<WriteSummary, StoreError>> {
         Box::pin(DirectoryAdmin::remove(&*self.store, self.shards, ids))
+    }
+
+    fn all(&self) -> BoxFuture<'_, Result<Vec<Terminal>, StoreError>> {
+        Box::pin(async move {
+            let shards: Vec<Vec<Terminal>> = stream::iter(0..self.shards)
+                .map(|s| self.store.terminals(s))
+                .buffered(READS_IN_FLIGHT)
+                .try_collect()
+                .await?;
+            Ok(shards.into_iter().flatten().collect())
+        })
     }
 }
 

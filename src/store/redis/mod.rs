@@ -65,6 +65,7 @@
 //! What it does not do: decide anything (policy is in `crate::core`), or talk to a Redis
 //! Cluster.
 
+mod broadcast;
 mod client;
 mod directory;
 mod endpoint;

@@ -17,7 +17,7 @@ use futures::FutureExt;
 use redis::Value;
 
 use super::ops::nonce;
-use super::reply::{bad, items, uint};
+use super::reply::{arg, bad, bytes, items, string, tagged, uint};
 use super::RedisStore;
 use crate::core::delivery::WallMs;
 use crate::core::ShardId;
@@ -26,26 +26,6 @@ use crate::store::queue::{
     QueueStore, Record, Waiting, Wakeup, Write, Written, FEED_MAX, GC_PER_CALL, RECORD_CHARGE,
 };
 use crate::store::StoreError;
-
-/// A reply item as bytes (bulk or simple string).
-fn bytes(v: Value) -> Result<Vec<u8>, StoreError> {
-    match v {
-        Value::BulkString(b) => Ok(b),
-        Value::SimpleString(s) => Ok(s.into_bytes()),
-        other => Err(bad(format!("expected a string, got {other:?}"))),
-    }
-}
-
-fn string(v: Value) -> Result<String, StoreError> {
-    String::from_utf8(bytes(v)?).map_err(|_| bad("non-UTF-8 string in a queue reply"))
-}
-
-/// `{tag, rest...}`.
-fn tagged(reply: Value) -> Result<(String, Vec<Value>), StoreError> {
-    let mut all = items(reply)?.into_iter();
-    let tag = string(all.next().ok_or_else(|| bad("empty queue reply"))?)?;
-    Ok((tag, all.collect()))
-}
 
 fn record(v: Value) -> Result<Record, StoreError> {
     parse_record(&bytes(v)?)
@@ -74,10 +54,6 @@ fn finish_args() -> [Vec<u8>; 3] {
         GC_PER_CALL.to_string().into_bytes(),
         FEED_MAX.to_string().into_bytes(),
     ]
-}
-
-fn arg(v: impl ToString) -> Vec<u8> {
-    v.to_string().into_bytes()
 }
 
 fn json(record: &Record) -> Result<Vec<u8>, StoreError> {

@@ -33,6 +33,24 @@ fn text(v: &Value) -> Result<&str, StoreError> {
     }
 }
 
+/// A reply item as bytes (bulk or simple string).
+pub(super) fn bytes(v: Value) -> Result<Vec<u8>, StoreError> {
+    match v {
+        Value::BulkString(b) => Ok(b),
+        Value::SimpleString(s) => Ok(s.into_bytes()),
+        other => Err(bad(format!("expected a string, got {other:?}"))),
+    }
+}
+
+pub(super) fn string(v: Value) -> Result<String, StoreError> {
+    String::from_utf8(bytes(v)?).map_err(|_| bad("non-UTF-8 string in a script reply"))
+}
+
+/// A script argument.
+pub(super) fn arg(v: impl ToString) -> Vec<u8> {
+    v.to_string().into_bytes()
+}
+
 pub(super) fn uint(v: &Value) -> Result<u64, StoreError> {
     match v {
         Value::Int(n) => {
@@ -54,7 +72,7 @@ fn pod(v: &Value) -> Result<PodId, StoreError> {
 }
 
 /// `{tag, rest...}` -> (tag, rest).
-fn tagged(v: Value) -> Result<(String, Vec<Value>), StoreError> {
+pub(super) fn tagged(v: Value) -> Result<(String, Vec<Value>), StoreError> {
     let mut all = items(v)?;
     if all.is_empty() {
         return Err(bad("empty reply"));

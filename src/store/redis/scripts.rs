@@ -1,4 +1,4 @@
-//! The coordination and queue scripts (`store/lua/`), each with `lib.lua` prepended and
+//! The coordination, queue and broadcast scripts (`store/lua/`), each with `lib.lua` prepended and
 //! flagged as writing (see the parent module for why), but the queue's reads; the
 //! directory's are `directory.rs`'s.
 
@@ -43,6 +43,10 @@ pub(super) struct Scripts {
     /// Flagged `no-writes`: a status lookup or a feed read runs also while Redis is out
     /// of memory.
     pub(super) queue_read: Script,
+    pub(super) broadcast_create: Script,
+    pub(super) broadcast_marks: Script,
+    /// Flagged `no-writes`, like `queue_read`.
+    pub(super) broadcast_read: Script,
 }
 
 impl Scripts {
@@ -62,6 +66,12 @@ impl Scripts {
             queue_read: Script::new(concat!(
                 "#!lua flags=no-writes\n",
                 include_str!("../lua/queue_read.lua")
+            )),
+            broadcast_create: script!("broadcast_create.lua"),
+            broadcast_marks: script!("broadcast_marks.lua"),
+            broadcast_read: Script::new(concat!(
+                "#!lua flags=no-writes\n",
+                include_str!("../lua/broadcast_read.lua")
             )),
         }
     }
