@@ -10,7 +10,7 @@ use posgate::api::Labels;
 use serde_json::Value;
 
 use crate::support::binary::{
-    request, terminal_pod, BinPod, API_TOKEN, BROADCAST_TENANT, BROADCAST_TOKEN,
+    request, terminal_pod, BinPod, API_TOKEN, BROADCAST_TENANT, BROADCAST_TOKEN, OPERATOR_TOKEN,
     SCOPED_BROADCAST_TOKEN,
 };
 use crate::support::farm::{self, connect_limit, Farm};
@@ -154,6 +154,26 @@ async fn a_broadcast_reaches_each_selected_terminal_once_while_pods_come_and_go(
     }
     let (_, body) = status_of(port, &id, BROADCAST_TOKEN).await;
     assert_eq!(body["state"], "running", "finished before the join: {body}");
+    // Operators see it running: on the status page and in `posgate status`.
+    if let Some(bin) = crate::status_page::browser() {
+        let page = format!("http://127.0.0.1:{port}/#token={OPERATOR_TOKEN}");
+        let (dom, _) = crate::status_page::dump_dom(bin, &page).await;
+        let line = format!(
+            "broadcast {} ({BROADCAST_TENANT}, store=17) running: ",
+            &id[..8]
+        );
+        assert!(dom.contains(&line), "{dom}");
+    }
+    let status = crate::support::binary::posgate(
+        &["status", "--url", &format!("http://127.0.0.1:{port}")],
+        &[("POSGATE_OPERATOR_TOKEN", OPERATOR_TOKEN)],
+    );
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        text.contains(&format!("\n  {id} {BROADCAST_TENANT} [store=17] running: ")),
+        "{text}{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
     pods[0].signal("-TERM");
 
     let complete = |id: String, n: u64| async move {

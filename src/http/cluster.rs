@@ -28,6 +28,7 @@ use crate::clock::now;
 use crate::core::{PodId, ShardId};
 use crate::metrics::timeline::Point;
 use crate::peer::{PeerTarget, QueueDepth, ShardTerminals};
+use crate::push::broadcast::BroadcastStatus;
 use crate::push::queue::wall_ms;
 use crate::status::{ShardStatus, StoreStatus};
 
@@ -44,6 +45,9 @@ struct ClusterView<'a> {
     shards: Vec<ShardView<'a>>,
     /// This pod's timeline and, with `include=terminals`, each peer's that sent one.
     timelines: Vec<PodTimeline>,
+    /// The unexpired broadcasts and their progress, as the store holds them now (empty
+    /// when it does not answer).
+    broadcasts: Vec<BroadcastStatus>,
 }
 
 #[derive(Serialize)]
@@ -146,6 +150,10 @@ pub(super) async fn cluster(
             timelines.push(PodTimeline { pod, points });
         }
     }
+    let broadcasts = match state.push.broadcasts() {
+        Some(b) => b.running().await,
+        None => Vec::new(),
+    };
     let status = state.status.borrow();
     let view = ClusterView {
         pod: status.pod.as_ref(),
@@ -180,6 +188,7 @@ pub(super) async fn cluster(
             })
             .collect(),
         timelines,
+        broadcasts,
     };
     // Serialised while the borrow is held; nothing here awaits.
     Json(view).into_response()

@@ -325,6 +325,23 @@ function renderStore(view) {
   el.textContent = text;
 }
 
+// The running broadcasts, one line each: progress and what is left.
+function renderBroadcasts(view) {
+  const el = document.getElementById("broadcasts");
+  const list = view.broadcasts || [];
+  el.replaceChildren(...list.map((b) => {
+    const c = b.counts, line = document.createElement("div");
+    line.className = "broadcast";
+    line.dataset.broadcast = b.id;
+    const left = Math.max(0, Math.round((b.expires_ms - Date.now()) / 1000));
+    line.textContent = `broadcast ${b.id.slice(0, 8)} (${b.tenant}, ${b.selector}) ${b.state}: ` +
+      `${c.delivered}/${c.matched} delivered, ${c.failed} failed, ${c.remaining} remaining ` +
+      `(${c.queued} waiting for their terminal), ${b.shards_walked}/${b.shards} shards ` +
+      `walked, expires in ${left} s`;
+    return line;
+  }));
+}
+
 function served(s) {
   if (s.suspended) return s.serving ? "held" : "parked";
   return s.serving ? "yes" : "";
@@ -364,6 +381,7 @@ function render(view) {
   renderBars(view, pods, colour);
   renderTimeline(view);
   renderTable(view);
+  renderBroadcasts(view);
   const connected = view.shards.reduce((n, s) => n + (s.terminals_connected || 0), 0);
   const state = document.getElementById("state");
   state.className = "";

@@ -113,6 +113,7 @@ pub struct NewBroadcast {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct BroadcastStatus {
     pub id: String,
+    pub tenant: String,
     pub idempotency_key: String,
     pub selector: String,
     /// `running`, `complete` (every shard walked and no terminal left) or `expired`.
@@ -385,6 +386,7 @@ impl Broadcasts {
         };
         BroadcastStatus {
             id: b.id.clone(),
+            tenant: b.tenant.clone(),
             idempotency_key: b.key.clone(),
             selector: b.selector.clone(),
             state,
@@ -395,6 +397,22 @@ impl Broadcasts {
             shards,
             pods,
         }
+    }
+
+    /// The unexpired broadcasts with their progress, for operators (the cluster view):
+    /// one store call each, at most `--broadcast-max-active`; none when the store does
+    /// not answer.
+    pub async fn running(&self) -> Vec<BroadcastStatus> {
+        let Ok(active) = self.store.active(wall_ms()).await else {
+            return Vec::new();
+        };
+        let mut running = Vec::with_capacity(active.len());
+        for b in active {
+            if let Ok(Some(found)) = self.store.find(&b.id).await {
+                running.push(self.status_of(&found));
+            }
+        }
+        running
     }
 
     /// Looks for unexpired broadcasts every [`WALK_EVERY`] and walks each one this pod

@@ -58,7 +58,7 @@ fn headless(bin: &str) -> Command {
 }
 
 /// The browser, or `None` (a "skipped" line; a failure under `CI=true`).
-fn browser() -> Option<&'static str> {
+pub(crate) fn browser() -> Option<&'static str> {
     let unchecked = "the status page not rendered";
     let install = "Debian package chromium; scripts/test installs it";
     crate::support::tools::require(chromium(), "chromium", unchecked, install)
@@ -83,7 +83,7 @@ async fn run_headless(bin: &str, args: Vec<String>, page: &str) -> std::process:
 
 /// The DOM of `page` after the browser ran its script, and what the page wrote to its
 /// console.
-async fn dump_dom(bin: &str, page: &str) -> (String, String) {
+pub(crate) async fn dump_dom(bin: &str, page: &str) -> (String, String) {
     let dump = run_headless(bin, vec!["--dump-dom".to_string()], page).await;
     let console = String::from_utf8_lossy(&dump.stderr)
         .lines()

@@ -94,6 +94,31 @@ struct ClusterView {
     placement: Option<PlacementView>,
     members: Vec<MemberView>,
     shards: Vec<ShardView>,
+    /// Absent from pods of releases before broadcasts.
+    #[serde(default)]
+    broadcasts: Vec<BroadcastView>,
+}
+
+/// A running broadcast as `/v1/cluster` lists it (the fields shown).
+#[derive(Debug, Deserialize)]
+struct BroadcastView {
+    id: String,
+    tenant: String,
+    selector: String,
+    state: String,
+    expires_ms: u64,
+    counts: BroadcastCounts,
+    shards_walked: usize,
+    shards: usize,
+}
+
+#[derive(Debug, Deserialize)]
+struct BroadcastCounts {
+    matched: u64,
+    delivered: u64,
+    failed: u64,
+    queued: u64,
+    remaining: u64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -271,6 +296,30 @@ fn render(view: &ClusterView, settings: &StatusSettings) -> String {
     if total.unknown {
         out.push_str("+?: a pod did not report its terminal counts in time\n");
     }
+    let _ = writeln!(out, "\nbroadcasts running ({}):", view.broadcasts.len());
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    for b in &view.broadcasts {
+        let c = &b.counts;
+        let _ = writeln!(
+            out,
+            "  {} {} [{}] {}: {}/{} delivered, {} failed, {} remaining ({} queued), \
+             {}/{} shards walked, expires in {}",
+            b.id,
+            b.tenant,
+            b.selector,
+            b.state,
+            c.delivered,
+            c.matched,
+            c.failed,
+            c.remaining,
+            c.queued,
+            b.shards_walked,
+            b.shards,
+            seconds(b.expires_ms.saturating_sub(now_ms))
+        );
+    }
     out
 }
 
@@ -292,7 +341,10 @@ mod tests {
              {"shard":0,"assigned":"pod-a","owner":"pod-a","epoch":1,"serving":true,"suspended":false,"terminals_connected":5},
              {"shard":1,"assigned":"pod-b","owner":"pod-a","epoch":1,"serving":true,"suspended":false,"terminals_connected":3},
              {"shard":2,"assigned":"pod-b","owner":null,"epoch":null,"serving":false,"suspended":false,"terminals_connected":null},
-             {"shard":3,"assigned":"pod-b","owner":"pod-c","epoch":2,"serving":false,"suspended":true,"terminals_connected":null}]}"#;
+             {"shard":3,"assigned":"pod-b","owner":"pod-c","epoch":2,"serving":false,"suspended":true,"terminals_connected":null}],
+            "broadcasts":[{"id":"0a1b","tenant":"acme","selector":"store=17","state":"running",
+             "expires_ms":1,"shards_walked":3,"shards":4,"counts":{"matched":40,"delivered":31,
+             "failed":1,"queued":6,"remaining":8}}]}"#;
         let view: ClusterView = serde_json::from_str(json).unwrap();
         let settings = StatusArgs {
             url: "http://pod-a:8080".into(),
@@ -334,5 +386,12 @@ mod tests {
         );
         assert!(text.contains("\nunowned (1): 2\n"), "{text}");
         assert!(text.contains("\nsuspended (1): 3\n"), "{text}");
+        assert!(
+            text.contains(
+                "\nbroadcasts running (1):\n  0a1b acme [store=17] running: 31/40 delivered, \
+                 1 failed, 8 remaining (6 queued), 3/4 shards walked, expires in 0.0 s\n"
+            ),
+            "{text}"
+        );
     }
 }
