@@ -35,12 +35,13 @@ const TWICE: &str = "keys delivered twice:";
 #[test]
 fn demo_on_the_embedded_store() {
     // A PATH without redis-server (an unset PATH would fall back to /usr/bin).
-    let (ok, out) = demo(
-        &["--duration", "10s", "--terminals", "200", "--no-script"],
-        "/nonexistent",
-    );
+    // Long enough for the broadcast at 5 s (and the join at 10 s), not the rest.
+    let (ok, out) = demo(&["--duration", "12s", "--terminals", "200"], "/nonexistent");
     assert!(ok);
     assert!(out.contains("store: embedded in-memory store"), "{out}");
+    // 200 terminals labeled store=0..74 in turn: 3 of them store=17.
+    let line = "broadcast to store=17: 3 of 3 terminals took it, in ";
+    assert!(out.contains(line), "no {line:?} line in:\n{out}");
     assert!(out.contains("status page: http://127.0.0.1:"), "{out}");
     assert_summary(
         &out,
@@ -65,6 +66,8 @@ fn demo_script_with_a_private_redis() {
         "+ the 5 terminals back online",
         "= 5 of 5 queued pushes delivered, ",
         "pushes with a TTL to offline terminals: 5 of 5 answered 202, 5 delivered once back",
+        "* broadcast ",
+        "broadcast to store=17: 4 of 4 terminals took it, in ",
     ] {
         assert!(out.contains(line), "no {line:?} line in:\n{out}");
     }

@@ -29,7 +29,7 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::num::NonZeroU32;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -42,7 +42,7 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use super::answer::{Answer, ErrorCode};
-use super::queue::{not_taken, try_later, wall_ms, CLOCK_SKEW};
+use super::queue::{not_taken, try_later, wall_ms, CLOCK_SKEW, COPY_TIMEOUT};
 use super::Sessions;
 use crate::api::Labels;
 use crate::clock::now;
@@ -416,99 +416,94 @@ impl Broadcasts {
     }
 
     /// Looks for unexpired broadcasts every [`WALK_EVERY`] and walks each one this pod
-    /// is not walking yet. Runs for the pod's life.
+    /// is not walking yet. Ends, with every walk, once the push service is dropped (the
+    /// tasks hold no reference to it between rounds).
     pub async fn run(self: Arc<Self>) {
+        let me = Arc::downgrade(&self);
+        drop(self);
         let mut tick = tokio::time::interval(WALK_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let active = match self.store.active(wall_ms()).await {
+            let Some(this) = me.upgrade() else {
+                return;
+            };
+            let active = match this.store.active(wall_ms()).await {
                 Ok(active) => active,
                 Err(e) => {
                     debug!(error = %e, "broadcasts: reading the running ones failed; retrying");
                     continue;
                 }
             };
-            self.metrics.broadcasts_active.set(active.len() as i64);
+            this.metrics.broadcasts_active.set(active.len() as i64);
             for broadcast in active {
-                if lock(&self.walking).insert(broadcast.id.clone()) {
-                    tokio::spawn(self.clone().walk(broadcast));
+                if lock(&this.walking).insert(broadcast.id.clone()) {
+                    tokio::spawn(walk(me.clone(), broadcast));
                 }
             }
         }
     }
 
-    /// Walks this pod's shards for `b` each [`WALK_EVERY`] until it expired (and its
-    /// copies whose answers are missing are settled).
-    async fn walk(self: Arc<Self>, b: Broadcast) {
-        let id = b.id.clone();
-        if let Err(why) = self.walk_until_expired(b).await {
-            warn!(id = %id, %why, "broadcast: not sent from this pod");
-        }
-        lock(&self.walking).remove(&id);
-    }
-
-    async fn walk_until_expired(&self, b: Broadcast) -> Result<(), String> {
-        let selector = Labels::parse(&b.selector).map_err(|e| format!("its selector: {e}"))?;
-        let scope = Scope::from_patterns(&b.patterns).map_err(|e| format!("its patterns: {e}"))?;
-        let body = loop {
-            match self.store.body(&b.id).await {
-                Ok(Some(body)) => break body,
-                Ok(None) => return Ok(()),
-                Err(e) => {
-                    debug!(id = %b.id, error = %e, "broadcast: reading its body failed; retrying");
-                    tokio::time::sleep(WALK_EVERY).await;
-                }
+    /// What every copy of `b` shares: `None` (logged) when it cannot be sent from here
+    /// now; the next look at the running broadcasts tries again.
+    async fn job<'b>(&self, b: &'b Broadcast) -> Option<Job<'b>> {
+        let selector = Labels::parse(&b.selector);
+        let scope = Scope::from_patterns(&b.patterns);
+        let (Ok(selector), Ok(scope)) = (selector, scope) else {
+            warn!(id = %b.id, "broadcast: its stored selector or patterns cannot be read; not sent from this pod");
+            return None;
+        };
+        let body = match self.store.body(&b.id).await {
+            Ok(Some(body)) => body,
+            Ok(None) => return None,
+            Err(e) => {
+                debug!(id = %b.id, error = %e, "broadcast: reading its body failed");
+                return None;
             }
         };
         let content_type = b
             .content_type
             .as_deref()
             .and_then(|c| HeaderValue::from_str(c).ok());
-        let job = Job {
-            b: &b,
+        Some(Job {
+            b,
             selector,
             scope,
             body,
             content_type,
-        };
-        let mut walks: HashMap<ShardId, ShardWalk> = HashMap::new();
-        let skew = CLOCK_SKEW.as_millis() as u64;
-        let copy_ms = self.rules.copy_timeout.as_millis() as u64;
-        // Past the expiry by the skew and a copy's timeout, every copy is settled.
-        while wall_ms() < b.expires_ms.saturating_add(skew + copy_ms) {
-            for shard in 0..self.serving.shards() {
-                let Some(epoch) = self.serving.serving(shard, now()) else {
-                    walks.remove(&shard);
-                    continue;
-                };
-                if walks.get(&shard).is_none_or(|w| w.epoch != epoch) {
-                    match self.store.marks(&b.id, shard).await {
-                        Ok(marks) => {
-                            walks.insert(
-                                shard,
-                                ShardWalk {
-                                    epoch,
-                                    marks,
-                                    written: None,
-                                },
-                            );
-                        }
-                        Err(e) => {
-                            debug!(id = %b.id, shard, error = %e, "broadcast: reading marks failed");
-                            continue;
-                        }
+        })
+    }
+
+    /// One round over the shards served here.
+    async fn round(&self, job: &Job<'_>, walks: &mut HashMap<ShardId, ShardWalk>) {
+        let id = &job.b.id;
+        for shard in 0..self.serving.shards() {
+            let Some(epoch) = self.serving.serving(shard, now()) else {
+                walks.remove(&shard);
+                continue;
+            };
+            if walks.get(&shard).is_none_or(|w| w.epoch != epoch) {
+                match self.store.marks(id, shard).await {
+                    Ok(marks) => {
+                        let walk = ShardWalk {
+                            epoch,
+                            marks,
+                            written: None,
+                        };
+                        walks.insert(shard, walk);
+                    }
+                    Err(e) => {
+                        debug!(%id, shard, error = %e, "broadcast: reading marks failed");
+                        continue;
                     }
                 }
-                let walk = walks.get_mut(&shard).expect("inserted above");
-                if let Err(why) = self.pass(&job, shard, walk).await {
-                    debug!(id = %b.id, shard, %why, "broadcast: the shard's pass ended early");
-                    walks.remove(&shard);
-                }
             }
-            tokio::time::sleep(WALK_EVERY).await;
+            let walk = walks.get_mut(&shard).expect("inserted above");
+            if let Err(why) = self.pass(job, shard, walk).await {
+                debug!(%id, shard, %why, "broadcast: the shard's pass ended early");
+                walks.remove(&shard);
+            }
         }
-        Ok(())
     }
 
     /// One pass over `shard`'s selected terminals: counts, sends to the connected ones
@@ -773,6 +768,31 @@ impl Broadcasts {
                 Copy::Unanswered
             }
         }
+    }
+}
+
+/// Walks this pod's shards for `b` each [`WALK_EVERY`] until it expired (and its copies
+/// whose answers are missing are settled), or the push service is gone.
+async fn walk(me: Weak<Broadcasts>, b: Broadcast) {
+    let job = match me.upgrade() {
+        Some(this) => this.job(&b).await,
+        None => return,
+    };
+    if let Some(job) = job {
+        let mut walks = HashMap::new();
+        let settled = CLOCK_SKEW + COPY_TIMEOUT;
+        // Past the expiry by the skew and a copy's timeout, every copy is settled.
+        while wall_ms() < b.expires_ms.saturating_add(settled.as_millis() as u64) {
+            let Some(this) = me.upgrade() else {
+                return;
+            };
+            this.round(&job, &mut walks).await;
+            drop(this);
+            tokio::time::sleep(WALK_EVERY).await;
+        }
+    }
+    if let Some(this) = me.upgrade() {
+        lock(&this.walking).remove(&b.id);
     }
 }
 

@@ -6,13 +6,16 @@
 //! free port, stopped at exit), else the embedded in-memory store; the demo says which.
 //! Tokens and the cluster secret are generated. Lease timings are short
 //! (`CoreConfig::fast()`) so takeovers show within the run, and redials back off 2 s at
-//! most so a terminal back online is reached soon. The script: a pod joins at 10 s, pod
+//! most so a terminal back online is reached soon. The script: a broadcast to the 40
+//! terminals labeled `store=17` at 5 s, its progress printed until it completes
+//! (`broadcast`), a pod joins at 10 s, pod
 //! 1 is killed without releasing at 20 s, five terminals go offline at 25 s with a push
 //! with a TTL waiting for each, and are back 2 s later (`offline`); the run ends at 35 s
 //! with a summary.
 //!
 //! Not for: production (everything is in one process, secrets are throwaway).
 
+mod broadcast;
 mod offline;
 mod redis_child;
 mod traffic;
@@ -43,6 +46,7 @@ use tracing_subscriber::EnvFilter;
 
 const CLUSTER: &str = "demo";
 /// When the script's steps happen.
+const BROADCAST_AT: Duration = Duration::from_secs(5);
 const JOIN_AT: Duration = Duration::from_secs(10);
 const KILL_AT: Duration = Duration::from_secs(20);
 const OFFLINE_AT: Duration = Duration::from_secs(25);
@@ -92,6 +96,8 @@ struct Demo {
     pods: Vec<(String, String, Option<PodHandle>)>,
     /// How the offline phase went, once the script ran it.
     offline: Option<offline::Outcome>,
+    /// How the broadcast went, once the script sent it.
+    broadcast: Option<broadcast::Outcome>,
 }
 
 /// Runs `posgate demo` to its end or Ctrl-C: exit 0, or 1 after saying what failed.
@@ -127,8 +133,14 @@ pub async fn run(
     let entries: Vec<Terminal> = farm
         .terminals()
         .iter()
-        .map(|t| Terminal::new(&t.id, &t.addr.to_string(), Some(&t.server_name)))
-        .collect::<Result<_, _>>()
+        .enumerate()
+        .map(|(i, t)| {
+            let mut entry = Terminal::new(&t.id, &t.addr.to_string(), Some(&t.server_name))?;
+            let store = format!("store={}", i % broadcast::STORES);
+            entry.labels = posgate::api::Labels::parse(&store).expect("a valid label");
+            Ok(entry)
+        })
+        .collect::<Result<_, posgate::store::directory::InvalidTerminal>>()
         .context("simulated terminals")?;
     let backing = match RedisChild::start()? {
         Some(child) => {
@@ -175,6 +187,7 @@ pub async fn run(
         secret,
         pods: Vec::new(),
         offline: None,
+        broadcast: None,
     };
     for _ in 0..demo.args.pods {
         demo.add_pod().await?;
@@ -235,6 +248,7 @@ impl Demo {
         config.cluster = CLUSTER.to_string();
         let tokens = format!("demo:{},operator:{}", self.token, self.operator_token);
         config.api_tokens = Some(ApiTokens::from_env_value(&tokens)?);
+        config.push.broadcast.tenants = ["demo".to_string()].into();
         config.pos = PosSettings {
             tls: TlsFiles {
                 ca_file: Some(self.ca_file.clone()),
@@ -273,12 +287,17 @@ impl Demo {
     async fn script(&mut self, traffic: &Traffic) -> anyhow::Result<()> {
         let started = Instant::now();
         let (mut joined, mut killed) = (self.args.no_script, self.args.no_script);
-        // The offline phase once started.
+        // The offline phase and the broadcast once started.
         let mut phase: Option<JoinHandle<offline::Outcome>> = None;
+        let mut sent: Option<JoinHandle<Option<broadcast::Outcome>>> = None;
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         while started.elapsed() < self.args.duration {
             tick.tick().await;
             let t = started.elapsed();
+            if sent.is_none() && !self.args.no_script && t >= BROADCAST_AT {
+                let url = self.live_urls()[0].clone();
+                sent = Some(tokio::spawn(broadcast::run(url, self.token.clone())));
+            }
             if !joined && t >= JOIN_AT {
                 joined = true;
                 self.add_pod().await?;
@@ -305,6 +324,13 @@ impl Demo {
                 )));
             }
             self.print_table(t, &traffic.counts());
+        }
+        if let Some(sent) = sent {
+            if sent.is_finished() {
+                self.broadcast = sent.await?;
+            } else {
+                sent.abort();
+            }
         }
         if let Some(phase) = phase {
             self.offline = Some(if phase.is_finished() {
@@ -387,6 +413,9 @@ impl Demo {
         println!("pushes: {ok} ok, {failed} failed");
         if let Some(outcome) = &self.offline {
             println!("{}", offline::summary_line(outcome));
+        }
+        if !self.args.no_script {
+            println!("{}", broadcast::summary_line(&self.broadcast));
         }
     }
 

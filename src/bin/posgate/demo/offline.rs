@@ -27,7 +27,7 @@ const OFFLINE_FOR: Duration = Duration::from_secs(2);
 /// redial within 2 s).
 const DRAIN_LIMIT: Duration = Duration::from_secs(15);
 
-type Http = Client<HttpConnector, Full<Bytes>>;
+pub(super) type Http = Client<HttpConnector, Full<Bytes>>;
 
 /// What the phase came to, for the summary.
 pub enum Outcome {
@@ -183,7 +183,7 @@ fn state_of(status: &Value) -> &str {
 
 /// Sends `request` with the tenant's token: its status and JSON body, `None` when it
 /// got no answer.
-async fn call(
+pub(super) async fn call(
     http: &Http,
     request: http::Result<Request<Full<Bytes>>>,
     token: &str,
