@@ -42,7 +42,8 @@ struct Args {
     /// Scenarios to run in order: cold-start, scale-out, scale-in, rolling-restart, kill,
     /// pause, redis-restart, redis-outage, pod-partition, partial-partition,
     /// offline-later, cold-start-queued, single-pod-outage, or all (those thirteen); and,
-    /// only when named, rolling-upgrade (needs --old-posgate) and redis-failover.
+    /// only when named, rolling-upgrade (needs --old-posgate), redis-failover and broadcast
+    /// (a benchmark: a broadcast to every terminal beside live pushes).
     #[arg(required = true)]
     scenarios: Vec<String>,
     /// 5 pods, 5,000 terminals, TTL 3 s (CI).

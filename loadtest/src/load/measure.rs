@@ -270,6 +270,9 @@ pub async fn run_scenario(c: &mut Cluster, sc: Scenario) -> Result<ScenarioRepor
     if let Some(trace) = &action.upgrade {
         r.upgrade = Some(upgrade::report(c, trace, &pushes).await);
     }
+    if let Some(run) = &action.broadcast {
+        r.broadcast = Some(super::broadcast::report(run, &pushes));
+    }
     let sent = action.later.clone().or(ttl_pushes.map(|pushes| Sent {
         pushes,
         how: How::Generator,

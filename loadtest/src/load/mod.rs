@@ -15,6 +15,7 @@
 
 pub mod alerts;
 pub mod analysis;
+pub mod broadcast;
 pub mod calibrate;
 pub mod charts;
 pub mod checks;

@@ -201,6 +201,8 @@ impl PodProc {
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("POSGATE_CLUSTER_SECRET", SECRET)
             .env("POSGATE_API_TOKENS", api_tokens())
+            // Read by releases with broadcasts (the `broadcast` scenario), ignored before.
+            .env("POSGATE_BROADCAST_TENANTS", TENANT)
             .envs(plan.env.iter().map(|(k, v)| (k, v)))
             .args(plan.serve_args(&id, port, &store_url));
         let proc = ChildProc::spawn(&id, cmd, &plan.log_dir.join(format!("{id}.log")))?;

@@ -124,6 +124,8 @@ pub struct ScenarioReport {
     /// offline-later, cold-start-queued, rolling-upgrade: the pushes with a TTL and where
     /// they ended.
     pub later: Option<LaterReport>,
+    /// broadcast: its time to complete and the live pushes beside it.
+    pub broadcast: Option<super::broadcast::BroadcastReport>,
     /// The alerts the run's Prometheus raised in the scenario; `None` without Prometheus.
     pub alerts: Option<AlertReport>,
     /// Every dashboard query evaluated over the scenario; `None` without Prometheus.
@@ -319,6 +321,9 @@ pub fn markdown(header: &str, reports: &[ScenarioReport]) -> String {
         }
         if let Some(l) = &r.later {
             later::lines(&mut md, l);
+        }
+        if let Some(b) = &r.broadcast {
+            super::broadcast::lines(&mut md, b);
         }
         alerts::lines(&mut md, r);
         for c in &r.checks {

@@ -6,6 +6,7 @@
 use std::time::{Duration, Instant};
 
 use super::{
+    broadcast,
     cluster::Cluster,
     later::{self, How, Sent},
     pods::{import_directory, PodProc, Release},
@@ -46,6 +47,10 @@ pub enum Scenario {
     /// The master of a Sentinel deployment killed (SIGKILL); the pods reach Redis
     /// through the sentinels (a run of its own, so not part of `all`).
     RedisFailover,
+    /// Every terminal labeled, then one broadcast to all of them while live pushes flow:
+    /// its time to complete and the live pushes' p99 during it against an idle window
+    /// (a benchmark, so not part of `all`).
+    Broadcast,
 }
 
 impl Scenario {
@@ -71,7 +76,11 @@ impl Scenario {
 
     /// Scenarios run only when named: rolling-upgrade needs the previous release's binary,
     /// redis-failover a cluster of its own (pods on sentinels, no proxies to cut).
-    pub const EXPLICIT: [Scenario; 2] = [Scenario::RollingUpgrade, Scenario::RedisFailover];
+    pub const EXPLICIT: [Scenario; 3] = [
+        Scenario::RollingUpgrade,
+        Scenario::RedisFailover,
+        Scenario::Broadcast,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -90,6 +99,7 @@ impl Scenario {
             Scenario::ColdStartQueued => "cold-start-queued",
             Scenario::RollingUpgrade => "rolling-upgrade",
             Scenario::RedisFailover => "redis-failover",
+            Scenario::Broadcast => "broadcast",
         }
     }
 
@@ -111,6 +121,7 @@ impl Scenario {
                 | Scenario::RollingUpgrade
                 | Scenario::OfflineLater
                 | Scenario::ColdStartQueued
+                | Scenario::Broadcast
         )
     }
 
@@ -183,6 +194,8 @@ pub struct Action {
     pub cut: Option<Cut>,
     /// offline-later: its pushes with a TTL.
     pub later: Option<Sent>,
+    /// broadcast: what it sent and when.
+    pub broadcast: Option<broadcast::Run>,
 }
 
 /// Pods cut off from Redis (not from their terminals or peers) and when.
@@ -465,6 +478,18 @@ pub async fn act(c: &mut Cluster, scenario: Scenario) -> Result<Action, LoadErro
             };
             replace_each(c, Release::Current, Some(&mut trace)).await?;
             a.upgrade = Some(trace);
+        }
+        Scenario::Broadcast => {
+            let idle = c.profile.outage;
+            let run = broadcast::run(c, idle).await?;
+            a.notes.push(format!(
+                "every terminal labeled fleet=all (a relabel: nothing redials); live \
+                 pushes for {:.0} s (the second half the baseline), then one broadcast to every terminal \
+                 (--broadcast-rate default, 200 copies/s per pod), followed to its end",
+                idle.as_secs_f64()
+            ));
+            a.event_unix_ms = run.during.0;
+            a.broadcast = Some(run);
         }
         Scenario::Kill => {
             a.ideal_moved = Some(t / n);
