@@ -407,8 +407,8 @@ impl Broadcasts {
             return Vec::new();
         };
         let mut running = Vec::with_capacity(active.len());
-        for b in active {
-            if let Ok(Some(found)) = self.store.find(&b.id).await {
+        for id in active {
+            if let Ok(Some(found)) = self.store.find(&id).await {
                 running.push(self.status_of(&found));
             }
         }
@@ -436,9 +436,9 @@ impl Broadcasts {
                 }
             };
             this.metrics.broadcasts_active.set(active.len() as i64);
-            for broadcast in active {
-                if lock(&this.walking).insert(broadcast.id.clone()) {
-                    tokio::spawn(walk(me.clone(), broadcast));
+            for id in active {
+                if lock(&this.walking).insert(id.clone()) {
+                    tokio::spawn(walk(me.clone(), id));
                 }
             }
         }
@@ -773,11 +773,25 @@ impl Broadcasts {
 
 /// Walks this pod's shards for `b` each [`WALK_EVERY`] until it expired (and its copies
 /// whose answers are missing are settled), or the push service is gone.
-async fn walk(me: Weak<Broadcasts>, b: Broadcast) {
-    let job = match me.upgrade() {
-        Some(this) => this.job(&b).await,
-        None => return,
+async fn walk(me: Weak<Broadcasts>, id: String) {
+    let Some(this) = me.upgrade() else {
+        return;
     };
+    let b = match this.store.find(&id).await {
+        Ok(Some(found)) => found.broadcast,
+        // Gone (its keys expired), or unread: the next look tries again while it is listed.
+        Ok(None) => {
+            lock(&this.walking).remove(&id);
+            return;
+        }
+        Err(e) => {
+            debug!(%id, error = %e, "broadcast: reading it failed");
+            lock(&this.walking).remove(&id);
+            return;
+        }
+    };
+    let job = this.job(&b).await;
+    drop(this);
     if let Some(job) = job {
         let mut walks = HashMap::new();
         let settled = CLOCK_SKEW + COPY_TIMEOUT;

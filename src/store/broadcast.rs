@@ -223,8 +223,9 @@ pub trait BroadcastStore: Send + Sync + 'static {
     /// The broadcast `id` and its progress, while its keys are kept.
     fn find<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<Found>, StoreError>>;
 
-    /// The broadcasts not expired at `now`, oldest first.
-    fn active(&self, now: WallMs) -> BoxFuture<'_, Result<Vec<Broadcast>, StoreError>>;
+    /// The ids of the broadcasts not expired at `now`, soonest expiry first: one cheap
+    /// call that every pod makes each second (records are read once, with `find`).
+    fn active(&self, now: WallMs) -> BoxFuture<'_, Result<Vec<String>, StoreError>>;
 
     fn body<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<Bytes>, StoreError>>;
 
@@ -305,15 +306,15 @@ impl BroadcastState {
         })
     }
 
-    pub fn active(&self, now: WallMs) -> Vec<Broadcast> {
-        let mut active: Vec<_> = self
+    pub fn active(&self, now: WallMs) -> Vec<String> {
+        let mut active: Vec<&Broadcast> = self
             .records
             .values()
-            .filter(|s| s.broadcast.expires_ms > now)
-            .map(|s| s.broadcast.clone())
+            .map(|s| &s.broadcast)
+            .filter(|b| b.expires_ms > now)
             .collect();
         active.sort_by(|a, b| (a.expires_ms, &a.id).cmp(&(b.expires_ms, &b.id)));
-        active
+        active.into_iter().map(|b| b.id.clone()).collect()
     }
 
     pub fn body(&self, id: &str) -> Option<Bytes> {

@@ -31,8 +31,8 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 
 use super::broadcast::{
-    Broadcast, BroadcastState, BroadcastStore, Create, Created, Found as BroadcastFound, Mark,
-    MarkWrite, MarksWritten,
+    BroadcastState, BroadcastStore, Create, Created, Found as BroadcastFound, Mark, MarkWrite,
+    MarksWritten,
 };
 use super::queue::{
     push_id, Cancelled, Enqueue, Enqueued, Feed, Found, QueueState, QueueStore, Record, Waiting,
@@ -681,7 +681,7 @@ impl BroadcastStore for MemoryStore {
         std::future::ready(Ok(found)).boxed()
     }
 
-    fn active(&self, now: u64) -> BoxFuture<'_, Result<Vec<Broadcast>, StoreError>> {
+    fn active(&self, now: u64) -> BoxFuture<'_, Result<Vec<String>, StoreError>> {
         let active = self.with_state(|s, _| s.broadcasts().active(now));
         std::future::ready(Ok(active)).boxed()
     }

@@ -1,9 +1,6 @@
 -- broadcast_read: the broadcasts' reads (no writes).
 -- find:   KEYS 1 broadcast:<id>, 2 broadcast-progress:<id> -> {meta or '', progress flat}
--- active: KEYS 1 broadcasts, ARGV 2 now ms -> ids of the unexpired, oldest expiry first
---         (their records are read with `meta`, one call each: their keys are not known
---         before)
--- meta:   KEYS 1 broadcast:<id> -> record JSON or ''
+-- active: KEYS 1 broadcasts, ARGV 2 now ms -> ids of the unexpired, soonest expiry first
 -- body:   KEYS 1 broadcast:<id> -> body or ''
 -- marks:  KEYS 1 broadcast-marks:<id>:<shard> -> flat terminal, mark
 local mode = ARGV[1]
@@ -15,8 +12,6 @@ if mode == 'find' then
   return {meta, redis.call('HGETALL', KEYS[2])}
 elseif mode == 'active' then
   return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. ARGV[2], '+inf')
-elseif mode == 'meta' then
-  return redis.call('HGET', KEYS[1], 'meta') or ''
 elseif mode == 'body' then
   return redis.call('HGET', KEYS[1], 'body') or ''
 elseif mode == 'marks' then

@@ -22,8 +22,8 @@ use super::RedisStore;
 use crate::core::delivery::WallMs;
 use crate::core::ShardId;
 use crate::store::broadcast::{
-    parse_broadcast, parse_progress, Broadcast, BroadcastStore, Create, Created, Found, Mark,
-    MarkWrite, MarksWritten,
+    parse_broadcast, parse_progress, BroadcastStore, Create, Created, Found, Mark, MarkWrite,
+    MarksWritten,
 };
 use crate::store::StoreError;
 
@@ -94,25 +94,12 @@ impl RedisStore {
         }))
     }
 
-    async fn active_call(&self, now: WallMs) -> Result<Vec<Broadcast>, StoreError> {
-        let k = &self.shared.keys;
-        let ids = items(
-            self.broadcast_read(vec![k.broadcasts()], vec![arg("active"), arg(now)])
-                .await?,
-        )?;
-        let mut active = Vec::with_capacity(ids.len());
-        for id in ids {
-            let id = string(id)?;
-            let meta = bytes(
-                self.broadcast_read(vec![k.broadcast(&id)], vec![arg("meta")])
-                    .await?,
-            )?;
-            // Listed but gone (its keys expired first): nothing to walk.
-            if !meta.is_empty() {
-                active.push(parse_broadcast(&meta)?);
-            }
-        }
-        Ok(active)
+    async fn active_call(&self, now: WallMs) -> Result<Vec<String>, StoreError> {
+        let keys = vec![self.shared.keys.broadcasts()];
+        let ids = self
+            .broadcast_read(keys, vec![arg("active"), arg(now)])
+            .await?;
+        items(ids)?.into_iter().map(string).collect()
     }
 
     async fn body_call(&self, id: &str) -> Result<Option<Bytes>, StoreError> {
@@ -210,7 +197,7 @@ impl BroadcastStore for RedisStore {
         self.find_call(id).boxed()
     }
 
-    fn active(&self, now: WallMs) -> BoxFuture<'_, Result<Vec<Broadcast>, StoreError>> {
+    fn active(&self, now: WallMs) -> BoxFuture<'_, Result<Vec<String>, StoreError>> {
         self.active_call(now).boxed()
     }
 
