@@ -854,3 +854,65 @@ fn unavailable(e: crate::store::StoreError) -> Answer {
         format!("the broadcast could not be read or written now: {e}"),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::testing::member;
+    use crate::store::memory::MemoryStore;
+
+    fn new_broadcast(key: &str) -> NewBroadcast {
+        NewBroadcast {
+            tenant: Tenant("acme".into()),
+            key: key.into(),
+            selector: Labels::parse("store=17").unwrap(),
+            scope: Scope::All,
+            content_type: None,
+            body: Bytes::from_static(b"menu"),
+            ttl: Duration::from_secs(60),
+        }
+    }
+
+    /// Created only while every member walks broadcasts: during a rolling upgrade from a
+    /// release without them it is refused, never left for a pod that would not send it.
+    #[tokio::test]
+    async fn created_only_once_every_member_walks_them() {
+        let old = member("pod-old");
+        let mut new = member("pod-new");
+        new.broadcast = BROADCAST_WALK;
+        let (status, rx) = watch::channel(PodStatus {
+            members: vec![old.clone(), new.clone()],
+            ..PodStatus::default()
+        });
+        let broadcasts = Broadcasts::new(
+            PodId::new("pod-new").unwrap(),
+            Arc::new(MemoryStore::new()),
+            ServingTable::new(8),
+            Arc::new(super::super::NoTerminals),
+            rx,
+            BroadcastSettings::default(),
+            QueueRules {
+                window: Duration::from_secs(600),
+                skew: CLOCK_SKEW,
+                copy_timeout: COPY_TIMEOUT,
+            },
+            &super::super::queue::QueueSettings::default(),
+            "/push".into(),
+            Arc::new(Metrics::new()),
+        );
+        let refused = broadcasts.create(new_broadcast("k")).await.unwrap_err();
+        assert_eq!(refused.error_code().as_deref(), Some("queue_unavailable"));
+        status.send_modify(|s| s.members = vec![new.clone()]);
+        let (created, fresh) = broadcasts.create(new_broadcast("k")).await.unwrap();
+        assert!(fresh);
+        let (again, fresh) = broadcasts.create(new_broadcast("k")).await.unwrap();
+        assert_eq!((again.id, fresh), (created.id, false));
+        let mut other = new_broadcast("k");
+        other.body = Bytes::from_static(b"another menu");
+        let refused = broadcasts.create(other).await.unwrap_err();
+        assert_eq!(
+            refused.error_code().as_deref(),
+            Some("idempotency_conflict")
+        );
+    }
+}
