@@ -325,19 +325,26 @@ function renderStore(view) {
   el.textContent = text;
 }
 
-// The running broadcasts, one line each: progress and what is left.
+// The running broadcasts, one line each: progress, items per second since the last
+// refresh, and what is left.
+const lastDelivered = new Map();
 function renderBroadcasts(view) {
   const el = document.getElementById("broadcasts");
   const list = view.broadcasts || [];
+  const now = Date.now();
   el.replaceChildren(...list.map((b) => {
     const c = b.counts, line = document.createElement("div");
     line.className = "broadcast";
     line.dataset.broadcast = b.id;
-    const left = Math.max(0, Math.round((b.expires_ms - Date.now()) / 1000));
+    const before = lastDelivered.get(b.id);
+    const rate = before && now > before.at
+      ? Math.round((c.delivered - before.delivered) * 1000 / (now - before.at)) : 0;
+    lastDelivered.set(b.id, { delivered: c.delivered, at: now });
+    const left = Math.max(0, Math.round((b.expires_ms - now) / 1000));
     line.textContent = `broadcast ${b.id.slice(0, 8)} (${b.tenant}, ${b.selector}) ${b.state}: ` +
-      `${c.delivered}/${c.matched} delivered, ${c.failed} failed, ${c.remaining} remaining ` +
-      `(${c.queued} waiting for their terminal), ${b.shards_walked}/${b.shards} shards ` +
-      `walked, expires in ${left} s`;
+      `${c.delivered}/${c.matched} delivered (${rate}/s), ${c.failed} failed, ` +
+      `${c.remaining} remaining (${c.queued} waiting for their terminal), ` +
+      `${b.shards_walked}/${b.shards} shards walked, expires in ${left} s`;
     return line;
   }));
 }
