@@ -2,7 +2,8 @@
 //! token's patterns. Any pod creates one in the store (`crate::store::broadcast`), body
 //! once, answered `202` with its id; every pod then walks the shards it serves.
 //!
-//! **The walk.** Each second, for every unexpired broadcast and every shard served
+//! **The walk.** A creation is announced to every pod (the store's news; without it,
+//! a look every 30 s). Each second, for every unexpired broadcast and every shard served
 //! here, the owner selects from its own links (the shard's directory as last read, labels
 //! included): the selection is evaluated as each shard is walked, so a terminal listed
 //! or labeled while a broadcast runs gets it, and one removed does not. The token's
@@ -38,6 +39,7 @@ use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use http::HeaderValue;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
+use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
@@ -61,9 +63,13 @@ use crate::store::broadcast::{
     broadcast_id, terminal_key, Broadcast, BroadcastStore, Create, Created, Found, Mark, MarkWrite,
     MarksWritten, ShardProgress,
 };
+use crate::store::queue::Wakeup;
 
-/// How often a pod looks for unexpired broadcasts and walks its shards for each.
+/// How often a pod walks its shards for each unexpired broadcast.
 const WALK_EVERY: Duration = Duration::from_secs(1);
+/// How often a pod looks for unexpired broadcasts without news of one (a creation is
+/// announced to every pod; this covers an announcement lost with its subscription).
+const LOOK_EVERY: Duration = Duration::from_secs(30);
 /// Terminals marked in one store call, then sent to.
 const CHUNK: usize = 64;
 /// Copies of one broadcast on their way from this pod at once.
@@ -415,16 +421,31 @@ impl Broadcasts {
         running
     }
 
-    /// Looks for unexpired broadcasts every [`WALK_EVERY`] and walks each one this pod
-    /// is not walking yet. Ends, with every walk, once the push service is dropped (the
+    /// Looks for unexpired broadcasts at start, when one is announced and every
+    /// [`LOOK_EVERY`], and walks each one this pod is not walking yet. Ends, with every walk, once the push service is dropped (the
     /// tasks hold no reference to it between rounds).
     pub async fn run(self: Arc<Self>) {
+        let mut news = self.store.news();
         let me = Arc::downgrade(&self);
         drop(self);
-        let mut tick = tokio::time::interval(WALK_EVERY);
+        let mut tick = tokio::time::interval(LOOK_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tick.tick().await;
+            // The first tick is at once: a pod that starts looks for running broadcasts.
+            tokio::select! {
+                _ = tick.tick() => {}
+                heard = news.recv() => match heard {
+                    Ok(Wakeup::Broadcast | Wakeup::All) | Err(RecvError::Lagged(_)) => {}
+                    Ok(Wakeup::Terminal(..)) => continue,
+                    Err(RecvError::Closed) => {
+                        let Some(this) = me.upgrade() else {
+                            return;
+                        };
+                        news = this.store.news();
+                        continue;
+                    }
+                },
+            }
             let Some(this) = me.upgrade() else {
                 return;
             };
@@ -548,7 +569,16 @@ impl Broadcasts {
             self.write(b, shard, walk, given_up, Vec::new(), None)
                 .await?;
         }
-        for chunk in due.chunks(CHUNK) {
+        // A chunk is paced as a whole before it is marked, so its copies leave right
+        // after their marks and the `sending` guards below are held only while they are
+        // answered: a planned move waits for them (bounded by its drain), and a new owner
+        // then finds outcomes, not marks of copies still to leave.
+        let size = CHUNK.min(self.settings.rate.get() as usize);
+        for chunk in due.chunks(size) {
+            let n = NonZeroU32::new(chunk.len() as u32).expect("chunks are not empty");
+            if self.pace.until_n_ready(n).await.is_err() {
+                return Err("a chunk larger than the pace's burst".into());
+            }
             // From here to the recorded outcomes the chunk counts as being sent: a shard
             // handed over releases its lease only after (`pos::manager` drain), so the
             // next owner reads final marks, not `sending` ones it would send again.
@@ -697,7 +727,6 @@ impl Broadcasts {
             count("not_sent");
             return Copy::NotSent;
         };
-        self.pace.until_ready().await;
         let pending = Pending {
             expires_ms: b.expires_ms,
             unanswered_since_ms: Some(since),

@@ -318,6 +318,8 @@ impl Drains {
                 },
                 woken = wakeups.recv() => match woken {
                     Ok(Wakeup::Terminal(shard, terminal)) => self.wake(shard, &terminal),
+                    // News for the broadcasts, not for a drain.
+                    Ok(Wakeup::Broadcast) => {}
                     // Missed or resubscribed: every shard looks again.
                     Ok(Wakeup::All) | Err(broadcast::error::RecvError::Lagged(_)) => {
                         let shards: Vec<ShardId> = lock(&self.shards).keys().copied().collect();

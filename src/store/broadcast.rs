@@ -35,6 +35,7 @@ use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::queue::Wakeup;
 use super::StoreError;
 use crate::core::delivery::WallMs;
 use crate::core::{Epoch, PodId, ShardId};
@@ -240,6 +241,10 @@ pub trait BroadcastStore: Send + Sync + 'static {
         &'a self,
         w: &'a MarkWrite,
     ) -> BoxFuture<'a, Result<MarksWritten, StoreError>>;
+
+    /// The store's news for the push layer: [`Wakeup::Broadcast`] when a broadcast was
+    /// created (by any pod), [`Wakeup::All`] when news may have been missed.
+    fn news(&self) -> tokio::sync::broadcast::Receiver<Wakeup>;
 }
 
 /// Reads a stored record; what another writer left is an error, not a panic.

@@ -670,6 +670,9 @@ impl QueueStore for MemoryStore {
 impl BroadcastStore for MemoryStore {
     fn create<'a>(&'a self, c: &'a Create) -> BoxFuture<'a, Result<Created, StoreError>> {
         let created = self.with_state(|s, now| s.broadcasts().create(c, now));
+        if created == Created::New {
+            let _ = self.wakeups.send(Wakeup::Broadcast);
+        }
         std::future::ready(Ok(created)).boxed()
     }
 
@@ -706,6 +709,10 @@ impl BroadcastStore for MemoryStore {
     ) -> BoxFuture<'a, Result<MarksWritten, StoreError>> {
         let written = self.with_state(|s, now| s.broadcast_marks(now, w));
         std::future::ready(Ok(written)).boxed()
+    }
+
+    fn news(&self) -> broadcast::Receiver<Wakeup> {
+        self.wakeups.subscribe()
     }
 }
 

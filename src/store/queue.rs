@@ -369,10 +369,13 @@ pub struct Feed {
 /// A terminal with pushes not final: its shard, its id, how many.
 pub type Waiting = (ShardId, String, u32);
 
-/// A push was queued by a pod that does not hold its shard: the owner's drain looks.
+/// News from the store for the push layer: a push queued by a pod that does not hold
+/// its shard (the owner's drain looks), or a broadcast created (every pod looks).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Wakeup {
     Terminal(ShardId, String),
+    /// A broadcast was created (`crate::store::broadcast`).
+    Broadcast,
     /// Notifications may have been missed (a new subscription): every drain looks.
     All,
 }

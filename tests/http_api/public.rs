@@ -111,6 +111,8 @@ async fn cluster_view_shape() {
         ],
         // No sampler runs here, so the pod's timeline has no points yet.
         "timelines": [{"pod": "pod-a", "points": []}],
+        // No queue store here, so no broadcasts either.
+        "broadcasts": [],
     });
     assert_eq!(body, expected);
     server.stop().await;

@@ -25,6 +25,7 @@ use crate::store::broadcast::{
     parse_broadcast, parse_progress, BroadcastStore, Create, Created, Found, Mark, MarkWrite,
     MarksWritten,
 };
+use crate::store::queue::Wakeup;
 use crate::store::StoreError;
 
 impl RedisStore {
@@ -50,6 +51,7 @@ impl RedisStore {
             arg(b.expires_ms),
             arg(c.keep_until_ms),
             arg(c.max_active),
+            arg(k.events()),
         ];
         let script = &self.shared.scripts.broadcast_create;
         let reply = self
@@ -218,5 +220,9 @@ impl BroadcastStore for RedisStore {
         w: &'a MarkWrite,
     ) -> BoxFuture<'a, Result<MarksWritten, StoreError>> {
         self.write_marks_call(w).boxed()
+    }
+
+    fn news(&self) -> tokio::sync::broadcast::Receiver<Wakeup> {
+        self.shared.wakeups.subscribe()
     }
 }

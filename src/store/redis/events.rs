@@ -2,9 +2,10 @@
 //! kept alive for the store's lifetime.
 //!
 //! Every message on the cluster's event channel bumps a `watch` counter, except
-//! `queue <shard> <terminal>` (a push queued by a pod that does not hold the shard),
-//! which goes to the queue's wake-ups instead: it is news for one drain, not a reason
-//! for every pod to poll. After any loss (closed socket, failed PING) the task
+//! `queue <shard> <terminal>` (a push queued by a pod that does not hold the shard) and
+//! `broadcast <id>` (a broadcast created), which go to the push layer's wake-ups
+//! instead: news for one drain or for the broadcasts, not a reason for every pod to
+//! poll. After any loss (closed socket, failed PING) the task
 //! resubscribes with capped exponential backoff and then bumps the counter once and
 //! wakes every drain, because messages published while it was away are lost and the
 //! pod must look instead. A store built by `connect_lazy` starts without a
@@ -69,9 +70,13 @@ fn bump(tx: &watch::Sender<u64>) {
     tx.send_modify(|n| *n = n.wrapping_add(1));
 }
 
-/// The wake-up a `queue <shard> <terminal>` message carries, if it is one.
+/// The wake-up a `queue <shard> <terminal>` or `broadcast <id>` message carries, if it
+/// is one.
 fn queue_wakeup(payload: &[u8]) -> Option<Wakeup> {
     let text = std::str::from_utf8(payload).ok()?;
+    if text.starts_with("broadcast ") {
+        return Some(Wakeup::Broadcast);
+    }
     let mut words = text.strip_prefix("queue ")?.split(' ');
     let shard = words.next()?.parse::<ShardId>().ok()?;
     let terminal = words.next()?;
@@ -193,6 +198,10 @@ mod tests {
         assert_eq!(
             queue_wakeup(b"queue 7 pos-00042"),
             Some(Wakeup::Terminal(7, "pos-00042".into()))
+        );
+        assert_eq!(
+            queue_wakeup(b"broadcast 0123456789abcdef0123456789abcdef"),
+            Some(Wakeup::Broadcast)
         );
         for other in [
             &b"release 7"[..],
