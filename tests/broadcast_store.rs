@@ -9,10 +9,9 @@
 //! `sending`, an unsent copy's mark removed only while it is that copy's, progress per
 //! shard.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use posgate::core::lease::{AcquireOutcome, Checked, Claim, LeaseCall};
 use posgate::core::{Epoch, PodId, ShardId};
 use posgate::store::broadcast::{
     broadcast_id, Broadcast, BroadcastStore, Create, Created, Mark, MarkWrite, MarksWritten,
@@ -23,7 +22,7 @@ use posgate::store::redis::RedisStore;
 use posgate::store::CoordStore;
 
 use crate::support::pod::store_options;
-use crate::support::RedisServer;
+use crate::support::{leases, RedisServer};
 
 const SHARD: ShardId = 3;
 const SHARDS: u32 = 8;
@@ -41,25 +40,9 @@ fn wall() -> u64 {
         .as_millis() as u64
 }
 
+/// The lease of [`SHARD`] for `pod-a`, with its epoch.
 async fn lease(store: &impl CoordStore) -> Epoch {
-    let snapshot = store.snapshot(SHARDS).await.unwrap();
-    let me = pod("pod-a");
-    let call = LeaseCall {
-        generation: &snapshot.generation.id,
-        pod: &me,
-        ttl: Duration::from_secs(60),
-    };
-    let claim = Claim {
-        shard: SHARD,
-        floor: FAR,
-    };
-    match store.acquire(&call, &[claim]).await.unwrap() {
-        Checked::Ok(outcomes) => match outcomes[..] {
-            [AcquireOutcome::Acquired { epoch, .. }] => epoch,
-            ref other => panic!("acquire: {other:?}"),
-        },
-        other => panic!("acquire: {other:?}"),
-    }
+    leases::held_above(store, SHARDS, SHARD, &pod("pod-a"), FAR).await
 }
 
 fn create(key: &str, now: u64, expires_in: u64, max_active: usize) -> Create {

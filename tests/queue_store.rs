@@ -10,10 +10,8 @@
 //! way, retention, the feed's order and paging.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use bytes::Bytes;
-use posgate::core::lease::{AcquireOutcome, Checked, Claim, LeaseCall};
 use posgate::core::{Epoch, PodId, ShardId};
 use posgate::store::directory::{DirectoryAdmin, Terminal};
 use posgate::store::memory::MemoryStore;
@@ -25,7 +23,7 @@ use posgate::store::redis::RedisStore;
 use posgate::store::CoordStore;
 
 use crate::support::pod::store_options;
-use crate::support::RedisServer;
+use crate::support::{leases, RedisServer};
 
 const SHARD: ShardId = 3;
 const SHARDS: u32 = 8;
@@ -111,25 +109,7 @@ impl Transcript {
 
 /// The lease of [`SHARD`] for `pod-a`, with its epoch.
 async fn lease(store: &impl CoordStore) -> Epoch {
-    let snapshot = store.snapshot(SHARDS).await.unwrap();
-    let generation = snapshot.generation.id;
-    let me = pod("pod-a");
-    let call = LeaseCall {
-        generation: &generation,
-        pod: &me,
-        ttl: Duration::from_secs(60),
-    };
-    let claim = Claim {
-        shard: SHARD,
-        floor: FAR,
-    };
-    match store.acquire(&call, &[claim]).await.unwrap() {
-        Checked::Ok(outcomes) => match outcomes[..] {
-            [AcquireOutcome::Acquired { epoch, .. }] => epoch,
-            ref other => panic!("acquire: {other:?}"),
-        },
-        other => panic!("acquire: {other:?}"),
-    }
+    leases::held_above(store, SHARDS, SHARD, &pod("pod-a"), FAR).await
 }
 
 fn write(record: &Record, expect: u64, next: Record, change: Change, now: u64) -> Write {

@@ -16,9 +16,9 @@ use serde::Deserialize;
 
 use super::caller::Caller;
 use super::errors::respond;
-use super::push::new_key;
+use super::push::body_headers;
 use super::{read_bounded, HttpState};
-use crate::api::{valid_key, Labels, IDEMPOTENCY_KEY, TTL_PARAM};
+use crate::api::{Labels, TTL_PARAM};
 use crate::push::answer::{Answer, ErrorCode};
 use crate::push::broadcast::{Broadcasts, DryRun, NewBroadcast};
 
@@ -92,20 +92,13 @@ async fn create_answer(
             )
         })?;
         let read = tokio::time::timeout(DRY_RUN_TIMEOUT, directory.all()).await;
+        let unread = |why: String| {
+            let message = format!("the directory could not be read: {why}");
+            Answer::error(ErrorCode::QueueUnavailable, message)
+        };
         let terminals = match read {
-            Ok(Ok(terminals)) => terminals,
-            Ok(Err(e)) => {
-                return Err(Answer::error(
-                    ErrorCode::QueueUnavailable,
-                    format!("the directory could not be read: {e}"),
-                ))
-            }
-            Err(_) => {
-                return Err(Answer::error(
-                    ErrorCode::QueueUnavailable,
-                    format!("the directory was not read within {DRY_RUN_TIMEOUT:?}"),
-                ))
-            }
+            Ok(read) => read.map_err(|e| unread(e.to_string()))?,
+            Err(_) => return Err(unread(format!("no answer within {DRY_RUN_TIMEOUT:?}"))),
         };
         let matched = terminals
             .iter()
@@ -128,18 +121,8 @@ async fn create_answer(
                 "{TTL_PARAM} is required: an integer from 1 to {max} (--queue-max-ttl)"
             ))
         })?;
-    let key = match head.headers.get(IDEMPOTENCY_KEY) {
-        None => new_key(),
-        Some(v) => match v.to_str() {
-            Ok(key) if valid_key(key) => key.to_string(),
-            _ => {
-                return Err(invalid(
-                    "Idempotency-Key must be 1-128 visible ASCII characters",
-                ))
-            }
-        },
-    };
-    let content_type = match head.headers.get(header::CONTENT_TYPE) {
+    let (key, content_type) = body_headers(&head.headers)?;
+    let content_type = match content_type {
         None => None,
         Some(v) => Some(
             v.to_str()

@@ -318,6 +318,28 @@ pub fn push_head(terminal: &str, uri: &Uri, headers: &HeaderMap) -> Result<PushH
     if !valid_terminal_id(terminal) {
         return Err(Answer::error(ErrorCode::InvalidRequest, BAD_ID));
     }
+    let (key, content_type) = body_headers(headers)?;
+    let (timeout, later) =
+        query_of(uri).map_err(|m| Answer::error(ErrorCode::InvalidRequest, m))?;
+    // A push that waits is stored with its content type as text.
+    if later.is_some() && content_type.as_ref().is_some_and(|c| c.to_str().is_err()) {
+        return Err(Answer::error(
+            ErrorCode::InvalidRequest,
+            "a push with ttl_s needs a Content-Type of visible ASCII",
+        ));
+    }
+    Ok(PushHead {
+        key,
+        timeout,
+        content_type,
+        later,
+    })
+}
+
+/// The headers of a request that carries a body to terminals (a push, a broadcast): its
+/// `Idempotency-Key` (a fresh UUID when absent) and `Content-Type`, each sent at most
+/// once, and no `Content-Encoding` but identity (`415`: the body is delivered as sent).
+pub(super) fn body_headers(headers: &HeaderMap) -> Result<(String, Option<HeaderValue>), Answer> {
     const KEY: HeaderName = HeaderName::from_static(IDEMPOTENCY_KEY);
     let key = match single(headers, &KEY)? {
         None => new_key(),
@@ -339,22 +361,7 @@ pub fn push_head(terminal: &str, uri: &Uri, headers: &HeaderMap) -> Result<PushH
             ));
         }
     }
-    let (timeout, later) =
-        query_of(uri).map_err(|m| Answer::error(ErrorCode::InvalidRequest, m))?;
-    let content_type = single(headers, &header::CONTENT_TYPE)?.cloned();
-    // A push that waits is stored with its content type as text.
-    if later.is_some() && content_type.as_ref().is_some_and(|c| c.to_str().is_err()) {
-        return Err(Answer::error(
-            ErrorCode::InvalidRequest,
-            "a push with ttl_s needs a Content-Type of visible ASCII",
-        ));
-    }
-    Ok(PushHead {
-        key,
-        timeout,
-        content_type,
-        later,
-    })
+    Ok((key, single(headers, &header::CONTENT_TYPE)?.cloned()))
 }
 
 pub(super) fn overloaded(request: &PushRequest, full: Full) -> Answer {

@@ -30,7 +30,7 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::num::NonZeroU32;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -44,7 +44,7 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use super::answer::{Answer, ErrorCode};
-use super::queue::{not_taken, try_later, wall_ms, CLOCK_SKEW, COPY_TIMEOUT};
+use super::queue::{lock, not_taken, try_later, wall_ms, CLOCK_SKEW, COPY_TIMEOUT};
 use super::Sessions;
 use crate::api::Labels;
 use crate::clock::now;
@@ -205,10 +205,6 @@ pub struct Broadcasts {
     pace: DefaultDirectRateLimiter,
     walking: Mutex<HashSet<String>>,
     metrics: Arc<Metrics>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Broadcasts {

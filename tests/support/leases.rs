@@ -16,6 +16,30 @@ fn call<'a>(generation: &'a str, pod: &'a PodId, ttl: Duration) -> LeaseCall<'a>
     }
 }
 
+/// The lease of `shard` for `pod`, claimed with `floor` (far above the store's clock, so
+/// that two stores grant the same epoch): the epoch granted.
+pub async fn held_above(
+    store: &impl CoordStore,
+    shards: u32,
+    shard: ShardId,
+    pod: &PodId,
+    floor: posgate::core::Epoch,
+) -> posgate::core::Epoch {
+    let snapshot = store.snapshot(shards).await.unwrap();
+    let call = call(&snapshot.generation.id, pod, Duration::from_secs(60));
+    match store
+        .acquire(&call, &[Claim { shard, floor }])
+        .await
+        .unwrap()
+    {
+        Checked::Ok(outcomes) => match outcomes[..] {
+            [AcquireOutcome::Acquired { epoch, .. }] => epoch,
+            ref other => panic!("acquire: {other:?}"),
+        },
+        other => panic!("acquire: {other:?}"),
+    }
+}
+
 /// `store.acquire` of `shards` with floor 0.
 pub async fn acquire(
     store: &impl CoordStore,
