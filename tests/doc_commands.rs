@@ -15,7 +15,10 @@
 //! - `curl …`: method and path are in `docs/openapi.yaml` and the headers the API needs
 //!   are present;
 //! - `kubectl kustomize DIR`: DIR is a kustomization (tests/k8s_manifests/ renders it);
-//!   any other `kubectl` or `docker` command must carry `# needs a Kubernetes cluster`.
+//!   any other `kubectl` or `docker` command must carry `# needs a Kubernetes cluster`,
+//!   and a `-k DIR` in it must name a kustomization;
+//! - `helm install|upgrade|template RELEASE CHART …`: renders with `helm template` and
+//!   the same values (install and upgrade marked as needing a cluster).
 //!
 //! Anything else fails the test, so a new kind of command gets a rule here first.
 //! Commands are the lines of fenced `sh`/`bash`/`shell`/`console` blocks; `\`
@@ -372,22 +375,84 @@ fn curl_command(words: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+fn kustomization(dir: &str) -> Result<(), String> {
+    if root().join(dir).join("kustomization.yaml").exists() {
+        Ok(())
+    } else {
+        Err(format!("{dir}: no kustomization.yaml"))
+    }
+}
+
 fn kubectl_command(c: &DocCommand) -> Result<(), String> {
     if c.words.get(1).map(String::as_str) == Some("kustomize") {
-        let dir = c
-            .words
-            .get(2)
-            .ok_or("kubectl kustomize without a directory")?;
-        return if root().join(dir).join("kustomization.yaml").exists() {
-            Ok(())
-        } else {
-            Err(format!("{dir}: no kustomization.yaml"))
-        };
+        return kustomization(
+            c.words
+                .get(2)
+                .ok_or("kubectl kustomize without a directory")?,
+        );
+    }
+    // What `apply -k DIR` applies is rendered and validated by tests/k8s_manifests/.
+    if let Some(at) = c.words.iter().position(|w| w == "-k") {
+        kustomization(c.words.get(at + 1).ok_or("-k without a directory")?)?;
     }
     if c.comment.contains(CLUSTER_MARK) {
         Ok(())
     } else {
         Err(format!("mark it `{CLUSTER_MARK}`"))
+    }
+}
+
+/// `helm install|upgrade|template RELEASE CHART [flags]`: marked when it needs a cluster,
+/// and rendered with the same values by `helm template` (tests/k8s_manifests/ validates
+/// the chart's renderings), so a wrong value name or a missing required value fails
+/// here.
+fn helm_command(c: &DocCommand) -> Result<(), String> {
+    let verb = c.words.get(1).map(String::as_str).unwrap_or("");
+    if !["install", "upgrade", "template"].contains(&verb) {
+        return Err(format!("no rule for `helm {verb}`"));
+    }
+    if verb != "template" && !c.comment.contains(CLUSTER_MARK) {
+        return Err(format!("mark it `{CLUSTER_MARK}`"));
+    }
+    let (Some(release), Some(chart)) = (c.words.get(2), c.words.get(3)) else {
+        return Err("helm without a release and a chart".into());
+    };
+    if !root().join(chart).join("Chart.yaml").exists() {
+        return Err(format!("{chart}: no Chart.yaml"));
+    }
+    let helm = std::env::var("HELM").unwrap_or_else(|_| "helm".into());
+    let found = Command::new(&helm)
+        .arg("version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if crate::support::tools::require(
+        found.then_some(()),
+        "helm",
+        "documented helm commands not rendered",
+        "scripts/install-kubectl installs it",
+    )
+    .is_none()
+    {
+        return Ok(());
+    }
+    // Flags that only mean something against a cluster.
+    let args: Vec<&String> = c.words[4..]
+        .iter()
+        .filter(|w| !["--reuse-values", "--wait", "--atomic"].contains(&w.as_str()))
+        .collect();
+    let out = Command::new(&helm)
+        .current_dir(root())
+        .args(["template", release, chart])
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run {helm}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "helm template fails: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ))
     }
 }
 
@@ -412,6 +477,7 @@ fn check(c: &DocCommand) -> Result<(), String> {
         "promtool" => promtool_command(&c.words),
         "curl" => curl_command(&c.words),
         "kubectl" | "docker" => kubectl_command(c),
+        "helm" => helm_command(c),
         _ => Err("no rule for this command in tests/doc_commands.rs".into()),
     }
 }
@@ -455,6 +521,7 @@ fn the_checks_reject_what_they_should() {
         "curl -H 'Authorization: Bearer x' http://h/v1/nope",
         "curl -H 'Idempotency-Key: k' -d '{}' http://h/v1/terminals/t/push",
         "kubectl apply -k k8s/overlays/dev",
+        "helm install posgate charts/posgate",
         "rm -rf /",
     ];
     for line in rejected {
@@ -468,6 +535,7 @@ fn the_checks_reject_what_they_should() {
         ("posgate terminals import FILE [--replace]", ""),
         ("cargo run --release -- demo", ""),
         ("kubectl apply -k k8s/overlays/dev", CLUSTER_MARK),
+        ("helm install posgate charts/posgate --set store.cluster=x", CLUSTER_MARK),
         (
             "curl -H 'Authorization: Bearer x' -H 'Idempotency-Key: k' -d '{}' http://h/v1/terminals/t/push",
             "",

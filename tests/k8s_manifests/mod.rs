@@ -16,18 +16,27 @@
 //!   carries all its resources; `k8s/init` (the `posgate init` Job) must reach the
 //!   base Deployment's Redis and cluster.
 //!
-//! YAML is scanned as text, line by line: the manifests are plain block YAML and the
-//! checks only need names and a few scalar values.
+//! - every rendering (each kustomization, the Helm chart with its defaults and with every
+//!   option on) validates against the Kubernetes schemas of the oldest supported release
+//!   (`kubernetes-validate`, strict: unknown fields fail);
+//! - the chart's defaults render the objects of the kustomize base and its init Job;
+//! - the Deployment and the init Job take the store settings from one ConfigMap.
 //!
-//! `redis_acl` has the ACL check, `rendered` the ones of `kubectl kustomize`; the other
-//! checks and the helpers all three share are here.
+//! YAML is scanned as text, line by line, where the checks only need names and a few
+//! scalar values; comparisons of whole objects read the YAML with Python's PyYAML (which
+//! `kubernetes-validate` brings along).
+//!
+//! `redis_acl` has the ACL check, `rendered` the ones of `kubectl kustomize`, `chart` the
+//! ones of `helm template`; the other checks and the helpers they share are here.
 
+mod chart;
 mod redis_acl;
 mod rendered;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use posgate::push::handoff::HANDOFF_LINGER;
 
@@ -318,4 +327,98 @@ fn dockerfile_user_matches_the_deployment() {
     ] {
         assert!(docker.contains(needed), "Dockerfile lacks {needed}");
     }
+}
+
+/// The oldest Kubernetes release the manifests support (the preStop `sleep` action is
+/// 1.30's); the chart's `kubeVersion` says the same.
+const KUBE_MIN: &str = "1.30.0";
+
+/// A tool's binary (`$ENV_VAR` or `default`) if `args` runs it successfully.
+fn tool(env_var: &str, default: &str, args: &[&str]) -> Option<String> {
+    let bin = std::env::var(env_var).unwrap_or_else(|_| default.to_string());
+    let out = Command::new(&bin).args(args).output().ok()?;
+    out.status.success().then(|| {
+        println!(
+            "using {bin}: {}",
+            String::from_utf8_lossy(&out.stdout)
+                .trim()
+                .replace('\n', ", ")
+        );
+        bin
+    })
+}
+
+/// `command` run with `input` on its standard input: its standard output, or what it
+/// printed on failure.
+fn pipe(command: &mut Command, input: &str) -> Result<String, String> {
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run {command:?}: {e}"))?;
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(input.as_bytes())
+        .map_err(|e| format!("writing to {command:?}: {e}"))?;
+    let out = child.wait_with_output().expect("wait");
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+/// `kubernetes-validate`, required like kubectl (`scripts/test` installs it).
+fn kubernetes_validate() -> Option<String> {
+    crate::support::tools::require(
+        tool("KUBERNETES_VALIDATE", "kubernetes-validate", &["--version"]),
+        "kubernetes-validate",
+        "rendered manifests not validated against the Kubernetes schemas",
+        "pip install kubernetes-validate",
+    )
+}
+
+/// Problems `kubernetes-validate` finds in `rendered` against [`KUBE_MIN`], strict
+/// (unknown fields fail). Custom resources (the Prometheus Operator's) have no schema
+/// there and only warn.
+fn schema_problems(validator: &str, source: &str, rendered: &str) -> Vec<String> {
+    let mut file = tempfile::Builder::new()
+        .suffix(".yaml")
+        .tempfile()
+        .expect("temp file");
+    file.write_all(rendered.as_bytes())
+        .expect("write rendering");
+    let out = Command::new(validator)
+        .args(["-k", KUBE_MIN, "--strict", "--quiet", "--no-warn"])
+        .arg(file.path())
+        .output()
+        .expect("run kubernetes-validate");
+    if out.status.success() {
+        return Vec::new();
+    }
+    vec![format!(
+        "{source} does not validate against Kubernetes {KUBE_MIN}:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )]
+}
+
+/// The documents of a rendering as JSON (read by PyYAML, as `kubernetes-validate` does).
+fn yaml_objects(rendered: &str) -> Vec<serde_json::Value> {
+    let json = pipe(
+        Command::new("python3").args([
+            "-c",
+            "import json, sys, yaml; print(json.dumps([d for d in yaml.safe_load_all(sys.stdin) if d]))",
+        ]),
+        rendered,
+    )
+    .unwrap_or_else(|e| panic!("python3 with PyYAML (pip install kubernetes-validate brings it): {e}"));
+    serde_json::from_str(&json).expect("PyYAML's JSON")
 }

@@ -36,24 +36,18 @@ fn lua_commands() -> BTreeSet<String> {
     cmds
 }
 
-/// `POSGATE_CLUSTER`'s value in the YAML files of `dir` (not recursive).
+/// `POSGATE_CLUSTER`'s value in the YAML files of `dir` (not recursive): the
+/// `posgate-store` ConfigMap's `POSGATE_CLUSTER: value` line.
 fn cluster_in(dir: &Path) -> Option<String> {
-    for file in files_under(dir, &["yaml", "yml"]) {
-        if file.parent() != Some(dir) {
-            continue;
-        }
-        let text = read(&file);
-        let lines: Vec<&str> = text.lines().collect();
-        if let Some(i) = lines
-            .iter()
-            .position(|l| l.trim().trim_start_matches("- ") == "name: POSGATE_CLUSTER")
-        {
-            if let Some((_, v)) = scalar_after(&lines, i + 1, "value") {
-                return Some(v.trim_matches('"').to_string());
-            }
-        }
-    }
-    None
+    files_under(dir, &["yaml", "yml"])
+        .into_iter()
+        .filter(|file| file.parent() == Some(dir))
+        .find_map(|file| {
+            read(&file).lines().find_map(|l| {
+                let value = l.trim().strip_prefix("POSGATE_CLUSTER:")?;
+                Some(value.trim().trim_matches('"').to_string())
+            })
+        })
 }
 
 #[test]

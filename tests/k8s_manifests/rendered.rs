@@ -1,31 +1,12 @@
-//! Every kustomization renders with `kubectl kustomize`, and what it renders passes the
-//! variable and shutdown checks; a component is included whole by an overlay; `k8s/init`
-//! reaches the base Deployment's Redis and cluster.
+//! Every kustomization renders with `kubectl kustomize`, and what it renders validates
+//! and passes the variable and shutdown checks; a component is included whole by an
+//! overlay; the Deployment and the `k8s/init` Job take the store from one ConfigMap.
 
 use super::*;
 
-/// `kubectl`, or `$KUBECTL`; `None` when it cannot be run.
-fn kubectl() -> Option<String> {
-    let bin = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".to_string());
-    let out = Command::new(&bin)
-        .args(["version", "--client"])
-        .output()
-        .ok()?;
-    if !out.status.success() {
-        return None;
-    }
-    println!(
-        "using {bin}: {}",
-        String::from_utf8_lossy(&out.stdout)
-            .trim()
-            .replace('\n', ", ")
-    );
-    Some(bin)
-}
-
 /// In each rendered document, every `$(VAR)` reference must name a variable defined on an
 /// earlier line (Kubernetes expands only variables defined before the reference).
-fn check_var_refs(source: &str, doc: &str) -> Vec<String> {
+pub(super) fn check_var_refs(source: &str, doc: &str) -> Vec<String> {
     let mut defined = BTreeSet::new();
     let mut problems = Vec::new();
     for (n, line) in doc.lines().enumerate() {
@@ -50,14 +31,14 @@ fn check_var_refs(source: &str, doc: &str) -> Vec<String> {
     problems
 }
 
-fn docs(rendered: &str) -> Vec<&str> {
+pub(super) fn docs(rendered: &str) -> Vec<&str> {
     rendered
         .split("\n---\n")
         .filter(|d| !d.trim().is_empty())
         .collect()
 }
 
-fn doc_kind_name(doc: &str) -> (String, String) {
+pub(super) fn doc_kind_name(doc: &str) -> (String, String) {
     let lines: Vec<&str> = doc.lines().collect();
     let kind = lines
         .iter()
@@ -158,32 +139,70 @@ fn component_problems(kubectl: &str, dirs: &[PathBuf], component: &Path) -> Vec<
     problems
 }
 
-/// The value of the environment variable `name` where `text` first sets it (`- name:`
-/// then `value:` on the next line).
-fn env_value(text: &str, name: &str) -> Option<String> {
-    let lines: Vec<&str> = text.lines().collect();
-    let at = lines
-        .iter()
-        .position(|l| l.trim() == format!("- name: {name}"))?;
-    let value = lines.get(at + 1)?.trim().strip_prefix("value: ")?;
-    Some(value.trim_matches('"').to_string())
-}
-
-/// `k8s/init` renders the `posgate init` Job, reaching the Redis and cluster of the
-/// base's Deployment (the values an overlay then changes in both).
-fn init_job_problems(source: &str, kinds: &[String], rendered: &str) -> Vec<String> {
+/// The store settings (Redis URL, cluster, member TTL): the keys of the base's ConfigMap
+/// `posgate-store`, which the gateway and the init Job must both take whole (envFrom)
+/// and neither may set on its own, so they cannot reach different stores.
+fn store_problems(source: &str, rendered: &str, is_init: bool) -> Vec<String> {
+    let base = read(&root().join("k8s/base/store.yaml"));
+    let store_vars: Vec<&str> = base
+        .lines()
+        .filter_map(|l| l.strip_prefix("  ")?.split_once(':'))
+        .map(|(k, _)| k)
+        .filter(|k| k.starts_with("POSGATE_"))
+        .collect();
+    assert!(store_vars.contains(&"POSGATE_REDIS_URL"), "{store_vars:?}");
+    let objects = yaml_objects(rendered);
     let mut problems = Vec::new();
-    if !kinds.iter().any(|k| k == "Job/posgate-init") {
-        problems.push(format!("{source}: no Job/posgate-init"));
-    }
-    let base = read(&root().join("k8s/base/deployment.yaml"));
-    for var in ["POSGATE_REDIS_URL", "POSGATE_CLUSTER"] {
-        let (job, deployment) = (env_value(rendered, var), env_value(&base, var));
-        if job.is_none() || job != deployment {
-            problems.push(format!(
-                "{source}: {var} is {job:?}, the base Deployment's {deployment:?}"
-            ));
+    let wanted = if is_init { "Job" } else { "Deployment" };
+    let mut workloads = 0;
+    for object in &objects {
+        let kind = object["kind"].as_str().unwrap_or("");
+        let name = object["metadata"]["name"].as_str().unwrap_or("");
+        if kind == "ConfigMap" && name == "posgate-store" {
+            for var in ["POSGATE_REDIS_URL", "POSGATE_CLUSTER"] {
+                if object["data"][var].as_str().is_none_or(str::is_empty) {
+                    problems.push(format!("{source}: ConfigMap/posgate-store has no {var}"));
+                }
+            }
         }
+        if (kind, name) != (wanted, if is_init { "posgate-init" } else { "posgate" }) {
+            continue;
+        }
+        workloads += 1;
+        for container in object["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let from_store = container["envFrom"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|e| e["configMapRef"]["name"] == "posgate-store");
+            if !from_store {
+                problems.push(format!(
+                    "{source}: {kind}/{name} does not take its store settings from ConfigMap/posgate-store (envFrom)"
+                ));
+            }
+            for env in container["env"].as_array().into_iter().flatten() {
+                let var = env["name"].as_str().unwrap_or("");
+                if store_vars.contains(&var) {
+                    problems.push(format!(
+                        "{source}: {kind}/{name} sets {var} itself; it belongs in ConfigMap/posgate-store"
+                    ));
+                }
+            }
+        }
+    }
+    if workloads == 0 {
+        problems.push(format!("{source}: no {wanted} of posgate"));
+    }
+    if !is_init
+        && !objects
+            .iter()
+            .any(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == "posgate-store")
+    {
+        problems.push(format!("{source}: no ConfigMap/posgate-store"));
     }
     problems
 }
@@ -205,10 +224,15 @@ fn every_kustomization_renders() {
     );
     let unchecked = format!("{} kustomizations not rendered", dirs.len());
     let install = "scripts/install-kubectl installs it; set KUBECTL to use another binary";
-    let Some(kubectl) = crate::support::tools::require(kubectl(), "kubectl", &unchecked, install)
-    else {
+    let Some(kubectl) = crate::support::tools::require(
+        tool("KUBECTL", "kubectl", &["version", "--client"]),
+        "kubectl",
+        &unchecked,
+        install,
+    ) else {
         return;
     };
+    let validator = kubernetes_validate();
     let allowed = allowed_vars();
     let help = serve_help();
     let budget = (
@@ -232,6 +256,9 @@ fn every_kustomization_renders() {
         }
         let rendered = String::from_utf8(out.stdout).expect("rendered YAML is UTF-8");
         problems.extend(var_problems(&source, &rendered, &allowed));
+        if let Some(validator) = &validator {
+            problems.extend(schema_problems(validator, &source, &rendered));
+        }
         let docs = docs(&rendered);
         let mut secrets = BTreeSet::new();
         let mut kinds = Vec::new();
@@ -250,16 +277,27 @@ fn every_kustomization_renders() {
             // A component is only meaningful inside an overlay; check one includes it
             // and that the overlay's rendering then carries the component's resources.
             problems.extend(component_problems(&kubectl, &dirs, dir));
-        } else if dir.ends_with("k8s/init") {
-            problems.extend(init_job_problems(&source, &kinds, &rendered));
-        } else if !kinds.iter().any(|k| k == "Deployment/posgate") {
-            problems.push(format!("{source}: no Deployment/posgate"));
+        } else {
+            problems.extend(store_problems(
+                &source,
+                &rendered,
+                dir.ends_with("k8s/init"),
+            ));
         }
-        // The dev overlay is self-contained: every Secret it mounts is generated.
+        // The dev overlay is self-contained: every Secret it mounts (but an optional one)
+        // is generated.
         if dir.ends_with("k8s/overlays/dev") {
-            for line in rendered.lines() {
-                if let Some(name) = line.trim().strip_prefix("secretName: ") {
-                    if !secrets.contains(name) {
+            for object in yaml_objects(&rendered) {
+                for volume in object["spec"]["template"]["spec"]["volumes"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                {
+                    let secret = &volume["secret"];
+                    let Some(name) = secret["secretName"].as_str() else {
+                        continue;
+                    };
+                    if secret["optional"] != true && !secrets.contains(name) {
                         problems.push(format!(
                             "{source}: Secret {name} is mounted but not generated"
                         ));
