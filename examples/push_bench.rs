@@ -560,9 +560,16 @@ impl Queued<'_> {
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> anyhow::Result<()> {
-    // As `posgate serve` logs by default: `info` to stderr.
+    // As `posgate serve` logs by default: `info` to stderr, but for the one line per
+    // push (`posgate::push`). The pods write at most 100 of those a second, a rate the
+    // bench's steps pass many times over, except under callgrind (`scripts/push-ir`),
+    // where pushes are so slow that every one would pay for a line a loaded pod does
+    // not write. POSGATE_BENCH_LOG replaces the filter (e.g. `info` to count the lines
+    // in).
+    let filter =
+        std::env::var("POSGATE_BENCH_LOG").unwrap_or_else(|_| "info,posgate::push=off".into());
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
         .with_writer(std::io::stderr)
         .init();
     // The pods get their own runtime so their CPU time can be told apart from the
@@ -769,6 +776,7 @@ async fn run(pod_rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
             content_type: Some(&ct),
             body: Bytes::from_static(b"{\"amount\":1}"),
             queued: None,
+            trace: None,
         };
         let answered = send(&mut session.sender(), push, Duration::from_secs(5)).await?;
         anyhow::ensure!(

@@ -17,6 +17,8 @@ const LAYERS: &[(&str, u32)] = &[
     ("clock", 0),
     ("rate_log", 0),
     ("tls", 0),
+    ("trace_context", 0),
+    ("telemetry", 1),
     ("credentials", 1),
     ("status", 1),
     ("store", 1),

@@ -15,7 +15,7 @@
 //! - [`store`]: the `CoordStore` seam (Redis, memory) and the terminal directory;
 //!   [`credentials`]: tokens and the cluster secret; [`status`]: what a pod publishes.
 //! - [`core`]: the sans-IO ownership core; [`api`]: the public API's names; [`clock`],
-//!   [`tls`], [`rate_log`]: small shared pieces.
+//!   [`tls`], [`rate_log`], [`trace_context`], [`telemetry`]: small shared pieces.
 //!
 //! `docs/design.md` explains the rules; this crate documents where they live.
 #![forbid(unsafe_code)]
@@ -42,7 +42,9 @@ pub mod serving;
 pub mod sim;
 pub mod status;
 pub mod store;
+pub mod telemetry;
 pub mod tls;
+pub mod trace_context;
 
 #[cfg(test)]
 mod layers_tests;

@@ -52,6 +52,7 @@ use crate::store::broadcast::BroadcastStore;
 use crate::store::directory::{edits, DirectoryAdmin, DirectoryEdits};
 use crate::store::queue::QueueStore;
 use crate::store::{ClusterMeta, CoordStore, StoreError};
+use crate::telemetry::Telemetry;
 use crate::tls::TlsConfigError;
 
 /// First and longest wait between attempts to reach the store at start-up.
@@ -360,6 +361,13 @@ fn spawn_pod<S: CoordStore, H: ServingHook>(
         )
         .using_tls(peer_tls.clone())
     };
+    let telemetry = match &config.otlp_endpoint {
+        None => Telemetry::off(),
+        Some(endpoint) => Telemetry::otlp(endpoint, config.pod_id.as_str()).unwrap_or_else(|e| {
+            tracing::error!(error = %e, "not exporting spans");
+            Telemetry::off()
+        }),
+    };
     let push = PushService::new(
         serving.clone(),
         status.clone(),
@@ -368,7 +376,8 @@ fn spawn_pod<S: CoordStore, H: ServingHook>(
         config.push.clone(),
         metrics.clone(),
     )
-    .with_handoffs(&handoffs);
+    .with_handoffs(&handoffs)
+    .with_telemetry(telemetry);
     let push = match queue {
         Some(((store, broadcasts), events)) => push.with_queue(store, broadcasts, events),
         None => push,
@@ -388,6 +397,7 @@ fn spawn_pod<S: CoordStore, H: ServingHook>(
         metrics,
         peers,
         ready: ReadyLatch::default(),
+        push_lines: Default::default(),
         peer: PeerReceiver::default(),
         directory,
     };
@@ -501,6 +511,7 @@ async fn run_pod<S: CoordStore, H: ServingHook>(
                 warn!("HTTP requests still running after the drain period; dropping them");
                 Ok(())
             });
+            push.telemetry().flush().await;
             owned?;
             served.map_err(PodError::Http)
         }

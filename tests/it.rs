@@ -49,6 +49,7 @@ mod slowloris;
 mod static_stability;
 mod status_page;
 mod store_differential;
+mod tracing;
 
 /// Every `tests/*.rs` file and `tests/*/` directory (but this file and `support`) is
 /// declared above, so none is silently left out of the run.

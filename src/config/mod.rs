@@ -103,6 +103,8 @@ pub struct PodConfig {
     pub peers: PeerVerify,
     /// How long and how many client connections the HTTP listener holds.
     pub connections: ConnectionLimits,
+    /// `--otlp-endpoint`: where spans of pushes are exported; `None` exports nothing.
+    pub otlp_endpoint: Option<String>,
 }
 
 impl PodConfig {
@@ -143,6 +145,7 @@ impl PodConfig {
             tls: None,
             peers: PeerVerify::default(),
             connections: ConnectionLimits::default(),
+            otlp_endpoint: None,
         }
     }
 }
@@ -222,6 +225,20 @@ pub enum ConfigError {
 }
 
 /// The value parser of every duration flag: humantime, with an example on error.
+/// `--otlp-endpoint`: an absolute `http://` URL (the exporter speaks plain HTTP to a
+/// collector next to the pod).
+fn parse_otlp_endpoint(s: &str) -> Result<String, String> {
+    let uri: http::Uri = s.parse().map_err(|e| format!("not a URL: {e}"))?;
+    match (uri.scheme_str(), uri.host()) {
+        (Some("http"), Some(_)) => Ok(s.to_string()),
+        (Some("https"), _) => Err(
+            "https is not supported: export to a collector over plain HTTP (an agent on the node or a sidecar), which may forward over TLS"
+                .into(),
+        ),
+        _ => Err("an absolute http:// URL is expected, e.g. http://otel-collector:4318/v1/traces".into()),
+    }
+}
+
 fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s)
         .map_err(|e| format!("not a duration ({e}); use e.g. 500ms, 5s, 1m"))

@@ -104,6 +104,10 @@ pub struct ServeArgs {
     /// Log filter directives, e.g. info or posgate=debug [default: $RUST_LOG, else info]
     #[arg(long, env = "POSGATE_LOG_LEVEL", value_name = "FILTER")]
     pub log_level: Option<String>,
+    /// OTLP/HTTP endpoint the spans of pushes are exported to, e.g.
+    /// http://otel-collector:4318/v1/traces [default: none, nothing is exported]
+    #[arg(long, env = "POSGATE_OTLP_ENDPOINT", value_name = "URL", value_parser = super::parse_otlp_endpoint)]
+    pub otlp_endpoint: Option<String>,
     #[command(flatten)]
     pub tls: TlsArgs,
     #[command(flatten)]
@@ -213,6 +217,7 @@ impl ServeArgs {
             tls,
             peers,
             connections,
+            otlp_endpoint: self.otlp_endpoint.clone(),
         };
         Ok((config, store, self.listen))
     }

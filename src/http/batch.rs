@@ -31,7 +31,7 @@ use crate::metrics::GaugeUnit;
 use crate::peer::wire::MAX_BATCH_PUSHES;
 use crate::push::answer::{Answer, ErrorCode};
 use crate::push::slots::Slot;
-use crate::push::PushRequest;
+use crate::push::{PushRequest, Trace};
 
 /// The batch's query: the deadline of every push, nothing else.
 #[derive(Debug, Deserialize)]
@@ -70,6 +70,9 @@ pub(super) async fn batch(
 ) -> Response {
     let received = Instant::now();
     let (head, body) = request.into_parts();
+    // One request, one span: every push of the batch hangs under it.
+    let exporting = state.push.telemetry().is_on();
+    let trace = Trace::entry(head.extensions.get().copied(), &head.headers, exporting);
     let query = match axum::extract::Query::<BatchQuery>::try_from_uri(&head.uri) {
         Ok(q) => q.0,
         Err(e) => return invalid(e.body_text()),
@@ -111,7 +114,7 @@ pub(super) async fn batch(
     let mut sent = Vec::with_capacity(items.len());
     let mut slots: Vec<Slot> = Vec::with_capacity(items.len());
     for (i, item) in items.into_iter().enumerate() {
-        let checked = checked(&state, &caller, item, received);
+        let checked = checked(&state, &caller, item, received, &trace);
         match checked.and_then(|p| match state.push.admit(&p.tenant) {
             Ok(slot) => Ok((p, slot)),
             Err(full) => Err(overloaded(&p, full)),
@@ -166,6 +169,7 @@ fn checked(
     caller: &Caller,
     item: BatchItem,
     received: Instant,
+    trace: &Trace,
 ) -> Result<PushRequest, Answer> {
     let bad = |m: String| Answer::error(ErrorCode::InvalidRequest, m);
     if !valid_terminal_id(&item.terminal) {
@@ -213,5 +217,6 @@ fn checked(
         body,
         received,
         later,
+        trace: trace.clone(),
     })
 }

@@ -29,6 +29,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use super::errors::{check_head, respond};
+use super::push::{record_span, PushLine};
 use super::{check_announced, read_body, HttpState};
 use crate::api::valid_terminal_id;
 use crate::clock;
@@ -46,6 +47,7 @@ use crate::pos::handover::Released;
 use crate::push::answer::{Answer, ErrorCode};
 use crate::push::later::Later;
 use crate::push::{Owned, PushRequest, MAX_TIMEOUT};
+use crate::trace_context::{RequestId, Trace};
 
 /// Why a peer request goes no further.
 enum Refused {
@@ -282,7 +284,7 @@ pub(super) async fn serve_forwarded(
     let state = &state;
     authenticated(state, request, |parts, body| async move {
         match terminal {
-            Ok(terminal) => push(state, terminal, &parts.headers, body).await,
+            Ok(terminal) => push(state, terminal, &parts, body).await,
             Err(_) => bad_forward("invalid terminal id"),
         }
     })
@@ -291,19 +293,35 @@ pub(super) async fn serve_forwarded(
 
 /// A push forwarded by another pod, authenticated: delivered here or `421`; never
 /// forwarded again.
-async fn push(state: &HttpState, terminal: String, headers: &HeaderMap, body: Bytes) -> Response {
+async fn push(state: &HttpState, terminal: String, parts: &Parts, body: Bytes) -> Response {
     let received = std::time::Instant::now();
-    let forwarded = match ForwardedPush::decode(terminal, headers, body) {
+    let forwarded = match ForwardedPush::decode(terminal, &parts.headers, body) {
         Ok(forwarded) => forwarded,
         Err(why) => return bad_forward(why),
     };
     let deadline = clock::now() + forwarded.deadline.min(MAX_TIMEOUT);
-    let request = request_of(forwarded, received);
-    respond(state.push.deliver_forwarded(&request, deadline).await)
+    let exporting = state.push.telemetry().is_on();
+    let trace = Trace::from_peer(parts.extensions.get().copied(), &parts.headers, exporting);
+    let line = PushLine::admit(state, &trace, &forwarded.terminal, received);
+    let request = request_of(forwarded, received, trace);
+    let answer = state.push.deliver_forwarded(&request, deadline).await;
+    if let Some(line) = line {
+        line.write("owner", "forwarded", &answer);
+    }
+    let telemetry = state.push.telemetry();
+    record_span(
+        telemetry,
+        "deliver",
+        &request.trace,
+        received,
+        "forwarded",
+        &answer,
+    );
+    respond(answer)
 }
 
 /// The push a forward carries, received at `received`.
-fn request_of(f: ForwardedPush, received: std::time::Instant) -> PushRequest {
+fn request_of(f: ForwardedPush, received: std::time::Instant, trace: Trace) -> PushRequest {
     PushRequest {
         tenant: Tenant(f.tenant),
         terminal: f.terminal,
@@ -315,6 +333,7 @@ fn request_of(f: ForwardedPush, received: std::time::Instant) -> PushRequest {
             ttl,
             collapse_key: f.collapse_key,
         }),
+        trace,
     }
 }
 
@@ -322,8 +341,15 @@ fn request_of(f: ForwardedPush, received: std::time::Instant) -> PushRequest {
 /// route's layer). Each push delivered here as a forwarded one would be, at once; one
 /// result per push, `421` for one whose shard this pod does not serve. A batch that
 /// does not decode is refused whole (`400`) before any push is acted on.
-pub(super) async fn push_batch(State(state): State<Arc<HttpState>>, body: Bytes) -> Response {
+pub(super) async fn push_batch(
+    State(state): State<Arc<HttpState>>,
+    request_id: Option<axum::Extension<RequestId>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let received = std::time::Instant::now();
+    let exporting = state.push.telemetry().is_on();
+    let trace = Trace::from_peer(request_id.map(|e| e.0), &headers, exporting);
     let (budget, forwarded) = match ForwardedBatch::decode(&body) {
         Ok(batch) => batch,
         Err(why) => return bad_forward(why),
@@ -336,7 +362,7 @@ pub(super) async fn push_batch(State(state): State<Arc<HttpState>>, body: Bytes)
     (metrics.push_batch_items.get_or_create(&[("from", "peer")])).inc_by(forwarded.len() as u64);
     let pushes: Vec<PushRequest> = forwarded
         .into_iter()
-        .map(|f| request_of(f, received))
+        .map(|f| request_of(f, received, trace.clone()))
         .collect();
     let deadline = clock::now() + budget.min(MAX_TIMEOUT);
     let push = &state.push;

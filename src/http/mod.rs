@@ -62,6 +62,7 @@ use crate::push::answer::{Answer, ErrorCode};
 use crate::push::PushService;
 use crate::serving::SessionStats;
 use crate::status::PodStatus;
+use crate::trace_context::{RequestId, REQUEST_ID};
 
 pub use self::caller::INSECURE_TENANT;
 pub use self::connections::{ConnectionLimits, MAX_CLOSING};
@@ -89,6 +90,8 @@ pub struct HttpState {
     pub peer: PeerReceiver,
     /// The directory API's writes; `None` for a pod without a terminal directory.
     pub directory: Option<Arc<dyn crate::store::directory::DirectoryEdits>>,
+    /// The per-push log lines' budget; start with the default.
+    pub push_lines: crate::rate_log::RateLog,
 }
 
 impl HttpState {
@@ -133,22 +136,33 @@ impl Routes {
 
     /// The answer to `request`, boxed once here: a push's future is several KiB (it
     /// holds every state of the delivery), and each move of it is a copy of all of it.
-    fn answer(&mut self, request: Request) -> BoxFuture<'static, Response> {
+    /// Every request gets a [`RequestId`], in its extensions for the handlers' log
+    /// lines and in the answer's [`REQUEST_ID`] header (but a forwarded push's, which
+    /// goes to the entry pod, not to a caller).
+    fn answer(&mut self, mut request: Request) -> BoxFuture<'static, Response> {
         use futures::future::FutureExt;
         use tower_service::Service;
+        let id = RequestId::new();
+        request.extensions_mut().insert(id);
+        let with_id = move |mut response: Response| {
+            response.headers_mut().insert(REQUEST_ID, id.header_value());
+            response
+        };
         if request.method() == Method::POST {
             let path = request.uri().path();
             if let Some(terminal) = route_id(api::PUSH_ROUTE, path) {
-                return Box::pin(push::serve_push(self.state.clone(), terminal, request));
+                let answer = push::serve_push(self.state.clone(), terminal, request);
+                return Box::pin(answer.map(with_id));
             }
             if let Some(terminal) = route_id(wire::PUSH_ROUTE, path) {
                 let state = self.state.clone();
+                // Answered to the entry pod, which answers the caller with its own id.
                 return Box::pin(internal::serve_forwarded(state, terminal, request));
             }
         }
         let routed = self.router.call(request);
-        Box::pin(routed.map(|answer| match answer {
-            Ok(response) => response,
+        Box::pin(routed.map(move |answer| match answer {
+            Ok(response) => with_id(response),
             Err(never) => match never {},
         }))
     }

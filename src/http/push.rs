@@ -9,7 +9,9 @@
 
 use std::str::Utf8Error;
 use std::sync::{Arc, LazyLock};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
+
+use opentelemetry::KeyValue;
 
 use axum::body::Body;
 use axum::extract::{Path, Query, Request, State};
@@ -33,7 +35,9 @@ use crate::metrics::{GaugeUnit, Metrics};
 use crate::push::answer::{Answer, ErrorBody, ErrorCode, ALL_ERROR_CODES};
 use crate::push::later::Later;
 use crate::push::slots::Full;
-use crate::push::{PushRequest, PushService, DEFAULT_TIMEOUT, MAX_TIMEOUT};
+use crate::push::{PushRequest, PushService, Trace, DEFAULT_TIMEOUT, MAX_TIMEOUT};
+use crate::telemetry::{Kind, Telemetry};
+use crate::trace_context::RequestId;
 
 fn error(code: ErrorCode, message: impl Into<String>) -> Response {
     respond(Answer::error(code, message))
@@ -248,7 +252,20 @@ async fn push(
     // Held until the answer is ready; dropped with the future if the caller goes away.
     let in_flight = GaugeUnit::hold(&state.metrics.pushes_in_flight);
     let (head, body) = request.into_parts();
-    let checked = checked(service, &caller, terminal, &head.uri, &head.headers, body).await;
+    let exporting = service.telemetry().is_on();
+    let trace = Trace::entry(head.extensions.get().copied(), &head.headers, exporting);
+    let line = PushLine::admit(&state, &trace, &terminal, received);
+    let span = exporting.then(|| trace.clone());
+    let checked = checked(
+        service,
+        &caller,
+        terminal,
+        &head.uri,
+        &head.headers,
+        body,
+        trace,
+    )
+    .await;
     let (answer, path) = match checked {
         Ok((request, timeout)) => match service.admit(&request.tenant) {
             Ok(_slot) => {
@@ -261,7 +278,93 @@ async fn push(
     };
     drop(in_flight);
     count(&state.metrics, path, &answer, received);
+    if let Some(line) = line {
+        line.write("entry", path, &answer);
+    }
+    if let Some(trace) = span {
+        record_span(service.telemetry(), "push", &trace, received, path, &answer);
+    }
     respond(answer)
+}
+
+/// Records the span of a push this pod answered: `push` at the entry pod, `deliver` at
+/// the owner of a forwarded one (`crate::telemetry`).
+pub(super) fn record_span(
+    telemetry: &Telemetry,
+    name: &'static str,
+    trace: &Trace,
+    received: Instant,
+    path: &'static str,
+    answer: &Answer,
+) {
+    let start = SystemTime::now() - received.elapsed();
+    telemetry.record(name, Kind::Server, trace.context.as_ref(), start, || {
+        vec![
+            KeyValue::new("posgate.request_id", trace.request_id.to_string()),
+            KeyValue::new(
+                "http.response.status_code",
+                i64::from(answer.status.as_u16()),
+            ),
+            KeyValue::new("posgate.result", result_of(answer)),
+            KeyValue::new("posgate.path", path),
+        ]
+    });
+}
+
+/// Push log lines per second and pod before they turn into a count: every push of a
+/// quiet pod, a sample with the number left out of a busy one.
+const PUSH_LINES_PER_SECOND: u32 = 100;
+
+/// The one info line (target `posgate::push`) a pod writes for a push it answered: as
+/// the entry pod, and as the owner of a forwarded one, both with the entry pod's
+/// request id, so the push can be followed across pods. Admitted when the push arrives,
+/// so a line's `suppressed` counts pushes, not answers.
+pub(super) struct PushLine {
+    request_id: RequestId,
+    trace_id: Option<u128>,
+    terminal: String,
+    received: Instant,
+    suppressed: u64,
+}
+
+impl PushLine {
+    pub(super) fn admit(
+        state: &HttpState,
+        trace: &Trace,
+        terminal: &str,
+        received: Instant,
+    ) -> Option<Self> {
+        // Nothing to count or copy when the filter drops the line.
+        if !tracing::enabled!(target: "posgate::push", tracing::Level::INFO) {
+            return None;
+        }
+        let suppressed = state
+            .push_lines
+            .admit_up_to("push", received, PUSH_LINES_PER_SECOND)?;
+        Some(PushLine {
+            request_id: trace.request_id,
+            trace_id: trace.context.as_ref().map(|c| c.trace_id),
+            terminal: terminal.to_string(),
+            received,
+            suppressed,
+        })
+    }
+
+    pub(super) fn write(self, role: &'static str, path: &'static str, answer: &Answer) {
+        tracing::info!(
+            target: "posgate::push",
+            role,
+            request_id = %self.request_id,
+            trace_id = self.trace_id.map(|t| format!("{t:032x}")).as_deref(),
+            terminal = %self.terminal,
+            status = answer.status.as_u16(),
+            result = result_of(answer),
+            path,
+            latency_ms = self.received.elapsed().as_millis() as u64,
+            suppressed = self.suppressed,
+            "push answered"
+        );
+    }
 }
 
 /// The push and its timeout, or the `400`/`403`/`413`/`415`/`408` answer.
@@ -272,6 +375,7 @@ async fn checked(
     uri: &Uri,
     headers: &HeaderMap,
     body: Body,
+    trace: Trace,
 ) -> Result<(PushRequest, Duration), Answer> {
     let received = Instant::now();
     let head = push_head(&terminal, uri, headers)?;
@@ -295,6 +399,7 @@ async fn checked(
         body,
         received,
         later: head.later,
+        trace,
     };
     Ok((request, head.timeout))
 }
@@ -395,19 +500,7 @@ const QUEUED: &str = "queued";
 
 /// Counts a push API answer by path and result, with its latency.
 pub(super) fn count(metrics: &Metrics, path: &'static str, answer: &Answer, received: Instant) {
-    let result = if answer.status == StatusCode::OK {
-        "ok"
-    } else if answer.status == StatusCode::ACCEPTED {
-        // Kept for later: not delivered yet, and no failure either (its outcome is
-        // counted by posgate_queue_finals_total).
-        QUEUED
-    } else {
-        // The code comes from our own answers, so it is one of a fixed set.
-        answer
-            .error_code()
-            .and_then(|code| ErrorCode::named(&code))
-            .map_or(OTHER_FAILURE, ErrorCode::as_str)
-    };
+    let result = result_of(answer);
     let series = &metrics.push_series;
     match series.ok(path).filter(|_| result == "ok") {
         Some(counter) => counter.inc(),
@@ -423,6 +516,23 @@ pub(super) fn count(metrics: &Metrics, path: &'static str, answer: &Answer, rece
             .push_duration
             .get_or_create(&[("path", path)])
             .observe(seconds),
+    }
+}
+
+/// The `result` of a push answer: `ok`, `queued`, or its error code.
+fn result_of(answer: &Answer) -> &'static str {
+    if answer.status == StatusCode::OK {
+        "ok"
+    } else if answer.status == StatusCode::ACCEPTED {
+        // Kept for later: not delivered yet, and no failure either (its outcome is
+        // counted by posgate_queue_finals_total).
+        QUEUED
+    } else {
+        // The code comes from our own answers, so it is one of a fixed set.
+        answer
+            .error_code()
+            .and_then(|code| ErrorCode::named(&code))
+            .map_or(OTHER_FAILURE, ErrorCode::as_str)
     }
 }
 

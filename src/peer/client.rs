@@ -24,6 +24,7 @@ use super::wire::{
 use super::{PeerTarget, PeerTls, MAX_INTERNAL_BODY};
 use crate::core::{PodId, ShardId};
 use crate::credentials::Credentials;
+use crate::trace_context::Trace;
 
 /// Why a peer request produced no answer.
 #[derive(Debug, thiserror::Error)]
@@ -208,9 +209,11 @@ impl PeerClient {
         &self,
         owner: &PeerTarget,
         push: &ForwardedPush,
+        trace: &Trace,
         timeout: Duration,
     ) -> Result<(StatusCode, Bytes), SendError> {
-        let (path, headers) = push.encode();
+        let (path, mut headers) = push.encode();
+        trace.insert_peer(&mut headers);
         self.send(
             Method::POST,
             owner,
@@ -227,13 +230,15 @@ impl PeerClient {
         &self,
         owner: &PeerTarget,
         batch: &ForwardedBatch,
+        trace: &Trace,
         timeout: Duration,
     ) -> Result<(StatusCode, Bytes), SendError> {
-        let mut headers = HeaderMap::with_capacity(1);
+        let mut headers = HeaderMap::with_capacity(4);
         headers.insert(
             http::header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+        trace.insert_peer(&mut headers);
         let limit = (timeout, MAX_BATCH_ANSWER_BYTES);
         self.send(
             Method::POST,

@@ -178,6 +178,7 @@ impl Kit<'_> {
             content_type: None,
             body: Bytes::from_static(b"{\"conformance\":true}"),
             queued: None,
+            trace: None,
         })
         .expect("a valid push");
         self.send(session, request).await
@@ -339,6 +340,7 @@ impl Kit<'_> {
             content_type: None,
             body: Bytes::new(),
             queued: None,
+            trace: None,
         })
         .expect("a valid push");
         keyless

@@ -21,6 +21,7 @@ use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCo
 
 use crate::api::{IDEMPOTENCY_KEY, TENANT_HEADER};
 use crate::core::{Epoch, PodId};
+use crate::trace_context::{TraceContext, TRACEPARENT, TRACESTATE};
 
 /// The fencing epoch of the session (hello) or the push.
 pub const EPOCH_HEADER: &str = "posgate-epoch";
@@ -122,6 +123,9 @@ pub struct PosPush<'a> {
     pub body: Bytes,
     /// A push that waited in the queue.
     pub queued: Option<Queued>,
+    /// The trace the push is part of: sent as `traceparent` (and `tracestate`), which a
+    /// terminal that does not trace ignores.
+    pub trace: Option<&'a TraceContext>,
 }
 
 /// When a queued push was accepted and when it expires (Unix ms).
@@ -175,6 +179,9 @@ pub fn push(push: &PosPush<'_>) -> Result<Request<Bytes>, http::Error> {
             value.set_sensitive(true);
             headers.insert(name, value);
         }
+    }
+    if let Some(trace) = push.trace {
+        trace.insert(&mut headers, TRACEPARENT, TRACESTATE);
     }
     let mut request = Request::new(push.body.clone());
     *request.method_mut() = Method::POST;
@@ -307,6 +314,7 @@ mod tests {
             content_type: Some(&ct),
             body: Bytes::from_static(b"{}"),
             queued: None,
+            trace: None,
         };
         let request = push(&p).unwrap();
         assert_eq!(request.uri(), "https://pos-1.test/push");
@@ -328,13 +336,28 @@ mod tests {
         };
         let request = push(&PosPush {
             queued: Some(queued),
-            ..p
+            trace: None,
+            ..p.clone()
         })
         .unwrap();
         let h = request.headers();
         assert_eq!(h[QUEUED_AT_HEADER], "1000");
         assert_eq!(h[EXPIRES_AT_HEADER], "61000");
         assert!(h[QUEUED_AT_HEADER].is_sensitive() && h[EXPIRES_AT_HEADER].is_sensitive());
+        // Without a trace no trace headers; with one, its traceparent, never indexed (new
+        // on every push), and its tracestate.
+        assert!(!h.contains_key(TRACEPARENT));
+        let mut trace = TraceContext::start();
+        trace.state = Some(HeaderValue::from_static("congo=t61rcWkgMzE"));
+        let request = push(&PosPush {
+            trace: Some(&trace),
+            ..p.clone()
+        })
+        .unwrap();
+        let h = request.headers();
+        assert_eq!(h[TRACEPARENT], trace.traceparent().as_str());
+        assert!(h[TRACEPARENT].is_sensitive());
+        assert_eq!(h[TRACESTATE], "congo=t61rcWkgMzE");
         let hello = hello("https://pos-1.test", 7, &pod, "pos-1").unwrap();
         assert_eq!(hello.uri(), "https://pos-1.test/hello");
         assert_eq!(hello.headers()[EPOCH_HEADER], "7");

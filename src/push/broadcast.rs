@@ -754,6 +754,7 @@ impl Broadcasts {
                 accepted_ms: b.created_ms,
                 expires_ms: b.expires_ms,
             }),
+            trace: None,
         };
         match pos_push::send(&mut sender, wire, bound).await {
             Ok(Answered::Accepted { receipt, .. }) => {

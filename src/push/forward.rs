@@ -10,15 +10,17 @@
 //! Not for: deciding whom to forward to (`route`) or serving the endpoint
 //! (`crate::http`).
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use http::StatusCode;
+use opentelemetry::KeyValue;
 
 use super::answer::{Answer, Delivered, ErrorBody, ErrorCode, PushStatus};
 use super::PushRequest;
 use crate::peer::wire::{BatchAnswer, ForwardedBatch, ForwardedPush};
 use crate::peer::{PeerClient, PeerTarget, SendError};
+use crate::telemetry::{Kind, Telemetry};
 
 /// Extra wait beyond the caller's deadline for the owner's answer to arrive: the owner
 /// answers by the deadline it was given, and the answer needs time to travel back.
@@ -42,12 +44,17 @@ pub enum Forwarded {
 #[derive(Clone, Debug)]
 pub struct ForwardClient {
     peers: PeerClient,
+    /// Where each forward's span goes.
+    pub(super) telemetry: Telemetry,
 }
 
 impl ForwardClient {
     /// Forwards over `peers` (this pod's signing client).
     pub fn new(peers: PeerClient) -> Self {
-        ForwardClient { peers }
+        ForwardClient {
+            peers,
+            telemetry: Telemetry::off(),
+        }
     }
 
     /// The transport, for the peer calls that are not pushes.
@@ -64,10 +71,27 @@ impl ForwardClient {
     ) -> Forwarded {
         let remaining = deadline.saturating_duration_since(Instant::now());
         let wire = on_the_wire(push, remaining);
+        let hop = push.trace.hop();
+        let started = SystemTime::now();
         let sent = self
             .peers
-            .push(owner, &wire, remaining + ANSWER_GRACE)
+            .push(owner, &wire, &hop, remaining + ANSWER_GRACE)
             .await;
+        self.telemetry.record(
+            "forward",
+            Kind::Client,
+            hop.context.as_ref(),
+            started,
+            || {
+                vec![
+                    KeyValue::new("posgate.peer", owner.pod.to_string()),
+                    KeyValue::new(
+                        "http.response.status_code",
+                        sent.as_ref().map_or(0, |(s, _)| i64::from(s.as_u16())),
+                    ),
+                ]
+            },
+        );
         match sent {
             Ok((StatusCode::MISDIRECTED_REQUEST, _)) => Forwarded::Moved,
             Ok((StatusCode::UNAUTHORIZED, _)) => {
@@ -111,10 +135,28 @@ impl ForwardClient {
         let remaining = deadline.saturating_duration_since(Instant::now());
         let wire: Vec<ForwardedPush> = pushes.iter().map(|p| on_the_wire(p, remaining)).collect();
         let batch = ForwardedBatch::new(wire.iter(), remaining);
+        // The pushes of a batch came in one request: one trace.
+        let Some(first) = pushes.first() else {
+            return Vec::new();
+        };
+        let hop = first.trace.hop();
+        let started = SystemTime::now();
         let sent = self
             .peers
-            .push_batch(owner, &batch, remaining + ANSWER_GRACE)
+            .push_batch(owner, &batch, &hop, remaining + ANSWER_GRACE)
             .await;
+        self.telemetry.record(
+            "forward",
+            Kind::Client,
+            hop.context.as_ref(),
+            started,
+            || {
+                vec![
+                    KeyValue::new("posgate.peer", owner.pod.to_string()),
+                    KeyValue::new("posgate.pushes", pushes.len() as i64),
+                ]
+            },
+        );
         let all = |outcome: &dyn Fn() -> Forwarded| pushes.iter().map(|_| outcome()).collect();
         match sent {
             Ok((StatusCode::OK, body)) => {

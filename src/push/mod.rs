@@ -45,6 +45,8 @@ use crate::pos::manager::{ConnectionManager, Lookup, TerminalLink};
 use crate::serving::ServingTable;
 use crate::status::PodStatus;
 use crate::store::directory::Directory;
+use crate::telemetry::Telemetry;
+pub use crate::trace_context::Trace;
 
 pub use self::forward::Forwarded;
 pub use self::owner::Owned;
@@ -111,6 +113,7 @@ pub struct PushRequest {
     pub received: Instant,
     /// A TTL: the push waits for its terminal (`later`).
     pub later: Option<later::Later>,
+    pub trace: Trace,
 }
 
 /// Where pushes find terminal sessions: the connection manager, or nothing.
@@ -214,6 +217,8 @@ pub struct PushService {
     /// Broadcasts, kept in the same store.
     broadcasts: Option<Arc<broadcast::Broadcasts>>,
     metrics: Arc<Metrics>,
+    /// Where the spans of pushes go (off unless [`PushService::with_telemetry`]).
+    telemetry: Telemetry,
 }
 
 impl std::fmt::Debug for PushService {
@@ -250,7 +255,19 @@ impl PushService {
             broadcasts: None,
             settings,
             metrics,
+            telemetry: Telemetry::off(),
         }
+    }
+
+    /// Records the spans of pushes (`crate::telemetry`).
+    pub fn with_telemetry(mut self, telemetry: Telemetry) -> Self {
+        self.forward.telemetry = telemetry.clone();
+        self.telemetry = telemetry;
+        self
+    }
+
+    pub fn telemetry(&self) -> &Telemetry {
+        &self.telemetry
     }
 
     /// Keeps pushes with a TTL in `store` and drains them on the shards this pod

@@ -22,8 +22,9 @@
 //!
 //! Not for: finding the owner or forwarding (`route`), or parsing HTTP (`crate::http`).
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
+use opentelemetry::KeyValue;
 use sha2::{Digest, Sha256};
 use tracing::{debug, warn};
 
@@ -39,6 +40,7 @@ use crate::pos::manager::{Lookup, TerminalLink};
 use crate::pos::push::{self as pos_push, Answered, PushFailure};
 use crate::pos::wire::{PosPush, Receipt};
 use crate::serving::Grant;
+use crate::telemetry::Kind;
 
 /// How often a push re-checks while the shard's terminal list loads.
 const LOADING_POLL: Duration = Duration::from_millis(10);
@@ -166,6 +168,8 @@ impl PushService {
                 }
             }
             let grant = grant.expect("checked: served");
+            let hop = push.trace.context.as_ref().map(|c| c.child());
+            let started = SystemTime::now();
             let wire = PosPush {
                 terminal: &push.terminal,
                 server_name: &link.terminal.server_name,
@@ -177,8 +181,24 @@ impl PushService {
                 content_type: push.content_type.as_ref(),
                 body: push.body.clone(),
                 queued: None,
+                trace: hop.as_ref(),
             };
-            match pos_push::send(&mut sender, wire, remaining).await {
+            let sent = pos_push::send(&mut sender, wire, remaining).await;
+            self.telemetry
+                .record("terminal", Kind::Client, hop.as_ref(), started, || {
+                    let status = match &sent {
+                        Ok(Answered::Accepted { status, .. } | Answered::Refused { status }) => {
+                            i64::from(status.as_u16())
+                        }
+                        Err(_) => 0,
+                    };
+                    vec![
+                        KeyValue::new("posgate.terminal", push.terminal.clone()),
+                        KeyValue::new("posgate.epoch", epoch as i64),
+                        KeyValue::new("http.response.status_code", status),
+                    ]
+                });
+            match sent {
                 Ok(answered) => {
                     let answer = match answered {
                         Answered::Accepted { status, receipt } => {

@@ -791,6 +791,7 @@ impl TerminalDrain {
                 accepted_ms: marked.accepted_ms,
                 expires_ms: marked.expires_ms,
             }),
+            trace: None,
         };
         let copies = &self.drains.metrics.queue_copies;
         let count = |result: &'static str| copies.get_or_create(&[("result", result)]).inc();

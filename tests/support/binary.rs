@@ -255,6 +255,14 @@ impl Drop for BinPod {
 /// `body`) and `Connection: close` are added. The status and the body, if the whole
 /// answer came within `within`.
 pub async fn request(port: u16, head: &str, body: &str, within: Duration) -> Option<(u16, String)> {
+    let answer = exchange(port, head, body, within).await?;
+    let status = answer.split_whitespace().nth(1)?.parse().ok()?;
+    let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    Some((status, body.to_string()))
+}
+
+/// As [`request`], the whole answer: status line, headers and body.
+pub async fn exchange(port: u16, head: &str, body: &str, within: Duration) -> Option<String> {
     let exchange = async {
         let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
@@ -268,10 +276,7 @@ pub async fn request(port: u16, head: &str, body: &str, within: Duration) -> Opt
         stream.write_all(request.as_bytes()).await.ok()?;
         let mut answer = Vec::new();
         stream.read_to_end(&mut answer).await.ok()?;
-        let answer = String::from_utf8_lossy(&answer);
-        let status = answer.split_whitespace().nth(1)?.parse().ok()?;
-        let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-        Some((status, body.to_string()))
+        Some(String::from_utf8_lossy(&answer).into_owned())
     };
     tokio::time::timeout(within, exchange).await.ok().flatten()
 }

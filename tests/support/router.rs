@@ -70,6 +70,7 @@ impl Server {
             metrics: metrics.clone(),
             peers,
             ready: ReadyLatch::default(),
+            push_lines: Default::default(),
             peer: PeerReceiver::default(),
             directory: None,
         });

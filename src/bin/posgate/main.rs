@@ -24,6 +24,7 @@ mod simulate;
 mod status;
 mod terminals;
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use crate::demo::DemoArgs;
@@ -126,8 +127,11 @@ fn main() -> ExitCode {
 
 /// Logging to stderr, as JSON lines or text.
 fn init_tracing(format: LogFormat, filter: EnvFilter) {
+    // Colours only for a person at a terminal: escape codes in a log file or a
+    // collector's input are noise.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Json => builder.json().init(),
