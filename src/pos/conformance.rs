@@ -6,23 +6,21 @@
 //!
 //! What the terminal is left with: its `highest_epoch` raised by two above what it was
 //! (the kit learns it from the first refusal, so it never jumps to a far-future epoch
-//! that would fence real pods out), and a few test keys under the tenant
+//! that would fence real pods out), and a few test keys under tenants starting with
 //! `posgate-conformance`. Run it against a terminal that is not in service: its real
 //! owner's session is superseded by the kit's.
 //!
 //! Not for: the terminal's payload handling (the pod never reads its body) or load.
 
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{Method, Request, StatusCode};
-
-use std::sync::Arc;
-
+use http::{header, HeaderValue, Method, Request, StatusCode};
 use rustls::ClientConfig;
 
 use super::dialer::{Dialer, DialerConfig, Keepalive};
-use super::session::Session;
+use super::session::{self, RequestSender, Session};
 use super::wire::{self, PosPush, DUPLICATE_HEADER, STALE_EPOCH_HEADER};
 use crate::core::{Epoch, PodId};
 use crate::store::directory::Terminal;
@@ -59,6 +57,13 @@ pub struct Check {
 pub const TENANT: &str = "posgate-conformance";
 /// How long one request may take.
 const ANSWER: Duration = Duration::from_secs(5);
+/// How quickly a terminal should answer (`docs/pos-protocol.md` §5, "Answer time"): a
+/// fifth of a push's default deadline (`crate::push::DEFAULT_TIMEOUT`, a layer above
+/// this one, so `tests/conformance.rs` holds the two together), which also covers the
+/// wait for a session, the forward between pods and the network.
+pub const PROMPT: Duration = Duration::from_secs(1);
+/// Pushes the kit sends at once on one session.
+const AT_ONCE: usize = 8;
 /// How long a superseded session may stay open (the protocol's grace, plus margin).
 const SUPERSEDE_GRACE: Duration = Duration::from_secs(5);
 
@@ -85,6 +90,7 @@ pub async fn run(tls: Arc<ClientConfig>, terminal: &Terminal, push_path: &str) -
         terminal,
         push_path,
         checks: Vec::new(),
+        slowest: Mutex::default(),
     };
     kit.run().await;
     // A check not reached (a check it depends on failed) is reported skipped; the
@@ -107,6 +113,8 @@ struct Kit<'a> {
     terminal: &'a Terminal,
     push_path: &'a str,
     checks: Vec<Check>,
+    /// The slowest answer so far, and to what (`POST /push`).
+    slowest: Mutex<(Duration, String)>,
 }
 
 type Answer = (StatusCode, http::HeaderMap);
@@ -137,10 +145,27 @@ impl Kit<'_> {
     }
 
     async fn send(&self, session: &mut Session, request: Request<Bytes>) -> Result<Answer, String> {
-        let response = tokio::time::timeout(ANSWER, session.request(request))
+        self.send_on(&mut session.sender(), request).await
+    }
+
+    /// Sends `request` on `sender` (several may be in flight on one connection) and
+    /// notes how long the answer took.
+    async fn send_on(
+        &self,
+        sender: &mut RequestSender,
+        request: Request<Bytes>,
+    ) -> Result<Answer, String> {
+        let what = format!("{} {}", request.method(), request.uri().path());
+        let started = Instant::now();
+        let response = tokio::time::timeout(ANSWER, session::send(sender, request))
             .await
             .map_err(|_| format!("no answer within {ANSWER:?}"))?
             .map_err(|e| format!("request failed: {e}"))?;
+        let took = started.elapsed();
+        let mut slowest = self.slowest.lock().unwrap_or_else(PoisonError::into_inner);
+        if took > slowest.0 {
+            *slowest = (took, what);
+        }
         Ok((response.status(), response.headers().clone()))
     }
 
@@ -160,14 +185,10 @@ impl Kit<'_> {
             .await
     }
 
-    async fn push(
-        &self,
-        session: &mut Session,
-        key: &str,
-        tenant: &str,
-        epoch: Epoch,
-    ) -> Result<Answer, String> {
-        let request = wire::push(&PosPush {
+    /// A pod's push ([`wire::push`]) with a JSON body and its `content-type`.
+    fn push_request(&self, key: &str, tenant: &str, epoch: Epoch) -> Request<Bytes> {
+        const JSON: HeaderValue = HeaderValue::from_static("application/json");
+        wire::push(&PosPush {
             terminal: &self.terminal.id,
             server_name: &self.terminal.server_name,
             path: self.push_path,
@@ -175,13 +196,23 @@ impl Kit<'_> {
             key,
             epoch,
             pod: self.dialer.pod(),
-            content_type: None,
+            content_type: Some(&JSON),
             body: Bytes::from_static(b"{\"conformance\":true}"),
             queued: None,
             trace: None,
         })
-        .expect("a valid push");
-        self.send(session, request).await
+        .expect("a valid push")
+    }
+
+    async fn push(
+        &self,
+        session: &mut Session,
+        key: &str,
+        tenant: &str,
+        epoch: Epoch,
+    ) -> Result<Answer, String> {
+        self.send(session, self.push_request(key, tenant, epoch))
+            .await
     }
 
     async fn run(&mut self) {
@@ -217,7 +248,15 @@ impl Kit<'_> {
                 return;
             }
         };
-        let (e1, e2) = (base + 1, base + 2);
+        let Some(e2) = base.checked_add(2) else {
+            let why = format!(
+                "the terminal's highest epoch is {base}: no hello can pass it; reset its \
+                 fence (§3)"
+            );
+            self.record("hello-accepted", Level::Must, "§4.4", Outcome::Fail(why));
+            return;
+        };
+        let e1 = base + 1;
 
         // §4.4 accepted; §5 pushes, duplicates, per-tenant keys.
         let mut a = first;
@@ -240,6 +279,26 @@ impl Kit<'_> {
         let other_tenant = format!("{TENANT}-other");
         let other = self.push(&mut a, &key, &other_tenant, e1).await;
         self.check("key-per-tenant", Level::Must, "§5", taken_fresh(other));
+
+        // §2: a push whose sender gave no content type goes without the header.
+        let mut bare = self.push_request(&format!("{key}-no-content-type"), TENANT, e1);
+        bare.headers_mut().remove(header::CONTENT_TYPE);
+        let bare = taken_fresh(self.send(&mut a, bare).await);
+        self.check("push-without-content-type", Level::Must, "§2", bare);
+
+        // §2 and §5.4: the longest key, tenant and pod id the pod sends, with every
+        // character they may hold, taken whole and deduplicated.
+        let longest = self.longest_ids(&mut a, &key, e1).await;
+        self.check(
+            "max-length-key-deduplicated",
+            Level::Must,
+            "§2, §5.4",
+            longest,
+        );
+
+        // §5: live pushes share the session, several at once.
+        let at_once = self.at_once(&a, &key, e1).await;
+        self.check("concurrent-pushes", Level::Must, "§5", at_once);
 
         // §5.3: no push without an accepted hello on the connection.
         let without = match self.connect().await {
@@ -313,6 +372,82 @@ impl Kit<'_> {
         };
         self.check("ping-answered", Level::Must, "§6", ping);
         c.close(Duration::from_secs(1)).await;
+
+        // §5: every answer came well within the time a pod waits for it.
+        let (took, what) = self
+            .slowest
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let prompt = if took <= PROMPT {
+            Ok(())
+        } else {
+            Err(format!(
+                "the slowest answer ({what}) took {took:?}, more than {PROMPT:?}"
+            ))
+        };
+        self.check("answered-in-time", Level::Should, "§5", prompt);
+    }
+
+    /// A push with a key of 128 characters (every visible ASCII one), a tenant of 64
+    /// and a pod id of 128 is taken; one whose key differs in the last character only
+    /// is another push (a terminal that cuts keys short would take it for a repeat);
+    /// the first again is a duplicate.
+    async fn longest_ids(&self, a: &mut Session, key: &str, epoch: Epoch) -> Result<(), String> {
+        let visible = (b'!'..=b'~').map(char::from);
+        let long_key: String = format!("{key}-")
+            .chars()
+            .chain(visible)
+            .cycle()
+            .take(128)
+            .collect();
+        let mut other_key = long_key.clone();
+        other_key.pop();
+        other_key.push(if long_key.ends_with('~') { '!' } else { '~' });
+        // `[A-Za-z0-9._-]{1,64}` and `[A-Za-z0-9._:-]{1,128}`: the punctuation and
+        // digits first, so the 64 characters hold one of each kind.
+        let alnum = ('0'..='9').chain('A'..='Z').chain('a'..='z');
+        let tenant: String = TENANT
+            .chars()
+            .chain("._-".chars())
+            .chain(alnum.clone())
+            .take(64)
+            .collect();
+        let pod: String = POD
+            .chars()
+            .chain(":._-".chars())
+            .chain(alnum)
+            .cycle()
+            .take(128)
+            .collect();
+        let request = |key: &str| {
+            let mut push = self.push_request(key, &tenant, epoch);
+            let pod = HeaderValue::from_str(&pod).expect("a valid pod id");
+            push.headers_mut().insert(wire::POD_HEADER, pod);
+            push
+        };
+        taken_fresh(self.send(a, request(&long_key)).await)
+            .map_err(|e| format!("a 128-character key: {e}"))?;
+        taken_fresh(self.send(a, request(&other_key)).await)
+            .map_err(|e| format!("a key differing from it in the last character: {e}"))?;
+        duplicate(self.send(a, request(&long_key)).await)
+            .map_err(|e| format!("the 128-character key again: {e}"))
+    }
+
+    /// [`AT_ONCE`] pushes with new keys sent together on `a`: each `2xx` without the
+    /// marker.
+    async fn at_once(&self, a: &Session, key: &str, epoch: Epoch) -> Result<(), String> {
+        let pushes = (0..AT_ONCE).map(|i| {
+            let request = self.push_request(&format!("{key}-at-once-{i}"), TENANT, epoch);
+            let mut sender = a.sender();
+            async move { self.send_on(&mut sender, request).await }
+        });
+        let answers = futures::future::join_all(pushes).await;
+        for (i, answer) in answers.into_iter().enumerate() {
+            taken_fresh(answer)
+                .map_err(|e| format!("push {} of {AT_ONCE} sent at once: {e}", i + 1))?;
+        }
+        Ok(())
     }
 
     /// A hello with a non-numeric epoch, one for another terminal, and a push without
@@ -353,12 +488,15 @@ impl Kit<'_> {
 }
 
 /// Every check, in the order they run and are reported: id, level, rule.
-pub const ALL: [(&str, Level, &str); 13] = [
+pub const ALL: [(&str, Level, &str); 17] = [
     ("tls-h2", Level::Must, "§1"),
     ("hello-accepted", Level::Must, "§4.4"),
     ("push-accepted", Level::Must, "§5.5"),
     ("duplicate-marked", Level::Must, "§5.4"),
     ("key-per-tenant", Level::Must, "§5"),
+    ("push-without-content-type", Level::Must, "§2"),
+    ("max-length-key-deduplicated", Level::Must, "§2, §5.4"),
+    ("concurrent-pushes", Level::Must, "§5"),
     ("push-without-hello-refused", Level::Must, "§5.3"),
     ("stale-hello-refused", Level::Must, "§4.2"),
     ("equal-epoch-redial", Level::Must, "§4.4"),
@@ -367,6 +505,7 @@ pub const ALL: [(&str, Level, &str); 13] = [
     ("malformed-refused", Level::Must, "§2"),
     ("unknown-path-404", Level::Should, "§5"),
     ("ping-answered", Level::Must, "§6"),
+    ("answered-in-time", Level::Should, "§5"),
 ];
 
 /// The superseded session `a`: closed by the terminal within the grace, or refusing a

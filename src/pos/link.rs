@@ -5,7 +5,8 @@
 //! (full-jitter delay), then `Disconnected` again; a connection that dies (keep-alive
 //! timeout, GOAWAY, socket error) goes straight back to `Disconnected`, paced like any
 //! dial. A new shard epoch is announced with a hello on the live connection. A `409`
-//! stale-epoch answer is reported to the driver, which drops the shard.
+//! stale-epoch answer is reported to the driver, which bumps or drops the shard; one
+//! naming an epoch no store can hand out is not (only that terminal backs off).
 //!
 //! A link publishes its state together with the connection's request handle
 //! ([`LinkStatus`]), which pushes use directly; pushes waiting for the link put its next
@@ -30,7 +31,7 @@ use super::handover::{Gate, Opened};
 use super::pacer::Pacer;
 use super::session::{ConnEnd, RequestSender, Session};
 use super::wire::DialError;
-use crate::core::lease::StaleEpoch;
+use crate::core::lease::{StaleEpoch, MAX_EPOCH};
 use crate::core::{Epoch, ShardId};
 use crate::metrics::Metrics;
 use crate::store::directory::Terminal;
@@ -403,6 +404,23 @@ impl LinkTask {
         let (shard, t) = (self.shard, &self.terminal);
         let delay_ms = delay.as_millis() as u64;
         match e {
+            // No store hands out an epoch above `MAX_EPOCH`, so this refusal proves no
+            // newer owner, only a fence that no owner can pass until it is reset on the
+            // terminal (`docs/pos-protocol.md` §3). Reported, it would stop the whole
+            // shard, which is claimed again and stopped again by the next refusal: its
+            // other terminals would lose their sessions over and over. Only this
+            // terminal backs off.
+            DialError::StaleEpoch {
+                highest: Some(highest),
+            } if *highest > MAX_EPOCH => {
+                if link.failures() == 1 {
+                    warn!(
+                        shard, terminal = %t.id, epoch, highest, delay_ms,
+                        "terminal's epoch fence is above any epoch posgate can hand out; \
+                         it refuses every owner until it is reset on the terminal"
+                    );
+                }
+            }
             DialError::StaleEpoch { highest } => {
                 warn!(
                     shard, terminal = %t.id, epoch, highest = ?highest,

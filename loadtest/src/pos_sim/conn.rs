@@ -314,6 +314,13 @@ async fn push(ctx: &ConnCtx, req: Request<Incoming>) -> Response<Full<Bytes>> {
     let Some(key) = header(&parts.headers, H_IDEMPOTENCY_KEY) else {
         return respond(StatusCode::BAD_REQUEST, "missing idempotency-key\n");
     };
+    // The payload is opaque here: a push without a content type is as good as any, and
+    // only the fault (a terminal that wrongly insists on the header) refuses it.
+    if ctx.shared.faults().require_content_type
+        && !parts.headers.contains_key(http::header::CONTENT_TYPE)
+    {
+        return respond(StatusCode::BAD_REQUEST, "missing content-type (fault)\n");
+    }
     // Keys are unique per tenant: dedupe on (tenant, key), recorded as `tenant:key`.
     let key = match header(&parts.headers, "posgate-tenant") {
         Some(tenant) => format!("{tenant}:{key}"),

@@ -42,6 +42,10 @@ pub struct FaultConfig {
     /// Protocol breakage: answer a push without an accepted hello on its connection `200`
     /// instead of `428` (nothing recorded).
     pub accept_without_hello: bool,
+    /// Protocol breakage: refuse a push without `content-type` with `400`, as a terminal
+    /// that takes the header for mandatory would (the pod sends none when its sender
+    /// gave none).
+    pub require_content_type: bool,
 }
 
 impl FaultConfig {

@@ -9,7 +9,7 @@ use tokio::sync::mpsc;
 
 use super::fake::{freezable_proxy, wait_until, FakeTerminal, Pki, LIMIT};
 use super::stop;
-use crate::core::lease::StaleEpoch;
+use crate::core::lease::{StaleEpoch, MAX_EPOCH};
 use crate::core::reconciler::{Close, StopReason};
 use crate::pos::dialer::Keepalive;
 use crate::pos::manager::{ConnectionManager, Lookup, ManagerConfig};
@@ -206,6 +206,29 @@ async fn manager_reports_stale_epochs() {
         "a refused hello never counts as connected: {state:?}"
     );
     m.stop(stop(0, 5, StopReason::StaleEpoch, Close::Now)).await;
+}
+
+#[tokio::test]
+async fn a_fence_no_store_can_pass_is_not_reported() {
+    let pki = Pki::new();
+    let (server, directory) = farm(&pki, &["pos-1"]).await;
+    *server.highest.lock().unwrap() = MAX_EPOCH + 1;
+    let (stale, mut stale_rx) = mpsc::unbounded_channel();
+    let config = manager_config();
+    let metrics = config.metrics.clone();
+    let m = ConnectionManager::new(directory, pki.dialer(), config, stale);
+    m.start(0, 5);
+    let refused = || {
+        metrics
+            .dials
+            .get_or_create(&[("result", "stale_epoch")])
+            .get()
+    };
+    wait_until("the hello is refused", || refused() > 0).await;
+    // Reported, it would stop the shard and every other terminal's session with it.
+    let reported = tokio::time::timeout(Duration::from_millis(300), stale_rx.recv()).await;
+    assert!(reported.is_err(), "{reported:?}");
+    m.stop(stop(0, 5, StopReason::Shutdown, Close::Now)).await;
 }
 
 #[tokio::test]
