@@ -286,6 +286,20 @@ impl Kit<'_> {
         let bare = taken_fresh(self.send(&mut a, bare).await);
         self.check("push-without-content-type", Level::Must, "§2", bare);
 
+        // §2: headers the terminal does not know never refuse a push: a header of a
+        // later release, and malformed trace headers (a terminal that traces must not
+        // refuse a push over them either).
+        let mut unknown = self.push_request(&format!("{key}-unknown-headers"), TENANT, e1);
+        let headers = unknown.headers_mut();
+        headers.insert("posgate-conformance-later", HeaderValue::from_static("1"));
+        headers.insert(
+            "traceparent",
+            HeaderValue::from_static("00-not-a-trace-context"),
+        );
+        headers.insert("tracestate", HeaderValue::from_static("=,="));
+        let unknown = taken_fresh(self.send(&mut a, unknown).await);
+        self.check("unknown-headers-ignored", Level::Must, "§2", unknown);
+
         // §2 and §5.4: the longest key, tenant and pod id the pod sends, with every
         // character they may hold, taken whole and deduplicated.
         let longest = self.longest_ids(&mut a, &key, e1).await;
@@ -488,13 +502,14 @@ impl Kit<'_> {
 }
 
 /// Every check, in the order they run and are reported: id, level, rule.
-pub const ALL: [(&str, Level, &str); 17] = [
+pub const ALL: [(&str, Level, &str); 18] = [
     ("tls-h2", Level::Must, "§1"),
     ("hello-accepted", Level::Must, "§4.4"),
     ("push-accepted", Level::Must, "§5.5"),
     ("duplicate-marked", Level::Must, "§5.4"),
     ("key-per-tenant", Level::Must, "§5"),
     ("push-without-content-type", Level::Must, "§2"),
+    ("unknown-headers-ignored", Level::Must, "§2"),
     ("max-length-key-deduplicated", Level::Must, "§2, §5.4"),
     ("concurrent-pushes", Level::Must, "§5"),
     ("push-without-hello-refused", Level::Must, "§5.3"),
