@@ -38,15 +38,6 @@ use crate::trace_context::TraceContext;
 /// here: spans are worth less than the pod's CPU and memory).
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A span's role, as OpenTelemetry names it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    /// A request this pod answered.
-    Server,
-    /// A request this pod sent.
-    Client,
-}
-
 /// Where a pod's spans go: nowhere ([`Telemetry::off`], the default), or to an OTLP
 /// collector. Cloning shares the exporter.
 #[derive(Clone, Default)]
@@ -113,7 +104,7 @@ impl Telemetry {
     pub fn record(
         &self,
         name: &'static str,
-        kind: Kind,
+        kind: SpanKind,
         context: Option<&TraceContext>,
         start: SystemTime,
         attributes: impl FnOnce() -> Vec<KeyValue>,
@@ -143,10 +134,7 @@ impl Telemetry {
                 .parent_id
                 .map_or(SpanId::INVALID, |p| SpanId::from_bytes(p.to_be_bytes())),
             parent_span_is_remote: false,
-            span_kind: match kind {
-                Kind::Server => SpanKind::Server,
-                Kind::Client => SpanKind::Client,
-            },
+            span_kind: kind,
             name: Cow::Borrowed(name),
             start_time: start,
             end_time: SystemTime::now(),

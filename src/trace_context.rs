@@ -90,9 +90,7 @@ impl Trace {
         let caller = TraceContext::from_headers(headers, &TRACEPARENT, &TRACESTATE);
         Trace {
             request_id: request_id.unwrap_or_default(),
-            context: caller
-                .map(|c| c.child())
-                .or_else(|| start.then(TraceContext::start)),
+            context: TraceContext::under(caller, start),
         }
     }
 
@@ -125,9 +123,7 @@ impl Trace {
         let context = TraceContext::from_headers(headers, &PEER_TRACEPARENT, &PEER_TRACESTATE);
         Trace {
             request_id: origin.or(request_id).unwrap_or_default(),
-            context: context
-                .map(|c| c.child())
-                .or_else(|| start.then(TraceContext::start)),
+            context: TraceContext::under(context, start),
         }
     }
 }
@@ -186,6 +182,13 @@ impl TraceContext {
         })
     }
 
+    /// This pod's span under `sender`'s, or, without one, a new trace if `start`.
+    fn under(sender: Option<Self>, start: bool) -> Option<Self> {
+        sender
+            .map(|c| c.child())
+            .or_else(|| start.then(TraceContext::start))
+    }
+
     /// The same trace one hop further: a new span of this pod's under this one.
     pub fn child(&self) -> Self {
         TraceContext {
@@ -199,7 +202,7 @@ impl TraceContext {
     /// indexed: they differ on every push (`crate::pos::wire` says why that matters).
     pub fn insert(&self, headers: &mut HeaderMap, parent: HeaderName, state: HeaderName) {
         let mut value =
-            HeaderValue::from_bytes(&self.traceparent_bytes()).expect("hex is a header value");
+            HeaderValue::from_bytes(&self.traceparent()).expect("hex is a header value");
         value.set_sensitive(true);
         headers.insert(parent, value);
         if let Some(s) = &self.state {
@@ -213,13 +216,9 @@ impl TraceContext {
         self.flags & 1 == 1
     }
 
-    pub fn traceparent(&self) -> String {
-        String::from_utf8(self.traceparent_bytes().to_vec()).expect("ASCII")
-    }
-
-    /// [`TraceContext::traceparent`] without an allocation: every forward and every
-    /// push to a terminal writes one.
-    fn traceparent_bytes(&self) -> [u8; 55] {
+    /// The `traceparent` value, without an allocation: every forward and every push
+    /// to a terminal writes one.
+    pub fn traceparent(&self) -> [u8; 55] {
         let mut out = *b"00-00000000000000000000000000000000-0000000000000000-00";
         hex_into(&mut out[3..35], self.trace_id);
         hex_into(&mut out[36..52], u128::from(self.span_id));
@@ -298,7 +297,7 @@ mod tests {
         assert_eq!(c.trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
         assert_eq!(c.span_id, 0x00f0_67aa_0ba9_02b7);
         assert_eq!(c.flags, 1);
-        assert_eq!(c.traceparent(), EXAMPLE);
+        assert_eq!(&c.traceparent()[..], EXAMPLE.as_bytes());
         let child = c.child();
         assert_eq!((child.trace_id, child.flags), (c.trace_id, c.flags));
         assert_ne!(child.span_id, c.span_id);

@@ -11,6 +11,7 @@ use std::str::Utf8Error;
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant, SystemTime};
 
+use opentelemetry::trace::SpanKind;
 use opentelemetry::KeyValue;
 
 use axum::body::Body;
@@ -36,7 +37,7 @@ use crate::push::answer::{Answer, ErrorBody, ErrorCode, ALL_ERROR_CODES};
 use crate::push::later::Later;
 use crate::push::slots::Full;
 use crate::push::{PushRequest, PushService, Trace, DEFAULT_TIMEOUT, MAX_TIMEOUT};
-use crate::telemetry::{Kind, Telemetry};
+use crate::telemetry::Telemetry;
 use crate::trace_context::RequestId;
 
 fn error(code: ErrorCode, message: impl Into<String>) -> Response {
@@ -298,17 +299,23 @@ pub(super) fn record_span(
     answer: &Answer,
 ) {
     let start = SystemTime::now() - received.elapsed();
-    telemetry.record(name, Kind::Server, trace.context.as_ref(), start, || {
-        vec![
-            KeyValue::new("posgate.request_id", trace.request_id.to_string()),
-            KeyValue::new(
-                "http.response.status_code",
-                i64::from(answer.status.as_u16()),
-            ),
-            KeyValue::new("posgate.result", result_of(answer)),
-            KeyValue::new("posgate.path", path),
-        ]
-    });
+    telemetry.record(
+        name,
+        SpanKind::Server,
+        trace.context.as_ref(),
+        start,
+        || {
+            vec![
+                KeyValue::new("posgate.request_id", trace.request_id.to_string()),
+                KeyValue::new(
+                    "http.response.status_code",
+                    i64::from(answer.status.as_u16()),
+                ),
+                KeyValue::new("posgate.result", result_of(answer)),
+                KeyValue::new("posgate.path", path),
+            ]
+        },
+    );
 }
 
 /// Push log lines per second and pod before they turn into a count: every push of a

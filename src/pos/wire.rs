@@ -355,7 +355,7 @@ mod tests {
         })
         .unwrap();
         let h = request.headers();
-        assert_eq!(h[TRACEPARENT], trace.traceparent().as_str());
+        assert_eq!(h[TRACEPARENT].as_bytes(), &trace.traceparent()[..]);
         assert!(h[TRACEPARENT].is_sensitive());
         assert_eq!(h[TRACESTATE], "congo=t61rcWkgMzE");
         let hello = hello("https://pos-1.test", 7, &pod, "pos-1").unwrap();

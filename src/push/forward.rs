@@ -14,13 +14,14 @@ use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use http::StatusCode;
+use opentelemetry::trace::SpanKind;
 use opentelemetry::KeyValue;
 
 use super::answer::{Answer, Delivered, ErrorBody, ErrorCode, PushStatus};
-use super::PushRequest;
+use super::{PushRequest, Trace};
 use crate::peer::wire::{BatchAnswer, ForwardedBatch, ForwardedPush};
 use crate::peer::{PeerClient, PeerTarget, SendError};
-use crate::telemetry::{Kind, Telemetry};
+use crate::telemetry::Telemetry;
 
 /// Extra wait beyond the caller's deadline for the owner's answer to arrive: the owner
 /// answers by the deadline it was given, and the answer needs time to travel back.
@@ -77,20 +78,12 @@ impl ForwardClient {
             .peers
             .push(owner, &wire, &hop, remaining + ANSWER_GRACE)
             .await;
-        self.telemetry.record(
-            "forward",
-            Kind::Client,
-            hop.context.as_ref(),
+        let status = sent.as_ref().map_or(0, |(s, _)| i64::from(s.as_u16()));
+        self.record(
+            &hop,
             started,
-            || {
-                vec![
-                    KeyValue::new("posgate.peer", owner.pod.to_string()),
-                    KeyValue::new(
-                        "http.response.status_code",
-                        sent.as_ref().map_or(0, |(s, _)| i64::from(s.as_u16())),
-                    ),
-                ]
-            },
+            owner,
+            KeyValue::new("http.response.status_code", status),
         );
         match sent {
             Ok((StatusCode::MISDIRECTED_REQUEST, _)) => Forwarded::Moved,
@@ -145,18 +138,8 @@ impl ForwardClient {
             .peers
             .push_batch(owner, &batch, &hop, remaining + ANSWER_GRACE)
             .await;
-        self.telemetry.record(
-            "forward",
-            Kind::Client,
-            hop.context.as_ref(),
-            started,
-            || {
-                vec![
-                    KeyValue::new("posgate.peer", owner.pod.to_string()),
-                    KeyValue::new("posgate.pushes", pushes.len() as i64),
-                ]
-            },
-        );
+        let count = KeyValue::new("posgate.pushes", pushes.len() as i64);
+        self.record(&hop, started, owner, count);
         let all = |outcome: &dyn Fn() -> Forwarded| pushes.iter().map(|_| outcome()).collect();
         match sent {
             Ok((StatusCode::OK, body)) => {
@@ -210,6 +193,15 @@ impl ForwardClient {
                 all(&|| Forwarded::Unknown(format!("no answer from the peer within {t:?}")))
             }
         }
+    }
+
+    /// The span of a forward to `owner` (one push or a batch) sent at `started`.
+    fn record(&self, hop: &Trace, started: SystemTime, owner: &PeerTarget, what: KeyValue) {
+        let context = hop.context.as_ref();
+        self.telemetry
+            .record("forward", SpanKind::Client, context, started, || {
+                vec![KeyValue::new("posgate.peer", owner.pod.to_string()), what]
+            });
     }
 
     /// Asks `owner` about `terminal`; returns its status and JSON body.

@@ -217,8 +217,6 @@ pub struct PushService {
     /// Broadcasts, kept in the same store.
     broadcasts: Option<Arc<broadcast::Broadcasts>>,
     metrics: Arc<Metrics>,
-    /// Where the spans of pushes go (off unless [`PushService::with_telemetry`]).
-    telemetry: Telemetry,
 }
 
 impl std::fmt::Debug for PushService {
@@ -255,19 +253,18 @@ impl PushService {
             broadcasts: None,
             settings,
             metrics,
-            telemetry: Telemetry::off(),
         }
     }
 
     /// Records the spans of pushes (`crate::telemetry`).
     pub fn with_telemetry(mut self, telemetry: Telemetry) -> Self {
-        self.forward.telemetry = telemetry.clone();
-        self.telemetry = telemetry;
+        self.forward.telemetry = telemetry;
         self
     }
 
+    /// Where the spans of pushes go (off unless [`PushService::with_telemetry`]).
     pub fn telemetry(&self) -> &Telemetry {
-        &self.telemetry
+        &self.forward.telemetry
     }
 
     /// Keeps pushes with a TTL in `store` and drains them on the shards this pod

@@ -24,6 +24,7 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
+use opentelemetry::trace::SpanKind;
 use opentelemetry::KeyValue;
 use sha2::{Digest, Sha256};
 use tracing::{debug, warn};
@@ -40,7 +41,6 @@ use crate::pos::manager::{Lookup, TerminalLink};
 use crate::pos::push::{self as pos_push, Answered, PushFailure};
 use crate::pos::wire::{PosPush, Receipt};
 use crate::serving::Grant;
-use crate::telemetry::Kind;
 
 /// How often a push re-checks while the shard's terminal list loads.
 const LOADING_POLL: Duration = Duration::from_millis(10);
@@ -184,8 +184,8 @@ impl PushService {
                 trace: hop.as_ref(),
             };
             let sent = pos_push::send(&mut sender, wire, remaining).await;
-            self.telemetry
-                .record("terminal", Kind::Client, hop.as_ref(), started, || {
+            self.telemetry()
+                .record("terminal", SpanKind::Client, hop.as_ref(), started, || {
                     let status = match &sent {
                         Ok(Answered::Accepted { status, .. } | Answered::Refused { status }) => {
                             i64::from(status.as_u16())

@@ -199,22 +199,13 @@ fn by_kind_name(objects: Vec<Value>) -> BTreeMap<String, Value> {
 #[test]
 fn chart_defaults_render_the_kustomize_base() {
     let Some(helm) = helm() else { return };
-    let Some(kubectl) = crate::support::tools::require(
-        tool("KUBECTL", "kubectl", &["version", "--client"]),
-        "kubectl",
-        "the chart not compared with the kustomize base",
-        "scripts/install-kubectl installs it",
-    ) else {
+    let Some(kubectl) = kubectl("the chart not compared with the kustomize base") else {
         return;
     };
     let kustomize = |dir: &str| {
-        let out = Command::new(&kubectl)
-            .arg("kustomize")
-            .arg(root().join(dir))
-            .output()
-            .expect("run kubectl kustomize");
-        assert!(out.status.success(), "kubectl kustomize {dir}: {out:?}");
-        yaml_objects(&String::from_utf8(out.stdout).expect("UTF-8"))
+        let rendered = kustomize(&kubectl, &root().join(dir))
+            .unwrap_or_else(|e| panic!("kubectl kustomize {dir}: {e}"));
+        yaml_objects(&rendered)
     };
     let mut base = by_kind_name(kustomize("k8s/base"));
     base.extend(by_kind_name(kustomize("k8s/init")));

@@ -375,6 +375,29 @@ fn pipe(command: &mut Command, input: &str) -> Result<String, String> {
     }
 }
 
+/// `kubectl` (or `$KUBECTL`), required under CI; `unchecked` says what a skip leaves out.
+fn kubectl(unchecked: &str) -> Option<String> {
+    crate::support::tools::require(
+        tool("KUBECTL", "kubectl", &["version", "--client"]),
+        "kubectl",
+        unchecked,
+        "scripts/install-kubectl installs it; set KUBECTL to use another binary",
+    )
+}
+
+/// `kubectl kustomize DIR`: the rendering, or what kubectl said.
+fn kustomize(kubectl: &str, dir: &Path) -> Result<String, String> {
+    let out = Command::new(kubectl)
+        .arg("kustomize")
+        .arg(dir)
+        .output()
+        .expect("run kubectl kustomize");
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    Ok(String::from_utf8(out.stdout).expect("rendered YAML is UTF-8"))
+}
+
 /// `kubernetes-validate`, required like kubectl (`scripts/test` installs it).
 fn kubernetes_validate() -> Option<String> {
     crate::support::tools::require(

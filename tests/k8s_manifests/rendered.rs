@@ -68,16 +68,7 @@ fn is_component(dir: &Path) -> bool {
 
 /// Resources (`Kind/name`) a component adds, from its own rendering.
 fn rendered_kinds(kubectl: &str, dir: &Path) -> Result<Vec<String>, String> {
-    let out = Command::new(kubectl)
-        .arg("kustomize")
-        .arg(dir)
-        .output()
-        .expect("run kubectl kustomize");
-    if !out.status.success() {
-        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
-    }
-    let rendered = String::from_utf8(out.stdout).expect("rendered YAML is UTF-8");
-    Ok(docs(&rendered)
+    Ok(docs(&kustomize(kubectl, dir)?)
         .iter()
         .map(|d| {
             let (kind, name) = doc_kind_name(d);
@@ -223,13 +214,7 @@ fn every_kustomization_renders() {
         "k8s/base has no kustomization"
     );
     let unchecked = format!("{} kustomizations not rendered", dirs.len());
-    let install = "scripts/install-kubectl installs it; set KUBECTL to use another binary";
-    let Some(kubectl) = crate::support::tools::require(
-        tool("KUBECTL", "kubectl", &["version", "--client"]),
-        "kubectl",
-        &unchecked,
-        install,
-    ) else {
+    let Some(kubectl) = kubectl(&unchecked) else {
         return;
     };
     let validator = kubernetes_validate();
@@ -241,20 +226,14 @@ fn every_kustomization_renders() {
     );
     let mut problems = Vec::new();
     for dir in &dirs {
-        let out = Command::new(&kubectl)
-            .arg("kustomize")
-            .arg(dir)
-            .output()
-            .expect("run kubectl kustomize");
         let source = format!("kubectl kustomize {}", rel(dir));
-        if !out.status.success() {
-            problems.push(format!(
-                "{source} failed:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            ));
-            continue;
-        }
-        let rendered = String::from_utf8(out.stdout).expect("rendered YAML is UTF-8");
+        let rendered = match kustomize(&kubectl, dir) {
+            Ok(rendered) => rendered,
+            Err(e) => {
+                problems.push(format!("{source} failed:\n{e}"));
+                continue;
+            }
+        };
         problems.extend(var_problems(&source, &rendered, &allowed));
         if let Some(validator) = &validator {
             problems.extend(schema_problems(validator, &source, &rendered));
