@@ -289,9 +289,9 @@ fn simulate_runs_seeds_and_reports_rates() {
     refused(&["simulate", "--seed", "1", "--seeds", "5"], &[], "error: ");
 }
 
-/// The README's flag table documents exactly the flags `posgate serve` has.
+/// The reference's flag table (docs/reference.md) documents exactly the flags `posgate serve` has.
 #[test]
-fn readme_flag_table_matches_serve_help() {
+fn reference_flag_table_matches_serve_help() {
     let out = posgate(&["serve", "--help"], &[]);
     let help = String::from_utf8(out.stdout).unwrap();
     let flags_in = |text: &str, line_start: &str| -> std::collections::BTreeSet<String> {
@@ -314,12 +314,12 @@ fn readme_flag_table_matches_serve_help() {
             })
             .collect()
     };
-    let mut documented = flags_in(include_str!("../README.md"), "|");
+    let mut documented = flags_in(include_str!("../docs/reference.md"), "|");
     let mut actual = flags_in(&help, "--");
     actual.remove("--help");
     documented.remove("--help");
     assert_eq!(
         documented, actual,
-        "README flag table vs `posgate serve --help`"
+        "docs/reference.md flag table vs `posgate serve --help`"
     );
 }

@@ -1,7 +1,7 @@
 //! `docs/openapi.yaml` stays in sync with the code: every public error code and status
 //! the push API can answer is documented, the documented routes exist, and nothing
 //! documented is missing from the code (internal codes stay out of the document); the
-//! README's status table lists exactly the public codes, each with its real status.
+//! docs/reference.md's status table lists exactly the public codes, each with its real status.
 
 use posgate::push::answer::{ErrorCode, ALL_ERROR_CODES};
 
@@ -91,10 +91,10 @@ fn documented_routes_are_the_public_routes() {
 }
 
 #[test]
-fn the_readme_status_table_lists_every_public_code_with_its_status() {
-    let readme = include_str!("../README.md");
+fn the_reference_status_table_lists_every_public_code_with_its_status() {
+    let reference = include_str!("../docs/reference.md");
     // Rows like "| 503 | `overloaded` | ...".
-    let rows: Vec<(u16, &str)> = readme
+    let rows: Vec<(u16, &str)> = reference
         .lines()
         .filter_map(|l| {
             let mut cells = l.split('|').map(str::trim).skip(1);
@@ -108,6 +108,6 @@ fn the_readme_status_table_lists_every_public_code_with_its_status() {
         .collect();
     assert_eq!(
         rows, expected,
-        "README status table vs ErrorCode (order included)"
+        "docs/reference.md status table vs ErrorCode (order included)"
     );
 }
