@@ -12,6 +12,12 @@ use posgate_loadtest::pos_sim::FaultConfig;
 use serde_json::Value;
 
 use crate::support::binary::posgate;
+use crate::support::redis_server::free_port;
+use crate::support::tls::TestPki;
+
+/// The example terminal of `posgate-terminal`, compiled into this test.
+#[path = "../terminal/examples/terminal.rs"]
+mod example_terminal;
 use crate::support::farm::{self, Farm};
 
 /// `posgate conformance --json` against terminal `index` of `farm`: exit code, and the
@@ -36,6 +42,12 @@ async fn run(farm: &Farm, index: usize, server_name: Option<&str>) -> (i32, Vec<
     })
     .await
     .unwrap();
+    results(&out)
+}
+
+/// The exit code of a `posgate conformance --json` run, and the ids of its checks with
+/// their results.
+fn results(out: &std::process::Output) -> (i32, Vec<(String, String)>) {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let report: Value = serde_json::from_str(&stdout)
         .unwrap_or_else(|e| panic!("{e}: {stdout}{}", String::from_utf8_lossy(&out.stderr)));
@@ -140,4 +152,84 @@ async fn the_simulator_conforms_and_each_breakage_fails_its_checks() {
         "{checks:?}"
     );
     assert_eq!(code, 1);
+}
+
+/// The example terminal of the `posgate-terminal` library (`terminal/examples/terminal.rs`,
+/// its `run`, in this process) conforms, with mutual TLS on: `posgate conformance`, a
+/// process, passes every check with the pods' client certificate, and a kit without one
+/// gets no session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_terminal_librarys_example_conforms() {
+    let pki = TestPki::generate();
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let path = |name| pki.path(name).to_str().unwrap().to_string();
+    let args = vec![
+        "pos-lib-1".to_string(),
+        addr.clone(),
+        path("server"),
+        path("server-key"),
+        path("ca"),
+    ];
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let terminal = tokio::spawn(async move { example_terminal::run(&args, stopped).await });
+    while tokio::net::TcpStream::connect(&addr).await.is_err() {
+        assert!(
+            !terminal.is_finished(),
+            "the example terminal ended: {:?}",
+            terminal.await
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let kit = |client_cert: bool| {
+        let mut args = vec![
+            "conformance",
+            "--json",
+            "--addr",
+            &addr,
+            "--terminal-id",
+            "pos-lib-1",
+            "--server-name",
+            "localhost",
+        ]
+        .into_iter()
+        .map(str::to_string)
+        .collect::<Vec<_>>();
+        args.extend(["--ca".into(), path("ca")]);
+        if client_cert {
+            args.extend([
+                "--client-cert".into(),
+                path("client"),
+                "--client-key".into(),
+                path("client-key"),
+            ]);
+        }
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            posgate(&args, &[])
+        })
+    };
+    let out = kit(true).await.unwrap();
+    let (code, checks) = results(&out);
+    eprintln!("[conformance] example terminal: {checks:?}");
+    assert_eq!(checks.len(), ALL.len());
+    assert_eq!(with(&checks, "pass").len(), checks.len(), "{checks:?}");
+    assert_eq!(code, 0);
+
+    // Without a client certificate the terminal ends the handshake: under TLS 1.3 the
+    // kit learns it only at its first request, so `hello-accepted` is what fails.
+    let (code, checks) = results(&kit(false).await.unwrap());
+    let failed = with(&checks, "fail");
+    assert!(
+        failed == BTreeSet::from(["tls-h2".to_string()])
+            || failed == BTreeSet::from(["hello-accepted".to_string()]),
+        "{checks:?}"
+    );
+    assert!(
+        with(&checks, "pass").iter().all(|id| id == "tls-h2"),
+        "{checks:?}"
+    );
+    assert_eq!(code, 1);
+    stop.send(()).unwrap();
+    terminal.await.unwrap().unwrap();
 }
