@@ -1,8 +1,8 @@
 //! The wire of `docs/pos-protocol.md` as a terminal sees it: the header names (§2), the
 //! checks of a hello's and a push's headers (§4 and §5, step 1) and the answers.
 //!
-//! Not for: the fence, session and key decisions ([`crate::state`]), or serving
-//! connections ([`crate::server`]).
+//! Not for: the fence, session and key decisions ([`crate::Terminal`]), or serving
+//! connections ([`crate::Server`]).
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
