@@ -68,9 +68,9 @@ use posgate::pos::wire::PosPush;
 use posgate::store::directory::{DirectoryAdmin, MemoryDirectory, Terminal};
 use posgate::store::memory::MemoryStore;
 use posgate::store::redis::RedisStore;
-use posgate_loadtest::dist::dist;
 use posgate_loadtest::load::redis::RedisServer;
-use posgate_loadtest::pos_sim::{FarmConfig, FaultConfig, PosFarm};
+use posgate_pos_sim::dist::dist;
+use posgate_pos_sim::{FarmConfig, FaultConfig, PosFarm};
 
 type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
 

@@ -8,7 +8,7 @@
 use std::collections::BTreeSet;
 
 use posgate::pos::conformance::{Level, ALL, PROMPT};
-use posgate_loadtest::pos_sim::FaultConfig;
+use posgate_pos_sim::FaultConfig;
 use serde_json::Value;
 
 use crate::support::binary::posgate;

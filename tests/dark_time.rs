@@ -25,7 +25,7 @@ use posgate::core::shard::shard_of;
 use posgate::core::{Epoch, PodId, ShardId};
 use posgate::metrics::Exposition;
 use posgate_loadtest::load::unix_ms;
-use posgate_loadtest::pos_sim::DarkInterval;
+use posgate_pos_sim::DarkInterval;
 
 use crate::support::api::scraped;
 use crate::support::farm::{self, connect_limit};
@@ -177,7 +177,7 @@ impl Step {
             .filter(|id| is_moved(id))
             .collect();
         let went_dark: BTreeSet<&str> = of_moved.iter().map(|i| i.terminal.as_str()).collect();
-        let ms = posgate_loadtest::dist::dist(of_moved.iter().map(|i| i.ms()).collect());
+        let ms = posgate_pos_sim::dist::dist(of_moved.iter().map(|i| i.ms()).collect());
         let raw = gw.farm.counters().raw_overlaps - self.raw_overlaps;
         eprintln!(
             "[{test}] {what}: rebalanced, every terminal current, after {:.3} s; {} shards \

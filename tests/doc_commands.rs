@@ -232,7 +232,12 @@ fn loadtest_args(bin: &str, words: &[String]) -> Result<(), String> {
 }
 
 fn cargo_command(words: &[String]) -> Result<(), String> {
-    let members = ["posgate", "posgate-loadtest"];
+    let members = [
+        "posgate",
+        "posgate-terminal",
+        "posgate-pos-sim",
+        "posgate-loadtest",
+    ];
     let mut it = words.iter().skip(1);
     while let Some(w) = it.next() {
         match w.as_str() {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use posgate::core::shard::shard_of;
 use posgate::core::ShardId;
-use posgate_loadtest::pos_sim::FaultConfig;
+use posgate_pos_sim::FaultConfig;
 use serde_json::Value;
 
 use crate::support::binary::{request, terminal_pod, BinPod, API_TOKEN};

@@ -7,7 +7,7 @@ use posgate::pos::backoff::BackoffPolicy;
 use posgate::pos::manager::ManagerConfig;
 use posgate::store::directory::DirectoryAdmin;
 use posgate::store::redis::RedisStore;
-use posgate_loadtest::pos_sim::FaultConfig;
+use posgate_pos_sim::FaultConfig;
 
 use crate::support::farm::{self, connect_limit, import, Farm};
 use crate::support::pod::{self, SHARDS};

@@ -135,7 +135,7 @@ async fn one_slow_terminal_does_not_hold_the_others_past_their_deadline() {
     let ids = c.ids();
     let slow = ids[0].clone();
     c.farm
-        .set_faults(posgate_loadtest::pos_sim::FaultConfig {
+        .set_faults(posgate_pos_sim::FaultConfig {
             answer_delay_ms: 5_000,
             slow_terminals: vec![slow.clone()],
             ..Default::default()

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use http::StatusCode;
 use posgate::push::PushSettings;
-use posgate_loadtest::pos_sim::FaultConfig;
+use posgate_pos_sim::FaultConfig;
 
 use super::{pod_config, Cluster, ACME};
 use crate::support::api::{self, client, get};

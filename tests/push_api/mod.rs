@@ -38,7 +38,7 @@ use posgate::credentials::ApiTokens;
 use posgate::pod::PodHandle;
 use posgate::push::PushSettings;
 use posgate::store::directory::Terminal;
-use posgate_loadtest::pos_sim::FarmConfig;
+use posgate_pos_sim::FarmConfig;
 use serde_json::Value;
 
 use crate::support::api::Push;

@@ -10,7 +10,7 @@ use futures::StreamExt;
 use http::{Request, StatusCode};
 use http_body_util::Full;
 use posgate::push::PushSettings;
-use posgate_loadtest::pos_sim::FaultConfig;
+use posgate_pos_sim::FaultConfig;
 use serde_json::Value;
 
 use super::{Cluster, ACME};
@@ -49,12 +49,32 @@ fn taken(c: &Cluster, terminal: &str) -> Vec<String> {
         .collect()
 }
 
-fn offline(c: &Cluster, terminals: &[String]) {
+/// Takes `terminals` offline (every other back online) and waits until their owners see
+/// them without a session: a push sent before that may leave on a connection the farm is
+/// still tearing down, and rightly end `unknown` (a copy may have arrived) instead of
+/// waiting for the terminal.
+async fn offline(c: &Cluster, http: &Http, terminals: &[String]) {
     let faults = FaultConfig {
         offline_terminals: terminals.to_vec(),
         ..FaultConfig::default()
     };
     c.farm.set_faults(faults).unwrap();
+    for t in terminals {
+        let url = format!("{}/v1/terminals/{t}", c.urls[0]);
+        let mut connected = true;
+        for _ in 0..200 {
+            let (_, view) = call(http, "GET", &url).await;
+            connected = view["connected"] != false;
+            if !connected {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(
+            !connected,
+            "{t} still has a session 10 s after it went offline"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -64,7 +84,7 @@ async fn pushes_wait_for_offline_terminals_and_arrive_in_order_after_their_hello
     let c = Cluster::start(3, 400, &[], PushSettings::default()).await;
     let http = client();
     let down: Vec<String> = c.ids()[..DOWN].to_vec();
-    offline(&c, &down);
+    offline(&c, &http, &down).await;
     // Sent through every pod in turn: most are forwarded to the owner, which stores them
     // and, its terminal backing off, answers at once.
     let started = Instant::now();
@@ -113,7 +133,7 @@ async fn pushes_wait_for_offline_terminals_and_arrive_in_order_after_their_hello
 
     // The terminals come back: each gets its five, in acceptance order, soon after its
     // session is up again.
-    offline(&c, &[]);
+    offline(&c, &http, &[]).await;
     wait_for(
         "every queued push delivered",
         Duration::from_secs(90),
@@ -178,7 +198,7 @@ async fn an_expired_push_is_never_sent_and_collapse_keys_and_cancels_keep_only_t
     let c = Cluster::start(2, 20, &[], PushSettings::default()).await;
     let http = client();
     let t = c.ids()[0].clone();
-    offline(&c, std::slice::from_ref(&t));
+    offline(&c, &http, std::slice::from_ref(&t)).await;
     let queued = |key: &'static str, query: &'static str| later(key, query);
     let send = |p: Push<'static>| {
         let (http, base, t) = (&http, c.urls[1].clone(), t.clone());
@@ -221,7 +241,7 @@ async fn an_expired_push_is_never_sent_and_collapse_keys_and_cancels_keep_only_t
 
     // The short one expires while the terminal is down; then it comes back.
     tokio::time::sleep(Duration::from_secs(4)).await;
-    offline(&c, &[]);
+    offline(&c, &http, &[]).await;
     wait_for("menu-3 delivered", Duration::from_secs(60), || {
         taken(&c, &t).contains(&"menu-3".to_string())
     })
@@ -286,7 +306,7 @@ async fn an_expired_push_is_never_sent_and_collapse_keys_and_cancels_keep_only_t
 
     // Redis loses its data (a restart without persistence): a push it held is `lost` to
     // a caller naming the generation its 202 named, and it never reaches the terminal.
-    offline(&c, std::slice::from_ref(&t));
+    offline(&c, &http, std::slice::from_ref(&t)).await;
     let (status, _, body) = send(queued("wiped", "?ttl_s=600&timeout_ms=200")).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     let generation = body["generation"].as_str().unwrap().to_string();
@@ -309,7 +329,7 @@ async fn an_expired_push_is_never_sent_and_collapse_keys_and_cancels_keep_only_t
         (StatusCode::NOT_FOUND, &"unknown_push".into()),
         "{body}"
     );
-    offline(&c, &[]);
+    offline(&c, &http, &[]).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(!taken(&c, &t).contains(&"wiped".to_string()));
 }

@@ -10,7 +10,7 @@ use http::{Request, StatusCode};
 use http_body_util::Full;
 use posgate::core::shard::shard_of;
 use posgate::push::PushSettings;
-use posgate_loadtest::pos_sim::FaultConfig;
+use posgate_pos_sim::FaultConfig;
 
 use super::{acme, error_of, Cluster, ACME, BANK, OPERATOR};
 use crate::support::api::{self, client, get, push, send, Http, Push};

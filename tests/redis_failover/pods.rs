@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 use posgate_loadtest::load::unix_ms;
-use posgate_loadtest::pos_sim::FarmCounters;
+use posgate_pos_sim::FarmCounters;
 
 use crate::support::farm;
 use crate::support::gateway::{moved, open_loop, sent_between, summary, Gateway};

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use posgate::config::PosSettings;
 use posgate_loadtest::load::pushgen::PushRecord;
 use posgate_loadtest::load::unix_ms;
-use posgate_loadtest::pos_sim::FarmCounters;
+use posgate_pos_sim::FarmCounters;
 
 use super::{assert_no_key_twice, fast, RATE, TERMINALS};
 use crate::support::farm::{self, Farm};

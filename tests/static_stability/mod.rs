@@ -28,7 +28,7 @@ mod pause_then_outage;
 use posgate::core::CoreConfig;
 use posgate_loadtest::load::pods::TENANT;
 use posgate_loadtest::load::pushgen::PushRecord;
-use posgate_loadtest::pos_sim::Duplicate;
+use posgate_pos_sim::Duplicate;
 
 use crate::support::farm::Farm;
 

@@ -22,7 +22,7 @@ use posgate::core::{PodId, ShardId};
 use posgate::pod::PodHandle;
 use posgate::store::redis::RedisStore;
 use posgate::store::CoordStore;
-use posgate_loadtest::pos_sim::FaultConfig;
+use posgate_pos_sim::FaultConfig;
 use serde_json::Value;
 use tokio::task::JoinHandle;
 

@@ -15,7 +15,7 @@ use posgate::core::{CoreConfig, ShardId};
 use posgate::pod::PodHandle;
 use posgate::store::directory::{DirectoryAdmin, Terminal};
 use posgate::store::redis::RedisStore;
-use posgate_loadtest::pos_sim::{FarmConfig, PosFarm};
+use posgate_pos_sim::{FarmConfig, PosFarm};
 
 use super::pod::{store_options, CLUSTER, SHARDS};
 use super::RedisServer;

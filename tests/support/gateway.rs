@@ -21,7 +21,7 @@ use posgate::pod::PodHandle;
 use posgate_loadtest::load::push_summary::{summarize, PushSummary};
 use posgate_loadtest::load::pushgen::{PushGen, PushPlan, PushRecord, Targets};
 use posgate_loadtest::load::{http, unix_ms};
-use posgate_loadtest::pos_sim::FarmConfig;
+use posgate_pos_sim::FarmConfig;
 
 use super::cluster::Sampler;
 use super::farm::{connect_limit, Farm};

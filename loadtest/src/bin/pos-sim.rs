@@ -9,7 +9,7 @@ use std::{net::Ipv4Addr, net::SocketAddr, ops::Range, path::PathBuf, time::Durat
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use posgate_loadtest::pos_sim::{DedupWindow, FarmConfig, Naming, PosFarm};
+use posgate_pos_sim::{DedupWindow, FarmConfig, Naming, PosFarm};
 use tracing::info;
 use tracing_subscriber::EnvFilter;
 

@@ -31,10 +31,7 @@ use std::{error::Error, path::PathBuf, sync::Arc, time::Duration};
 use clap::Parser;
 use http_body_util::Empty;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use posgate_loadtest::{
-    load::{analysis, calibrate, floor, procs},
-    pos_sim,
-};
+use posgate_loadtest::load::{analysis, calibrate, floor, procs};
 use rustls::pki_types::ServerName;
 use tokio::{
     io::{AsyncBufReadExt, BufReader},
@@ -162,9 +159,9 @@ async fn dialer(args: &Args, k: usize) -> Fallible<()> {
                 return Err(format!("terminal {i}: not a DNS name").into());
             };
             let request = http::Request::post(format!("https://{}/hello", host.as_ref()))
-                .header(pos_sim::H_EPOCH, 1)
-                .header(pos_sim::H_POD, pod)
-                .header(pos_sim::H_TERMINAL, terminal.id.as_str())
+                .header("posgate-epoch", 1)
+                .header("posgate-pod", pod)
+                .header("posgate-terminal", terminal.id.as_str())
                 .body(Empty::<bytes::Bytes>::new())?;
             let answer = send.send_request(request).await?;
             if !answer.status().is_success() {

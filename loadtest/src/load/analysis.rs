@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde::Serialize;
 
 use super::{floor::Floor, observe::Owners, pushgen::PushRecord, sims::TerminalView};
-use crate::dist::dist;
+use posgate_pos_sim::dist::dist;
 
 /// Per shard, how many times its owner pod changed across the observations (in order),
 /// ignoring gaps where it had no owner.

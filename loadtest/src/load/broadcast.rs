@@ -19,7 +19,7 @@ use super::http::exchange;
 use super::pods::{import_directory, TOKEN};
 use super::pushgen::PushRecord;
 use super::{unix_ms, LoadError};
-use crate::dist::{dist, Dist};
+use posgate_pos_sim::dist::{dist, Dist};
 
 /// The label every terminal gets, and the selector of the broadcast.
 const LABEL: &str = "fleet=all";

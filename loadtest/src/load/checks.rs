@@ -18,7 +18,7 @@ use super::{
     scenarios::Scenario,
     upgrade, LoadError,
 };
-use crate::pos_sim::{Refusal, Refusals};
+use posgate_pos_sim::{Refusal, Refusals};
 
 /// Handover gaps and the stale-epoch check, from the per-pod samples and the simulators'
 /// refusal log (cut to this scenario's window).

@@ -15,9 +15,9 @@ use std::collections::HashSet;
 use serde::Serialize;
 
 use super::{report::ScenarioReport, scenarios::Scenario};
-use crate::{
+use posgate_pos_sim::{
     dist::{dist, Dist},
-    pos_sim::DarkIntervals,
+    DarkIntervals,
 };
 
 /// Issue 15's target for a planned move: p99 dark time per moved terminal, ms.
@@ -135,7 +135,7 @@ pub fn check(r: &mut ScenarioReport, sc: Scenario) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pos_sim::DarkInterval;
+    use posgate_pos_sim::DarkInterval;
 
     fn interval(terminal: &str, start_unix_ms: u64, end_unix_ms: u64) -> DarkInterval {
         DarkInterval {

@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::Serialize;
 
-use crate::pos_sim::Duplicate;
+use posgate_pos_sim::Duplicate;
 
 /// A copy pos-sim saw up to this long after the kill signal still came from the killed
 /// pod: it sent it before it died, and the terminal read it a little later (loopback,
@@ -168,7 +168,7 @@ pub fn summarize(log: &[Duplicate], keys: u64, evidence: &Evidence) -> Duplicate
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pos_sim::Delivery;
+    use posgate_pos_sim::Delivery;
 
     fn dup(key: &str, copy: u32, first: (&str, u64), second: (&str, u64)) -> Duplicate {
         let at = |(pod, at_unix_ms): (&str, u64)| Delivery {

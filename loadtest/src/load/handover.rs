@@ -11,9 +11,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use serde::Serialize;
 
 use super::observe::Sample;
-use crate::{
+use posgate_pos_sim::{
     dist::{dist, Dist},
-    pos_sim::Refusal,
+    Refusal,
 };
 
 /// One owner change of one shard.

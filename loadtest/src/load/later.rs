@@ -31,9 +31,9 @@ use super::{
     report::ScenarioReport,
     sims::TerminalView,
 };
-use crate::{
+use posgate_pos_sim::{
     dist::{dist, Dist},
-    pos_sim::FaultConfig,
+    FaultConfig,
 };
 
 /// `?ttl_s=` of every push with a TTL the harness sends: far beyond any scenario, so a

@@ -34,7 +34,7 @@ use super::{
     sims::Counters,
     unix_ms, upgrade, LoadError,
 };
-use crate::{dist::dist, pos_sim::Duplicate};
+use posgate_pos_sim::{dist::dist, Duplicate};
 
 /// Most terminals whose reports are fetched for gaps in one scenario.
 const GAP_SAMPLE: usize = 5_000;

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::pushgen::{Attempt, PushRecord};
-use crate::dist::{dist, Dist};
+use posgate_pos_sim::dist::{dist, Dist};
 
 /// Pushes sent during a scenario and their outcomes. A push is one idempotency key; its
 /// attempts are the first send and the sender's retries (`pushgen`).

@@ -30,7 +30,7 @@ use super::{
     pods::TOKEN,
     unix_ms,
 };
-use crate::pos_sim::FaultConfig;
+use posgate_pos_sim::FaultConfig;
 
 /// Pods pushes may be sent to now: `(pod id, base URL)`. Like a Service's endpoints, the
 /// harness removes a pod before it stops, kills or pauses it.

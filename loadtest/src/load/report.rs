@@ -22,7 +22,7 @@ use super::{
     redis::CommandStats,
     upgrade::{self, UpgradeReport},
 };
-use crate::dist::Dist;
+use posgate_pos_sim::dist::Dist;
 
 /// One pass/fail line: `gate` lines decide the exit code, the others are the issue's
 /// targets, reported but not enforced.
@@ -453,7 +453,7 @@ mod tests {
             md.contains("| 0/0/0 | - | - | 0 | 0 |"),
             "no handover, no dark interval: dashes, not zeros; then the overlaps"
         );
-        r.dark.per_interval_ms = crate::dist::dist(vec![5, 7]);
+        r.dark.per_interval_ms = posgate_pos_sim::dist::dist(vec![5, 7]);
         let md = markdown("# run", std::slice::from_ref(&r));
         assert!(md.contains("| - | 5/7/7 (2) | 0 | 0 |"), "{md}");
         assert!(md.contains("\n- dark time per moved terminal "), "{md}");

@@ -15,7 +15,7 @@ use super::{
     upgrade::{self, Step, UpgradeTrace},
     LoadError,
 };
-use crate::pos_sim::FaultConfig;
+use posgate_pos_sim::FaultConfig;
 
 /// One scenario of the harness.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

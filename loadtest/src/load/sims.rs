@@ -14,9 +14,9 @@ use std::{
 use serde::Deserialize;
 use tokio::{process::Command, sync::Semaphore, task::JoinSet};
 
-use crate::{
+use posgate_pos_sim::{
     dist::dist,
-    pos_sim::{DarkIntervals, Duplicates, FaultConfig, Refusals},
+    {DarkIntervals, Duplicates, FaultConfig, Refusals},
 };
 
 use super::{
@@ -212,7 +212,7 @@ impl SimFarm {
     }
 
     /// Stale-epoch refusals of every simulator (each keeps its newest
-    /// [`crate::pos_sim::LOG_KEPT`]), merged oldest first; `dropped` is summed.
+    /// [`posgate_pos_sim::LOG_KEPT`]), merged oldest first; `dropped` is summed.
     pub async fn refusals(&self) -> Result<Refusals, LoadError> {
         let mut all = Refusals::default();
         for sim in &self.sims {
@@ -227,7 +227,7 @@ impl SimFarm {
     }
 
     /// Duplicate deliveries of every simulator (each keeps its newest
-    /// [`crate::pos_sim::LOG_KEPT`]), merged oldest first; `dropped` is summed.
+    /// [`posgate_pos_sim::LOG_KEPT`]), merged oldest first; `dropped` is summed.
     pub async fn duplicates(&self) -> Result<Duplicates, LoadError> {
         let mut all = Duplicates::default();
         for sim in &self.sims {
@@ -242,7 +242,7 @@ impl SimFarm {
     }
 
     /// Dark intervals of every simulator that ended at or after `since` (each keeps its
-    /// newest [`crate::pos_sim::DARK_KEPT`]), merged in the order they ended, summarised
+    /// newest [`posgate_pos_sim::DARK_KEPT`]), merged in the order they ended, summarised
     /// again; `dropped` and the gauges are summed, `incomplete` if any one is.
     pub async fn dark_intervals(&self, since: u64) -> Result<DarkIntervals, LoadError> {
         let mut all = DarkIntervals {

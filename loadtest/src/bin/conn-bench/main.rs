@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use posgate_loadtest::pos_sim::{FarmConfig, PosFarm};
+use posgate_pos_sim::{FarmConfig, PosFarm};
 
 use crate::memory::Snapshot;
 use crate::process::{start_redis, stop, supports, wait_ready, wait_sessions, Dialed, Setup};

@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use posgate_loadtest::pos_sim::{FarmCounters, PosFarm};
+use posgate_pos_sim::{FarmCounters, PosFarm};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::cpu;

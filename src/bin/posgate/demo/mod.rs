@@ -40,7 +40,7 @@ use posgate::pos::tls::TlsFiles;
 use posgate::store::directory::{DirectoryAdmin, MemoryDirectory, Terminal};
 use posgate::store::memory::MemoryStore;
 use posgate::store::redis::{RedisOptions, RedisStore};
-use posgate_loadtest::pos_sim::{FarmConfig, FarmCounters, FaultConfig, PosFarm};
+use posgate_pos_sim::{FarmConfig, FarmCounters, FaultConfig, PosFarm};
 use tokio::task::JoinHandle;
 use tracing_subscriber::EnvFilter;
 

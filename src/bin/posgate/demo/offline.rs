@@ -16,7 +16,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use posgate_loadtest::pos_sim::{FaultConfig, PosFarm};
+use posgate_pos_sim::{FaultConfig, PosFarm};
 use serde_json::Value;
 
 /// How many terminals go offline.

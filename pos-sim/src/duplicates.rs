@@ -13,13 +13,33 @@ use serde::{Deserialize, Serialize};
 
 use super::bounded::BoundedLog;
 
-/// One accepted delivery of a key.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// One accepted delivery of a key (`posgate_terminal::Delivery`, serializable).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Delivery {
     /// The `posgate-pod` header of the push.
     pub pod: String,
     pub epoch: u64,
     pub at_unix_ms: u64,
+}
+
+impl From<posgate_terminal::Delivery> for Delivery {
+    fn from(d: posgate_terminal::Delivery) -> Self {
+        Delivery {
+            pod: d.pod,
+            epoch: d.epoch,
+            at_unix_ms: d.at_unix_ms,
+        }
+    }
+}
+
+impl From<Delivery> for posgate_terminal::Delivery {
+    fn from(d: Delivery) -> Self {
+        posgate_terminal::Delivery {
+            pod: d.pod,
+            epoch: d.epoch,
+            at_unix_ms: d.at_unix_ms,
+        }
+    }
 }
 
 /// A key accepted again.

@@ -1,11 +1,9 @@
 //! The hello and push rules of [`super::TerminalState`] and the dark intervals it hands
 //! over, without sockets.
 
-use std::{
-    net::SocketAddr,
-    sync::atomic::Ordering::Relaxed,
-    time::{Duration, Instant},
-};
+use std::{net::SocketAddr, sync::atomic::Ordering::Relaxed, time::Duration};
+
+use posgate_terminal::{DedupWindow, HelloOutcome};
 
 use tokio::sync::watch;
 
@@ -25,27 +23,36 @@ fn open(t: &mut TerminalState, id: ConnId, c: &Counters) -> watch::Receiver<Clos
 #[test]
 fn newer_hello_supersedes_only_sessions() {
     let (mut t, c) = (
-        TerminalState::new(DedupWindow::default()),
+        TerminalState::new("pos-1".into(), DedupWindow::default()),
         Counters::default(),
     );
     let a = open(&mut t, 1, &c);
     let bare = open(&mut t, 2, &c);
     let _b = open(&mut t, 3, &c);
     assert_eq!(c.raw_overlaps.load(Relaxed), 2);
-    assert_eq!(t.hello(1, 5, &c), HelloOutcome::Accepted { superseded: 0 });
-    assert_eq!(t.hello(3, 5, &c), HelloOutcome::Accepted { superseded: 1 });
+    assert_eq!(
+        t.hello(1, 5, &c),
+        HelloOutcome::Accepted {
+            superseded: vec![],
+            raised: true
+        }
+    );
+    assert_eq!(
+        t.hello(3, 5, &c),
+        HelloOutcome::Accepted {
+            superseded: vec![1],
+            raised: false
+        }
+    );
     assert_eq!(*a.borrow(), CloseCmd::Graceful);
     assert_eq!(*bare.borrow(), CloseCmd::Keep, "no hello, not a session");
     assert_eq!(t.hello(1, 6, &c), HelloOutcome::Closing);
     assert_eq!(t.hello(2, 4, &c), HelloOutcome::Stale { highest: 5 });
     assert_eq!(
-        t.push(1, 5, "p", "k", Instant::now(), &c),
+        t.push(1, 5, "p", "k", unix_ms(), &c),
         PushOutcome::NoSession
     );
-    assert_eq!(
-        t.push(3, 5, "p", "k", Instant::now(), &c),
-        PushOutcome::Accepted
-    );
+    assert_eq!(t.push(3, 5, "p", "k", unix_ms(), &c), PushOutcome::Accepted);
     assert_eq!(c.session_overlaps_open.load(Relaxed), 1);
     t.close(1, Duration::from_secs(1), &c);
     assert_eq!(c.session_overlaps_open.load(Relaxed), 0);
@@ -55,7 +62,7 @@ fn newer_hello_supersedes_only_sessions() {
 #[test]
 fn superseded_connection_open_past_threshold_is_an_overlap() {
     let (mut t, c) = (
-        TerminalState::new(DedupWindow::default()),
+        TerminalState::new("pos-1".into(), DedupWindow::default()),
         Counters::default(),
     );
     let _a = open(&mut t, 1, &c);
@@ -74,29 +81,26 @@ fn superseded_connection_open_past_threshold_is_an_overlap() {
 #[test]
 fn pushes_check_epoch_then_session_and_count_repeated_keys() {
     let (mut t, c) = (
-        TerminalState::new(DedupWindow::default()),
+        TerminalState::new("pos-1".into(), DedupWindow::default()),
         Counters::default(),
     );
     let _a = open(&mut t, 1, &c);
     assert_eq!(
-        t.push(1, 1, "p", "k", Instant::now(), &c),
+        t.push(1, 1, "p", "k", unix_ms(), &c),
         PushOutcome::NoSession
     );
     t.hello(1, 7, &c);
     assert_eq!(
-        t.push(1, 6, "p", "k", Instant::now(), &c),
+        t.push(1, 6, "p", "k", unix_ms(), &c),
         PushOutcome::Stale { highest: 7 }
     );
     assert_eq!(
-        t.push(1, 8, "p", "k", Instant::now(), &c),
+        t.push(1, 8, "p", "k", unix_ms(), &c),
         PushOutcome::NoSession
     );
-    assert_eq!(
-        t.push(1, 7, "a", "k", Instant::now(), &c),
-        PushOutcome::Accepted
-    );
+    assert_eq!(t.push(1, 7, "a", "k", unix_ms(), &c), PushOutcome::Accepted);
     for (copy, pod, previous) in [(2, "b", "a"), (3, "b", "b")] {
-        match t.push(1, 7, pod, "k", Instant::now(), &c) {
+        match t.push(1, 7, pod, "k", unix_ms(), &c) {
             PushOutcome::Repeated {
                 copy: n,
                 previous: p,
@@ -111,7 +115,7 @@ fn pushes_check_epoch_then_session_and_count_repeated_keys() {
         }
     }
     assert_eq!(
-        t.push(1, 7, "a", "other", Instant::now(), &c),
+        t.push(1, 7, "a", "other", unix_ms(), &c),
         PushOutcome::Accepted
     );
     assert_eq!(c.keys_delivered_twice.load(Relaxed), 1);
@@ -129,9 +133,12 @@ fn a_repeat_is_a_duplicate_within_the_window_and_the_fence_comes_first() {
         window: Duration::from_secs(600),
         capacity: 100,
     };
-    let (mut t, c) = (TerminalState::new(window), Counters::default());
+    let (mut t, c) = (
+        TerminalState::new("pos-1".into(), window),
+        Counters::default(),
+    );
     let (_a, _b) = (open(&mut t, 1, &c), open(&mut t, 2, &c));
-    let t0 = Instant::now();
+    let t0 = unix_ms();
     t.hello(1, 7, &c);
     assert_eq!(t.push(1, 7, "a", "k", t0, &c), PushOutcome::Accepted);
     // A newer owner's hello: the old owner's repeat is fenced (409), not a duplicate.
@@ -141,7 +148,7 @@ fn a_repeat_is_a_duplicate_within_the_window_and_the_fence_comes_first() {
         PushOutcome::Stale { highest: 8 }
     );
     // The newer owner's copy within the window is a duplicate of the old owner's.
-    let within = t0 + Duration::from_secs(599);
+    let within = t0 + 599_000;
     match t.push(2, 8, "b", "k", within, &c) {
         PushOutcome::Repeated { copy, previous, .. } => {
             assert_eq!((copy, previous.pod.as_str(), previous.epoch), (2, "a", 7));
@@ -149,7 +156,7 @@ fn a_repeat_is_a_duplicate_within_the_window_and_the_fence_comes_first() {
         other => panic!("expected a duplicate, got {other:?}"),
     }
     // Past the window the key is new again.
-    let after = t0 + Duration::from_secs(600);
+    let after = t0 + 600_000;
     assert_eq!(t.push(2, 8, "b", "k", after, &c), PushOutcome::Accepted);
     assert_eq!(c.duplicate_deliveries.load(Relaxed), 1);
 }
@@ -164,7 +171,7 @@ fn open_ending(t: &mut TerminalState, id: ConnId, c: &Counters) -> Option<Ended>
 #[test]
 fn a_dark_interval_runs_from_the_last_close_to_the_next_open() {
     let (mut t, c) = (
-        TerminalState::new(DedupWindow::default()),
+        TerminalState::new("pos-1".into(), DedupWindow::default()),
         Counters::default(),
     );
     assert_eq!(
@@ -203,7 +210,7 @@ fn a_dark_interval_runs_from_the_last_close_to_the_next_open() {
 #[test]
 fn overlapping_connections_leave_no_dark_time() {
     let (mut t, c) = (
-        TerminalState::new(DedupWindow::default()),
+        TerminalState::new("pos-1".into(), DedupWindow::default()),
         Counters::default(),
     );
     open_ending(&mut t, 1, &c);

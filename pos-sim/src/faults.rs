@@ -81,7 +81,7 @@ impl FaultConfig {
     }
 
     /// Whether terminal number `n` (id `id`) is offline under this configuration.
-    pub(crate) fn is_offline(&self, n: u64, id: &str) -> bool {
+    pub fn is_offline(&self, n: u64, id: &str) -> bool {
         selected(n, 0, self.offline_fraction) || self.offline_terminals.iter().any(|t| t == id)
     }
 }

@@ -7,12 +7,11 @@ mod common;
 use std::{net::SocketAddr, time::Duration};
 
 use bytes::Bytes;
-use common::{connect, connect_to, Conn};
+use common::{connect, connect_to, Conn, H_DUPLICATE, H_IDEMPOTENCY_KEY, H_STALE_EPOCH};
 use http::StatusCode;
 use http_body_util::{channel::Channel, BodyExt};
-use posgate_loadtest::pos_sim::{
+use posgate_pos_sim::{
     DarkIntervals, Duplicates, FarmConfig, FarmCounters, FaultConfig, PosFarm, Refusals,
-    H_DUPLICATE, H_IDEMPOTENCY_KEY, H_STALE_EPOCH,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

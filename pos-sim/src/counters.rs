@@ -136,6 +136,15 @@ impl Counters {
         counter.fetch_add(n, Relaxed);
     }
 
+    /// Moves a gauge that stood at `from` (for this caller's share) to `to`.
+    pub(crate) fn set_share(counter: &AtomicU64, from: u64, to: u64) {
+        if to >= from {
+            counter.fetch_add(to - from, Relaxed);
+        } else {
+            counter.fetch_sub(from - to, Relaxed);
+        }
+    }
+
     pub(crate) fn drop_one(counter: &AtomicU64) {
         counter.fetch_sub(1, Relaxed);
     }

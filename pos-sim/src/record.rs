@@ -1,29 +1,25 @@
-//! One terminal's state and bookkeeping: its open connections, the highest epoch it has
-//! seen, its current session, the idempotency keys it accepted within the dedup window
-//! (`dedup`, with the last delivery of each, so a repeat says who delivered the copy
-//! before it), since when it has been dark (no open connection, after it had one), and a
-//! short history.
+//! One terminal's state and bookkeeping: the protocol's state (its fence, sessions and
+//! taken keys, kept by `posgate-terminal`'s [`Terminal`], which makes every hello and
+//! push decision), its open connections with their close channels, since when it has
+//! been dark (no open connection, after it had one), its totals and a short history.
 //!
-//! This is the protocol's decision core (hello and push rules of `docs/pos-protocol.md`):
-//! pure functions of the state, called with the terminal's lock held, with no I/O and no
+//! Pure functions of the state, called with the terminal's lock held, with no I/O and no
 //! waiting. Closing a connection is only *requested* here, through its control channel;
 //! the connection task carries it out.
 
 use std::{
     collections::{BTreeMap, VecDeque},
     net::SocketAddr,
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant},
 };
 
+use posgate_terminal::{DedupWindow, HelloOutcome, PushOutcome as Decided, Terminal};
 use serde::Serialize;
 use tokio::sync::watch;
 
-use super::{
-    counters::Counters,
-    dark::Ended,
-    dedup::{DedupWindow, KeyMemory, Seen},
-    duplicates::Delivery,
-};
+pub(crate) use posgate_terminal::unix_ms;
+
+use super::{counters::Counters, dark::Ended, duplicates::Delivery};
 
 /// Identifies one accepted connection within the farm.
 pub(crate) type ConnId = u64;
@@ -41,39 +37,22 @@ pub(crate) enum CloseCmd {
     Abort,
 }
 
-#[derive(Debug, Clone, Copy)]
-enum Session {
-    None,
-    Current { epoch: u64 },
-    Superseded { epoch: u64, since: Instant },
-}
-
 #[derive(Debug)]
 struct OpenConn {
     peer: SocketAddr,
     opened_ms: u64,
-    session: Session,
+    /// The epoch of its accepted hello, and since when a newer session superseded it.
+    session: Option<(u64, Option<Instant>)>,
     ctl: watch::Sender<CloseCmd>,
 }
 
-/// Result of a hello.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum HelloOutcome {
-    /// 200; this many older sessions were asked to close.
-    Accepted { superseded: usize },
-    /// 409 with the highest epoch seen.
-    Stale { highest: u64 },
-    /// 421: this connection's session was superseded and the connection is closing.
-    Closing,
-}
-
-/// Result of a push.
+/// Result of a push, with who delivered what for the duplicate log.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum PushOutcome {
     /// 200: taken.
     Accepted,
-    /// 200 with the duplicate marker: the key was accepted within the window, so this
-    /// copy (number `copy`) is not taken again.
+    /// 200 with the duplicate marker: the key was taken within the window, so this copy
+    /// (number `copy`) is not taken again.
     Repeated {
         copy: u32,
         previous: Delivery,
@@ -156,22 +135,14 @@ pub struct TerminalReport {
 /// One terminal's mutable state.
 #[derive(Debug)]
 pub(crate) struct TerminalState {
-    highest_epoch: Option<u64>,
+    core: Terminal,
     open: BTreeMap<ConnId, OpenConn>,
     /// When the last open connection closed; `None` while one is open and before the
     /// first (a terminal never connected is not dark, it is not yet dialed).
     dark_since_ms: Option<u64>,
-    dedup: DedupWindow,
-    keys: KeyMemory,
     history: VecDeque<ConnEvent>,
     pushes: VecDeque<PushRecord>,
     stats: TerminalStats,
-}
-
-pub(crate) fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 fn push_bounded<T>(queue: &mut VecDeque<T>, item: T) {
@@ -182,14 +153,12 @@ fn push_bounded<T>(queue: &mut VecDeque<T>, item: T) {
 }
 
 impl TerminalState {
-    /// A terminal that has seen nothing yet and remembers keys as `dedup` says.
-    pub(crate) fn new(dedup: DedupWindow) -> Self {
+    /// Terminal `id`, which has seen nothing yet and remembers keys as `dedup` says.
+    pub(crate) fn new(id: String, dedup: DedupWindow) -> Self {
         TerminalState {
-            highest_epoch: None,
+            core: Terminal::new(id, dedup),
             open: BTreeMap::new(),
             dark_since_ms: None,
-            dedup,
-            keys: KeyMemory::default(),
             history: VecDeque::new(),
             pushes: VecDeque::new(),
             stats: TerminalStats::default(),
@@ -226,12 +195,13 @@ impl TerminalState {
                 end_unix_ms: opened_ms.max(since),
             }
         });
+        self.core.open(conn);
         self.open.insert(
             conn,
             OpenConn {
                 peer,
                 opened_ms,
-                session: Session::None,
+                session: None,
                 ctl,
             },
         );
@@ -250,6 +220,7 @@ impl TerminalState {
         let Some(entry) = self.open.remove(&conn) else {
             return;
         };
+        self.core.close(conn);
         Counters::bump(&c.connections_closed);
         Counters::drop_one(&c.connections_open);
         let closed_ms = unix_ms();
@@ -259,7 +230,7 @@ impl TerminalState {
             Counters::bump(&c.terminals_dark);
             self.dark_since_ms = Some(closed_ms);
         }
-        if let Session::Superseded { since, .. } = entry.session {
+        if let Some((_, Some(since))) = entry.session {
             Counters::drop_one(&c.session_overlaps_open);
             let overlap = since.elapsed();
             let ms = overlap.as_millis() as u64;
@@ -279,84 +250,98 @@ impl TerminalState {
         push_bounded(&mut self.history, event);
     }
 
-    /// Applies a hello: accept if the epoch is at least the highest seen, and ask every
-    /// other connection holding a current session to close.
+    /// Applies a hello (the rules are `posgate-terminal`'s) and asks every other
+    /// connection whose session it superseded to close.
     pub(crate) fn hello(&mut self, conn: ConnId, epoch: u64, c: &Counters) -> HelloOutcome {
-        if let Some(highest) = self.highest_epoch.filter(|&h| epoch < h) {
-            Counters::bump(&c.stale_hellos_refused);
-            self.stats.stale_hellos_refused += 1;
-            return HelloOutcome::Stale { highest };
-        }
-        match self.open.get(&conn).map(|e| e.session) {
-            Some(Session::Superseded { .. }) | None => return HelloOutcome::Closing,
-            Some(Session::None | Session::Current { .. }) => {}
-        }
-        self.highest_epoch = Some(epoch);
-        let now = Instant::now();
-        let mut superseded = 0;
-        for (&id, entry) in &mut self.open {
-            if id == conn {
-                entry.session = Session::Current { epoch };
-            } else if let Session::Current { epoch: old } = entry.session {
-                entry.session = Session::Superseded {
-                    epoch: old,
-                    since: now,
-                };
-                // The connection may already be gone (task ended); close() still runs.
-                let _ = entry.ctl.send(CloseCmd::Graceful);
-                superseded += 1;
+        let outcome = self.core.handle_hello(conn, epoch);
+        match &outcome {
+            HelloOutcome::Stale { .. } => {
+                Counters::bump(&c.stale_hellos_refused);
+                self.stats.stale_hellos_refused += 1;
+            }
+            HelloOutcome::Closing => {}
+            HelloOutcome::Accepted { superseded, .. } => {
+                if let Some(entry) = self.open.get_mut(&conn) {
+                    entry.session = Some((epoch, None));
+                }
+                let now = Instant::now();
+                for old in superseded {
+                    if let Some(entry) = self.open.get_mut(old) {
+                        if let Some((_, since)) = &mut entry.session {
+                            *since = Some(now);
+                        }
+                        // The connection may already be gone (task ended); close() still runs.
+                        let _ = entry.ctl.send(CloseCmd::Graceful);
+                    }
+                }
+                let n = superseded.len() as u64;
+                Counters::bump(&c.sessions_accepted);
+                Counters::add(&c.sessions_superseded, n);
+                Counters::add(&c.session_overlaps_open, n);
+                self.stats.sessions_accepted += 1;
             }
         }
-        Counters::bump(&c.sessions_accepted);
-        Counters::add(&c.sessions_superseded, superseded as u64);
-        Counters::add(&c.session_overlaps_open, superseded as u64);
-        self.stats.sessions_accepted += 1;
-        HelloOutcome::Accepted { superseded }
+        outcome
     }
 
-    /// Applies a push from `pod` at `now`: stale epochs first (the most useful answer for
-    /// the pod), then the connection must hold the current session of exactly this epoch,
-    /// then the key must not have been accepted within the dedup window.
+    /// Applies a push from `pod` with dedup `key` at `now_unix_ms` (the rules are
+    /// `posgate-terminal`'s: stale epoch, then session, then key) and takes it at once.
     pub(crate) fn push(
         &mut self,
         conn: ConnId,
         epoch: u64,
         pod: &str,
         key: &str,
-        now: Instant,
+        now_unix_ms: u64,
         c: &Counters,
     ) -> PushOutcome {
-        if let Some(highest) = self.highest_epoch.filter(|&h| epoch < h) {
-            Counters::bump(&c.stale_pushes_refused);
-            self.stats.stale_pushes_refused += 1;
-            return PushOutcome::Stale { highest };
-        }
-        let current = matches!(
-            self.open.get(&conn).map(|e| e.session),
-            Some(Session::Current { epoch: e }) if e == epoch
-        );
-        if !current {
-            Counters::bump(&c.pushes_without_session);
-            self.stats.pushes_without_session += 1;
-            return PushOutcome::NoSession;
-        }
-        Counters::bump(&c.pushes_accepted);
-        self.stats.pushes_accepted += 1;
         let this = Delivery {
             pod: pod.to_owned(),
             epoch,
-            at_unix_ms: unix_ms(),
+            at_unix_ms: now_unix_ms,
         };
+        let (remembered, forgotten) = (
+            self.core.keys_remembered(),
+            self.core.keys_forgotten_early(),
+        );
+        let decided = self
+            .core
+            .handle_push(conn, epoch, key, this.clone().into(), now_unix_ms);
+        if decided == Decided::Take {
+            self.core.finish_push(key, true, now_unix_ms);
+        }
+        // The key memory's gauges move by what this push did to it (expiry, eviction).
+        let now_remembered = self.core.keys_remembered() as u64;
+        Counters::set_share(&c.keys_remembered, remembered as u64, now_remembered);
+        Counters::add(
+            &c.keys_forgotten_early,
+            self.core.keys_forgotten_early() - forgotten,
+        );
+        match decided {
+            Decided::Stale { highest } => {
+                Counters::bump(&c.stale_pushes_refused);
+                self.stats.stale_pushes_refused += 1;
+                return PushOutcome::Stale { highest };
+            }
+            // InFlight cannot happen: every key is finished in the same call.
+            Decided::NoSession | Decided::InFlight => {
+                Counters::bump(&c.pushes_without_session);
+                self.stats.pushes_without_session += 1;
+                return PushOutcome::NoSession;
+            }
+            Decided::Take | Decided::Duplicate { .. } => {}
+        }
+        Counters::bump(&c.pushes_accepted);
+        self.stats.pushes_accepted += 1;
         let record = PushRecord {
             conn,
             idempotency_key: key.to_owned(),
             epoch,
             pod: pod.to_owned(),
-            at_unix_ms: this.at_unix_ms,
+            at_unix_ms: now_unix_ms,
         };
         push_bounded(&mut self.pushes, record);
-        let Seen::Repeat { copy, previous } = self.keys.check(key, &this, now, self.dedup, c)
-        else {
+        let Decided::Duplicate { copy, previous } = decided else {
             return PushOutcome::Accepted;
         };
         Counters::bump(&c.duplicate_deliveries);
@@ -367,7 +352,8 @@ impl TerminalState {
         }
         PushOutcome::Repeated {
             copy,
-            previous,
+            // The farm never restores a terminal, so every remembered key has a delivery.
+            previous: previous.map(Delivery::from).unwrap_or_default(),
             this,
         }
     }
@@ -398,11 +384,8 @@ impl TerminalState {
                 conn,
                 peer: e.peer,
                 opened_unix_ms: e.opened_ms,
-                session_epoch: match e.session {
-                    Session::None => None,
-                    Session::Current { epoch } | Session::Superseded { epoch, .. } => Some(epoch),
-                },
-                superseded: matches!(e.session, Session::Superseded { .. }),
+                session_epoch: e.session.map(|(epoch, _)| epoch),
+                superseded: matches!(e.session, Some((_, Some(_)))),
             })
             .collect();
         TerminalReport {
@@ -410,7 +393,7 @@ impl TerminalState {
             server_name,
             addr,
             offline,
-            highest_epoch: self.highest_epoch,
+            highest_epoch: self.core.highest_epoch(),
             dark_since_unix_ms: self.dark_since_ms,
             open_connections,
             stats: self.stats.clone(),

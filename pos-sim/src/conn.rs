@@ -5,8 +5,9 @@
 //!
 //! Which terminal a connection belongs to is decided by the SNI of the ClientHello, read
 //! before the handshake completes, so unknown and offline terminals are refused without
-//! spending a full handshake. The protocol decisions themselves are in [`super::record`];
-//! this module only parses, waits and answers.
+//! spending a full handshake. Headers are read and answers written by
+//! `posgate_terminal::wire`, the decisions are [`super::record`]'s (on
+//! `posgate_terminal::Terminal`); this module adds the farm's faults, waits and answers.
 
 use std::{convert::Infallible, net::SocketAddr, pin::pin, sync::Arc, time::Duration};
 
@@ -23,26 +24,19 @@ use tokio::{
 use tokio_rustls::{server::TlsStream, LazyConfigAcceptor};
 use tracing::{debug, warn};
 
+use posgate_terminal::{
+    wire::{self, Answer},
+    HelloOutcome,
+};
+
 use super::{
     certs::ALPN_H2,
     counters::Counters,
     duplicates::Duplicate,
-    record::{unix_ms, CloseCmd, ConnId, HelloOutcome, PushOutcome},
+    record::{unix_ms, CloseCmd, ConnId, PushOutcome},
     refusals::Refusal,
     Shared,
 };
-
-/// Header names of the wire contract.
-pub const H_EPOCH: &str = "posgate-epoch";
-pub const H_POD: &str = "posgate-pod";
-pub const H_TERMINAL: &str = "posgate-terminal";
-pub const H_STALE_EPOCH: &str = "posgate-stale-epoch";
-pub const H_IDEMPOTENCY_KEY: &str = "idempotency-key";
-/// On a push that waited in posgate's queue: when it expires (Unix ms).
-pub const H_EXPIRES_AT: &str = "posgate-expires-at";
-/// On a `200` to a push: `1`, the terminal had accepted this key within its dedup window
-/// and did not take the push again.
-pub const H_DUPLICATE: &str = "posgate-duplicate";
 
 /// Largest push body accepted; larger ones get 413.
 const MAX_BODY: usize = 1 << 20;
@@ -210,56 +204,18 @@ fn respond(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
     resp
 }
 
-fn stale(highest: u64) -> Response<Full<Bytes>> {
-    let mut resp = respond(StatusCode::CONFLICT, "stale epoch\n");
-    resp.headers_mut()
-        .insert(H_STALE_EPOCH, highest.to_string().parse().expect("digits"));
-    resp
-}
-
 /// Logs a stale-epoch refusal (who, what, when: the counters alone cannot tell a load test
 /// whether the refused pod dropped the shard afterwards) and answers it.
-fn refuse(
-    ctx: &ConnCtx,
-    headers: &HeaderMap,
-    kind: &str,
-    epoch: u64,
-    highest: u64,
-) -> Response<Full<Bytes>> {
+fn refuse(ctx: &ConnCtx, pod: &str, kind: &str, epoch: u64, highest: u64) -> Response<Full<Bytes>> {
     ctx.shared.refusals.record(Refusal {
         terminal: ctx.id.clone(),
-        // Checked present by `common_headers`.
-        pod: header(headers, H_POD).unwrap_or_default().to_owned(),
+        pod: pod.to_owned(),
         kind: kind.to_owned(),
         epoch,
         highest,
         at_unix_ms: unix_ms(),
     });
-    stale(highest)
-}
-
-/// The single, non-empty, visible-ASCII value of a protocol header; a repeated header is
-/// as malformed as a missing one (which copy would be meant?).
-fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
-    let mut values = headers.get_all(name).iter();
-    match (values.next(), values.next()) {
-        (Some(value), None) => value.to_str().ok().filter(|v| !v.is_empty()),
-        _ => None,
-    }
-}
-
-/// The epoch of the common headers of hello and push; `Err` is the reason for a 400.
-fn common_headers(ctx: &ConnCtx, headers: &HeaderMap) -> Result<u64, &'static str> {
-    let Some(epoch) = header(headers, H_EPOCH).and_then(|v| v.parse::<u64>().ok()) else {
-        return Err("missing or malformed posgate-epoch\n");
-    };
-    if header(headers, H_POD).is_none() {
-        return Err("missing posgate-pod\n");
-    }
-    if header(headers, H_TERMINAL) != Some(ctx.id.as_str()) {
-        return Err("posgate-terminal does not name this terminal\n");
-    }
-    Ok(epoch)
+    Answer::Stale { highest }.response()
 }
 
 async fn handle(ctx: &ConnCtx, req: Request<Incoming>) -> Response<Full<Bytes>> {
@@ -271,7 +227,7 @@ async fn handle(ctx: &ConnCtx, req: Request<Incoming>) -> Response<Full<Bytes>> 
     let resp = match (req.method(), req.uri().path()) {
         (&Method::POST, "/hello") => hello(ctx, req.headers()),
         (&Method::POST, _) if is_push => push(ctx, req).await,
-        _ => respond(StatusCode::NOT_FOUND, "not found\n"),
+        _ => Answer::NotFound.response(),
     };
     if resp.status().is_client_error()
         && !matches!(
@@ -285,51 +241,40 @@ async fn handle(ctx: &ConnCtx, req: Request<Incoming>) -> Response<Full<Bytes>> 
 }
 
 fn hello(ctx: &ConnCtx, headers: &HeaderMap) -> Response<Full<Bytes>> {
-    let epoch = match common_headers(ctx, headers) {
-        Ok(epoch) => epoch,
-        Err(why) => return respond(StatusCode::BAD_REQUEST, why),
+    let hello = match wire::hello(headers, &ctx.id) {
+        Ok(hello) => hello,
+        Err(why) => return Answer::Malformed(why).response(),
     };
-    let s = &ctx.shared;
+    let (s, epoch) = (&ctx.shared, hello.epoch);
     let outcome = s.terminal(ctx.index).hello(ctx.conn, epoch, &s.counters);
-    debug!(terminal = %ctx.id, conn = ctx.conn, epoch, pod = header(headers, H_POD), ?outcome, "hello");
+    debug!(terminal = %ctx.id, conn = ctx.conn, epoch, pod = %hello.pod, ?outcome, "hello");
     match outcome {
-        HelloOutcome::Accepted { .. } => respond(StatusCode::OK, "hello\n"),
+        HelloOutcome::Accepted { .. } => Answer::Hello.response(),
         HelloOutcome::Stale { .. } if s.faults().accept_stale_epochs => {
             respond(StatusCode::OK, "hello (stale, accepted: fault)\n")
         }
-        HelloOutcome::Stale { highest } => refuse(ctx, headers, "hello", epoch, highest),
-        HelloOutcome::Closing => respond(
-            StatusCode::MISDIRECTED_REQUEST,
-            "this connection's session was superseded; open a new connection\n",
-        ),
+        HelloOutcome::Stale { highest } => refuse(ctx, &hello.pod, "hello", epoch, highest),
+        HelloOutcome::Closing => Answer::Superseded.response(),
     }
 }
 
 async fn push(ctx: &ConnCtx, req: Request<Incoming>) -> Response<Full<Bytes>> {
     let (parts, body) = req.into_parts();
-    let epoch = match common_headers(ctx, &parts.headers) {
-        Ok(epoch) => epoch,
-        Err(why) => return respond(StatusCode::BAD_REQUEST, why),
-    };
-    let Some(key) = header(&parts.headers, H_IDEMPOTENCY_KEY) else {
-        return respond(StatusCode::BAD_REQUEST, "missing idempotency-key\n");
+    let head = match wire::push(&parts.headers, &ctx.id) {
+        Ok(head) => head,
+        Err(why) => return Answer::Malformed(why).response(),
     };
     // The payload is opaque here: a push without a content type is as good as any, and
     // only the fault (a terminal that wrongly insists on the header) refuses it.
-    if ctx.shared.faults().require_content_type
-        && !parts.headers.contains_key(http::header::CONTENT_TYPE)
-    {
+    if ctx.shared.faults().require_content_type && head.content_type.is_none() {
         return respond(StatusCode::BAD_REQUEST, "missing content-type (fault)\n");
     }
     // Keys are unique per tenant: dedupe on (tenant, key), recorded as `tenant:key`.
-    let key = match header(&parts.headers, "posgate-tenant") {
-        Some(tenant) => format!("{tenant}:{key}"),
-        None => key.to_string(),
-    };
+    let key = head.dedup_key();
     let key = key.as_str();
-    if let Some(expires) = header(&parts.headers, H_EXPIRES_AT) {
+    if let Some(expires) = head.expires_at_unix_ms {
         Counters::bump(&ctx.shared.counters.queued_pushes);
-        if expires.parse::<u64>().is_ok_and(|at| unix_ms() > at) {
+        if unix_ms() > expires {
             Counters::bump(&ctx.shared.counters.pushes_after_expiry);
             warn!(terminal = %ctx.id, key, expires, "push arrived after its posgate-expires-at");
         }
@@ -337,7 +282,7 @@ async fn push(ctx: &ConnCtx, req: Request<Incoming>) -> Response<Full<Bytes>> {
     // The payload is read in full (as a terminal would) but not kept: only its size matters.
     let size = match Limited::new(body, MAX_BODY).collect().await {
         Ok(collected) => collected.to_bytes().len(),
-        Err(_) => return respond(StatusCode::PAYLOAD_TOO_LARGE, "body too large or broken\n"),
+        Err(_) => return Answer::TooLarge.response(),
     };
     let s = &ctx.shared;
     let refuse_with = s.faults().push_status;
@@ -346,12 +291,10 @@ async fn push(ctx: &ConnCtx, req: Request<Incoming>) -> Response<Full<Bytes>> {
         let status = StatusCode::from_u16(refuse_with).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
         return respond(status, "push refused (fault)\n");
     }
-    // Checked present by `common_headers`.
-    let pod = header(&parts.headers, H_POD).unwrap_or_default();
-    let now = std::time::Instant::now();
+    let (epoch, pod) = (head.epoch, head.pod.as_str());
     let outcome = s
         .terminal(ctx.index)
-        .push(ctx.conn, epoch, pod, key, now, &s.counters);
+        .push(ctx.conn, epoch, pod, key, unix_ms(), &s.counters);
     debug!(terminal = %ctx.id, conn = ctx.conn, epoch, key, size, ?outcome, "push");
     let faults = s.faults();
     let delay = faults.answer_delay(&ctx.id);
@@ -360,7 +303,7 @@ async fn push(ctx: &ConnCtx, req: Request<Incoming>) -> Response<Full<Bytes>> {
         sleep(delay).await;
     }
     match outcome {
-        PushOutcome::Accepted => respond(StatusCode::OK, "accepted\n"),
+        PushOutcome::Accepted => Answer::Taken.response(),
         PushOutcome::Repeated { .. } if faults.forget_keys => {
             respond(StatusCode::OK, "accepted (again: fault)\n")
         }
@@ -382,15 +325,9 @@ async fn push(ctx: &ConnCtx, req: Request<Incoming>) -> Response<Full<Bytes>> {
                 previous,
                 this,
             });
-            let mut resp = respond(StatusCode::OK, "duplicate: accepted before\n");
-            resp.headers_mut()
-                .insert(H_DUPLICATE, http::HeaderValue::from_static("1"));
-            resp
+            Answer::Duplicate.response()
         }
-        PushOutcome::Stale { highest } => refuse(ctx, &parts.headers, "push", epoch, highest),
-        PushOutcome::NoSession => respond(
-            StatusCode::PRECONDITION_REQUIRED,
-            "no accepted hello with this epoch on this connection\n",
-        ),
+        PushOutcome::Stale { highest } => refuse(ctx, pod, "push", epoch, highest),
+        PushOutcome::NoSession => Answer::NoSession.response(),
     }
 }

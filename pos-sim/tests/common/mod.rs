@@ -10,10 +10,19 @@ use http::{Request, Response};
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use hyper::client::conn::http2::{self, SendRequest};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use posgate_loadtest::pos_sim::{PosFarm, H_EPOCH, H_IDEMPOTENCY_KEY, H_POD, H_TERMINAL};
+use posgate_pos_sim::PosFarm;
 use rustls::{pki_types::ServerName, ClientConfig, RootCertStore};
 use tokio::{net::TcpStream, task::JoinHandle};
 use tokio_rustls::TlsConnector;
+
+/// The protocol's header names, written out from `docs/pos-protocol.md` §2 (not taken
+/// from the library the simulator is built on, so a misspelling there fails here).
+pub const H_EPOCH: &str = "posgate-epoch";
+pub const H_POD: &str = "posgate-pod";
+pub const H_TERMINAL: &str = "posgate-terminal";
+pub const H_IDEMPOTENCY_KEY: &str = "idempotency-key";
+pub const H_STALE_EPOCH: &str = "posgate-stale-epoch";
+pub const H_DUPLICATE: &str = "posgate-duplicate";
 
 pub type Body = BoxBody<Bytes, Infallible>;
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

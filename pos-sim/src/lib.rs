@@ -7,6 +7,12 @@
 //! All terminals share a few TLS listeners and are told apart by SNI, so a farm costs about
 //! one file descriptor per connection. The farm does not dial anyone, does not persist
 //! anything across restarts (a new CA each start), and does not implement the pod side.
+//! Used by `posgate demo`, posgate's tests and the load harness (binary `pos-sim`).
+#![forbid(unsafe_code)]
+// As in posgate: the API docs are the developers' (`--document-private-items`).
+#![allow(rustdoc::private_intra_doc_links)]
+
+pub mod dist;
 
 mod admin;
 mod bounded;
@@ -14,7 +20,6 @@ mod certs;
 mod conn;
 mod counters;
 mod dark;
-mod dedup;
 mod duplicates;
 mod error;
 mod faults;
@@ -39,14 +44,13 @@ use tracing::info;
 
 pub use admin::AdminServer;
 pub use bounded::CAPACITY as LOG_KEPT;
-pub use conn::{H_DUPLICATE, H_EPOCH, H_IDEMPOTENCY_KEY, H_POD, H_STALE_EPOCH, H_TERMINAL};
 pub use counters::FarmCounters;
 pub use dark::{DarkInterval, DarkIntervals, DARK_KEPT};
-pub use dedup::DedupWindow;
 pub use duplicates::{Delivery, Duplicate, Duplicates};
 pub use error::SimError;
 pub use faults::{DropRequest, FaultConfig};
 pub use layout::{terminals_csv, Naming, TerminalInfo};
+pub use posgate_terminal::DedupWindow;
 pub use record::{ConnEvent, OpenConnReport, PushRecord, TerminalReport, TerminalStats};
 pub use refusals::{Refusal, Refusals};
 
@@ -312,7 +316,10 @@ impl PosFarm {
         }
         let shared = Arc::new(Shared {
             terminals: (0..count)
-                .map(|_| Mutex::new(TerminalState::new(config.dedup)))
+                .map(|offset| {
+                    let id = config.naming.id(config.range.start + offset);
+                    Mutex::new(TerminalState::new(id, config.dedup))
+                })
                 .collect(),
             addrs: listeners.iter().map(|(addr, _)| *addr).collect(),
             counters: Counters::default(),
