@@ -2,7 +2,7 @@
 //! compares against lease deadlines (the driver, the serving table's readers, pushes)
 //! reads the same time, and a paused test clock applies to all of them.
 //!
-//! Not for: `src/core`, which never reads a clock (time is a parameter there).
+//! Not for: the core (`posgate-core`), which never reads a clock (time is a parameter there).
 
 use std::time::Instant;
 

@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 
 /// Rank per top-level module: higher ranks build on lower ones.
 const LAYERS: &[(&str, u32)] = &[
-    // Leaves: plain data and small utilities, no crate dependencies beyond `core`.
+    // Leaves: plain data and small utilities, no crate dependencies beyond `core` (the
+    // crate `posgate-core`, re-exported; the compiler keeps it free of IO).
     ("core", 0),
     ("api", 0),
     ("clock", 0),

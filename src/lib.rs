@@ -27,7 +27,8 @@
 pub mod api;
 pub mod clock;
 pub mod config;
-pub mod core;
+/// The sans-IO ownership core: the crate `posgate-core` (`core/`).
+pub use posgate_core as core;
 pub mod credentials;
 pub mod driver;
 pub mod http;

@@ -16,7 +16,7 @@
 use std::time::Instant;
 
 use super::{Action, Reconciler, Stored};
-use crate::core::placement::Placement;
+use crate::placement::Placement;
 
 impl Reconciler {
     /// Writes a placement when one is due: the remembered one after a data loss, or the

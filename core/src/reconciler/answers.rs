@@ -6,9 +6,9 @@ use std::time::Instant;
 
 use super::shard::ClaimEnd;
 use super::{Action, AfterStop, Reconciler, ShardState, StopReason};
-use crate::core::lease::{AcquireOutcome, RenewOutcome};
-use crate::core::membership::Lease;
-use crate::core::ShardId;
+use crate::lease::{AcquireOutcome, RenewOutcome};
+use crate::membership::Lease;
+use crate::ShardId;
 
 impl Reconciler {
     /// Applies one acquire outcome; returns whether it proves the store went back in time

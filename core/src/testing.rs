@@ -6,13 +6,13 @@ use super::ring::Assignment;
 use super::types::PodId;
 
 /// The pod id `name` (which must be a valid id).
-pub(crate) fn pod(name: &str) -> PodId {
+pub fn pod(name: &str) -> PodId {
     PodId::new(name).unwrap()
 }
 
 /// A member `name` reachable at `http://<name>`, of protocol 2, closing whole shards
 /// on a planned move (handover 0).
-pub(crate) fn member(name: &str) -> Member {
+pub fn member(name: &str) -> Member {
     Member {
         pod: pod(name),
         url: format!("http://{name}"),
@@ -28,7 +28,7 @@ pub(crate) fn member(name: &str) -> Member {
 }
 
 /// Deterministic pseudo-random pod ids (a fixed LCG; no `rand` so the ids never change).
-pub(crate) fn random_pods(seed: u64, n: usize) -> Vec<PodId> {
+pub fn random_pods(seed: u64, n: usize) -> Vec<PodId> {
     let mut x = seed
         .wrapping_mul(6364136223846793005)
         .wrapping_add(1442695040888963407);
@@ -43,6 +43,6 @@ pub(crate) fn random_pods(seed: u64, n: usize) -> Vec<PodId> {
 }
 
 /// Each member's shard count, in member order.
-pub(crate) fn loads(a: &Assignment) -> Vec<usize> {
+pub fn loads(a: &Assignment) -> Vec<usize> {
     a.pods().iter().map(|p| a.load_of(p)).collect()
 }

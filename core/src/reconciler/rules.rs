@@ -8,9 +8,9 @@ use std::time::Instant;
 use super::shard::{Shard, Stray};
 use super::store_view::StoreView;
 use super::{Action, AfterStop, Close, Outage, Reconciler, ShardState, Stop, StopReason};
-use crate::core::lease::Claim;
-use crate::core::membership::HANDOVER_DRAIN;
-use crate::core::ShardId;
+use crate::lease::Claim;
+use crate::membership::HANDOVER_DRAIN;
+use crate::ShardId;
 
 impl Reconciler {
     pub(super) fn reconcile(&mut self, now: Instant) {

@@ -29,7 +29,7 @@ use std::time::Instant;
 
 use super::store_view::History;
 use super::{Reconciler, ShardState};
-use crate::core::membership::GenerationInfo;
+use crate::membership::GenerationInfo;
 
 impl Reconciler {
     /// Adopts the store generation reported by any answer.

@@ -2,7 +2,7 @@
 //! that all drain, closed otherwise.
 
 use super::*;
-use crate::core::membership::HANDOVER_DRAIN;
+use crate::membership::HANDOVER_DRAIN;
 
 /// `snapshot` with each member's handover protocol given.
 fn with_handover(r: &Reconciler, members: &[(&str, u32)]) -> Snapshot {

@@ -17,7 +17,7 @@ use std::time::Instant;
 
 pub use self::claims::{ClaimEnd, Stray};
 use self::claims::{Owed, Reclaim};
-use crate::core::Epoch;
+use crate::Epoch;
 
 /// Where one shard stands for this pod.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -36,7 +36,7 @@
 //!    store to bump its lease above the terminal's epoch instead of dropping the shard.
 //!
 //! What it does not do: talk to Redis, dial terminals, or decide *which* pod should own a
-//! shard (that is [`crate::core::placement`] and [`crate::core::ring`]).
+//! shard (that is [`crate::placement`] and [`crate::ring`]).
 
 mod answers;
 mod inputs;
@@ -165,7 +165,7 @@ pub enum Close {
     /// Close them all before the lease is released or forgotten (the acknowledgement
     /// waits for it): the next owner may dial as soon as it holds the lease.
     Now,
-    /// A planned move to pods that drain ([`crate::core::membership::HANDOVER_DRAIN`]):
+    /// A planned move to pods that drain ([`crate::membership::HANDOVER_DRAIN`]):
     /// keep them open, dial nothing, and close each terminal when the new owner asks,
     /// right before it dials it (or when the drain budget runs out). Acknowledged once
     /// no push is being sent on them, so the lease is released with every answer final.
@@ -386,11 +386,11 @@ impl Reconciler {
     pub fn config(&self) -> &CoreConfig {
         &self.cfg
     }
-    /// The assignment of the followed placement (see [`crate::core::placement`]).
+    /// The assignment of the followed placement (see [`crate::placement`]).
     pub fn assignment(&self) -> &Assignment {
         &self.placement.assignment
     }
-    /// The placement followed (see [`crate::core::placement`]), if any yet.
+    /// The placement followed (see [`crate::placement`]), if any yet.
     pub fn placement(&self) -> Option<&Placement> {
         (self.placement.version > 0).then_some(&self.placement)
     }

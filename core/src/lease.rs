@@ -6,7 +6,7 @@
 //!
 //! > a pod serves a shard only while `now < sent + ttl - margin - close_budget`, where
 //! > `sent` is the local monotonic time at which the last successful acquire or renew
-//! > was *sent* ([`crate::core::CoreConfig::serve_window`]).
+//! > was *sent* ([`crate::CoreConfig::serve_window`]).
 //!
 //! The store sets the key's expiry to `ttl` after it *processes* the command, which is no
 //! earlier than the send, so serving stops `margin + close_budget` before the key can

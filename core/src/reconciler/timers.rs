@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::core::PodId;
+use crate::PodId;
 
 /// A periodic store operation: due at a time, at most one in flight.
 #[derive(Clone, Debug)]

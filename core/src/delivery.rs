@@ -1,7 +1,7 @@
 //! The delivery rule: what a copy of a push must pass the instant before it leaves the
 //! owner for its terminal, as one IO-free function, [`check`]. The owner's live path
-//! (`crate::push::owner`), the queue's drain (`crate::push::queue`) and the simulation
-//! (`crate::sim`) all call it, so the order of the checks is written once.
+//! (`posgate::push::owner`), the queue's drain (`posgate::push::queue`) and the simulation
+//! (`posgate::sim`) all call it, so the order of the checks is written once.
 //!
 //! In order, each for a reason:
 //! 1. **Served here now** ([`Moment::serving`]): the lease is ours and within its

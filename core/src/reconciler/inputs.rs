@@ -8,10 +8,10 @@ use super::shard::{ClaimEnd, Shard};
 use super::{
     AfterStop, OpFailed, OpResult, PeerReport, Reconciler, ShardState, StopReason, Stored,
 };
-use crate::core::lease::{AcquireOutcome, Checked, RenewOutcome, StaleEpoch, MAX_EPOCH};
-use crate::core::membership::Snapshot;
-use crate::core::placement::Placement;
-use crate::core::types::{PodId, ShardId};
+use crate::lease::{AcquireOutcome, Checked, RenewOutcome, StaleEpoch, MAX_EPOCH};
+use crate::membership::Snapshot;
+use crate::placement::Placement;
+use crate::types::{PodId, ShardId};
 
 impl Reconciler {
     /// Time passed: expire deadlines, fire timers, reconcile.

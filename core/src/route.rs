@@ -1,6 +1,6 @@
 //! The entry pod's rule for one push attempt: where to send it, and which outcomes allow
-//! another look. IO-free, so the push layer (`crate::push::route`) and the simulation
-//! (`crate::sim`) follow the same rule and the simulation's key invariant tests it.
+//! another look. IO-free, so the push layer (`posgate::push::route`) and the simulation
+//! (`posgate::sim`) follow the same rule and the simulation's key invariant tests it.
 //!
 //! The rule in one line: an attempt is looked up and sent again only while it is
 //! certain that nothing reached a terminal; once that is uncertain the attempt ends
@@ -9,7 +9,7 @@
 //! lost, never because a pod retried on its own.
 //!
 //! Not for: forwarding, delivering or waiting (the push layer does the IO), or the
-//! owner's own checks before it sends (`crate::push::owner`).
+//! owner's own checks before it sends (`posgate::push::owner`).
 
 use super::membership::Member;
 use super::PodId;
@@ -76,7 +76,7 @@ impl Miss {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::testing::{member, pod};
+    use crate::testing::{member, pod};
 
     #[test]
     fn the_target_is_here_the_lease_holder_or_nobody() {

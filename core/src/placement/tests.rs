@@ -2,7 +2,7 @@
 //! over 4 to 32 pods, order independence, and a golden rebalance.
 
 use super::*;
-use crate::core::testing::{loads, random_pods};
+use crate::testing::{loads, random_pods};
 
 /// Balanced: every member holds floor or ceil of its share and every shard has a member.
 fn assert_balanced(a: &Assignment, pods: &[PodId], shards: u32) {

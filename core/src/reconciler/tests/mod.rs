@@ -1,5 +1,5 @@
 //! Rule-by-rule tests of the reconciler. Whole-cluster behaviour under faults is covered
-//! by the simulation (`crate::sim`); these pin each rule in isolation.
+//! by the simulation (`posgate::sim`); these pin each rule in isolation.
 
 use std::time::{Duration, Instant};
 
@@ -9,10 +9,10 @@ mod placing;
 mod recovery;
 
 use super::*;
-use crate::core::lease::{AcquireOutcome, Checked, RenewOutcome, StaleEpoch};
-use crate::core::membership::{GenerationInfo, Lease, Snapshot};
-use crate::core::placement::Placement;
-use crate::core::testing::{member, pod};
+use crate::lease::{AcquireOutcome, Checked, RenewOutcome, StaleEpoch};
+use crate::membership::{GenerationInfo, Lease, Snapshot};
+use crate::placement::Placement;
+use crate::testing::{member, pod};
 
 fn generation(id: &str, age: Duration) -> GenerationInfo {
     GenerationInfo { id: id.into(), age }

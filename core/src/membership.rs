@@ -23,7 +23,7 @@ pub struct Member {
     pub ring_version: String,
     /// Wall-clock start time of the pod, milliseconds since the Unix epoch (informational).
     pub started_ms: u64,
-    /// The newest peer protocol the pod speaks (`crate::peer::PEER_PROTOCOL`). Records
+    /// The newest peer protocol the pod speaks (`posgate::peer::PEER_PROTOCOL`). Records
     /// of the release before it have none, which means protocol 1.
     #[serde(default = "protocol_1")]
     pub peer_protocol: u32,
@@ -33,7 +33,7 @@ pub struct Member {
     /// it dials (`docs/design.md` "Planned moves, per terminal").
     #[serde(default)]
     pub handover: u32,
-    /// Whether the pod keeps pushes for later (`QUEUE_CAPABILITY` of `crate::push::queue`):
+    /// Whether the pod keeps pushes for later (`QUEUE_CAPABILITY` of `posgate::push::queue`):
     /// 0 in records of releases before it. Pods accept pushes with a TTL only while every
     /// member has it, so a push is never queued where a pod serving its shard would not
     /// drain it.
@@ -54,10 +54,10 @@ pub struct Member {
 /// batch at a time, when the new owner asks, and asks its predecessor the same way.
 pub const HANDOVER_DRAIN: u32 = 1;
 
-/// [`Member::batch`] of a pod that serves the peer batch route (`crate::push::batch`).
+/// [`Member::batch`] of a pod that serves the peer batch route (`posgate::push::batch`).
 pub const BATCH_PEER_ROUTE: u32 = 1;
 
-/// [`Member::broadcast`] of a pod that walks broadcasts (`crate::push::broadcast`).
+/// [`Member::broadcast`] of a pod that walks broadcasts (`posgate::push::broadcast`).
 pub const BROADCAST_WALK: u32 = 1;
 
 fn protocol_1() -> u32 {

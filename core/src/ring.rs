@@ -341,7 +341,7 @@ impl Iterator for Walk<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::testing::{loads, random_pods};
+    use crate::testing::{loads, random_pods};
 
     fn pods(names: &[&str]) -> Vec<PodId> {
         names.iter().map(|n| PodId::new(*n).unwrap()).collect()
