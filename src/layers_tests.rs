@@ -26,18 +26,19 @@ const LAYERS: &[(&str, u32)] = &[
     // The one seam between ownership and delivery.
     ("serving", 2),
     ("metrics", 3),
-    // Wire contracts and the two halves of a pod's work.
+    // The pod-to-pod protocol, then the two halves of a pod's work: connections to
+    // terminals (whose planned moves call the peer protocol) and ownership.
     ("peer", 4),
-    ("pos", 4),
+    ("pos", 5),
     ("driver", 5),
-    ("push", 5),
-    ("http", 6),
+    ("push", 6),
+    ("http", 7),
     // Over the reconciler, the store and the push layer's routing rule and cache.
-    ("sim", 6),
+    ("sim", 7),
     // The edge: configuration parsed from flags, reloads, and the composition root.
-    ("config", 7),
-    ("reload", 8),
-    ("pod", 9),
+    ("config", 8),
+    ("reload", 9),
+    ("pod", 10),
 ];
 
 fn rank(module: &str) -> Option<u32> {

@@ -36,12 +36,10 @@ use crate::http::{self, HttpState, ReadyLatch};
 use crate::metrics::{sampler, Metrics};
 use crate::peer::{PeerClient, PeerReceiver, PeerTls};
 use crate::pos::dialer::{Dialer, DialerConfig};
-use crate::pos::handover::WalkConfig;
+use crate::pos::handover::{Handovers, NoHandovers, WalkConfig, RELEASE_TIMEOUT};
 use crate::pos::manager::{ConnectionManager, ManagerConfig};
 use crate::pos::tls;
-use crate::push::handoff::{
-    self, HandoffHook, Handoffs, PeerPredecessor, HANDOFF_LINGER, RELEASE_TIMEOUT,
-};
+use crate::push::handoff::{self, HandoffHook, Handoffs, HANDOFF_LINGER};
 use crate::push::queue::{self, QueueEvents, QueueHook};
 use crate::push::{NoTerminals, PushService, Sessions};
 pub use crate::reload::Reloader;
@@ -141,6 +139,7 @@ impl Pod {
             directory: None,
             sessions: Arc::new(NoTerminals),
             stats: Arc::new(NoSessions),
+            handovers: Arc::new(NoHandovers),
             metrics,
             dialer: None,
             server_cert,
@@ -197,9 +196,8 @@ impl Pod {
                 PEER_CONNECT_TIMEOUT,
             )
             .using_tls(peer_tls.clone());
-            let predecessor = Arc::new(PeerPredecessor::new(peers));
             WalkConfig::new(
-                predecessor,
+                Arc::new(peers),
                 members_rx.clone(),
                 pos.dial_rate.get(),
                 RELEASE_TIMEOUT,
@@ -222,6 +220,7 @@ impl Pod {
         let manager = ConnectionManager::new(directory, dialer.clone(), manager_config, stale_tx);
         let sessions = Arc::new(manager.clone());
         let stats = Arc::new(manager.clone());
+        let handovers = Arc::new(manager.clone());
         let queue_store: Stores = (store.clone(), store.clone());
         let (driver, handoffs, queue) = driver(
             &config,
@@ -240,6 +239,7 @@ impl Pod {
             directory: Some(edits),
             sessions,
             stats,
+            handovers,
             metrics,
             dialer: Some(dialer),
             server_cert,
@@ -318,6 +318,7 @@ struct Parts {
     directory: Option<Arc<dyn DirectoryEdits>>,
     sessions: Arc<dyn Sessions>,
     stats: Arc<dyn SessionStats>,
+    handovers: Arc<dyn Handovers>,
     metrics: Arc<Metrics>,
     dialer: Option<Dialer>,
     server_cert: Option<ServerCert>,
@@ -339,6 +340,7 @@ fn spawn_pod<S: CoordStore, H: ServingHook>(
         directory,
         sessions,
         stats,
+        handovers,
         metrics,
         dialer,
         server_cert,
@@ -394,6 +396,7 @@ fn spawn_pod<S: CoordStore, H: ServingHook>(
         credentials: credentials.clone(),
         push,
         stats,
+        handovers,
         metrics,
         peers,
         ready: ReadyLatch::default(),
@@ -455,6 +458,7 @@ async fn run_pod<S: CoordStore, H: ServingHook>(
 ) -> Result<(), PodError> {
     let (stop_http, http_stopped) = oneshot::channel::<()>();
     let push = http_state.push.clone();
+    let handovers = http_state.handovers.clone();
     let metrics = http_state.metrics.clone();
     let routes = http::Routes::new(http_state);
     let http_stopped = async move {
@@ -493,7 +497,7 @@ async fn run_pod<S: CoordStore, H: ServingHook>(
                 // drains bounded by the drain budget (the manager closes the rest then).
                 let kept = if push.kept_nothing() { Duration::ZERO } else { HANDOFF_LINGER };
                 let linger = async {
-                    tokio::join!(tokio::time::sleep(kept), push.drained());
+                    tokio::join!(tokio::time::sleep(kept), handovers.drained());
                 };
                 // Only a safety net: each drain ends by its budget.
                 let bounded = tokio::time::timeout(MAX_DRAIN_BUDGET + HTTP_DRAIN, linger);

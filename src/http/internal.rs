@@ -417,7 +417,11 @@ pub(super) async fn release_terminals(
         Ok(parsed) => parsed,
         Err(why) => return bad_forward(why),
     };
-    let answer = match state.push.release_terminals(shard, request.terminals).await {
+    let answer = match state
+        .handovers
+        .release_terminals(shard, request.terminals)
+        .await
+    {
         Released::Closed { closed } => ReleaseAnswer {
             draining: true,
             closed,
@@ -450,7 +454,7 @@ pub(super) async fn draining(
             .find(|m| m.pod == request.from)
             .cloned()
     };
-    let recorded = member.is_some_and(|m| state.push.expect_predecessor(shard, m));
+    let recorded = member.is_some_and(|m| state.handovers.expect_predecessor(shard, m));
     if recorded {
         StatusCode::NO_CONTENT.into_response()
     } else {

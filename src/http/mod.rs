@@ -81,6 +81,9 @@ pub struct HttpState {
     pub push: Arc<PushService>,
     /// The connection layer's counts (readiness, the cluster view).
     pub stats: Arc<dyn SessionStats>,
+    /// The connection layer's side of planned moves it hands over (the release and
+    /// draining peer endpoints).
+    pub handovers: Arc<dyn crate::pos::handover::Handovers>,
     pub metrics: Arc<Metrics>,
     /// Asks the other pods for their counts (`/v1/cluster?include=terminals`).
     pub peers: PeerClient,

@@ -15,8 +15,13 @@
 //! remaining gate opens and the terminals are dialed at the pacer's rate; a session the
 //! predecessor still has is then fenced by the terminal on our newer hello.
 //!
-//! Not for: the predecessor's side (the manager's `drain`), the peer call itself (a
-//! [`Predecessor`] made by the composition root), or pacing the dials (`pacer`).
+//! Both ends of the handover belong to this layer: the successor's walk asks through a
+//! [`Predecessor`] (the peer client is one: the signed calls of `peer::wire`), and the
+//! predecessor answers through [`Handovers`] (the connection manager is one), which the
+//! peer endpoints and the shutdown call.
+//!
+//! Not for: draining the predecessor's sessions (the manager's `drain`), the transport
+//! (`crate::peer`), or pacing the dials (`pacer`).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -26,18 +31,29 @@ use futures::future::BoxFuture;
 use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, info, warn};
 
+use futures::FutureExt;
+
 use super::link::LinkShared;
+use super::manager::ConnectionManager;
 use crate::core::membership::Member;
 use crate::core::ShardId;
 use crate::metrics::Metrics;
+use crate::peer::{PeerClient, PeerTarget};
 use crate::rate_log::RateLog;
 use crate::status::PodStatus;
+use crate::store::directory::Directory;
 
 /// `--drain-budget`'s default: how long a shard handed over keeps its sessions for the
 /// new owner to ask for. A pod under SIGTERM stays up until its shards' new owners have
 /// asked for their terminals, at most this long from the start of its shutdown:
 /// `k8s/base/deployment.yaml`'s grace period covers it.
 pub const DEFAULT_DRAIN_BUDGET: Duration = Duration::from_secs(15);
+
+/// Bound of one request asking a shard's previous owner to release terminals: it closes
+/// a handful of sessions, normally in milliseconds. Past it (a crashed, paused or
+/// partitioned predecessor) the rest of the shard is dialed normally, so a takeover
+/// after a crash waits at most this long more.
+pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Most terminals one release request names. Also bounds what a peer may ask a pod to
 /// close with one request (`peer::wire`).
@@ -59,9 +75,9 @@ pub enum Released {
 #[error("{0}")]
 pub struct ReleaseFailed(pub String);
 
-/// How the pod talks to the other side of a handover: the signed peer calls
-/// (`POST /internal/v1/release-terminals/{shard}`, `POST /internal/v1/draining/{shard}`),
-/// made by the layer above.
+/// How the successor talks to its predecessor: the signed peer calls
+/// (`POST /internal/v1/release-terminals/{shard}`, `POST /internal/v1/draining/{shard}`)
+/// of [`PeerClient`], or a test's stand-in.
 pub trait Predecessor: Send + Sync + 'static {
     /// Asks `from` to close `terminals` of `shard`, answering within `timeout`.
     fn release(
@@ -80,6 +96,105 @@ pub trait Predecessor: Send + Sync + 'static {
         shard: ShardId,
         timeout: Duration,
     ) -> BoxFuture<'static, Result<(), ReleaseFailed>>;
+}
+
+/// The predecessor's side: what the peer endpoints and the shutdown need of the
+/// connection layer while a pod drains shards it handed over.
+pub trait Handovers: Send + Sync + 'static {
+    /// The pod that took `shard` over asks for `terminals`.
+    fn release_terminals(
+        &self,
+        shard: ShardId,
+        terminals: Vec<String>,
+    ) -> BoxFuture<'static, Released>;
+    /// Resolves once no shard handed over still drains here.
+    fn drained(&self) -> BoxFuture<'static, ()>;
+    /// A member announced it drains `shard`; `false` when nothing here walks.
+    fn expect_predecessor(&self, shard: ShardId, from: Member) -> bool;
+}
+
+impl<D: Directory> Handovers for ConnectionManager<D> {
+    fn release_terminals(
+        &self,
+        shard: ShardId,
+        terminals: Vec<String>,
+    ) -> BoxFuture<'static, Released> {
+        ConnectionManager::release_terminals(self, shard, terminals).boxed()
+    }
+
+    fn drained(&self) -> BoxFuture<'static, ()> {
+        ConnectionManager::drained(self).boxed()
+    }
+
+    fn expect_predecessor(&self, shard: ShardId, from: Member) -> bool {
+        ConnectionManager::expect_predecessor(self, shard, from)
+    }
+}
+
+/// A pod without a connection layer (coordination-only pods and tests): it never drains.
+#[derive(Debug, Default)]
+pub struct NoHandovers;
+
+impl Handovers for NoHandovers {
+    fn release_terminals(
+        &self,
+        _shard: ShardId,
+        _terminals: Vec<String>,
+    ) -> BoxFuture<'static, Released> {
+        std::future::ready(Released::NotDraining).boxed()
+    }
+
+    fn drained(&self) -> BoxFuture<'static, ()> {
+        std::future::ready(()).boxed()
+    }
+
+    fn expect_predecessor(&self, _shard: ShardId, _from: Member) -> bool {
+        false
+    }
+}
+
+/// The successor asks its predecessor with the signed peer calls
+/// (`peer::wire::RELEASE_TERMINALS_ROUTE`, `peer::wire::DRAINING_ROUTE`).
+impl Predecessor for PeerClient {
+    fn release(
+        &self,
+        from: &Member,
+        shard: ShardId,
+        terminals: Vec<String>,
+        timeout: Duration,
+    ) -> BoxFuture<'static, Result<Released, ReleaseFailed>> {
+        let (peers, target) = (self.clone(), PeerTarget::from(from));
+        async move {
+            let answer = peers
+                .release_terminals(&target, shard, terminals, timeout)
+                .await
+                .map_err(|e| ReleaseFailed(e.to_string()))?;
+            Ok(if answer.draining {
+                Released::Closed {
+                    closed: answer.closed,
+                }
+            } else {
+                Released::NotDraining
+            })
+        }
+        .boxed()
+    }
+
+    fn announce(
+        &self,
+        to: &Member,
+        shard: ShardId,
+        timeout: Duration,
+    ) -> BoxFuture<'static, Result<(), ReleaseFailed>> {
+        let (peers, target) = (self.clone(), PeerTarget::from(to));
+        async move {
+            peers
+                .announce_draining(&target, shard, timeout)
+                .await
+                .map_err(|e| ReleaseFailed(format!("{}: {e}", target.pod)))
+        }
+        .boxed()
+    }
 }
 
 /// Pod-wide settings of the walks.

@@ -26,8 +26,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures::future::BoxFuture;
-use futures::FutureExt;
 use http::StatusCode;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
@@ -42,8 +40,7 @@ use crate::core::shard::shard_of;
 use crate::core::{Epoch, ShardId};
 use crate::credentials::Tenant;
 use crate::peer::wire::{HandedOver, KeptAnswer};
-use crate::peer::{PeerClient, PeerError, PeerTarget};
-use crate::pos::handover::{Predecessor, ReleaseFailed, Released};
+use crate::peer::{PeerError, PeerTarget};
 use crate::serving::ServingHook;
 
 /// How long the new owner waits for the old owner's answers (and pushes for the shard
@@ -52,65 +49,8 @@ pub const HANDOFF_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long a pod that shut down keeps answering peers when it kept answers, so the new
 /// owners of its shards can take them over: their fetch's timeout, plus its travel.
 pub const HANDOFF_LINGER: Duration = Duration::from_millis(1_500);
-/// Bound of one request asking a shard's previous owner to release terminals
-/// (`pos::handover`): it closes a handful of sessions, normally in milliseconds. Past
-/// it (a crashed, paused or partitioned predecessor) the rest of the shard is dialed
-/// normally, so a takeover after a crash waits at most this long more.
-pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Most keys one pod hands over for one shard (before the byte bound).
 const MAX_HANDED_OVER_KEYS: usize = 20_000;
-
-/// The connection layer's way to ask a shard's previous owner to release terminals:
-/// the signed peer call (`peer::wire::RELEASE_TERMINALS_ROUTE`).
-pub struct PeerPredecessor(PeerClient);
-
-impl PeerPredecessor {
-    pub fn new(peers: PeerClient) -> Self {
-        PeerPredecessor(peers)
-    }
-}
-
-impl Predecessor for PeerPredecessor {
-    fn release(
-        &self,
-        from: &Member,
-        shard: ShardId,
-        terminals: Vec<String>,
-        timeout: Duration,
-    ) -> BoxFuture<'static, Result<Released, ReleaseFailed>> {
-        let (peers, target) = (self.0.clone(), PeerTarget::from(from));
-        async move {
-            let answer = peers
-                .release_terminals(&target, shard, terminals, timeout)
-                .await
-                .map_err(|e| ReleaseFailed(e.to_string()))?;
-            Ok(if answer.draining {
-                Released::Closed {
-                    closed: answer.closed,
-                }
-            } else {
-                Released::NotDraining
-            })
-        }
-        .boxed()
-    }
-
-    fn announce(
-        &self,
-        to: &Member,
-        shard: ShardId,
-        timeout: Duration,
-    ) -> BoxFuture<'static, Result<(), ReleaseFailed>> {
-        let (peers, target) = (self.0.clone(), PeerTarget::from(to));
-        async move {
-            peers
-                .announce_draining(&target, shard, timeout)
-                .await
-                .map_err(|e| ReleaseFailed(format!("{}: {e}", target.pod)))
-        }
-        .boxed()
-    }
-}
 
 /// Shards whose kept answers are being fetched now, with how many fetches each.
 pub(super) type Fetching = HashMap<ShardId, usize>;

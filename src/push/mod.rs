@@ -28,19 +28,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures::future::BoxFuture;
-use futures::FutureExt;
 use http::HeaderValue;
 use tokio::sync::watch;
 
 use self::idempotency::IdempotencyCache;
 use crate::core::lease::StaleEpoch;
-use crate::core::membership::Member;
 use crate::core::{PodId, ShardId};
 use crate::credentials::Tenant;
 use crate::metrics::Metrics;
 use crate::peer::PeerClient;
-use crate::pos::handover::Released;
 use crate::pos::manager::{ConnectionManager, Lookup, TerminalLink};
 use crate::serving::ServingTable;
 use crate::status::PodStatus;
@@ -125,16 +121,6 @@ pub trait Sessions: Send + Sync + 'static {
     /// A terminal refused an epoch on a push as stale (see
     /// `Reconciler::handle_stale_epoch`).
     fn report_stale(&self, refused: StaleEpoch);
-    /// The pod that took `shard` over asks for `terminals` (`pos::handover`).
-    fn release_terminals(
-        &self,
-        shard: ShardId,
-        terminals: Vec<String>,
-    ) -> BoxFuture<'static, Released>;
-    /// Resolves once no shard handed over still drains here.
-    fn drained(&self) -> BoxFuture<'static, ()>;
-    /// A member announced it drains `shard`; `false` when nothing here walks.
-    fn expect_predecessor(&self, shard: ShardId, from: Member) -> bool;
 }
 
 impl<D: Directory> Sessions for ConnectionManager<D> {
@@ -148,22 +134,6 @@ impl<D: Directory> Sessions for ConnectionManager<D> {
 
     fn report_stale(&self, refused: StaleEpoch) {
         ConnectionManager::report_stale(self, refused)
-    }
-
-    fn release_terminals(
-        &self,
-        shard: ShardId,
-        terminals: Vec<String>,
-    ) -> BoxFuture<'static, Released> {
-        ConnectionManager::release_terminals(self, shard, terminals).boxed()
-    }
-
-    fn drained(&self) -> BoxFuture<'static, ()> {
-        ConnectionManager::drained(self).boxed()
-    }
-
-    fn expect_predecessor(&self, shard: ShardId, from: Member) -> bool {
-        ConnectionManager::expect_predecessor(self, shard, from)
     }
 }
 
@@ -181,22 +151,6 @@ impl Sessions for NoTerminals {
     }
 
     fn report_stale(&self, _refused: StaleEpoch) {}
-
-    fn release_terminals(
-        &self,
-        _shard: ShardId,
-        _terminals: Vec<String>,
-    ) -> BoxFuture<'static, Released> {
-        std::future::ready(Released::NotDraining).boxed()
-    }
-
-    fn drained(&self) -> BoxFuture<'static, ()> {
-        std::future::ready(()).boxed()
-    }
-
-    fn expect_predecessor(&self, _shard: ShardId, _from: Member) -> bool {
-        false
-    }
 }
 
 /// See the module docs. Cheap to share behind an `Arc`.
@@ -324,26 +278,6 @@ impl PushService {
 
     pub fn settings(&self) -> &PushSettings {
         &self.settings
-    }
-
-    /// A pod that took `shard` over asks for `terminals` (the peer endpoint).
-    pub fn release_terminals(
-        &self,
-        shard: ShardId,
-        terminals: Vec<String>,
-    ) -> BoxFuture<'static, Released> {
-        self.sessions.release_terminals(shard, terminals)
-    }
-
-    /// A member announced it drains `shard` (the peer endpoint); `false` when this pod
-    /// does not walk.
-    pub fn expect_predecessor(&self, shard: ShardId, from: Member) -> bool {
-        self.sessions.expect_predecessor(shard, from)
-    }
-
-    /// Resolves once no shard handed over still drains here (the shutdown's wait).
-    pub fn drained(&self) -> BoxFuture<'static, ()> {
-        self.sessions.drained()
     }
 
     /// A slot of `--max-inflight` for a push of `tenant` (`slots`), or which bound the

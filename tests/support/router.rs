@@ -67,6 +67,7 @@ impl Server {
             credentials,
             push: Arc::new(push),
             stats: Arc::new(NoSessions),
+            handovers: Arc::new(posgate::pos::handover::NoHandovers),
             metrics: metrics.clone(),
             peers,
             ready: ReadyLatch::default(),

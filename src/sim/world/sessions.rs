@@ -34,8 +34,7 @@ use crate::sim::checks::Violation;
 
 /// Terminals of each simulated shard.
 pub(super) const TERMINALS_PER_SHARD: usize = 3;
-/// Like `push::handoff::RELEASE_TIMEOUT`.
-const RELEASE_TIMEOUT: Duration = Duration::from_secs(1);
+pub(super) use crate::pos::handover::RELEASE_TIMEOUT;
 /// Peer messages lost on the way.
 const LOSS: f64 = 0.02;
 
