@@ -327,6 +327,14 @@ mod tests {
         }
     }
 
+    /// Terminal `pos-1` with connection 1 holding a session of `epoch`.
+    fn session(dedup: DedupWindow, epoch: u64) -> Terminal {
+        let mut t = Terminal::new("pos-1", dedup);
+        t.open(1);
+        t.handle_hello(1, epoch);
+        t
+    }
+
     fn take(t: &mut Terminal, conn: ConnId, epoch: u64, key: &str, now: u64) -> PushOutcome {
         let outcome = t.handle_push(conn, epoch, key, by("p", epoch), now);
         if outcome == PushOutcome::Take {
@@ -390,9 +398,7 @@ mod tests {
             window: Duration::from_secs(600),
             capacity: 10,
         };
-        let mut t = Terminal::new("pos-1", window);
-        t.open(1);
-        t.handle_hello(1, 1);
+        let mut t = session(window, 1);
         assert_eq!(take(&mut t, 1, 1, "acme:k", 1_000), PushOutcome::Take);
         assert_eq!(
             take(&mut t, 1, 1, "acme:k", 600_999),
@@ -409,9 +415,7 @@ mod tests {
 
     #[test]
     fn a_copy_while_another_is_acted_on_is_in_flight_and_a_refusal_frees_the_key() {
-        let mut t = Terminal::new("pos-1", DedupWindow::default());
-        t.open(1);
-        t.handle_hello(1, 1);
+        let mut t = session(DedupWindow::default(), 1);
         assert_eq!(t.handle_push(1, 1, "k", by("a", 1), 0), PushOutcome::Take);
         assert_eq!(
             t.handle_push(1, 1, "k", by("b", 1), 0),
@@ -427,15 +431,11 @@ mod tests {
 
     #[test]
     fn the_count_bound_forgets_the_oldest_and_says_so() {
-        let mut t = Terminal::new(
-            "pos-1",
-            DedupWindow {
-                window: Duration::from_secs(600),
-                capacity: 2,
-            },
-        );
-        t.open(1);
-        t.handle_hello(1, 1);
+        let window = DedupWindow {
+            window: Duration::from_secs(600),
+            capacity: 2,
+        };
+        let mut t = session(window, 1);
         for (i, key) in ["a", "b", "c"].into_iter().enumerate() {
             assert_eq!(take(&mut t, 1, 1, key, i as u64), PushOutcome::Take);
         }
@@ -449,9 +449,7 @@ mod tests {
 
     #[test]
     fn a_saved_terminal_keeps_its_fence_and_keys_across_a_restore() {
-        let mut t = Terminal::new("pos-1", DedupWindow::default());
-        t.open(1);
-        t.handle_hello(1, 9);
+        let mut t = session(DedupWindow::default(), 9);
         take(&mut t, 1, 9, "old", 0);
         take(&mut t, 1, 9, "new", 500_000);
         let mut r = Terminal::restore("pos-1", DedupWindow::default(), t.saved(), 650_000);
@@ -472,9 +470,7 @@ mod tests {
 
     #[test]
     fn a_fence_reset_keeps_the_keys_and_closes_current_sessions() {
-        let mut t = Terminal::new("pos-1", DedupWindow::default());
-        t.open(1);
-        t.handle_hello(1, 1 << 60);
+        let mut t = session(DedupWindow::default(), 1 << 60);
         take(&mut t, 1, 1 << 60, "k", 0);
         assert_eq!(t.reset_fence(), vec![1]);
         assert_eq!(t.highest_epoch(), None);
