@@ -56,7 +56,7 @@ use http::{HeaderValue, Request};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use posgate::config::{PodConfig, PosSettings};
+use posgate::config::{PodConfig, PosConfig};
 use posgate::core::shard::shard_of;
 use posgate::core::{CoreConfig, PodId};
 use posgate::pod::{Pod, PodHandle};
@@ -662,10 +662,10 @@ async fn run(pod_rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
             CoreConfig::fast(),
             None,
         );
-        config.pos = PosSettings {
+        config.pos = PosConfig {
             tls: tls.clone(),
             dial_rate: NonZeroU32::new(2_000).unwrap(),
-            ..PosSettings::default()
+            ..PosConfig::default()
         };
         let pod = match redis_stores.get(i) {
             None => Pod::start_with_directory(config, store.clone(), directory.clone(), listener)?,

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use posgate::config::{PodConfig, PosSettings};
+use posgate::config::{PodConfig, PosConfig};
 use posgate::core::shard::shard_of;
 use posgate::credentials::ApiTokens;
 use posgate::http::tls::ServerTlsFiles;
@@ -185,7 +185,7 @@ async fn tls_cluster_with(
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let mut config = tls_config(&format!("tls-pod-{i}"), addr, pki, peer_ca);
-        config.pos = pod::pos(&farm.ca_file, PosSettings::default().dial_rate.get());
+        config.pos = pod::pos(&farm.ca_file, PosConfig::default().dial_rate.get());
         adjust(&mut config);
         let pod =
             Pod::start_with_directory(config, store.clone(), directory.clone(), listener).unwrap();

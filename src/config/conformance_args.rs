@@ -43,7 +43,7 @@ pub struct ConformanceArgs {
 
 /// What `posgate conformance` runs with.
 #[derive(Clone, Debug)]
-pub struct ConformanceSettings {
+pub struct ConformanceConfig {
     pub terminal: Terminal,
     pub tls: TlsFiles,
     pub push_path: String,
@@ -53,7 +53,7 @@ pub struct ConformanceSettings {
 impl ConformanceArgs {
     /// Checks the terminal's id, address and name as `terminals import` would, and the
     /// push path.
-    pub fn resolve(&self) -> Result<ConformanceSettings, ConfigError> {
+    pub fn resolve(&self) -> Result<ConformanceConfig, ConfigError> {
         let terminal = Terminal::new(&self.terminal_id, &self.addr, self.server_name.as_deref())
             .map_err(|e| invalid("addr", e.to_string()))?;
         if !self.push_path.starts_with('/') || self.push_path.contains(char::is_whitespace) {
@@ -67,7 +67,7 @@ impl ConformanceArgs {
                     cert_file,
                     key_file,
                 });
-        Ok(ConformanceSettings {
+        Ok(ConformanceConfig {
             terminal,
             tls: TlsFiles {
                 ca_file: self.ca.clone(),
@@ -91,7 +91,7 @@ mod tests {
         args: ConformanceArgs,
     }
 
-    fn resolve(args: &[&str]) -> Result<ConformanceSettings, String> {
+    fn resolve(args: &[&str]) -> Result<ConformanceConfig, String> {
         let argv = ["conformance"].iter().chain(args);
         let cli = Cli::try_parse_from(argv).map_err(|e| e.to_string())?;
         cli.args.resolve().map_err(|e| e.to_string())

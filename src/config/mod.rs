@@ -9,7 +9,7 @@
 //! [`ServeArgs::resolve`] checks everything once, before anything starts; each error is
 //! one line naming the flag. Layout: this file holds the resolved settings and the error
 //! type, `serve_args.rs` the clap flags and their resolution, `pos_args.rs` the POS
-//! connection flags (flattened into `ServeArgs`) and their [`PosSettings`], `push_args.rs`
+//! connection flags (flattened into `ServeArgs`) and their [`PosConfig`], `push_args.rs`
 //! the push API flags (tokens, limits), `connection_args.rs` the limits of the HTTP
 //! listener's client connections, `tls_args.rs` the HTTPS flags (listener
 //! certificate, peer CA), `redis_args.rs` the Redis connection flags (shared with
@@ -47,12 +47,12 @@ use crate::driver::DriverConfig;
 use crate::http::tls::ServerTlsFiles;
 use crate::http::ConnectionLimits;
 use crate::peer::tls::PeerVerify;
-use crate::push::PushSettings;
+use crate::push::PushConfig;
 use crate::store::redis::{ClientCert, RedisOptions, Wait};
 
 pub use self::connection_args::ConnectionArgs;
 pub use self::pos_args::{
-    PosArgs, PosSettings, DEFAULT_DRAIN_BUDGET, MAX_DIRECTORY_POLL, MAX_DRAIN_BUDGET,
+    PosArgs, PosConfig, DEFAULT_DRAIN_BUDGET, MAX_DIRECTORY_POLL, MAX_DRAIN_BUDGET,
 };
 pub use self::push_args::{PushArgs, API_TOKENS_ENV, MAX_PUSH_BYTES};
 use self::secrets::redact_url;
@@ -91,11 +91,11 @@ pub struct PodConfig {
     /// Redis command response timeout.
     pub store_timeout: Duration,
     /// How the pod connects to POS terminals (used by `Pod::start_with_terminals`).
-    pub pos: PosSettings,
+    pub pos: PosConfig,
     /// Bearer tokens of the `/v1/*` API; `None` is insecure mode (no authentication).
     pub api_tokens: Option<ApiTokens>,
     /// Limits of the push API.
-    pub push: PushSettings,
+    pub push: PushConfig,
     /// `--tls-cert`/`--tls-key`: the HTTP listener serves TLS with these files; `None`
     /// is plain HTTP.
     pub tls: Option<ServerTlsFiles>,
@@ -139,9 +139,9 @@ impl PodConfig {
             advertise_url: advertise_url.into(),
             cluster_secret,
             store_timeout: DEFAULT_STORE_TIMEOUT,
-            pos: PosSettings::default(),
+            pos: PosConfig::default(),
             api_tokens: None,
-            push: PushSettings::default(),
+            push: PushConfig::default(),
             tls: None,
             peers: PeerVerify::default(),
             connections: ConnectionLimits::default(),
@@ -152,7 +152,7 @@ impl PodConfig {
 
 /// How to reach the coordination store.
 #[derive(Clone)]
-pub struct StoreSettings {
+pub struct StoreConfig {
     /// May contain a password; `Debug` redacts it.
     pub redis_url: String,
     pub cluster: String,
@@ -167,7 +167,7 @@ pub struct StoreSettings {
     pub redis_wait_replicas: u32,
 }
 
-impl StoreSettings {
+impl StoreConfig {
     /// The options to create the Redis store with: these settings' timeout and TLS files,
     /// the other options at their defaults. (The URL and cluster are passed separately.)
     pub fn redis_options(&self) -> RedisOptions {
@@ -187,9 +187,9 @@ impl StoreSettings {
     }
 }
 
-impl fmt::Debug for StoreSettings {
+impl fmt::Debug for StoreConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("StoreSettings")
+        f.debug_struct("StoreConfig")
             .field("redis_url", &redact_url(&self.redis_url))
             .field("cluster", &self.cluster)
             .field("store_timeout", &self.store_timeout)

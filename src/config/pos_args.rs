@@ -1,6 +1,6 @@
 //! [`PosArgs`]: the flags of `posgate serve` about connections to POS terminals (TLS
 //! material, keep-alive, dial pacing and backoff, directory polling), and their
-//! resolution into [`PosSettings`].
+//! resolution into [`PosConfig`].
 //!
 //! What it does not do: read the TLS files (the pod does, when it starts, so a bad file
 //! fails the start naming the file) or dial anything.
@@ -24,7 +24,7 @@ pub const MAX_DRAIN_BUDGET: Duration = Duration::from_secs(120);
 
 /// How a pod connects to POS terminals.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PosSettings {
+pub struct PosConfig {
     /// CA bundle and client identity for terminal TLS (paths only).
     pub tls: TlsFiles,
     pub keepalive: Keepalive,
@@ -45,10 +45,10 @@ pub struct PosSettings {
     pub drain_budget: Duration,
 }
 
-impl Default for PosSettings {
+impl Default for PosConfig {
     /// The flag defaults, trusting the system roots and without a client certificate.
     fn default() -> Self {
-        PosSettings {
+        PosConfig {
             tls: TlsFiles::default(),
             keepalive: Keepalive::default(),
             dial_rate: NonZeroU32::new(200).expect("non-zero"),
@@ -119,9 +119,9 @@ pub struct PosArgs {
 }
 
 impl PosArgs {
-    /// Checks the flags and turns them into [`PosSettings`]. The TLS files are only
+    /// Checks the flags and turns them into [`PosConfig`]. The TLS files are only
     /// paths here; they are read when the pod starts.
-    pub fn resolve(self) -> Result<PosSettings, ConfigError> {
+    pub fn resolve(self) -> Result<PosConfig, ConfigError> {
         let dial_rate = NonZeroU32::new(self.dial_rate)
             .ok_or_else(|| invalid("dial-rate", "must be greater than zero"))?;
         if self.dial_concurrency == 0 {
@@ -177,7 +177,7 @@ impl PosArgs {
                 cert_file,
                 key_file,
             });
-        Ok(PosSettings {
+        Ok(PosConfig {
             tls: TlsFiles {
                 ca_file: self.pos_ca,
                 client,

@@ -1,6 +1,6 @@
 //! [`PushArgs`]: the flags of `posgate serve` about the push API (tokens, size and
 //! concurrency limits, idempotency cache, the terminals' push path), resolved into
-//! [`PushSettings`] and the [`ApiTokens`].
+//! [`PushConfig`] and the [`ApiTokens`].
 //!
 //! Tokens are a secret, so they come from `--api-tokens-file` or `POSGATE_API_TOKENS`
 //! (never a flag value); whether missing tokens are an error (`--insecure`) is decided
@@ -15,9 +15,9 @@ use crate::credentials::ApiTokens;
 use std::num::NonZeroU32;
 
 use crate::http::MAX_TTL_S;
-use crate::push::broadcast::BroadcastSettings;
-use crate::push::queue::{QueueSettings, CLOCK_SKEW, COPY_TIMEOUT};
-use crate::push::PushSettings;
+use crate::push::broadcast::BroadcastConfig;
+use crate::push::queue::{QueueConfig, CLOCK_SKEW, COPY_TIMEOUT};
+use crate::push::PushConfig;
 use crate::store::queue::{charge_of, Limits};
 
 /// Environment variable with the API tokens (`tenant:token`, comma-separated).
@@ -106,7 +106,7 @@ impl PushArgs {
     pub(super) fn resolve(
         self,
         env: &impl Fn(&str) -> Option<String>,
-    ) -> Result<(Option<ApiTokens>, PushSettings), ConfigError> {
+    ) -> Result<(Option<ApiTokens>, PushConfig), ConfigError> {
         if self.max_push_bytes == 0 || self.max_push_bytes > MAX_PUSH_BYTES {
             return Err(invalid(
                 "max-push-bytes",
@@ -176,7 +176,7 @@ impl PushArgs {
             }
         };
         let queue = self.queue()?;
-        let broadcast = BroadcastSettings {
+        let broadcast = BroadcastConfig {
             rate: NonZeroU32::new(self.broadcast_rate)
                 .ok_or_else(|| invalid("broadcast-rate", "must be greater than zero"))?,
             max_active: match self.broadcast_max_active {
@@ -190,7 +190,7 @@ impl PushArgs {
                 .filter(|t| !t.is_empty())
                 .collect(),
         };
-        let settings = PushSettings {
+        let settings = PushConfig {
             max_push_bytes: self.max_push_bytes,
             max_batch_bytes: self.max_batch_bytes,
             max_inflight: self.max_inflight,
@@ -207,7 +207,7 @@ impl PushArgs {
     }
 
     /// The `--queue-*` flags, checked against each other and `--max-push-bytes`.
-    fn queue(&self) -> Result<QueueSettings, ConfigError> {
+    fn queue(&self) -> Result<QueueConfig, ConfigError> {
         let max_ttl = self.queue_max_ttl;
         if max_ttl < Duration::from_secs(1) || max_ttl.as_secs() > MAX_TTL_S {
             return Err(invalid(
@@ -250,7 +250,7 @@ impl PushArgs {
         }
         let drain_rate = NonZeroU32::new(self.queue_drain_rate)
             .ok_or_else(|| invalid("queue-drain-rate", "must be greater than zero"))?;
-        Ok(QueueSettings {
+        Ok(QueueConfig {
             max_ttl,
             limits: Limits {
                 per_terminal: self.queue_max_per_terminal,

@@ -1,5 +1,5 @@
 //! [`RedisArgs`]: the Redis connection flags that `posgate serve` and `posgate terminals`
-//! share, declared once and turned into [`StoreSettings`] by one function, so both
+//! share, declared once and turned into [`StoreConfig`] by one function, so both
 //! commands accept exactly the same flags and environment variables and report the same
 //! errors.
 //!
@@ -16,7 +16,7 @@ use std::time::Duration;
 use redis::IntoConnectionInfo;
 
 use super::secrets::{inject_password, secret_from};
-use super::{invalid, ConfigError, StoreSettings, REDIS_PASSWORD_ENV, REDIS_SENTINEL_PASSWORD_ENV};
+use super::{invalid, ConfigError, StoreConfig, REDIS_PASSWORD_ENV, REDIS_SENTINEL_PASSWORD_ENV};
 use crate::store::redis::sentinel_url::SentinelUrl;
 use crate::store::redis::ClientCert;
 
@@ -80,7 +80,7 @@ impl RedisArgs {
         cluster: String,
         store_timeout: Duration,
         env: &impl Fn(&str) -> Option<String>,
-    ) -> Result<StoreSettings, ConfigError> {
+    ) -> Result<StoreConfig, ConfigError> {
         let password = secret_from(
             "redis-password-file",
             self.redis_password_file.as_deref(),
@@ -156,7 +156,7 @@ impl RedisArgs {
                 ));
             }
         }
-        Ok(StoreSettings {
+        Ok(StoreConfig {
             redis_url,
             cluster,
             store_timeout,

@@ -1,5 +1,5 @@
 //! [`ServeArgs`]: the clap flags of `posgate serve`, and their resolution into a
-//! [`PodConfig`] and [`StoreSettings`], with the defaults that depend on the machine
+//! [`PodConfig`] and [`StoreConfig`], with the defaults that depend on the machine
 //! (hostname, pod id, advertise URL), and the list of files a reload re-reads.
 //!
 //! What it does not do: read secrets itself (`secrets.rs`) or check timings beyond the
@@ -16,7 +16,7 @@ use super::secrets::secret_from;
 use super::tls_args::TlsArgs;
 use super::{
     invalid, parse_duration, valid_cluster, ConfigError, LogFormat, PodConfig, PosArgs,
-    StoreSettings, CLUSTER_SECRET_ENV, DEFAULT_CLUSTER,
+    StoreConfig, CLUSTER_SECRET_ENV, DEFAULT_CLUSTER,
 };
 use crate::core::config::InvalidTimings;
 use crate::core::{CoreConfig, PodId};
@@ -121,7 +121,7 @@ pub struct ServeArgs {
 impl ServeArgs {
     /// Validates the flags and derives the defaults that depend on the environment
     /// (hostname, secrets from environment variables).
-    pub fn resolve(self) -> Result<(PodConfig, StoreSettings, SocketAddr), ConfigError> {
+    pub fn resolve(self) -> Result<(PodConfig, StoreConfig, SocketAddr), ConfigError> {
         self.resolve_with(|name| std::env::var(name).ok())
     }
 
@@ -129,7 +129,7 @@ impl ServeArgs {
     pub(super) fn resolve_with(
         self,
         env: impl Fn(&str) -> Option<String>,
-    ) -> Result<(PodConfig, StoreSettings, SocketAddr), ConfigError> {
+    ) -> Result<(PodConfig, StoreConfig, SocketAddr), ConfigError> {
         let core = CoreConfig {
             shards: self.shards,
             lease_ttl: self.lease_ttl,

@@ -1,5 +1,5 @@
 //! [`StatusArgs`]: the flags of `posgate status`, which shows the cluster in a terminal
-//! from one pod's `GET /v1/cluster`, and [`StatusSettings`], what they resolve to.
+//! from one pod's `GET /v1/cluster`, and [`StatusConfig`], what they resolve to.
 //!
 //! The operator token comes from `POSGATE_OPERATOR_TOKEN` or a file
 //! (`--token-file`, `POSGATE_OPERATOR_TOKEN_FILE`), never from a flag: a command line
@@ -51,7 +51,7 @@ pub struct StatusArgs {
 
 /// What `posgate status` runs with.
 #[derive(Clone, Debug)]
-pub struct StatusSettings {
+pub struct StatusConfig {
     /// `<url>/v1/cluster?include=terminals`.
     pub cluster_url: Uri,
     /// `None`: no token (a pod in `--insecure` mode answers without one).
@@ -66,7 +66,7 @@ pub struct StatusSettings {
 
 impl StatusArgs {
     /// Validates the flags and reads the token.
-    pub fn resolve(&self) -> Result<StatusSettings, ConfigError> {
+    pub fn resolve(&self) -> Result<StatusConfig, ConfigError> {
         self.resolve_with(|name| std::env::var(name).ok())
     }
 
@@ -74,7 +74,7 @@ impl StatusArgs {
     pub fn resolve_with(
         &self,
         env: impl Fn(&str) -> Option<String>,
-    ) -> Result<StatusSettings, ConfigError> {
+    ) -> Result<StatusConfig, ConfigError> {
         let base = self.url.trim_end_matches('/');
         let cluster_url: Uri = format!("{base}/v1/cluster?include=terminals")
             .parse()
@@ -101,7 +101,7 @@ impl StatusArgs {
             ),
             None => None,
         };
-        Ok(StatusSettings {
+        Ok(StatusConfig {
             cluster_url,
             token,
             tls_name,
@@ -155,7 +155,7 @@ mod tests {
         status: StatusArgs,
     }
 
-    fn resolve(args: &[&str], token: Option<&str>) -> Result<StatusSettings, ConfigError> {
+    fn resolve(args: &[&str], token: Option<&str>) -> Result<StatusConfig, ConfigError> {
         let argv = ["status"].iter().chain(args);
         let cli = Cli::try_parse_from(argv).expect("flags parse");
         cli.status.resolve_with(|name| {

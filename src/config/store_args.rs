@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use super::redis_args::RedisArgs;
-use super::{invalid, valid_cluster, ConfigError, StoreSettings, DEFAULT_CLUSTER};
+use super::{invalid, valid_cluster, ConfigError, StoreConfig, DEFAULT_CLUSTER};
 
 /// The store flags of an operator command.
 #[derive(Clone, clap::Args)]
@@ -33,7 +33,7 @@ pub struct StoreArgs {
 
 impl StoreArgs {
     /// Validates the flags: the settings to connect with.
-    pub fn resolve(&self) -> Result<StoreSettings, ConfigError> {
+    pub fn resolve(&self) -> Result<StoreConfig, ConfigError> {
         self.resolve_with(|name| std::env::var(name).ok())
     }
 
@@ -41,7 +41,7 @@ impl StoreArgs {
     pub fn resolve_with(
         &self,
         env: impl Fn(&str) -> Option<String>,
-    ) -> Result<StoreSettings, ConfigError> {
+    ) -> Result<StoreConfig, ConfigError> {
         if self.shards == 0 || self.shards > 4096 {
             return Err(invalid(
                 "shards",

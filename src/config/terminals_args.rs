@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 
 use super::store_args::StoreArgs;
-use super::{ConfigError, StoreSettings};
+use super::{ConfigError, StoreConfig};
 use crate::api::valid_terminal_id;
 
 /// Flags of `posgate terminals`. Every flag is global: it may stand before or after the
@@ -57,7 +57,7 @@ pub enum TerminalsCommand {
 
 impl TerminalsArgs {
     /// Validates the store flags: the settings to connect with.
-    pub fn resolve(&self) -> Result<StoreSettings, ConfigError> {
+    pub fn resolve(&self) -> Result<StoreConfig, ConfigError> {
         self.store.resolve()
     }
 }

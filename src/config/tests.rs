@@ -44,7 +44,7 @@ fn env_with(extra: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
     }
 }
 
-fn resolve(args: &str) -> Result<(PodConfig, StoreSettings, SocketAddr), ConfigError> {
+fn resolve(args: &str) -> Result<(PodConfig, StoreConfig, SocketAddr), ConfigError> {
     parse(args)
         .expect("flags parse")
         .resolve_with(env_with(&[]))
@@ -270,7 +270,7 @@ fn redis_tls_files_need_rediss_and_come_in_pairs() {
 #[test]
 fn pos_flags_default_and_resolve() {
     let (config, _, _) = resolve("").unwrap();
-    assert_eq!(config.pos, PosSettings::default());
+    assert_eq!(config.pos, PosConfig::default());
     let (config, _, _) = resolve(
         "--pos-ca ca.pem --pos-client-cert c.pem --pos-client-key k.pem --pos-keepalive 3s \
          --pos-keepalive-timeout 1s --dial-rate 1000 --dial-concurrency 8 --dial-timeout 2s \

@@ -83,7 +83,7 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 
 /// The broadcast flags (`posgate serve --broadcast-*`).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct BroadcastSettings {
+pub struct BroadcastConfig {
     /// `--broadcast-rate`: broadcast copies this pod sends per second, at most.
     pub rate: NonZeroU32,
     /// `--broadcast-max-active`: unexpired broadcasts in the cluster, at most.
@@ -92,9 +92,9 @@ pub struct BroadcastSettings {
     pub tenants: BTreeSet<String>,
 }
 
-impl Default for BroadcastSettings {
+impl Default for BroadcastConfig {
     fn default() -> Self {
-        BroadcastSettings {
+        BroadcastConfig {
             rate: NonZeroU32::new(200).expect("non-zero"),
             max_active: crate::store::broadcast::MAX_ACTIVE,
             tenants: BTreeSet::new(),
@@ -196,7 +196,7 @@ pub struct Broadcasts {
     serving: ServingTable,
     sessions: Arc<dyn Sessions>,
     status: watch::Receiver<PodStatus>,
-    settings: BroadcastSettings,
+    settings: BroadcastConfig,
     rules: QueueRules,
     /// How long a broadcast's keys are kept after its expiry (`--queue-retention`).
     retention_ms: u64,
@@ -215,9 +215,9 @@ impl Broadcasts {
         serving: ServingTable,
         sessions: Arc<dyn Sessions>,
         status: watch::Receiver<PodStatus>,
-        settings: BroadcastSettings,
+        settings: BroadcastConfig,
         rules: QueueRules,
-        queue: &super::queue::QueueSettings,
+        queue: &super::queue::QueueConfig,
         push_path: String,
         metrics: Arc<Metrics>,
     ) -> Self {
@@ -916,13 +916,13 @@ mod tests {
             ServingTable::new(8),
             Arc::new(super::super::NoTerminals),
             rx,
-            BroadcastSettings::default(),
+            BroadcastConfig::default(),
             QueueRules {
                 window: Duration::from_secs(600),
                 skew: CLOCK_SKEW,
                 copy_timeout: COPY_TIMEOUT,
             },
-            &super::super::queue::QueueSettings::default(),
+            &super::super::queue::QueueConfig::default(),
             "/push".into(),
             Arc::new(Metrics::new()),
         );

@@ -54,7 +54,7 @@ pub const MAX_TIMEOUT: Duration = Duration::from_millis(30_000);
 
 /// Limits and settings of the push API (`posgate serve` flags).
 #[derive(Clone, Debug)]
-pub struct PushSettings {
+pub struct PushConfig {
     /// `--max-push-bytes`: largest push body.
     pub max_push_bytes: usize,
     /// `--max-batch-bytes`: largest batch request body (`POST /v1/pushes`).
@@ -74,14 +74,14 @@ pub struct PushSettings {
     /// to arrive whole; `408` after.
     pub body_read_timeout: Duration,
     /// The `--queue-*` flags: pushes with a TTL.
-    pub queue: queue::QueueSettings,
+    pub queue: queue::QueueConfig,
     /// The `--broadcast-*` flags.
-    pub broadcast: broadcast::BroadcastSettings,
+    pub broadcast: broadcast::BroadcastConfig,
 }
 
-impl Default for PushSettings {
+impl Default for PushConfig {
     fn default() -> Self {
-        PushSettings {
+        PushConfig {
             max_push_bytes: 64 * 1024,
             max_batch_bytes: 4 << 20,
             max_inflight: 10_000,
@@ -91,8 +91,8 @@ impl Default for PushSettings {
             idempotency_ttl: Duration::from_secs(600),
             idempotency_capacity: 100_000,
             body_read_timeout: Duration::from_secs(10),
-            queue: queue::QueueSettings::default(),
-            broadcast: broadcast::BroadcastSettings::default(),
+            queue: queue::QueueConfig::default(),
+            broadcast: broadcast::BroadcastConfig::default(),
         }
     }
 }
@@ -164,7 +164,7 @@ pub struct PushService {
     /// Shards whose kept answers are being taken over (see `handoff`).
     fetching: watch::Receiver<handoff::Fetching>,
     forward: forward::ForwardClient,
-    settings: PushSettings,
+    settings: PushConfig,
     inflight: slots::Slots,
     /// The drains of pushes with a TTL, when the pod has a queue store.
     drains: Option<Arc<queue::Drains>>,
@@ -190,7 +190,7 @@ impl PushService {
         status: watch::Receiver<PodStatus>,
         sessions: Arc<dyn Sessions>,
         peers: PeerClient,
-        settings: PushSettings,
+        settings: PushConfig,
         metrics: Arc<Metrics>,
     ) -> Self {
         PushService {
@@ -276,7 +276,7 @@ impl PushService {
         self.shards
     }
 
-    pub fn settings(&self) -> &PushSettings {
+    pub fn settings(&self) -> &PushConfig {
         &self.settings
     }
 

@@ -86,7 +86,7 @@ const STOP_WAIT: Duration = Duration::from_secs(2);
 
 /// The queue's flags (`posgate serve --queue-*`).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct QueueSettings {
+pub struct QueueConfig {
     /// `--queue-max-ttl`: the longest TTL a push may ask for.
     pub max_ttl: Duration,
     /// The store's bounds: `--queue-max-per-terminal`, `--queue-max-tenant-bytes`,
@@ -98,9 +98,9 @@ pub struct QueueSettings {
     pub copy_timeout: Duration,
 }
 
-impl Default for QueueSettings {
+impl Default for QueueConfig {
     fn default() -> Self {
-        QueueSettings {
+        QueueConfig {
             max_ttl: Duration::from_secs(7 * 24 * 3600),
             limits: Limits {
                 per_terminal: 100,
@@ -204,7 +204,7 @@ pub struct Drains {
     store: Arc<dyn QueueStore>,
     serving: ServingTable,
     sessions: Arc<dyn Sessions>,
-    settings: QueueSettings,
+    settings: QueueConfig,
     rules: QueueRules,
     push_path: String,
     pace: DefaultDirectRateLimiter,
@@ -256,7 +256,7 @@ impl Drains {
         store: Arc<dyn QueueStore>,
         serving: ServingTable,
         sessions: Arc<dyn Sessions>,
-        settings: QueueSettings,
+        settings: QueueConfig,
         window: Duration,
         push_path: String,
         metrics: Arc<Metrics>,
@@ -286,7 +286,7 @@ impl Drains {
         &self.store
     }
 
-    pub fn settings(&self) -> &QueueSettings {
+    pub fn settings(&self) -> &QueueConfig {
         &self.settings
     }
 

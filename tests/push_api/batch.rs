@@ -9,7 +9,7 @@ use std::time::Duration;
 use http::{Request, StatusCode};
 use http_body_util::Full;
 use posgate::peer::wire::PUSH_BATCH_ROUTE;
-use posgate::push::PushSettings;
+use posgate::push::PushConfig;
 use serde_json::{json, Value};
 
 use super::{Cluster, ACME, OPERATOR, SHOP};
@@ -52,7 +52,7 @@ async fn replays(c: &Cluster, http: &Http) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_batch_over_every_shard_is_one_peer_request_per_owner_and_delivers_each_push_once() {
     const PUSHES: usize = 1_000;
-    let c = Cluster::start(3, 500, &[], PushSettings::default()).await;
+    let c = Cluster::start(3, 500, &[], PushConfig::default()).await;
     let http = client();
     let pushes: Vec<Value> = (0..PUSHES)
         .map(|i| {
@@ -131,7 +131,7 @@ async fn a_batch_over_every_shard_is_one_peer_request_per_owner_and_delivers_eac
 /// not when the slow terminal answers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_slow_terminal_does_not_hold_the_others_past_their_deadline() {
-    let c = Cluster::start(3, 60, &[], PushSettings::default()).await;
+    let c = Cluster::start(3, 60, &[], PushConfig::default()).await;
     let ids = c.ids();
     let slow = ids[0].clone();
     c.farm
@@ -212,7 +212,7 @@ async fn an_owner_without_the_batch_route_gets_the_pushes_one_by_one() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_bad_push_is_its_own_result_and_a_token_reaches_only_what_it_may() {
-    let c = Cluster::start(2, 20, &[], PushSettings::default()).await;
+    let c = Cluster::start(2, 20, &[], PushConfig::default()).await;
     let http = client();
     let ids = c.ids();
     let request = json!({"pushes": [

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
-use posgate::push::PushSettings;
+use posgate::push::PushConfig;
 
 use super::{acme, error_of, start_pod, Cluster};
 use crate::support::api::{client, push, Push};
@@ -18,7 +18,7 @@ use crate::support::wait::wait_for;
 async fn round_robin_pushes_reach_each_terminal_once_from_the_owner() {
     const PUSHES: usize = 10_000;
     const CONCURRENCY: usize = 64;
-    let c = Arc::new(Cluster::start(3, 300, &[], PushSettings::default()).await);
+    let c = Arc::new(Cluster::start(3, 300, &[], PushConfig::default()).await);
     let http = client();
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
@@ -123,7 +123,7 @@ async fn round_robin_pushes_reach_each_terminal_once_from_the_owner() {
 /// reaches that terminal, and never answers with the first terminal's stored result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_idempotency_key_belongs_to_its_terminal() {
-    let c = Cluster::start(2, 100, &[], PushSettings::default()).await;
+    let c = Cluster::start(2, 100, &[], PushConfig::default()).await;
     let http = client();
     let first = c.ids()[0].clone();
     let owner = c.owner_of(&first);
@@ -242,13 +242,13 @@ async fn push_stream(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn pushes_survive_a_join_and_an_owner_crash() {
     use std::sync::atomic::{AtomicBool, Ordering};
-    let mut cluster = Cluster::start(3, 300, &[], PushSettings::default()).await;
+    let mut cluster = Cluster::start(3, 300, &[], PushConfig::default()).await;
     // A 4th pod joins while pushes flow to the first three.
     let (fourth, _) = start_pod(
         "push-pod-3",
         &cluster.redis.url(),
         &cluster.farm,
-        PushSettings::default(),
+        PushConfig::default(),
     )
     .await;
     cluster.pods.push(fourth);

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use http::StatusCode;
-use posgate::push::PushSettings;
+use posgate::push::PushConfig;
 
 use super::{acme_keyed, Cluster};
 use crate::support::api::{self, client, push};
@@ -17,7 +17,7 @@ const KEY: &str = "order-moved";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_key_retried_across_a_planned_move_is_answered_from_the_kept_answers() {
-    let mut c = Cluster::start(2, 50, &[], PushSettings::default()).await;
+    let mut c = Cluster::start(2, 50, &[], PushConfig::default()).await;
     let http = client();
     let t = c.ids()[0].clone();
     let keyed = || acme_keyed(KEY);

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
-use posgate::push::PushSettings;
+use posgate::push::PushConfig;
 use posgate_pos_sim::FaultConfig;
 
 use super::{pod_config, Cluster, ACME};
@@ -23,7 +23,7 @@ async fn callers_that_go_away_leave_no_push_in_flight() {
         1,
         10,
         &[("pos-offline", "127.0.0.1:1")],
-        PushSettings::default(),
+        PushConfig::default(),
     )
     .await;
     let addr = c.urls[0].trim_start_matches("http://").to_string();
@@ -71,7 +71,7 @@ async fn readiness_waits_for_the_first_dial_of_every_terminal() {
     };
     farm.set_faults(slow).unwrap();
     let (listener, url) = pod::listen().await;
-    let mut config = pod_config("ready-pod", &url, &farm, PushSettings::default());
+    let mut config = pod_config("ready-pod", &url, &farm, PushConfig::default());
     config.pos.dial_concurrency = 10;
     let _pod = pod::start_with_terminals(config, &redis.url(), listener);
     let http = client();

@@ -36,7 +36,7 @@ use posgate::config::PodConfig;
 use posgate::core::shard::shard_of;
 use posgate::credentials::ApiTokens;
 use posgate::pod::PodHandle;
-use posgate::push::PushSettings;
+use posgate::push::PushConfig;
 use posgate::store::directory::Terminal;
 use posgate_pos_sim::FarmConfig;
 use serde_json::Value;
@@ -69,7 +69,7 @@ struct Cluster {
 
 /// A pod's config: fast timings, the tenants' and the operator's tokens, `push` limits, dialing at most
 /// 2,000 terminals per second.
-fn pod_config(name: &str, url: &str, farm: &Farm, push: PushSettings) -> PodConfig {
+fn pod_config(name: &str, url: &str, farm: &Farm, push: PushConfig) -> PodConfig {
     let mut config = pod::config(name, url);
     let tokens = format!("acme:{ACME},bank:{BANK},shop:{SHOP}:{SHOP_PATTERN},operator:{OPERATOR}");
     config.api_tokens = Some(ApiTokens::from_env_value(&tokens).unwrap());
@@ -83,7 +83,7 @@ async fn start_pod(
     name: &str,
     redis_url: &str,
     farm: &Farm,
-    push: PushSettings,
+    push: PushConfig,
 ) -> (PodHandle, String) {
     let (listener, url) = pod::listen().await;
     let config = pod_config(name, &url, farm, push);
@@ -103,17 +103,12 @@ impl Cluster {
     /// `pods` pods over `terminals` farm terminals, plus directory entries for
     /// `extra` (id, addr) terminals outside the farm; waits until every farm terminal
     /// has a session.
-    async fn start(
-        pods: usize,
-        terminals: u64,
-        extra: &[(&str, &str)],
-        push: PushSettings,
-    ) -> Self {
+    async fn start(pods: usize, terminals: u64, extra: &[(&str, &str)], push: PushConfig) -> Self {
         Cluster::start_with(pods, farm::config(terminals), extra, push, false).await
     }
 
     /// Like `start`, over a farm of `farm`'s settings.
-    async fn start_farm(pods: usize, farm: FarmConfig, push: PushSettings) -> Self {
+    async fn start_farm(pods: usize, farm: FarmConfig, push: PushConfig) -> Self {
         Cluster::start_with(pods, farm, &[], push, false).await
     }
 
@@ -121,14 +116,14 @@ impl Cluster {
     /// tap's URL, so every forwarded push crosses a tap and is recorded there.
     async fn start_tapped(pods: usize, terminals: u64) -> Self {
         let farm = farm::config(terminals);
-        Cluster::start_with(pods, farm, &[], PushSettings::default(), true).await
+        Cluster::start_with(pods, farm, &[], PushConfig::default(), true).await
     }
 
     async fn start_with(
         pods: usize,
         farm: FarmConfig,
         extra: &[(&str, &str)],
-        push: PushSettings,
+        push: PushConfig,
         tapped: bool,
     ) -> Self {
         let terminals = farm.range.end - farm.range.start;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use http::{Request, StatusCode};
 use http_body_util::Full;
-use posgate::push::PushSettings;
+use posgate::push::PushConfig;
 use posgate_pos_sim::FaultConfig;
 use serde_json::Value;
 
@@ -81,7 +81,7 @@ async fn offline(c: &Cluster, http: &Http, terminals: &[String]) {
 async fn pushes_wait_for_offline_terminals_and_arrive_in_order_after_their_hello() {
     const DOWN: usize = 200;
     const EACH: usize = 5;
-    let c = Cluster::start(3, 400, &[], PushSettings::default()).await;
+    let c = Cluster::start(3, 400, &[], PushConfig::default()).await;
     let http = client();
     let down: Vec<String> = c.ids()[..DOWN].to_vec();
     offline(&c, &http, &down).await;
@@ -195,7 +195,7 @@ async fn pushes_wait_for_offline_terminals_and_arrive_in_order_after_their_hello
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_expired_push_is_never_sent_and_collapse_keys_and_cancels_keep_only_the_last() {
-    let c = Cluster::start(2, 20, &[], PushSettings::default()).await;
+    let c = Cluster::start(2, 20, &[], PushConfig::default()).await;
     let http = client();
     let t = c.ids()[0].clone();
     offline(&c, &http, std::slice::from_ref(&t)).await;
@@ -345,9 +345,9 @@ async fn a_lost_answer_is_sent_again_only_within_the_window_then_ends_unknown() 
     const WINDOW: Duration = Duration::from_secs(4);
     let mut farm = crate::support::farm::config(4);
     farm.dedup.window = WINDOW;
-    let mut settings = PushSettings {
+    let mut settings = PushConfig {
         idempotency_ttl: WINDOW,
-        ..PushSettings::default()
+        ..PushConfig::default()
     };
     settings.queue.copy_timeout = Duration::from_secs(1);
     let c = Cluster::start_farm(2, farm, settings).await;

@@ -4,14 +4,14 @@
 //! the cluster and cannot push; a tenant's cannot see the cluster.
 
 use http::StatusCode;
-use posgate::push::PushSettings;
+use posgate::push::PushConfig;
 
 use super::{error_of, Cluster, OPERATOR, SHOP};
 use crate::support::api::{client, get, push, Push};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tokens_reach_only_what_they_are_granted() {
-    let c = Cluster::start(2, 20, &[], PushSettings::default()).await;
+    let c = Cluster::start(2, 20, &[], PushConfig::default()).await;
     let http = client();
     let a = &c.urls[0];
     let shop = |key| Push {

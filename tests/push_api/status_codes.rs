@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::Full;
 use posgate::core::shard::shard_of;
-use posgate::push::PushSettings;
+use posgate::push::PushConfig;
 use posgate_pos_sim::FaultConfig;
 
 use super::{acme, error_of, Cluster, ACME, BANK, OPERATOR};
@@ -18,10 +18,10 @@ use crate::support::pod::SHARDS;
 
 /// The cluster of every test here, a client, and the first farm terminal.
 pub(super) async fn cluster() -> (Cluster, Http, String) {
-    let settings = PushSettings {
+    let settings = PushConfig {
         max_push_bytes: 1024,
         max_waiting_per_terminal: 1,
-        ..PushSettings::default()
+        ..PushConfig::default()
     };
     let c = Cluster::start(2, 100, &[("pos-offline", "127.0.0.1:1")], settings).await;
     let t = c.ids()[0].clone();
@@ -300,9 +300,9 @@ async fn status_503_overloaded_while_another_push_waits_for_the_terminal() {
 /// One tenant at its share of the pod's in-flight pushes is refused; another is not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn status_503_overloaded_for_a_tenant_at_its_share_only() {
-    let settings = PushSettings {
+    let settings = PushConfig {
         max_inflight_per_tenant: 1,
-        ..PushSettings::default()
+        ..PushConfig::default()
     };
     let c = Cluster::start(2, 100, &[("pos-offline", "127.0.0.1:1")], settings).await;
     let (http, t) = (client(), c.ids()[0].clone());

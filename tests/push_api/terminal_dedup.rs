@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use http::StatusCode;
-use posgate::push::PushSettings;
+use posgate::push::PushConfig;
 
 use super::{acme_keyed, start_pod, Cluster};
 use crate::support::api::{self, client, push};
@@ -16,7 +16,7 @@ const KEY: &str = "order-dup";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_key_retried_after_the_owner_crashed_is_answered_as_a_duplicate() {
-    let mut c = Cluster::start(2, 50, &[], PushSettings::default()).await;
+    let mut c = Cluster::start(2, 50, &[], PushConfig::default()).await;
     let http = client();
     let t = c.ids()[0].clone();
     let keyed = || acme_keyed(KEY);
@@ -32,7 +32,7 @@ async fn a_key_retried_after_the_owner_crashed_is_answered_as_a_duplicate() {
     // the next owner (`kept_answers.rs`).
     c.pods[owner].abort();
     let name = format!("push-pod-{owner}-restarted");
-    let (restarted, url) = start_pod(&name, &c.redis.url(), &c.farm, PushSettings::default()).await;
+    let (restarted, url) = start_pod(&name, &c.redis.url(), &c.farm, PushConfig::default()).await;
     c.pods[owner] = restarted;
     c.urls[owner] = url;
     let terminals = c.ids().len() as u64;

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use posgate::config::PosSettings;
+use posgate::config::PosConfig;
 use posgate_loadtest::load::pushgen::PushRecord;
 use posgate_loadtest::load::unix_ms;
 use posgate_pos_sim::FarmCounters;
@@ -125,7 +125,7 @@ async fn frozen_store(pods: usize, then: Then, test: &str) {
     // the pods, which finds no terminal), then the load stops.
     let more = match then {
         Then::Resume => Duration::from_secs(2),
-        Then::RestartEmpty => PosSettings::default().directory_poll + Duration::from_secs(1),
+        Then::RestartEmpty => PosConfig::default().directory_poll + Duration::from_secs(1),
     };
     tokio::time::sleep(more).await;
     let ended = unix_ms();

@@ -12,7 +12,7 @@ use std::num::NonZeroU32;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use posgate::config::{PodConfig, PosSettings};
+use posgate::config::{PodConfig, PosConfig};
 use posgate::core::{CoreConfig, Epoch, PodId, ShardId};
 use posgate::credentials::{ApiTokens, ClusterSecret};
 use posgate::pod::{Pod, PodHandle};
@@ -63,14 +63,14 @@ pub fn config(id: &str, url: &str) -> PodConfig {
 
 /// POS settings trusting the CA in `ca_file`, dialing at most `dial_rate` terminals per
 /// second; the rest default.
-pub fn pos(ca_file: &Path, dial_rate: u32) -> PosSettings {
-    PosSettings {
+pub fn pos(ca_file: &Path, dial_rate: u32) -> PosConfig {
+    PosConfig {
         tls: TlsFiles {
             ca_file: Some(ca_file.to_owned()),
             client: None,
         },
         dial_rate: NonZeroU32::new(dial_rate).unwrap(),
-        ..PosSettings::default()
+        ..PosConfig::default()
     }
 }
 

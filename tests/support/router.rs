@@ -13,7 +13,7 @@ use posgate::credentials::{ClusterSecret, Credentials};
 use posgate::http::{serve, ConnectionLimits, HttpState, ReadyLatch, Routes};
 use posgate::metrics::Metrics;
 use posgate::peer::{PeerClient, PeerReceiver};
-use posgate::push::{NoTerminals, PushService, PushSettings};
+use posgate::push::{NoTerminals, PushConfig, PushService};
 use posgate::serving::{NoSessions, ServingTable};
 use posgate::status::PodStatus;
 use serde_json::Value;
@@ -56,9 +56,9 @@ impl Server {
             receiver.clone(),
             Arc::new(NoTerminals),
             peers.clone(),
-            PushSettings {
+            PushConfig {
                 body_read_timeout: BODY_READ_TIMEOUT,
-                ..PushSettings::default()
+                ..PushConfig::default()
             },
             metrics.clone(),
         );

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use posgate::config::{ConfigError, LogFormat, PodConfig, ServeArgs, StoreSettings};
+use posgate::config::{ConfigError, LogFormat, PodConfig, ServeArgs, StoreConfig};
 use posgate::pod::{Pod, PodError};
 use posgate::store::redis::RedisStore;
 use posgate::store::StoreError;
@@ -76,7 +76,7 @@ pub fn main(args: ServeArgs) -> ExitCode {
 
 async fn run_pod(
     config: PodConfig,
-    settings: StoreSettings,
+    settings: StoreConfig,
     listen: SocketAddr,
     reload: (ServeArgs, posgate::reload::Fingerprints),
 ) -> anyhow::Result<()> {

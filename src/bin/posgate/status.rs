@@ -19,7 +19,7 @@ use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use posgate::config::status_args::{StatusArgs, StatusSettings};
+use posgate::config::status_args::{StatusArgs, StatusConfig};
 use posgate::peer::tls::{h2_client_config, PeerConnector, PeerTls, PeerVerify};
 use serde::Deserialize;
 
@@ -68,7 +68,7 @@ type Http = Client<PeerConnector, Empty<Bytes>>;
 
 /// An HTTP/2 client (as pods talk to each other: cleartext with prior knowledge, or TLS
 /// with ALPN `h2`), verifying an `https://` pod against `--ca-file` or the system roots.
-fn client(settings: &StatusSettings) -> anyhow::Result<Http> {
+fn client(settings: &StatusConfig) -> anyhow::Result<Http> {
     // No CA read here (`ca_file: None`): only the name to verify.
     let tls = PeerTls::new(&PeerVerify {
         ca_file: None,
@@ -149,7 +149,7 @@ struct ShardView {
 }
 
 /// One request for the view; a refusal says what the pod answered.
-async fn fetch(client: &Http, settings: &StatusSettings) -> anyhow::Result<ClusterView> {
+async fn fetch(client: &Http, settings: &StatusConfig) -> anyhow::Result<ClusterView> {
     let url = &settings.cluster_url;
     let mut request = Request::get(url.clone());
     if let Some(token) = &settings.token {
@@ -194,7 +194,7 @@ struct PodRow {
 }
 
 /// The view as text; `settings` for where it came from.
-fn render(view: &ClusterView, settings: &StatusSettings) -> String {
+fn render(view: &ClusterView, settings: &StatusConfig) -> String {
     let mut out = String::new();
     let via = view.pod.as_deref().unwrap_or("a pod not yet named");
     let _ = write!(

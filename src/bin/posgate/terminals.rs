@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use posgate::config::terminals_args::{TerminalsArgs, TerminalsCommand};
-use posgate::config::StoreSettings;
+use posgate::config::StoreConfig;
 use posgate::store::redis::RedisStore;
 
 use crate::{exit_code_for, or_usage, runtime};
@@ -92,7 +92,7 @@ impl Report {
 /// runs the action; returns what to print.
 async fn run_terminals(
     args: &TerminalsArgs,
-    settings: StoreSettings,
+    settings: StoreConfig,
     import: Option<Import>,
 ) -> anyhow::Result<Report> {
     use posgate::store::directory::DirectoryAdmin;

@@ -30,7 +30,7 @@ use rand::distr::{Alphanumeric, SampleString};
 
 use self::redis_child::RedisChild;
 use self::traffic::{Traffic, TrafficCounts};
-use posgate::config::{LogFormat, PodConfig, PosSettings};
+use posgate::config::{LogFormat, PodConfig, PosConfig};
 use posgate::core::{CoreConfig, PodId};
 use posgate::credentials::ApiTokens;
 use posgate::credentials::ClusterSecret;
@@ -249,7 +249,7 @@ impl Demo {
         let tokens = format!("demo:{},operator:{}", self.token, self.operator_token);
         config.api_tokens = Some(ApiTokens::from_env_value(&tokens)?);
         config.push.broadcast.tenants = ["demo".to_string()].into();
-        config.pos = PosSettings {
+        config.pos = PosConfig {
             tls: TlsFiles {
                 ca_file: Some(self.ca_file.clone()),
                 client: None,
@@ -259,7 +259,7 @@ impl Demo {
                 base: Duration::from_millis(500),
                 cap: Duration::from_secs(2),
             },
-            ..PosSettings::default()
+            ..PosConfig::default()
         };
         Ok(config)
     }
