@@ -296,7 +296,7 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
                 let me = self.rec.pod();
                 // Who takes over, as far as we know: the lease holder when it is someone
                 // else (stolen), otherwise the ring's choice (rebalance).
-                let holder = self.rec.leases()[shard as usize].as_ref().map(|l| &l.owner);
+                let holder = self.rec.lease(shard).map(|l| &l.owner);
                 let to = holder.filter(|&p| p != me).or(self
                     .rec
                     .assignment()

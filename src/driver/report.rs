@@ -19,7 +19,7 @@ use crate::status::{PlacementStatus, PodStatus, ShardStatus, StoreStatus};
 pub(super) fn pod_status(rec: &Reconciler, now: Instant) -> PodStatus {
     let shards = (0..rec.config().shards)
         .map(|shard| {
-            let lease = rec.leases().get(shard as usize).and_then(Option::as_ref);
+            let lease = rec.lease(shard);
             ShardStatus {
                 shard,
                 assigned: rec.assignment().owner(shard).cloned(),

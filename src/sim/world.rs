@@ -439,7 +439,7 @@ impl<'a> World<'a> {
                     let known = self.pods[pod]
                         .rec
                         .as_ref()
-                        .and_then(|r| r.leases().get(shard as usize).cloned().flatten());
+                        .and_then(|r| r.lease(shard).cloned());
                     let hello = self
                         .check
                         .started(self.now, &id, shard, epoch, known.as_ref())?;

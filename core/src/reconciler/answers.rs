@@ -30,7 +30,7 @@ impl Reconciler {
             // The lease's last holder, whether or not it is still a member (a pod under
             // SIGTERM deregisters while its sessions drain).
             if from.pod != self.me {
-                self.last_holders[s as usize] = Some(from.clone());
+                self.shards[s as usize].last_holder = Some(from.clone());
             }
         }
         self.know_epoch(s, outcome.epoch());
@@ -78,7 +78,7 @@ impl Reconciler {
                     sh.end_claim(ClaimEnd::Answered);
                 }
                 self.note_holder(s, &owner);
-                self.leases[s as usize] = Some(Lease { owner, epoch });
+                self.shards[s as usize].lease = Some(Lease { owner, epoch });
                 if held.is_some_and(|held| epoch >= held) {
                     self.stop(s, StopReason::Stolen, AfterStop::Forget);
                 }

@@ -73,10 +73,11 @@ impl Reconciler {
                 self.debounce
                     .observe(now, ids, self.placement.assignment.pods());
                 self.members = snap.members;
-                self.leases = snap.leases;
-                self.leases.resize(self.cfg.shards as usize, None);
+                let mut leases = snap.leases.into_iter();
                 for s in 0..self.cfg.shards {
-                    if let Some(lease) = self.leases[s as usize].clone() {
+                    let lease = leases.next().flatten();
+                    self.shards[s as usize].lease = lease.clone();
+                    if let Some(lease) = lease {
                         self.note_holder(s, &lease.owner);
                         self.know_epoch(s, lease.epoch);
                         if lease.owner == self.me {

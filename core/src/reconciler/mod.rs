@@ -213,22 +213,13 @@ pub struct Reconciler {
     place_sent: bool,
     debounce: Debounce,
     members: Vec<Member>,
-    leases: Vec<Option<Lease>>,
-    /// Per shard, the last other pod this pod saw holding its lease, as the member it
-    /// was then: where a shard this pod acquires comes from (history: kept when the
-    /// lease disappears on release and the pod from the members when it leaves).
-    last_holders: Vec<Option<Member>>,
-    /// Per shard, the highest epoch this pod knows it was handed out with: its own
-    /// grants, other pods' leases seen in snapshots and answers, the epochs terminals
-    /// reported having seen. The floor of every claim (rule 7). Kept across store
-    /// generations: terminals keep theirs.
-    floors: Vec<Epoch>,
     /// What this pod saw the store acknowledge, to prove it went back in time.
     witness: Witness,
     /// Times the store was found to have gone back in time (see [`Reconciler::rollbacks`]).
     rollbacks: u64,
     registered: bool,
     ready: bool,
+    /// Per shard, one record: its phase and claim history, lease, last holder and floor.
     shards: Vec<Shard>,
     heartbeat: Timer,
     poll: Timer,
@@ -248,9 +239,6 @@ impl Reconciler {
     pub fn new(cfg: CoreConfig, me: PodId, now: Instant) -> Self {
         let shards = (0..cfg.shards).map(|_| Shard::new()).collect();
         Reconciler {
-            leases: vec![None; cfg.shards as usize],
-            last_holders: vec![None; cfg.shards as usize],
-            floors: vec![0; cfg.shards as usize],
             witness: Witness::default(),
             rollbacks: 0,
             placement: Placement::none(cfg.shards),
@@ -398,25 +386,25 @@ impl Reconciler {
     pub fn members(&self) -> &[Member] {
         &self.members
     }
-    /// Lease holders from the last snapshot, index = shard.
-    pub fn leases(&self) -> &[Option<Lease>] {
-        &self.leases
+    /// `shard`'s lease as the last snapshot showed it.
+    pub fn lease(&self, shard: ShardId) -> Option<&Lease> {
+        self.shards.get(shard as usize)?.lease.as_ref()
     }
     /// The last pod other than this one seen holding `shard`'s lease while a member, if
     /// any: the pod a shard acquired now comes from (by then its lease is usually gone,
     /// released, and the pod itself may have left the members).
     pub fn last_holder(&self, shard: ShardId) -> Option<&Member> {
-        self.last_holders.get(shard as usize)?.as_ref()
+        self.shards.get(shard as usize)?.last_holder.as_ref()
     }
     /// The highest epoch this pod knows `shard` was handed out with (0: none).
     pub fn floor(&self, shard: ShardId) -> Epoch {
-        self.floors.get(shard as usize).copied().unwrap_or(0)
+        self.shards.get(shard as usize).map_or(0, |s| s.floor)
     }
     /// Raises `shard`'s floor to `epoch` (beyond [`MAX_EPOCH`]: not an epoch a store
     /// handed out, ignored).
     pub(super) fn know_epoch(&mut self, shard: ShardId, epoch: Epoch) {
         if epoch <= MAX_EPOCH {
-            let floor = &mut self.floors[shard as usize];
+            let floor = &mut self.shards[shard as usize].floor;
             *floor = (*floor).max(epoch);
         }
     }
@@ -432,7 +420,7 @@ impl Reconciler {
             return;
         }
         if let Some(m) = self.members.iter().find(|m| m.pod == *owner) {
-            self.last_holders[shard as usize] = Some(m.clone());
+            self.shards[shard as usize].last_holder = Some(m.clone());
         }
     }
     pub fn shard_state(&self, shard: ShardId) -> Option<ShardState> {

@@ -48,9 +48,9 @@ impl Reconciler {
         self.registered = false;
         self.witness.new_generation();
         self.heartbeat.reschedule(now);
-        self.leases.iter_mut().for_each(|l| *l = None);
         for s in 0..self.cfg.shards {
             let sh = &mut self.shards[s as usize];
+            sh.lease = None;
             // A lease we may have taken in the old generation no longer exists.
             sh.forget_stray();
             // Served: our deadline proves we were the only holder; nobody could have

@@ -165,7 +165,8 @@ impl Reconciler {
             let Some(held) = self.shards[s as usize].held_epoch() else {
                 continue;
             };
-            let newer = self.leases[s as usize]
+            let newer = self.shards[s as usize]
+                .lease
                 .as_ref()
                 .is_some_and(|l| l.owner != self.me && l.epoch > held);
             if newer {
@@ -221,7 +222,7 @@ impl Reconciler {
                 if self.placement.assignment.owner(s) != Some(&self.me) {
                     return false;
                 }
-                let free = match &self.leases[s as usize] {
+                let free = match &sh.lease {
                     None => true,
                     Some(lease) => lease.owner == self.me,
                 };

@@ -17,6 +17,7 @@ use std::time::Instant;
 
 pub use self::claims::{ClaimEnd, Stray};
 use self::claims::{Owed, Reclaim};
+use crate::membership::{Lease, Member};
 use crate::Epoch;
 
 /// Where one shard stands for this pod.
@@ -53,6 +54,17 @@ pub struct Shard {
     /// holder are paced from it. History rather than phase, so it outlives the claim: a
     /// shard lost soon after it was won is not claimed again before the pace allows.
     last_claim: Option<Instant>,
+    /// The shard's lease as the last snapshot showed it (or a claim's answer since).
+    pub(super) lease: Option<Lease>,
+    /// The last pod other than this one seen holding the lease while a member, as the
+    /// member it was then: where the shard comes from when this pod acquires it (kept
+    /// when the lease disappears on release and the pod leaves the members).
+    pub(super) last_holder: Option<Member>,
+    /// The highest epoch this pod knows the shard was handed out with: its own grants,
+    /// other pods' leases seen in snapshots and answers, the epochs terminals reported.
+    /// The floor of every claim (rule 7). Kept across store generations: terminals keep
+    /// theirs.
+    pub(super) floor: Epoch,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,6 +112,9 @@ impl Shard {
         Shard {
             phase: Phase::Idle { stray: Stray::None },
             last_claim: None,
+            lease: None,
+            last_holder: None,
+            floor: 0,
         }
     }
 

@@ -264,7 +264,7 @@ impl World<'_> {
         let Some(rec) = self.pods[pod].rec.as_ref() else {
             return Ok(());
         };
-        let owner = rec.leases()[shard as usize].as_ref().map(|l| &l.owner);
+        let owner = rec.lease(shard).map(|l| &l.owner);
         let peer = match route::target(rec.pod(), serving_here, owner, rec.members()) {
             Target::Here => return self.at_owner(pod, flight, look),
             Target::Peer(member) => self.pods.iter().position(|p| p.id == member.pod),
