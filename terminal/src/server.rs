@@ -147,6 +147,8 @@ impl<H, P> Clone for Server<H, P> {
 }
 
 struct Inner<H, P> {
+    /// The terminal's id (fixed for its life), read here without the state's lock.
+    id: String,
     config: Config,
     handler: H,
     state: Mutex<Shared<P>>,
@@ -170,6 +172,7 @@ impl<H: Handler, P: Persist> Server<H, P> {
         };
         Server {
             inner: Arc::new(Inner {
+                id: shared.terminal.id().to_owned(),
                 config,
                 handler,
                 state: Mutex::new(shared),
@@ -288,11 +291,11 @@ impl<H: Handler, P: Persist> Server<H, P> {
     }
 
     fn hello(&self, conn: ConnId, req: &Request<Incoming>) -> Answer {
-        let mut s = self.lock();
-        let hello = match wire::hello(req.headers(), s.terminal.id()) {
+        let hello = match wire::hello(req.headers(), &self.inner.id) {
             Ok(hello) => hello,
             Err(why) => return Answer::Malformed(why),
         };
+        let mut s = self.lock();
         match s.terminal.handle_hello(conn, hello.epoch) {
             HelloOutcome::Accepted { superseded, raised } => {
                 if raised {
@@ -314,8 +317,7 @@ impl<H: Handler, P: Persist> Server<H, P> {
 
     async fn push(&self, conn: ConnId, req: Request<Incoming>) -> Answer {
         let (parts, body) = req.into_parts();
-        let id = self.lock().terminal.id().to_owned();
-        let head = match wire::push(&parts.headers, &id) {
+        let head = match wire::push(&parts.headers, &self.inner.id) {
             Ok(head) => head,
             Err(why) => return Answer::Malformed(why),
         };

@@ -72,22 +72,12 @@ pub fn push(headers: &HeaderMap, terminal: &str) -> Result<PushHead, Malformed> 
     let key = single(headers, IDEMPOTENCY_KEY)
         .filter(|k| k.len() <= 128 && k.bytes().all(|b| b.is_ascii_graphic()))
         .ok_or(Malformed("missing or malformed idempotency-key\n"))?;
-    let tenant = match headers.get_all(TENANT).iter().count() {
-        0 => None,
-        _ => Some(
-            single(headers, TENANT)
-                .filter(|t| !t.contains(':'))
-                .ok_or(Malformed("malformed posgate-tenant\n"))?,
-        ),
-    };
-    let at = |name| match headers.get_all(name).iter().count() {
-        0 => Ok(None),
-        _ => single(headers, name)
-            .and_then(decimal)
-            .map(Some)
-            .ok_or(Malformed(
-                "malformed posgate-queued-at or posgate-expires-at\n",
-            )),
+    let tenant = optional(headers, TENANT, |t| (!t.contains(':')).then_some(t))
+        .ok_or(Malformed("malformed posgate-tenant\n"))?;
+    let at = |name| {
+        optional(headers, name, decimal).ok_or(Malformed(
+            "malformed posgate-queued-at or posgate-expires-at\n",
+        ))
     };
     Ok(PushHead {
         epoch,
@@ -121,6 +111,19 @@ pub fn single<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
         (Some(value), None) => value.to_str().ok().filter(|v| !v.is_empty()),
         _ => None,
     }
+}
+
+/// An optional header: `Some(None)` when absent, `Some(Some(v))` when [`single`] and
+/// `parse` take it, `None` when it is malformed.
+fn optional<'a, T>(
+    headers: &'a HeaderMap,
+    name: &str,
+    parse: impl FnOnce(&'a str) -> Option<T>,
+) -> Option<Option<T>> {
+    if !headers.contains_key(name) {
+        return Some(None);
+    }
+    single(headers, name).and_then(parse).map(Some)
 }
 
 /// A decimal `u64` as §2 writes it: digits only, no sign, no leading zeros.
