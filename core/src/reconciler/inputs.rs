@@ -34,9 +34,8 @@ impl Reconciler {
                 self.store_ok(now);
                 let same_generation = self.generation.as_deref() == Some(&snap.generation.id);
                 self.observe_generation(now, &snap.generation);
-                let was_registered = self.registered;
-                self.registered = snap.members.iter().any(|m| m.pod == self.me);
-                if was_registered && !self.registered {
+                let registered = snap.members.iter().any(|m| m.pod == self.me);
+                if self.lifecycle.set_registered(registered) {
                     // Our registration is gone while we run (lost by a failover, or it
                     // expired while we could not write): peers drop us after one
                     // debounce, so register again now rather than at the next interval.
@@ -95,7 +94,7 @@ impl Reconciler {
     /// The answer to [`Action::Place`](super::Action::Place) for `placement`: `Ok(true)` stored, `Ok(false)` the
     /// store's version was not the expected one (someone else changed it first).
     pub fn handle_place(&mut self, now: Instant, placement: Placement, result: OpResult<bool>) {
-        self.place_sent = false;
+        self.placing = None;
         match result {
             Ok(true) => {
                 self.store_ok(now);
@@ -234,7 +233,7 @@ impl Reconciler {
         // Even a failed deregistration ends shutdown: the registration expires by TTL.
         let _ = result;
         self.lifecycle.move_to_finished();
-        self.registered = false;
+        self.lifecycle.set_registered(false);
         self.reconcile(now);
     }
 

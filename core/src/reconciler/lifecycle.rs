@@ -1,9 +1,10 @@
 //! The pod's lifecycle: running, then (on a graceful shutdown) draining its shards,
-//! deregistering, finished.
+//! deregistering, finished; and beside that stage, its presence in the cluster
+//! (registered, ready).
 //!
-//! One enum, changed only through the `move_to_*` methods here, so a deregistration
-//! cannot be in flight while the pod runs, nor shutdown lose the time it began (its
-//! budget counts from there).
+//! Two enums, changed only through the methods here, so a deregistration cannot be in
+//! flight while the pod runs, nor shutdown lose the time it began (its budget counts
+//! from there), nor a pod be ready before it registered.
 //!
 //! Not for: what shutting down does to the shards (stop, release: `rules.rs`) or when a
 //! shutdown is asked for (the driver calls [`super::Reconciler::begin_shutdown`]).
@@ -13,6 +14,24 @@ use std::time::Instant;
 #[derive(Clone, Debug)]
 pub(super) struct Lifecycle {
     inner: Life,
+    presence: Presence,
+}
+
+/// The pod in the member list, as its last snapshot showed it, and whether it was ever
+/// ready. Readiness is never withdrawn (`/readyz` is sticky: a probe that flipped back
+/// on a rebalance or a lost registration would take a pod that still serves out of its
+/// Service), hence four states, not two flags that could say "ready, never registered".
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Presence {
+    /// Not registered yet, or the registration was lost before the pod was ever ready.
+    Absent,
+    /// Registered; some shard assigned to the pod is not served yet.
+    Joining,
+    /// Registered, and every assigned shard was served at once: ready.
+    Ready,
+    /// Ready once; the registration was lost since (a failover, an expiry while the pod
+    /// could not write) and is being renewed. Still ready.
+    ReadyAbsent,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,6 +53,38 @@ impl Lifecycle {
     pub fn new() -> Self {
         Lifecycle {
             inner: Life::Running,
+            presence: Presence::Absent,
+        }
+    }
+
+    /// In the member list, as of the last snapshot.
+    pub fn registered(&self) -> bool {
+        matches!(self.presence, Presence::Joining | Presence::Ready)
+    }
+
+    /// Ready once: registered with every assigned shard served; never reset.
+    pub fn ready(&self) -> bool {
+        matches!(self.presence, Presence::Ready | Presence::ReadyAbsent)
+    }
+
+    /// A snapshot (or the store's loss, or deregistration: `false`) says whether the pod
+    /// is in the member list. Returns `true` when that lost a registration.
+    pub fn set_registered(&mut self, registered: bool) -> bool {
+        let was = self.registered();
+        self.presence = match (self.ready(), registered) {
+            (false, false) => Presence::Absent,
+            (false, true) => Presence::Joining,
+            (true, true) => Presence::Ready,
+            (true, false) => Presence::ReadyAbsent,
+        };
+        was && !registered
+    }
+
+    /// Every shard assigned to the registered pod is served: it is ready from now on.
+    pub fn move_to_ready(&mut self) {
+        debug_assert!(self.registered(), "ready while {:?}", self.presence);
+        if self.presence == Presence::Joining {
+            self.presence = Presence::Ready;
         }
     }
 

@@ -210,15 +210,15 @@ pub struct Reconciler {
     placement: Placement,
     /// What the last snapshot said about the stored placement.
     stored: Stored,
-    place_sent: bool,
+    /// The version of the placement this pod is writing ([`Action::Place`] sent, not
+    /// answered): one write at a time.
+    placing: Option<u64>,
     debounce: Debounce,
     members: Vec<Member>,
     /// What this pod saw the store acknowledge, to prove it went back in time.
     witness: Witness,
     /// Times the store was found to have gone back in time (see [`Reconciler::rollbacks`]).
     rollbacks: u64,
-    registered: bool,
-    ready: bool,
     /// Per shard, one record: its phase and claim history, lease, last holder and floor.
     shards: Vec<Shard>,
     heartbeat: Timer,
@@ -243,7 +243,7 @@ impl Reconciler {
             rollbacks: 0,
             placement: Placement::none(cfg.shards),
             stored: Stored::Unknown,
-            place_sent: false,
+            placing: None,
             debounce: Debounce::default(),
             heartbeat: Timer::due_at(now),
             poll: Timer::due_at(now),
@@ -254,8 +254,6 @@ impl Reconciler {
             generation: None,
             hold_until: None,
             members: Vec::new(),
-            registered: false,
-            ready: false,
             shards,
             renew_sent: None,
             last_seen: None,
@@ -323,7 +321,7 @@ impl Reconciler {
         // A settled membership change waits for the hold (its own timer), an answer, or
         // the store, not for the debounce: waking for it then would spin.
         let can_place = self.hold_until.is_none()
-            && !self.place_sent
+            && self.placing.is_none()
             && !self.store.failing()
             && self.stored != Stored::Unknown;
         if can_place {
@@ -427,11 +425,11 @@ impl Reconciler {
         self.shards.get(shard as usize).map(Shard::view)
     }
     pub fn registered(&self) -> bool {
-        self.registered
+        self.lifecycle.registered()
     }
     /// True once registered with every assigned shard served; never reset.
     pub fn ready(&self) -> bool {
-        self.ready
+        self.lifecycle.ready()
     }
     /// This pod's judgement of the store failure it experiences, if the store fails.
     pub fn outage(&self) -> Option<Outage> {

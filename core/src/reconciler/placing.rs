@@ -22,7 +22,7 @@ impl Reconciler {
     /// Writes a placement when one is due: the remembered one after a data loss, or the
     /// next one once a membership change has been stable for the debounce period.
     pub(super) fn update_placement(&mut self, now: Instant) {
-        if self.place_sent || self.store.failing() {
+        if self.placing.is_some() || self.store.failing() {
             return;
         }
         let expected = match self.stored {
@@ -58,7 +58,7 @@ impl Reconciler {
     }
 
     fn send_place(&mut self, expected: Option<u64>, placement: Placement) {
-        self.place_sent = true;
+        self.placing = Some(placement.version);
         self.actions.push_back(Action::Place {
             expected,
             placement,

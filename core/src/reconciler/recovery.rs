@@ -45,7 +45,7 @@ impl Reconciler {
             return;
         }
         // Everything the store knew is gone: leases, registrations, our view of holders.
-        self.registered = false;
+        self.lifecycle.set_registered(false);
         self.witness.new_generation();
         self.heartbeat.reschedule(now);
         for s in 0..self.cfg.shards {

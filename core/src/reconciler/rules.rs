@@ -295,14 +295,20 @@ impl Reconciler {
     }
 
     pub(super) fn update_ready(&mut self) {
-        if self.ready || !self.registered || !self.placement.assignment.pods().contains(&self.me) {
+        let lifecycle = &self.lifecycle;
+        if lifecycle.ready()
+            || !lifecycle.registered()
+            || !self.placement.assignment.pods().contains(&self.me)
+        {
             return;
         }
         let all_served = (0..self.cfg.shards).all(|s| {
             self.placement.assignment.owner(s) != Some(&self.me)
                 || matches!(self.shards[s as usize].view(), ShardState::Serving { .. })
         });
-        self.ready = all_served;
+        if all_served {
+            self.lifecycle.move_to_ready();
+        }
     }
 
     pub(super) fn drive_shutdown(&mut self, now: Instant, started: Instant) {

@@ -376,5 +376,6 @@ fn a_pod_whose_registration_vanished_registers_again_at_once() {
         ..snapshot(r, "g", &["b"], vec![None; 8])
     });
     assert!(!r.registered());
+    assert!(r.ready(), "readiness is never withdrawn");
     assert_eq!(heartbeats(&at_once), 1, "{at_once:?}");
 }
