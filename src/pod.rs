@@ -39,7 +39,7 @@ use crate::pos::dialer::{Dialer, DialerConfig};
 use crate::pos::handover::{Handovers, NoHandovers, WalkConfig, RELEASE_TIMEOUT};
 use crate::pos::manager::{ConnectionManager, ManagerConfig};
 use crate::pos::tls;
-use crate::push::handoff::{self, HandoffHook, Handoffs, HANDOFF_LINGER};
+use crate::push::handover::{self, HandoverHook, Takeovers, HANDOVER_LINGER};
 use crate::push::queue::{self, QueueEvents, QueueHook};
 use crate::push::{NoTerminals, PushService, Sessions};
 pub use crate::reload::Reloader;
@@ -130,11 +130,11 @@ impl Pod {
         let store = Arc::new(store);
         let metrics = Arc::new(Metrics::new());
         let credentials = config.credentials();
-        let (driver, handoffs, _) = driver(&config, &store, hook, None, &credentials, &metrics)?;
+        let (driver, takeovers, _) = driver(&config, &store, hook, None, &credentials, &metrics)?;
         let (server_cert, peer_tls) = tls_parts(&config)?;
         let parts = Parts {
             credentials,
-            handoffs,
+            takeovers,
             queue: None,
             directory: None,
             sessions: Arc::new(NoTerminals),
@@ -222,7 +222,7 @@ impl Pod {
         let stats = Arc::new(manager.clone());
         let handovers = Arc::new(manager.clone());
         let queue_store: Stores = (store.clone(), store.clone());
-        let (driver, handoffs, queue) = driver(
+        let (driver, takeovers, queue) = driver(
             &config,
             &store,
             manager,
@@ -234,7 +234,7 @@ impl Pod {
         tokio::spawn(forward_status(driver.status(), members_tx));
         let parts = Parts {
             credentials,
-            handoffs,
+            takeovers,
             queue,
             directory: Some(edits),
             sessions,
@@ -261,7 +261,7 @@ async fn forward_status(mut from: watch::Receiver<PodStatus>, to: watch::Sender<
 
 /// A pod's driver: it tells `hook` and the push layer's hooks (kept answers, queue
 /// drains) about serving transitions.
-type PodDriver<S, H> = Driver<S, (H, (HandoffHook, QueueHook))>;
+type PodDriver<S, H> = Driver<S, (H, (HandoverHook, QueueHook))>;
 
 /// The queue a pod keeps pushes with a TTL in, and its drains' end of the hook.
 type Queue = (Stores, QueueEvents);
@@ -269,9 +269,9 @@ type Queue = (Stores, QueueEvents);
 /// Where pushes with a TTL and broadcasts are kept (one store, seen through each trait).
 type Stores = (Arc<dyn QueueStore>, Arc<dyn BroadcastStore>);
 
-/// What [`driver`] makes: the driver, the handoff hook's other end, and with a queue
+/// What [`driver`] makes: the driver, the handover hook's other end, and with a queue
 /// store, the queue and its hook's other end.
-type Driven<S, H> = (PodDriver<S, H>, Handoffs, Option<Queue>);
+type Driven<S, H> = (PodDriver<S, H>, Takeovers, Option<Queue>);
 
 /// The pod's [`PodDriver`], signing with `credentials`, and the other ends of the push
 /// layer's hooks.
@@ -283,16 +283,16 @@ fn driver<S: CoordStore, H: ServingHook>(
     credentials: &Credentials,
     metrics: &Arc<Metrics>,
 ) -> Result<Driven<S, H>, PodError> {
-    let (handoff, handoffs) = handoff::channel();
+    let (taken_over, takeovers) = handover::channel();
     let (queue_hook, events) = queue::hook(queue.is_some());
     let driver = Driver::new(
         config.driver(),
         credentials.clone(),
         store.clone(),
-        (hook, (handoff, queue_hook)),
+        (hook, (taken_over, queue_hook)),
         metrics.clone(),
     )?;
-    Ok((driver, handoffs, queue.map(|q| (q, events))))
+    Ok((driver, takeovers, queue.map(|q| (q, events))))
 }
 
 /// The listener's certificate (`None`: plain HTTP) and the peer client's TLS config, read
@@ -311,7 +311,7 @@ fn tls_parts(config: &PodConfig) -> Result<(Option<ServerCert>, PeerTls), PodErr
 struct Parts {
     credentials: Credentials,
     /// The other end of the serving hook that moves kept push answers with their shards.
-    handoffs: Handoffs,
+    takeovers: Takeovers,
     /// Where pushes with a TTL are kept, and the other end of the drains' hook.
     queue: Option<Queue>,
     /// The directory API's writes, with a terminal directory.
@@ -335,7 +335,7 @@ fn spawn_pod<S: CoordStore, H: ServingHook>(
 ) -> Result<PodHandle, PodError> {
     let Parts {
         credentials,
-        handoffs,
+        takeovers,
         queue,
         directory,
         sessions,
@@ -378,7 +378,7 @@ fn spawn_pod<S: CoordStore, H: ServingHook>(
         config.push.clone(),
         metrics.clone(),
     )
-    .with_handoffs(&handoffs)
+    .with_takeovers(&takeovers)
     .with_telemetry(telemetry);
     let push = match queue {
         Some(((store, broadcasts), events)) => push.with_queue(store, broadcasts, events),
@@ -386,7 +386,7 @@ fn spawn_pod<S: CoordStore, H: ServingHook>(
     };
     let push = Arc::new(push);
     // Ends when the driver (holding the hook) does.
-    tokio::spawn(push.clone().run_handoffs(handoffs));
+    tokio::spawn(push.clone().run_takeovers(takeovers));
     let metrics_handle = metrics.clone();
     let failures = &http::PUSH_FAILURES;
     let sampler = sampler::run(metrics.clone(), status.clone(), stats.clone(), failures);
@@ -492,10 +492,10 @@ async fn run_pod<S: CoordStore, H: ServingHook>(
         owned = &mut ownership => {
             if owned.is_ok() {
                 // The new owners of the shards just released ask for their kept push
-                // answers (`push::handoff`) and for each terminal of the shards that
+                // answers (`push::handover`) and for each terminal of the shards that
                 // drain (`pos::handover`): keep answering peers until they have, the
                 // drains bounded by the drain budget (the manager closes the rest then).
-                let kept = if push.kept_nothing() { Duration::ZERO } else { HANDOFF_LINGER };
+                let kept = if push.kept_nothing() { Duration::ZERO } else { HANDOVER_LINGER };
                 let linger = async {
                     tokio::join!(tokio::time::sleep(kept), handovers.drained());
                 };

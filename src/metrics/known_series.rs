@@ -166,7 +166,7 @@ impl Metrics {
         }
         for outcome in ["taken", "unsupported", "failed", "refused"] {
             let _ = self
-                .kept_answers_handoffs
+                .kept_answers_handovers
                 .get_or_create(&[("outcome", outcome)]);
         }
         for result in QUEUE_ENQUEUE_RESULTS {

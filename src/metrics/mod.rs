@@ -118,7 +118,7 @@ pub struct Metrics {
     pub push_replays: Counter,
     pub pushes_on_suspended: Counter,
     pub push_duplicates: Counter,
-    pub kept_answers_handoffs: Family<Label, Counter>,
+    pub kept_answers_handovers: Family<Label, Counter>,
     pub kept_answers_taken: Counter,
     pub push_batches: Family<Label, Counter>,
     pub push_batch_items: Family<Label, Counter>,
@@ -204,7 +204,7 @@ impl Metrics {
             push_replays: Counter::default(),
             pushes_on_suspended: Counter::default(),
             push_duplicates: Counter::default(),
-            kept_answers_handoffs: Family::default(),
+            kept_answers_handovers: Family::default(),
             kept_answers_taken: Counter::default(),
             queue_enqueued: Family::default(),
             queue_finals: Family::default(),
@@ -385,10 +385,12 @@ impl Metrics {
             "Pushes a terminal answered with the duplicate marker: it had the idempotency key already and did not take the push again",
             self.push_duplicates.clone(),
         );
+        // "handoff": the name predates "handover" as the one word for a shard's move,
+        // and a metric's name is its dashboards' contract.
         r.register(
             "posgate_kept_answers_handoffs",
             "Shards taken over whose previous owner was asked for its kept push answers, by outcome (taken, unsupported: an older release, failed: unreachable or too slow, refused: a malformed answer)",
-            self.kept_answers_handoffs.clone(),
+            self.kept_answers_handovers.clone(),
         );
         r.register(
             "posgate_kept_answers_taken",

@@ -8,7 +8,7 @@
 //! nothing in flight for it by then — a planned move closes the old owner's sessions, or
 //! drains them once no push is being sent on them, before it releases the lease, so
 //! every push it had for the shard has ended. Pushes for
-//! the shard wait here (bounded by [`HANDOFF_TIMEOUT`] and their deadline) until the
+//! the shard wait here (bounded by [`HANDOVER_TIMEOUT`] and their deadline) until the
 //! answers are in, so the first retry after the move already finds them.
 //!
 //! What happens when it cannot: the old owner dead, unreachable, slow or of the previous
@@ -17,7 +17,7 @@
 //! (`docs/pos-protocol.md` §5): the answer is then `200` with `"duplicate": true`. The
 //! same holds past the transfer's bound (`peer::wire::MAX_HANDED_OVER_BYTES`, the
 //! newest keys first) and for a push that completed at the old owner after the answers were taken.
-//! Each handoff counts in `posgate_kept_answers_handoffs_total{outcome}`.
+//! Each handover counts in `posgate_kept_answers_handoffs_total{outcome}`.
 //!
 //! Not for: the cache's rules (`idempotency`), or the transport (`crate::peer`).
 
@@ -45,10 +45,10 @@ use crate::serving::ServingHook;
 
 /// How long the new owner waits for the old owner's answers (and pushes for the shard
 /// wait for them).
-pub const HANDOFF_TIMEOUT: Duration = Duration::from_secs(1);
+pub const HANDOVER_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long a pod that shut down keeps answering peers when it kept answers, so the new
 /// owners of its shards can take them over: their fetch's timeout, plus its travel.
-pub const HANDOFF_LINGER: Duration = Duration::from_millis(1_500);
+pub const HANDOVER_LINGER: Duration = Duration::from_millis(1_500);
 /// Most keys one pod hands over for one shard (before the byte bound).
 const MAX_HANDED_OVER_KEYS: usize = 20_000;
 
@@ -62,36 +62,36 @@ pub struct Takeover {
     from: PeerTarget,
 }
 
-/// The serving hook that starts a handoff for every shard taken over. See the module
+/// The serving hook that starts a handover for every shard taken over. See the module
 /// docs.
-pub struct HandoffHook {
+pub struct HandoverHook {
     takeovers: mpsc::UnboundedSender<Takeover>,
     fetching: watch::Sender<Fetching>,
 }
 
-/// The other end of a [`HandoffHook`], for [`PushService::with_handoffs`] and
-/// [`PushService::run_handoffs`].
-pub struct Handoffs {
+/// The other end of a [`HandoverHook`], for [`PushService::with_takeovers`] and
+/// [`PushService::run_takeovers`].
+pub struct Takeovers {
     takeovers: mpsc::UnboundedReceiver<Takeover>,
     fetching: watch::Sender<Fetching>,
 }
 
 /// A hook and its other end.
-pub fn channel() -> (HandoffHook, Handoffs) {
+pub fn channel() -> (HandoverHook, Takeovers) {
     let (tx, rx) = mpsc::unbounded_channel();
     let (fetching, _) = watch::channel(Fetching::new());
-    let hook = HandoffHook {
+    let hook = HandoverHook {
         takeovers: tx,
         fetching: fetching.clone(),
     };
-    let handoffs = Handoffs {
+    let takeovers = Takeovers {
         takeovers: rx,
         fetching,
     };
-    (hook, handoffs)
+    (hook, takeovers)
 }
 
-impl ServingHook for HandoffHook {
+impl ServingHook for HandoverHook {
     fn taken_over(&self, shard: ShardId, _epoch: Epoch, from: &Member) {
         // Marked before the driver's `start` returns, so no push slips past the wait.
         self.fetching
@@ -123,18 +123,18 @@ fn end_fetch(fetching: &watch::Sender<Fetching>, shard: ShardId) {
 }
 
 impl PushService {
-    /// Pushes wait for the kept answers of shards `handoffs` fetches.
-    pub fn with_handoffs(mut self, handoffs: &Handoffs) -> Self {
-        self.fetching = handoffs.fetching.subscribe();
+    /// Pushes wait for the kept answers of shards `takeovers` fetches.
+    pub fn with_takeovers(mut self, takeovers: &Takeovers) -> Self {
+        self.fetching = takeovers.fetching.subscribe();
         self
     }
 
     /// Fetches the kept answers of every shard taken over, each in its own task, until
     /// the hook is dropped.
-    pub async fn run_handoffs(self: Arc<Self>, mut handoffs: Handoffs) {
-        while let Some(Takeover { shard, from }) = handoffs.takeovers.recv().await {
+    pub async fn run_takeovers(self: Arc<Self>, mut takeovers: Takeovers) {
+        while let Some(Takeover { shard, from }) = takeovers.takeovers.recv().await {
             let service = self.clone();
-            let fetching = handoffs.fetching.clone();
+            let fetching = takeovers.fetching.clone();
             tokio::spawn(async move {
                 service.take_over_answers(shard, &from).await;
                 end_fetch(&fetching, shard);
@@ -175,7 +175,7 @@ impl PushService {
             }
         };
         self.metrics
-            .kept_answers_handoffs
+            .kept_answers_handovers
             .get_or_create(&[("outcome", outcome)])
             .inc();
     }
@@ -184,7 +184,7 @@ impl PushService {
         let asked = self
             .forward
             .peers()
-            .kept_answers(from, shard, HANDOFF_TIMEOUT);
+            .kept_answers(from, shard, HANDOVER_TIMEOUT);
         let body = match asked.await {
             Ok(body) => body,
             Err(PeerError::Status { status: 404, .. }) => return Err(Failed::Unsupported),
@@ -225,7 +225,7 @@ impl PushService {
     }
 }
 
-/// Why a handoff took nothing.
+/// Why a handover took nothing.
 enum Failed {
     /// The old owner has no such endpoint (`404`: a pod of the previous release).
     Unsupported,

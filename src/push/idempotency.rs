@@ -20,7 +20,7 @@
 //!
 //! A shard's final answers move with it: the pod that takes a shard over asks the pod
 //! that had it for them ([`IdempotencyCache::export`], [`IdempotencyCache::import`];
-//! the transfer is `super::handoff`), so a retry across a planned move is answered
+//! the transfer is `super::handover`), so a retry across a planned move is answered
 //! from the cache rather than reaching the terminal again.
 //!
 //! Time is passed in (`now`), so the rules are tested without sleeping.

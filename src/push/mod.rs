@@ -7,7 +7,7 @@
 //! owner's drain (`queue`), in order per terminal, after its hello. A batch (`batch`)
 //! goes to each owner in one request. Answers (`answer`) are JSON with the documented codes; the owner's
 //! idempotency cache (`idempotency`) turns retries into replays, and its answers for a
-//! shard move with the shard (`handoff`); `auth` maps bearer tokens to tenants.
+//! shard move with the shard (`handover`); `auth` maps bearer tokens to tenants.
 //!
 //! Not for: HTTP parsing and validation (`crate::http::push`), or sessions themselves
 //! (`crate::pos`).
@@ -16,7 +16,7 @@ pub mod answer;
 pub mod batch;
 pub mod broadcast;
 mod forward;
-pub mod handoff;
+pub mod handover;
 pub mod idempotency;
 pub mod later;
 mod owner;
@@ -161,8 +161,8 @@ pub struct PushService {
     status: watch::Receiver<PodStatus>,
     sessions: Arc<dyn Sessions>,
     cache: IdempotencyCache,
-    /// Shards whose kept answers are being taken over (see `handoff`).
-    fetching: watch::Receiver<handoff::Fetching>,
+    /// Shards whose kept answers are being taken over (see `handover`).
+    fetching: watch::Receiver<handover::Fetching>,
     forward: forward::ForwardClient,
     settings: PushConfig,
     inflight: slots::Slots,
@@ -201,7 +201,7 @@ impl PushService {
             status,
             sessions,
             cache: IdempotencyCache::new(settings.idempotency_ttl, settings.idempotency_capacity),
-            fetching: watch::channel(handoff::Fetching::new()).1,
+            fetching: watch::channel(handover::Fetching::new()).1,
             inflight: slots::Slots::new(settings.max_inflight, settings.max_inflight_per_tenant),
             drains: None,
             broadcasts: None,

@@ -95,7 +95,7 @@ impl PushService {
             Ok(link) => link,
             Err(owned) => return owned,
         };
-        // A shard just taken over: its kept answers may be on their way (`handoff`).
+        // A shard just taken over: its kept answers may be on their way (`handover`).
         let until = deadline.checked_sub(MIN_SEND_BUDGET).unwrap_or(deadline);
         self.kept_answers_in(shard, until).await;
         let digest: [u8; 32] = Sha256::digest(&push.body).into();

@@ -38,7 +38,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use posgate::push::handoff::HANDOFF_LINGER;
+use posgate::push::handover::HANDOVER_LINGER;
 
 /// Secrets are read from these variables (or from the `*_FILE` flags); they are not flags
 /// themselves, so `serve --help` does not list them as `[env: ...]`.
@@ -274,7 +274,7 @@ fn check_shutdown_timing(source: &str, text: &str, defaults: (u64, u64)) {
     };
     let budget = set("POSGATE_SHUTDOWN_BUDGET", defaults.0);
     let drain = set("POSGATE_DRAIN_BUDGET", defaults.1);
-    let linger = HANDOFF_LINGER.as_secs_f64().ceil() as u64;
+    let linger = HANDOVER_LINGER.as_secs_f64().ceil() as u64;
     let needed = sleep + (budget + linger).max(drain) + HTTP_DRAIN_SECS;
     println!(
         "{source}: preStop {sleep}s + max(shutdown budget {budget}s + kept-answers linger \

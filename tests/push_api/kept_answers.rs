@@ -1,4 +1,4 @@
-//! A shard's kept push answers move with it in a planned move (`push::handoff`): the
+//! A shard's kept push answers move with it in a planned move (`push::handover`): the
 //! owner of a terminal shuts down gracefully, the pod that takes the shard over asks it
 //! for the answers it kept, and the caller's retry of a key delivered before the move is
 //! answered from the new owner's cache — the terminal never sees the key again.

@@ -3,7 +3,7 @@
 //! each terminal (`release`), right before it dials it; the drain budget closes what is
 //! left. The stop that begins a drain is acknowledged once no push is being sent on the
 //! shard ([`Sending`]), so the lease is released with every answer final: the kept
-//! answers the new owner takes over (`push::handoff`) are complete.
+//! answers the new owner takes over (`push::handover`) are complete.
 //!
 //! What a terminal sees when two pods disagree: this pod delivers nothing on a draining
 //! session, and the new owner dials a terminal only after this pod closed it (or, if

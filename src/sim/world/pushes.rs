@@ -3,7 +3,7 @@
 //! ([`crate::core::route`]) from their reconciler's view; owners deliver only while
 //! their reconciler serves the shard, through the real idempotency cache
 //! ([`crate::push::idempotency::IdempotencyCache`]), whose kept answers move with a
-//! shard to its next owner (as `push::handoff` does); the terminal fences by epoch and
+//! shard to its next owner (as `push::handover` does); the terminal fences by epoch and
 //! deduplicates by key ([`crate::sim::keys`], which also holds the invariant).
 //!
 //! Timings follow the real pod at the simulation's faster lease: a deadline per
@@ -328,7 +328,7 @@ impl World<'_> {
     }
 
     /// `pod` starts serving `shard`: it takes the kept answers of the shard's last other
-    /// holder over, as `push::handoff` does (at once here; a holder that is dead or
+    /// holder over, as `push::handover` does (at once here; a holder that is dead or
     /// frozen answers nothing).
     pub(super) fn take_over_answers(&mut self, pod: usize, shard: ShardId) {
         let Some(last) = self.pods[pod]
