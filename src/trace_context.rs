@@ -79,8 +79,9 @@ pub struct Trace {
     pub request_id: RequestId,
     /// This pod's span of the push, the parent of the next hop's; `None` when nobody
     /// traces: the caller sent no `traceparent` and this pod exports no spans, so a
-    /// trace would reach no one and cost every hop its headers.
-    pub context: Option<TraceContext>,
+    /// trace would reach no one and cost every hop its headers. Boxed: a push's futures
+    /// hold its trace and are copied when moved, untraced pushes too.
+    pub context: Option<Box<TraceContext>>,
 }
 
 impl Trace {
@@ -98,7 +99,7 @@ impl Trace {
     pub fn hop(&self) -> Self {
         Trace {
             request_id: self.request_id,
-            context: self.context.as_ref().map(TraceContext::child),
+            context: self.context.as_ref().map(|c| Box::new(c.child())),
         }
     }
 
@@ -183,10 +184,11 @@ impl TraceContext {
     }
 
     /// This pod's span under `sender`'s, or, without one, a new trace if `start`.
-    fn under(sender: Option<Self>, start: bool) -> Option<Self> {
+    fn under(sender: Option<Self>, start: bool) -> Option<Box<Self>> {
         sender
             .map(|c| c.child())
             .or_else(|| start.then(TraceContext::start))
+            .map(Box::new)
     }
 
     /// The same trace one hop further: a new span of this pod's under this one.

@@ -301,7 +301,9 @@ async fn push(state: &HttpState, terminal: String, parts: &Parts, body: Bytes) -
     };
     let deadline = clock::now() + forwarded.deadline.min(MAX_TIMEOUT);
     let exporting = state.push.telemetry().is_on();
-    let trace = Trace::from_peer(parts.extensions.get().copied(), &parts.headers, exporting);
+    // Answered to the entry pod, which answers the caller with its id: no id of this
+    // pod's own unless the entry pod (of an earlier release) sent none.
+    let trace = Trace::from_peer(None, &parts.headers, exporting);
     let line = PushLine::admit(state, &trace, &forwarded.terminal, received);
     let request = request_of(forwarded, received, trace);
     let answer = state.push.deliver_forwarded(&request, deadline).await;
@@ -394,7 +396,7 @@ pub(super) async fn terminal(
 }
 
 /// `GET /internal/v1/kept-answers/{id}`: the final push answers this pod keeps for one
-/// shard's terminals, for the pod that acquired the shard from it (`push::handoff`).
+/// shard's terminals, for the pod that acquired the shard from it (`push::handover`).
 pub(super) async fn kept_answers(
     State(state): State<Arc<HttpState>>,
     Path(shard): Path<String>,

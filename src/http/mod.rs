@@ -139,14 +139,14 @@ impl Routes {
 
     /// The answer to `request`, boxed once here: a push's future is several KiB (it
     /// holds every state of the delivery), and each move of it is a copy of all of it.
-    /// Every request gets a [`RequestId`], in its extensions for the handlers' log
-    /// lines and in the answer's [`REQUEST_ID`] header (but a forwarded push's, which
-    /// goes to the entry pod, not to a caller).
+    /// Every request gets a [`RequestId`] for the handlers' log lines (a push's as an
+    /// argument, the router's handlers' in the request's extensions) and in the answer's
+    /// [`REQUEST_ID`] header; but a forwarded push, answered to the entry pod, not to a
+    /// caller, goes by the entry pod's id.
     fn answer(&mut self, mut request: Request) -> BoxFuture<'static, Response> {
         use futures::future::FutureExt;
         use tower_service::Service;
         let id = RequestId::new();
-        request.extensions_mut().insert(id);
         let with_id = move |mut response: Response| {
             response.headers_mut().insert(REQUEST_ID, id.header_value());
             response
@@ -154,15 +154,17 @@ impl Routes {
         if request.method() == Method::POST {
             let path = request.uri().path();
             if let Some(terminal) = route_id(api::PUSH_ROUTE, path) {
-                let answer = push::serve_push(self.state.clone(), terminal, request);
+                let answer = push::serve_push(self.state.clone(), terminal, id, request);
                 return Box::pin(answer.map(with_id));
             }
             if let Some(terminal) = route_id(wire::PUSH_ROUTE, path) {
                 let state = self.state.clone();
-                // Answered to the entry pod, which answers the caller with its own id.
                 return Box::pin(internal::serve_forwarded(state, terminal, request));
             }
         }
+        // Not before: the extensions are a map allocated on the first insert, a cost
+        // every push would pay for an id it gets as an argument.
+        request.extensions_mut().insert(id);
         let routed = self.router.call(request);
         Box::pin(routed.map(move |answer| match answer {
             Ok(response) => with_id(response),

@@ -104,6 +104,7 @@ fn authenticate(state: &HttpState, headers: &HeaderMap) -> Result<Caller, Refuse
 pub(super) async fn serve_push(
     state: Arc<HttpState>,
     terminal: Result<String, Utf8Error>,
+    id: RequestId,
     request: Request,
 ) -> Response {
     if let Some(refused) = check_head(&request) {
@@ -114,7 +115,7 @@ pub(super) async fn serve_push(
         Err(refused) => return refused.response(),
     };
     match terminal {
-        Ok(terminal) => push(state, caller, terminal, request).await,
+        Ok(terminal) => push(state, caller, terminal, id, request).await,
         Err(_) => error(ErrorCode::InvalidRequest, BAD_ID),
     }
 }
@@ -241,11 +242,12 @@ pub(super) fn timeout_param(raw: Option<String>) -> Result<Duration, String> {
 #[serde(deny_unknown_fields)]
 pub(super) struct NoQuery {}
 
-/// A push from `caller` to `terminal` (decoded from the path).
+/// A push from `caller` to `terminal` (decoded from the path), request `id`.
 async fn push(
     state: Arc<HttpState>,
     caller: Caller,
     terminal: String,
+    id: RequestId,
     request: Request,
 ) -> Response {
     let received = Instant::now();
@@ -254,7 +256,7 @@ async fn push(
     let in_flight = GaugeUnit::hold(&state.metrics.pushes_in_flight);
     let (head, body) = request.into_parts();
     let exporting = service.telemetry().is_on();
-    let trace = Trace::entry(head.extensions.get().copied(), &head.headers, exporting);
+    let trace = Trace::entry(Some(id), &head.headers, exporting);
     let line = PushLine::admit(&state, &trace, &terminal, received);
     let span = exporting.then(|| trace.clone());
     let checked = checked(
@@ -302,7 +304,7 @@ pub(super) fn record_span(
     telemetry.record(
         name,
         SpanKind::Server,
-        trace.context.as_ref(),
+        trace.context.as_deref(),
         start,
         || {
             vec![

@@ -233,7 +233,8 @@ impl PeerClient {
         trace: &Trace,
         timeout: Duration,
     ) -> Result<(StatusCode, Bytes), SendError> {
-        let mut headers = HeaderMap::with_capacity(4);
+        // Room for the signature's headers too (`ForwardedPush::encode` says why).
+        let mut headers = HeaderMap::with_capacity(11);
         headers.insert(
             http::header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),

@@ -197,7 +197,7 @@ impl ForwardClient {
 
     /// The span of a forward to `owner` (one push or a batch) sent at `started`.
     fn record(&self, hop: &Trace, started: SystemTime, owner: &PeerTarget, what: KeyValue) {
-        let context = hop.context.as_ref();
+        let context = hop.context.as_deref();
         self.telemetry
             .record("forward", SpanKind::Client, context, started, || {
                 vec![KeyValue::new("posgate.peer", owner.pod.to_string()), what]
