@@ -19,11 +19,11 @@
 //!    is re-claimed and served until its deadline meanwhile.
 //! 4. The pod follows the placement stored in the store; a membership change that is
 //!    stable for `debounce` makes the pods write the next placement with a
-//!    compare-and-set ([`placing`]).
+//!    compare-and-set (`rules.rs`, placing).
 //! 5. When the store generation changes (Redis restarted empty) or the store returns after
 //!    the local deadlines passed, held shards are re-claimed with `SET NX` and nothing else
 //!    is claimed or released until the generation is one member TTL old
-//!    ([`recovery`]). A store that went back in time (a failover that lost acknowledged
+//!    (`rules.rs`, recovery). A store that went back in time (a failover that lost acknowledged
 //!    writes: a lower placement version or heartbeat count, a renewal that finds this
 //!    pod's acquisition gone) is recovered from the same way: the shards it forgot are re-claimed, the
 //!    placement is put back, and nothing else moves for one member TTL.
@@ -38,11 +38,8 @@
 //! What it does not do: talk to Redis, dial terminals, or decide *which* pod should own a
 //! shard (that is [`crate::placement`] and [`crate::ring`]).
 
-mod answers;
 mod inputs;
 mod lifecycle;
-mod placing;
-mod recovery;
 mod rules;
 mod shard;
 mod store_view;

@@ -1,15 +1,18 @@
 //! The rules themselves: what [`Reconciler::reconcile`] does after every input. See the
-//! numbered rules in the parent module. Which transition one store answer makes a shard
-//! take is `answers.rs`'s; the transitions themselves (and what each phase may hold) are
+//! numbered rules in the parent module; following and changing the stored placement
+//! (rule 4) and recovering from a store that lost its data (rule 5) have their own
+//! sections below. Which transition one store answer makes a shard take is
+//! `inputs.rs`'s; the transitions themselves (and what each phase may hold) are
 //! `shard.rs`'s.
 
 use std::time::Instant;
 
 use super::shard::{Shard, Stray};
-use super::store_view::StoreView;
-use super::{Action, AfterStop, Close, Outage, Reconciler, ShardState, Stop, StopReason};
+use super::store_view::{History, StoreView};
+use super::{Action, AfterStop, Close, Outage, Reconciler, ShardState, Stop, StopReason, Stored};
 use crate::lease::Claim;
-use crate::membership::HANDOVER_DRAIN;
+use crate::membership::{GenerationInfo, HANDOVER_DRAIN};
+use crate::placement::Placement;
 use crate::ShardId;
 
 impl Reconciler {
@@ -382,5 +385,167 @@ impl Reconciler {
         (0..self.cfg.shards)
             .filter(|&s| self.shards[s as usize].reclaim_due())
             .collect()
+    }
+
+    // ----- placing (rule 4) ------------------------------------------------
+    //
+    // Following and changing the stored placement (rule 4 of the reconciler).
+    //
+    // Every pod follows the placement in the store. When the live member set differs from
+    // the placement's for one debounce period, a pod writes the next placement
+    // ([`Placement::next`]) with a version compare-and-set; all pods compute the same table
+    // from the same inputs, so whichever write lands first is the one everybody adopts, and
+    // the others' writes fail harmlessly and trigger a poll.
+    //
+    // After the store lost its data, pods that remember the last placement put it back
+    // unchanged (even during the recovery hold): shards stay where they were while members
+    // re-register. The same after a store that went back in time (a failover that lost the
+    // last placement writes): a pod that followed a newer version than the store shows
+    // keeps following it and writes it back over the older one. Only once the hold ends
+    // may the membership change the placement again, because until then the member list
+    // in the store is incomplete.
+
+    /// Writes a placement when one is due: the remembered one after a data loss, or the
+    /// next one once a membership change has been stable for the debounce period.
+    pub(super) fn update_placement(&mut self, now: Instant) {
+        if self.placing.is_some() || self.store.failing() {
+            return;
+        }
+        let expected = match self.stored {
+            Stored::Unknown => return,
+            Stored::Absent => None,
+            Stored::Version(v) => Some(v),
+        };
+        if expected.is_none() {
+            if let Some(remembered) = self.placement() {
+                let restored = Placement {
+                    version: remembered.version + 1,
+                    assignment: remembered.assignment.clone(),
+                };
+                self.send_place(None, restored);
+                return;
+            }
+        }
+        // The store went back to an older version (it lost ours): put ours back as it
+        // was, version included, so pods that followed it see no change.
+        if expected.is_some_and(|stored| stored < self.placement.version) {
+            self.send_place(expected, self.placement.clone());
+            return;
+        }
+        if self.holding(now) || !self.debounce.ready(now, self.cfg.debounce) {
+            return;
+        }
+        let Some(view) = self.debounce.take() else {
+            return;
+        };
+        // From version 0 (nothing known) this is `Placement::initial`.
+        let next = self.placement.next(&view, self.cfg.shards);
+        self.send_place(expected, next);
+    }
+
+    fn send_place(&mut self, expected: Option<u64>, placement: Placement) {
+        self.placing = Some(placement.version);
+        self.actions.push_back(Action::Place {
+            expected,
+            placement,
+        });
+    }
+
+    // ----- recovery (rule 5) -----------------------------------------------
+    //
+    // Recovery after the store lost everything or could not be reached for longer than the
+    // lease deadlines (rule 5 of the reconciler).
+    //
+    // The danger in both cases is the same: the store no longer proves who holds what, while
+    // pods may still be serving. So every pod that notices re-claims (`SET NX`) exactly the
+    // shards it still holds, re-registers, and claims or releases nothing else until the
+    // store generation is one member TTL old (or, after an outage, for one member TTL).
+    // After a generation change a suspended shard (deadline passed in a cluster-wide outage)
+    // is re-claimed like a served one, so an outage followed by an empty Redis disconnects
+    // nobody. The simulation once showed why that needs care (seed 4453): its lease may have
+    // expired and been taken before the wipe by a pod that reached the store — possible only
+    // for a minority the quorum verdict could not hear — and that pod may be serving it now.
+    // Both then re-claim with `SET NX` in the new generation: exactly one wins, the other's
+    // answer is `HeldBy` and it stops; and the winner's new epoch (Redis time) is higher than
+    // any of the old generation, so its hello fences the loser at every terminal the moment
+    // it arrives. Until then the terminal takes pushes from whichever session is current,
+    // one at a time, and dedupes keys across them (`docs/pos-protocol.md`). What is kept
+    // from before: a shard is re-claimed, never served on a new lease it did not win.
+    // By the end of the hold every live pod has re-registered and re-claimed its own shards,
+    // and the placement the pods put back (see placing, above) still stands, so no shard changes
+    // owner unless the store shows another pod acquired it.
+    //
+    // Why a pod that has never seen the old generation must hold too: it cannot tell a fresh
+    // cluster from a restarted one, and a pod still serving from before the restart may not
+    // have re-claimed yet. `CoreConfig::validate` requires the member TTL to outlast every
+    // pre-restart lease deadline, so when the hold ends those deadlines have passed.
+
+    /// Adopts the store generation reported by any answer.
+    pub(super) fn observe_generation(&mut self, now: Instant, info: &GenerationInfo) {
+        if self.generation.as_deref() == Some(info.id.as_str()) {
+            return;
+        }
+        let first = self.generation.is_none();
+        self.generation = Some(info.id.clone());
+        let hold = now + self.cfg.member_ttl.saturating_sub(info.age);
+        self.hold(hold);
+        if first {
+            return;
+        }
+        // Everything the store knew is gone: leases, registrations, our view of holders.
+        self.lifecycle.set_registered(false);
+        self.witness.new_generation();
+        self.heartbeat.reschedule(now);
+        for s in 0..self.cfg.shards {
+            let sh = &mut self.shards[s as usize];
+            sh.lease = None;
+            // A lease we may have taken in the old generation no longer exists.
+            sh.forget_stray();
+            // Served: our deadline proves we were the only holder; nobody could have
+            // taken it in the old generation since, and nobody can claim in the new one
+            // before the hold ends. Suspended: see the module docs. Re-claim either.
+            if matches!(
+                sh.view(),
+                ShardState::Serving { .. } | ShardState::Suspended { .. }
+            ) {
+                sh.reclaim_needed();
+            }
+        }
+    }
+
+    /// The store answers again after failing since `since`. If the outage outlasted the
+    /// lease deadlines, leases expired in the store while their holders kept (suspended)
+    /// connections; those holders re-claim them now. Every pod that saw the outage holds
+    /// its own new claims for one member TTL so the holders win that race — including a
+    /// pod that never reached the store before, which cannot know what it missed.
+    pub(super) fn store_returned(&mut self, now: Instant, since: Instant, history: History) {
+        let suspended = self
+            .shards
+            .iter()
+            .any(|s| matches!(s.view(), ShardState::Suspended { .. }));
+        let long = now.saturating_duration_since(since) >= self.cfg.serve_window();
+        if suspended || long || history == History::NeverReached {
+            self.hold(now + self.cfg.member_ttl);
+            self.heartbeat.reschedule(now);
+        }
+    }
+
+    /// The store went back in time: it lost writes it had acknowledged (a failover to a
+    /// replica they had not reached; the generation is the same, so this is not a wipe;
+    /// `witness.rs` says how that is proven).
+    /// What it forgot is recovered like a data loss, for the part that was lost: the
+    /// pods whose leases it forgot re-claim them (their renewals tell them), the
+    /// placement is put back by the pods that followed it (placing, above), this pod
+    /// re-registers at once, and nothing else is claimed or released for one member TTL
+    /// while the others re-register too, so no shard changes owner on a member list or
+    /// placement the store lost part of. Counted once per answer that proved it.
+    pub(super) fn store_went_back(&mut self, now: Instant) {
+        self.rollbacks += 1;
+        self.hold(now + self.cfg.member_ttl);
+        self.heartbeat.reschedule(now);
+    }
+
+    fn hold(&mut self, until: Instant) {
+        self.hold_until = Some(self.hold_until.map_or(until, |t| t.max(until)));
     }
 }

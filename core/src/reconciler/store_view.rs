@@ -8,7 +8,7 @@
 //!
 //! Not for: what an outage means for the shards (suspend or give up, `rules.rs`), when
 //! the peers are asked (the probe timer), or the hold after the store returns
-//! (`recovery.rs`, which gets what it needs from [`StoreView::move_to_reachable`]).
+//! (recovery in `rules.rs`, which gets what it needs from [`StoreView::move_to_reachable`]).
 
 use std::time::Instant;
 

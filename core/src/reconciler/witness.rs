@@ -17,7 +17,7 @@
 //! master lacks, and holds rebalancing until every pod has registered again.
 //!
 //! Not for: a lost lease (a renewal answering an epoch below the held one proves that,
-//! `answers.rs`) or a wipe (a new generation, `recovery.rs`).
+//! `inputs.rs`) or a wipe (a new generation, `rules.rs`'s recovery).
 
 use std::time::Instant;
 

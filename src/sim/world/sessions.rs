@@ -22,14 +22,16 @@
 //! terminal has exactly one session, with its shard's serving owner and epoch.
 
 use std::collections::{HashMap, VecDeque};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rand::Rng;
 
 mod walks;
 
 use super::{Ev, World};
-use crate::core::{Epoch, ShardId};
+use crate::core::lease::StaleEpoch;
+use crate::core::reconciler::ShardState;
+use crate::core::{Epoch, PodId, ShardId};
 use crate::sim::checks::Violation;
 
 /// Terminals of each simulated shard.
@@ -338,5 +340,153 @@ impl World<'_> {
         }
         let at = self.now + self.latency();
         self.schedule(at, Ev::Session(ev));
+    }
+}
+
+// The invariant of the per-terminal handover model above, checked at every
+// session that opens, and its end-of-run check.
+
+impl World<'_> {
+    /// `pod` dials `term` with `epoch`: the invariant.
+    pub(super) fn open_session(
+        &mut self,
+        pod: usize,
+        term: Term,
+        epoch: Epoch,
+        how: Opened,
+    ) -> Result<(), Violation> {
+        let open = self.sessions.open.entry(term).or_default();
+        let others: Vec<Session> = open.iter().copied().filter(|s| s.pod != pod).collect();
+        // Draining sessions are the planned path's: whoever released the terminal has
+        // none left. One of a pod the new owner did not know of (its view of the last
+        // holder was stale) or that did not answer a release passed on is fenced by
+        // the terminal, counted apart. A session another pod still serves on (a stale
+        // belief, a hold through an outage) is not ours to release: fenced too.
+        if let Opened::Released { by, sure } = &how {
+            // The releasing pods, and (when every release passed on was answered) the
+            // predecessors they owed terminals to: none of them may drain it still.
+            let mut by = by.clone();
+            if *sure {
+                let owed_to = &self.sessions.owed_to;
+                let more: Vec<usize> = by
+                    .iter()
+                    .filter_map(|&p| owed_to.get(&(p, term.0)).copied())
+                    .collect();
+                by.extend(more);
+            }
+            let by = &by;
+            if let Some(s) = others.iter().find(|s| s.draining && by.contains(&s.pod)) {
+                let what = format!(
+                    "pod-{pod} dialed terminal {term:?} (epoch {epoch}) released by {by:?} \
+                     while {s:?} was open"
+                );
+                return Err(self.check.violation(self.now, what));
+            }
+            if others.iter().any(|s| s.draining) {
+                self.sessions.unknown_predecessor += 1;
+            }
+        }
+        if others.iter().any(|s| s.epoch >= epoch) {
+            // The terminal refuses the older epoch: our hello is the stale one (the
+            // shard-level model already tells the pod).
+            return Ok(());
+        }
+        self.sessions.fenced += others.len() as u64;
+        open.retain(|s| s.pod == pod);
+        match open.first_mut() {
+            Some(s) => {
+                s.epoch = epoch;
+                s.draining = false;
+            }
+            None => open.push(Session {
+                pod,
+                epoch,
+                draining: false,
+            }),
+        }
+        match how {
+            Opened::Released { .. } => self.sessions.released += 1,
+            Opened::Unasked => self.sessions.unasked += 1,
+        }
+        self.check.log(
+            self.now,
+            format_args!("pod-{pod} session to {term:?} epoch {epoch} ({how:?})"),
+        );
+        Ok(())
+    }
+
+    /// At the end: every terminal has one session, with its shard's serving owner and
+    /// that owner's epoch.
+    pub(super) fn sessions_converged(
+        &mut self,
+        shard: ShardId,
+        owner: usize,
+        epoch: Epoch,
+    ) -> Result<(), Violation> {
+        for k in 0..TERMINALS_PER_SHARD {
+            let open = self
+                .sessions
+                .open
+                .get(&(shard, k))
+                .cloned()
+                .unwrap_or_default();
+            let want = [Session {
+                pod: owner,
+                epoch,
+                draining: false,
+            }];
+            if open != want {
+                let what = format!(
+                    "not converged: terminal {:?} has sessions {open:?}, not pod-{owner}'s with epoch {epoch}",
+                    (shard, k)
+                );
+                return Err(self.check.violation(self.now, what));
+            }
+        }
+        Ok(())
+    }
+}
+
+// What the simulated terminals make of the pods: after every event of a pod, at most
+// one of the pods that may deliver on a shard holds its terminals' current session (the
+// rest fenced by epoch), and what a terminal answers a refused epoch with.
+
+impl World<'_> {
+    /// A terminal's stale-epoch answer to `epoch` on `shard`: it names the newest epoch
+    /// the shard's terminals said hello with, as a real `409` does.
+    pub(super) fn stale_epoch(&self, shard: ShardId, epoch: Epoch) -> StaleEpoch {
+        StaleEpoch {
+            shard,
+            epoch,
+            highest: self.check.newest_hello(shard).map(|(_, e)| e),
+        }
+    }
+
+    pub(super) fn check_exclusive(&mut self, pod: usize) -> Result<(), Violation> {
+        let now_of: Vec<Instant> = (0..self.pods.len()).map(|i| self.local(i)).collect();
+        let Some(rec) = self.pods[pod].rec.as_ref() else {
+            return Ok(());
+        };
+        for shard in 0..self.cfg.core.shards {
+            if rec.serving(shard, now_of[pod]).is_none() {
+                continue;
+            }
+            if matches!(rec.shard_state(shard), Some(ShardState::Suspended { .. })) {
+                self.stats.served_in_outage += 1;
+            }
+            // A frozen pod delivers nothing; on waking its first input runs first.
+            let servers: Vec<(PodId, Epoch)> = self
+                .pods
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| p.alive && p.paused_until.is_none())
+                .filter_map(|(i, p)| {
+                    let epoch = p.rec.as_ref()?.serving(shard, now_of[i])?;
+                    Some((p.id.clone(), epoch))
+                })
+                .collect();
+            self.check.exclusive(self.now, shard, &servers)?;
+        }
+        Ok(())
     }
 }
