@@ -300,6 +300,10 @@ pub(super) fn record_span(
     path: &'static str,
     answer: &Answer,
 ) {
+    // An untraced push has no span: no clock read for one.
+    if trace.context.is_none() {
+        return;
+    }
     let start = SystemTime::now() - received.elapsed();
     telemetry.record(
         name,
@@ -342,21 +346,22 @@ impl PushLine {
         trace: &Trace,
         terminal: &str,
         received: Instant,
-    ) -> Option<Self> {
-        // Nothing to count or copy when the filter drops the line.
+    ) -> Option<Box<Self>> {
+        // Nothing to count or copy when the filter drops the line. Boxed: the push's
+        // future holds it, and is copied whole when moved.
         if !tracing::enabled!(target: "posgate::push", tracing::Level::INFO) {
             return None;
         }
         let suppressed = state
             .push_lines
             .admit_up_to("push", received, PUSH_LINES_PER_SECOND)?;
-        Some(PushLine {
+        Some(Box::new(PushLine {
             request_id: trace.request_id,
             trace_id: trace.context.as_ref().map(|c| c.trace_id),
             terminal: terminal.to_string(),
             received,
             suppressed,
-        })
+        }))
     }
 
     pub(super) fn write(self, role: &'static str, path: &'static str, answer: &Answer) {

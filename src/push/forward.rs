@@ -73,7 +73,7 @@ impl ForwardClient {
         let remaining = deadline.saturating_duration_since(Instant::now());
         let wire = on_the_wire(push, remaining);
         let hop = push.trace.hop();
-        let started = SystemTime::now();
+        let started = hop.context.is_some().then(SystemTime::now);
         let sent = self
             .peers
             .push(owner, &wire, &hop, remaining + ANSWER_GRACE)
@@ -133,7 +133,7 @@ impl ForwardClient {
             return Vec::new();
         };
         let hop = first.trace.hop();
-        let started = SystemTime::now();
+        let started = hop.context.is_some().then(SystemTime::now);
         let sent = self
             .peers
             .push_batch(owner, &batch, &hop, remaining + ANSWER_GRACE)
@@ -196,8 +196,11 @@ impl ForwardClient {
     }
 
     /// The span of a forward to `owner` (one push or a batch) sent at `started`.
-    fn record(&self, hop: &Trace, started: SystemTime, owner: &PeerTarget, what: KeyValue) {
-        let context = hop.context.as_deref();
+    /// `started` is `None` when the push is not traced: no span, and no clock read for it.
+    fn record(&self, hop: &Trace, started: Option<SystemTime>, owner: &PeerTarget, what: KeyValue) {
+        let (context, Some(started)) = (hop.context.as_deref(), started) else {
+            return;
+        };
         self.telemetry
             .record("forward", SpanKind::Client, context, started, || {
                 vec![KeyValue::new("posgate.peer", owner.pod.to_string()), what]
