@@ -284,6 +284,28 @@ fn simulate_runs_seeds_and_reports_rates() {
         summary.contains("3 seeds") && summary.contains("seeds/s") && summary.contains("events/s"),
         "{stdout}"
     );
+    // The cluster's size: in the summary, and bounded.
+    let args = [
+        "--pods",
+        "12",
+        "--shards",
+        "128",
+        "--terminals-per-shard",
+        "2",
+    ];
+    let out = posgate(&[&["simulate", "--seeds", "1"][..], &args].concat(), &[]);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(
+        stdout.contains("(12 pods, 128 shards, 2 terminals each)"),
+        "{stdout}"
+    );
+    refused(
+        &["simulate", "--shards", "0"],
+        &[],
+        "error: invalid --shards: ",
+    );
+    refused(&["simulate", "--pods", "0"], &[], "error: invalid --pods: ");
     // --trace only makes sense for one replayed seed.
     refused(&["simulate", "--trace"], &[], "error: missing --seed");
     refused(&["simulate", "--seed", "1", "--seeds", "5"], &[], "error: ");

@@ -39,6 +39,8 @@ pub struct SimConfig {
     pub initial_pods: usize,
     /// Upper bound on pods alive at once (joins stop there).
     pub max_pods: usize,
+    /// Terminals of each shard, each with the sessions open to it.
+    pub terminals_per_shard: usize,
     /// Faults are injected from `fault_start` until `fault_end` (virtual time).
     pub fault_start: Duration,
     pub fault_end: Duration,
@@ -54,6 +56,7 @@ impl Default for SimConfig {
             core: CoreConfig::fast(),
             initial_pods: 4,
             max_pods: 8,
+            terminals_per_shard: 3,
             fault_start: Duration::from_secs(8),
             fault_end: Duration::from_secs(50),
             clock_skew: 0.02,

@@ -29,6 +29,46 @@ pub struct SimulateArgs {
     /// Number of seeds to run
     #[arg(long, value_name = "M", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
     seeds: u64,
+    /// Pods started; joins add up to as many again
+    #[arg(long, value_name = "P", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pods: u64,
+    /// Shards of the simulated cluster
+    #[arg(long, value_name = "S", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    shards: u32,
+    /// Terminals of each shard
+    #[arg(long, value_name = "T", default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    terminals_per_shard: u64,
+}
+
+impl SimulateArgs {
+    /// The simulated cluster these flags ask for.
+    fn config(&self) -> SimConfig {
+        let mut cfg = SimConfig::default();
+        cfg.core.shards = self.shards;
+        cfg.initial_pods = self.pods as usize;
+        cfg.max_pods = 2 * self.pods as usize;
+        cfg.terminals_per_shard = self.terminals_per_shard as usize;
+        cfg
+    }
+
+    /// The flags a replay needs beside `--seed`: the cluster's size unless it is the
+    /// default one.
+    fn size_flags(&self) -> Option<String> {
+        let default = SimConfig::default();
+        let cfg = self.config();
+        let same = (cfg.initial_pods, cfg.core.shards, cfg.terminals_per_shard)
+            == (
+                default.initial_pods,
+                default.core.shards,
+                default.terminals_per_shard,
+            );
+        (!same).then(|| {
+            format!(
+                "--pods {} --shards {} --terminals-per-shard {}",
+                self.pods, self.shards, self.terminals_per_shard
+            )
+        })
+    }
 }
 
 /// Runs the seeds `args` select, stopping at the first invariant violation.
@@ -46,7 +86,7 @@ pub fn main(args: &SimulateArgs) -> ExitCode {
         // thread exists, so nothing reads the environment concurrently.
         std::env::set_var("POSGATE_SIM_TRACE", "1");
     }
-    let cfg = SimConfig::default();
+    let cfg = args.config();
     let started = Instant::now();
     let mut reported = started;
     let mut total = SimStats::default();
@@ -56,6 +96,9 @@ pub fn main(args: &SimulateArgs) -> ExitCode {
             Err(violation) => {
                 // The violation ends with a newline and names the replay command.
                 eprint!("error: invariant violated in {violation}");
+                if let Some(flags) = args.size_flags() {
+                    eprintln!("  (with {flags})");
+                }
                 let line = sim_line(seed - first, &total, started.elapsed());
                 eprintln!("before it: {line}");
                 return ExitCode::FAILURE;
@@ -68,7 +111,10 @@ pub fn main(args: &SimulateArgs) -> ExitCode {
         }
     }
     println!(
-        "simulated seeds {first}..{end}: {}",
+        "simulated seeds {first}..{end} ({} pods, {} shards, {} terminals each): {}",
+        cfg.initial_pods,
+        cfg.core.shards,
+        cfg.terminals_per_shard,
         sim_line(count, &total, started.elapsed())
     );
     ExitCode::SUCCESS

@@ -1,6 +1,6 @@
 //! Terminal sessions one by one, and the per-terminal handover of a planned move
 //! (`pos::handover`, the manager's `drain`), as a model: each shard has
-//! [`TERMINALS_PER_SHARD`] terminals, each with the sessions open to it. A pod that stops
+//! `SimConfig::terminals_per_shard` terminals, each with the sessions open to it. A pod that stops
 //! a shard with `Close::Drain` keeps its sessions open as draining; the pod that starts
 //! it asks the shard's last holder, in batches, to release terminals, and opens a
 //! session to each only on the answer; a lost or late answer (1 s) falls back to
@@ -34,8 +34,6 @@ use crate::core::reconciler::ShardState;
 use crate::core::{Epoch, PodId, ShardId};
 use crate::sim::checks::Violation;
 
-/// Terminals of each simulated shard.
-pub(super) const TERMINALS_PER_SHARD: usize = 3;
 pub(super) use crate::pos::handover::RELEASE_TIMEOUT;
 /// Peer messages lost on the way.
 const LOSS: f64 = 0.02;
@@ -159,7 +157,7 @@ impl World<'_> {
         epoch: Epoch,
     ) -> Result<(), Violation> {
         let mut missing = VecDeque::new();
-        for k in 0..TERMINALS_PER_SHARD {
+        for k in 0..self.cfg.terminals_per_shard {
             let open = self.sessions.open.entry((shard, k)).or_default();
             match open.iter_mut().find(|s| s.pod == pod) {
                 Some(s) => {
@@ -216,7 +214,7 @@ impl World<'_> {
         // Before the release, every member of the pod's view is told; one that cannot
         // be (paused, crashed, the message lost) makes the shard close whole.
         let drain = drain && self.announce_drain(pod, shard);
-        for k in 0..TERMINALS_PER_SHARD {
+        for k in 0..self.cfg.terminals_per_shard {
             let open = self.sessions.open.entry((shard, k)).or_default();
             if drain {
                 open.iter_mut()
@@ -324,7 +322,7 @@ impl World<'_> {
             SessionEv::Answer { to, id, answer } => self.answer_arrives(to, id, answer),
             SessionEv::Timeout { pod, id } => self.ask_timed_out(pod, id),
             SessionEv::DrainBudget { pod, shard, epoch } => {
-                for k in 0..TERMINALS_PER_SHARD {
+                for k in 0..self.cfg.terminals_per_shard {
                     let open = self.sessions.open.entry((shard, k)).or_default();
                     open.retain(|s| !(s.pod == pod && s.draining && s.epoch == epoch));
                 }
@@ -423,7 +421,7 @@ impl World<'_> {
         owner: usize,
         epoch: Epoch,
     ) -> Result<(), Violation> {
-        for k in 0..TERMINALS_PER_SHARD {
+        for k in 0..self.cfg.terminals_per_shard {
             let open = self
                 .sessions
                 .open

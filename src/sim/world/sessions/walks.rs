@@ -5,7 +5,7 @@
 use rand::Rng;
 
 use super::super::{Ev, World};
-use super::{Answer, Forward, Opened, SessionEv, RELEASE_TIMEOUT, TERMINALS_PER_SHARD};
+use super::{Answer, Forward, Opened, SessionEv, RELEASE_TIMEOUT};
 use crate::core::ShardId;
 use crate::sim::checks::Violation;
 
@@ -50,7 +50,7 @@ impl World<'_> {
         terms: Vec<usize>,
         id: u64,
     ) -> Result<(), Violation> {
-        let draining = (0..TERMINALS_PER_SHARD).any(|k| {
+        let draining = (0..self.cfg.terminals_per_shard).any(|k| {
             self.sessions.open[&(shard, k)]
                 .iter()
                 .any(|s| s.pod == at && s.draining)
