@@ -50,25 +50,6 @@ impl SimulateArgs {
         cfg.terminals_per_shard = self.terminals_per_shard as usize;
         cfg
     }
-
-    /// The flags a replay needs beside `--seed`: the cluster's size unless it is the
-    /// default one.
-    fn size_flags(&self) -> Option<String> {
-        let default = SimConfig::default();
-        let cfg = self.config();
-        let same = (cfg.initial_pods, cfg.core.shards, cfg.terminals_per_shard)
-            == (
-                default.initial_pods,
-                default.core.shards,
-                default.terminals_per_shard,
-            );
-        (!same).then(|| {
-            format!(
-                "--pods {} --shards {} --terminals-per-shard {}",
-                self.pods, self.shards, self.terminals_per_shard
-            )
-        })
-    }
 }
 
 /// Runs the seeds `args` select, stopping at the first invariant violation.
@@ -96,9 +77,10 @@ pub fn main(args: &SimulateArgs) -> ExitCode {
             Err(violation) => {
                 // The violation ends with a newline and names the replay command.
                 eprint!("error: invariant violated in {violation}");
-                if let Some(flags) = args.size_flags() {
-                    eprintln!("  (with {flags})");
-                }
+                eprintln!(
+                    "  (with --pods {} --shards {} --terminals-per-shard {})",
+                    args.pods, args.shards, args.terminals_per_shard
+                );
                 let line = sim_line(seed - first, &total, started.elapsed());
                 eprintln!("before it: {line}");
                 return ExitCode::FAILURE;
