@@ -6,8 +6,9 @@
 //! The entry pod takes the caller's `traceparent` (or, when there is none or it is
 //! malformed, starts a trace if it exports spans: a trace nobody collects would only
 //! cost every hop its headers) and gives every request a [`RequestId`],
-//! answered in [`REQUEST_ID`]. A forwarded push carries both to the owner in `posgate-*`
-//! headers, which the peer signature covers like every `posgate-*` header; the owner
+//! answered in [`REQUEST_ID`]. A forwarded push carries both to the owner: the trace in
+//! `posgate-*` headers, which the peer signature covers like every `posgate-*` header,
+//! the request id in the peer request's own id (`crate::peer::signing::sign`); the owner
 //! sends the terminal `traceparent`/`tracestate` as optional headers, which terminals
 //! ignore unless they trace (`docs/pos-protocol.md` section 2).
 //!
@@ -29,8 +30,6 @@ pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 pub const PEER_TRACEPARENT: HeaderName = HeaderName::from_static("posgate-traceparent");
 /// [`TRACESTATE`] on a forwarded push.
 pub const PEER_TRACESTATE: HeaderName = HeaderName::from_static("posgate-tracestate");
-/// The entry pod's [`RequestId`] on a forwarded push, for the owner's log lines.
-pub const PEER_REQUEST_ID: HeaderName = HeaderName::from_static("posgate-origin-request-id");
 
 /// The W3C limit a vendor may rely on; a longer `tracestate` is dropped, not cut.
 const MAX_TRACESTATE: usize = 512;
@@ -50,6 +49,11 @@ impl RequestId {
             .then(|| lower_hex(text))
             .flatten()
             .map(|v| RequestId(v as u64))
+    }
+
+    /// The id's bits, most significant first: what [`fmt::Display`] writes as hex.
+    pub fn to_bytes(self) -> [u8; 8] {
+        self.0.to_be_bytes()
     }
 
     pub fn header_value(self) -> HeaderValue {
@@ -103,27 +107,23 @@ impl Trace {
         }
     }
 
-    /// Sets the peer headers of a forward: the request id, and this trace's span (the
-    /// forward's, [`Trace::hop`]) as the parent of the owner's.
+    /// Sets the peer headers of a forward: this trace's span (the forward's,
+    /// [`Trace::hop`]) as the parent of the owner's. The request id goes in the
+    /// signature's (`crate::peer::signing::sign`).
     pub fn insert_peer(&self, headers: &mut HeaderMap) {
-        let mut id = self.request_id.header_value();
-        id.set_sensitive(true);
-        headers.insert(PEER_REQUEST_ID, id);
         if let Some(context) = &self.context {
             context.insert(headers, PEER_TRACEPARENT, PEER_TRACESTATE);
         }
     }
 
-    /// The owner's trace of a forward with `headers`: the entry pod's request id and a
-    /// span under its forward. A pod of an earlier release sends neither: then this
-    /// pod's own `request_id`, and a new trace if this pod exports spans (`start`).
+    /// The owner's trace of a forward with `headers` that serves the entry pod's
+    /// `request_id` (`crate::peer::signing::serves`): a span under its forward. A pod
+    /// of an earlier release sends none: then a new trace if this pod exports spans
+    /// (`start`).
     pub fn from_peer(request_id: Option<RequestId>, headers: &HeaderMap, start: bool) -> Self {
-        let origin = headers
-            .get(PEER_REQUEST_ID)
-            .and_then(|v| RequestId::parse(v.as_bytes()));
         let context = TraceContext::from_headers(headers, &PEER_TRACEPARENT, &PEER_TRACESTATE);
         Trace {
-            request_id: origin.or(request_id).unwrap_or_default(),
+            request_id: request_id.unwrap_or_default(),
             context: TraceContext::under(context, start),
         }
     }
@@ -352,7 +352,7 @@ mod tests {
     }
 
     #[test]
-    fn a_forward_carries_the_request_and_a_span_under_the_entry_pods() {
+    fn a_forward_carries_a_span_under_the_entry_pods() {
         let traced = headers(&[(&TRACEPARENT, EXAMPLE)]);
         let entry = Trace::entry(Some(RequestId::new()), &traced, false);
         let entry_span = entry.context.clone().expect("the caller traces");
@@ -364,29 +364,26 @@ mod tests {
         let forward = entry.hop();
         let mut sent = HeaderMap::new();
         forward.insert_peer(&mut sent);
-        let own = RequestId::new();
-        let owner = Trace::from_peer(Some(own), &sent, false);
-        assert_eq!(
-            owner.request_id, entry.request_id,
-            "the entry pod's id, not the owner's"
-        );
+        let owner = Trace::from_peer(Some(entry.request_id), &sent, false);
+        assert_eq!(owner.request_id, entry.request_id);
         let owner_span = owner.context.expect("the trace went along");
         assert_eq!(owner_span.trace_id, entry_span.trace_id);
         assert_eq!(owner_span.parent_id, forward.context.map(|c| c.span_id));
-        // A pod of an earlier release forwards without them: the owner's own id, and a
-        // new trace only if it exports spans.
+        // A pod of an earlier release forwards without a trace: a new one only if this
+        // pod exports spans.
+        let own = RequestId::new();
         let legacy = Trace::from_peer(Some(own), &HeaderMap::new(), false);
         assert_eq!((legacy.request_id, legacy.context), (own, None));
         let started = Trace::from_peer(Some(own), &HeaderMap::new(), true)
             .context
             .unwrap();
         assert_eq!(started.parent_id, None);
-        // Nobody traces: no trace, and nothing but the request id goes to the owner.
+        // Nobody traces: no trace, and no header goes to the owner.
         let untraced = Trace::entry(None, &HeaderMap::new(), false);
         assert_eq!(untraced.context, None);
         let mut sent = HeaderMap::new();
         untraced.hop().insert_peer(&mut sent);
-        assert_eq!(sent.len(), 1);
+        assert!(sent.is_empty());
         assert!(Trace::entry(None, &HeaderMap::new(), true)
             .context
             .is_some());
@@ -399,6 +396,7 @@ mod tests {
         assert_eq!(text.len(), 16);
         assert_eq!(id.header_value(), text.as_str());
         assert_eq!(RequestId::parse(text.as_bytes()), Some(id));
+        assert_eq!(hex::encode(id.to_bytes()), text);
         assert_eq!(RequestId::parse(b"xyz"), None);
         assert_eq!(RequestId::parse(b"00F067AA0BA902B7"), None);
     }

@@ -47,7 +47,7 @@ use crate::pos::handover::Released;
 use crate::push::answer::{Answer, ErrorCode};
 use crate::push::later::Later;
 use crate::push::{Owned, PushRequest, MAX_TIMEOUT};
-use crate::trace_context::{RequestId, Trace};
+use crate::trace_context::Trace;
 
 /// Why a peer request goes no further.
 enum Refused {
@@ -301,9 +301,9 @@ async fn push(state: &HttpState, terminal: String, parts: &Parts, body: Bytes) -
     };
     let deadline = clock::now() + forwarded.deadline.min(MAX_TIMEOUT);
     let exporting = state.push.telemetry().is_on();
-    // Answered to the entry pod, which answers the caller with its id: no id of this
-    // pod's own unless the entry pod (of an earlier release) sent none.
-    let trace = Trace::from_peer(None, &parts.headers, exporting);
+    // The entry pod's request id, which it answers the caller with.
+    let serves = signing::serves(&parts.headers);
+    let trace = Trace::from_peer(serves, &parts.headers, exporting);
     let line = PushLine::admit(state, &trace, &forwarded.terminal, received);
     let request = request_of(forwarded, received, trace);
     let answer = state.push.deliver_forwarded(&request, deadline).await;
@@ -345,13 +345,12 @@ fn request_of(f: ForwardedPush, received: std::time::Instant, trace: Trace) -> P
 /// does not decode is refused whole (`400`) before any push is acted on.
 pub(super) async fn push_batch(
     State(state): State<Arc<HttpState>>,
-    request_id: Option<axum::Extension<RequestId>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
     let received = std::time::Instant::now();
     let exporting = state.push.telemetry().is_on();
-    let trace = Trace::from_peer(request_id.map(|e| e.0), &headers, exporting);
+    let trace = Trace::from_peer(signing::serves(&headers), &headers, exporting);
     let (budget, forwarded) = match ForwardedBatch::decode(&body) {
         Ok(batch) => batch,
         Err(why) => return bad_forward(why),

@@ -198,7 +198,7 @@ impl PeerClient {
             owner,
             &path,
             Bytes::new(),
-            HeaderMap::new(),
+            (HeaderMap::new(), None),
             (timeout, MAX_INTERNAL_BODY),
         )
         .await
@@ -212,14 +212,13 @@ impl PeerClient {
         trace: &Trace,
         timeout: Duration,
     ) -> Result<(StatusCode, Bytes), SendError> {
-        let (path, mut headers) = push.encode();
-        trace.insert_peer(&mut headers);
+        let (path, headers) = push.encode();
         self.send(
             Method::POST,
             owner,
             &path,
             push.body.clone(),
-            headers,
+            (headers, Some(trace)),
             (timeout, MAX_INTERNAL_BODY),
         )
         .await
@@ -234,19 +233,18 @@ impl PeerClient {
         timeout: Duration,
     ) -> Result<(StatusCode, Bytes), SendError> {
         // Room for the signature's headers too (`ForwardedPush::encode` says why).
-        let mut headers = HeaderMap::with_capacity(11);
+        let mut headers = HeaderMap::with_capacity(10);
         headers.insert(
             http::header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
-        trace.insert_peer(&mut headers);
         let limit = (timeout, MAX_BATCH_ANSWER_BYTES);
         self.send(
             Method::POST,
             owner,
             PUSH_BATCH_ROUTE,
             batch.encode(),
-            headers,
+            (headers, Some(trace)),
             limit,
         )
         .await
@@ -264,7 +262,14 @@ impl PeerClient {
         limit: usize,
     ) -> Result<Bytes, PeerError> {
         let sent = self
-            .send(method, peer, path, body, HeaderMap::new(), (timeout, limit))
+            .send(
+                method,
+                peer,
+                path,
+                body,
+                (HeaderMap::new(), None),
+                (timeout, limit),
+            )
             .await;
         let (status, body) = sent.map_err(|e| match e {
             SendError::Url(reason) => PeerError::Url {
@@ -288,15 +293,20 @@ impl PeerClient {
     /// cluster secret for the protocol `peer` speaks, and returns the status and (at
     /// most `limit` bytes of) the body of whatever it answers, within `timeout`.
     /// The one transport of every pod-to-pod call (probes, forwarded pushes, lookups).
+    /// A call that forwards pushes carries their `trace` (`Trace::insert_peer`) and
+    /// their API request's id (`signing::sign`).
     async fn send(
         &self,
         method: Method,
         peer: &PeerTarget,
         path: &str,
         body: Bytes,
-        headers: HeaderMap,
+        (mut headers, trace): (HeaderMap, Option<&Trace>),
         (timeout, limit): (Duration, usize),
     ) -> Result<(StatusCode, Bytes), SendError> {
+        if let Some(trace) = trace {
+            trace.insert_peer(&mut headers);
+        }
         let base = peer.url.trim_end_matches('/');
         if !(base.starts_with("http://") || base.starts_with("https://")) {
             return Err(SendError::Url(
@@ -324,8 +334,8 @@ impl PeerClient {
                     headers,
                     &body,
                     now,
-                    &self.me,
-                    &peer.pod,
+                    (&self.me, &peer.pod),
+                    trace.map(|t| t.request_id),
                 );
             } else {
                 // A pod of the previous release, during a rolling upgrade.

@@ -3,7 +3,7 @@
 //!
 //! # Protocol 2
 //! The sender sets [`VERSION_HEADER`] `2`, [`TIMESTAMP_HEADER`] (Unix seconds),
-//! [`REQUEST_ID_HEADER`] (128 random bits, hex), [`FROM_HEADER`] and [`TO_HEADER`] (the
+//! [`REQUEST_ID_HEADER`] (128 bits, hex: see [`sign`]), [`FROM_HEADER`] and [`TO_HEADER`] (the
 //! sending and the addressed pod ids) and [`DIGEST_HEADER`] (`sha-256=:<base64>:` of
 //! the body, RFC 9530), then [`SIGNATURE_HEADER`], the lowercase hex of
 //! `HMAC-SHA256(secret, canonical)` where `canonical` is
@@ -45,6 +45,7 @@ use sha2::{Digest, Sha256};
 
 use crate::core::PodId;
 use crate::credentials::ClusterSecret;
+use crate::trace_context::RequestId;
 
 /// The peer protocol this build speaks (and the newest one it accepts).
 pub const PEER_PROTOCOL: u32 = 2;
@@ -54,7 +55,8 @@ pub const VERSION_HEADER: &str = "posgate-peer-version";
 pub const TIMESTAMP_HEADER: &str = "posgate-timestamp";
 /// Request header with the hex HMAC-SHA256 signature.
 pub const SIGNATURE_HEADER: &str = "posgate-signature";
-/// Request header with the request's unique id (32 lowercase hex digits).
+/// Request header with the request's unique id (32 lowercase hex digits): the API
+/// request it serves, then 64 random bits ([`sign`]).
 pub const REQUEST_ID_HEADER: &str = "posgate-request-id";
 /// Request header naming the sending pod.
 pub const FROM_HEADER: &str = "posgate-from";
@@ -146,6 +148,12 @@ fn digest_value(hash: &[u8; 32]) -> String {
 
 /// Signs a protocol-2 request from `from` to `to` at `at`: sets every header the
 /// protocol needs on `headers` (which already hold the request's own, e.g. the key).
+///
+/// The request id's first 64 bits are the API request the call `serves` (the entry
+/// pod's id of a forwarded push, which the owner logs the push under: [`serves`]), or
+/// random when it serves none; the other 64 are random, and keep ids unique on their
+/// own: one API request may make many calls. One header does both: a push forwarded
+/// pays for every header's name and value on the wire and in the signature.
 #[allow(clippy::too_many_arguments)]
 pub fn sign(
     secret: &ClusterSecret,
@@ -154,10 +162,13 @@ pub fn sign(
     headers: &mut HeaderMap,
     body: &[u8],
     at: SystemTime,
-    from: &PodId,
-    to: &PodId,
+    (from, to): (&PodId, &PodId),
+    serves: Option<RequestId>,
 ) {
-    let id: [u8; 16] = rand::rng().random();
+    let mut id: [u8; 16] = rand::rng().random();
+    if let Some(serves) = serves {
+        id[..8].copy_from_slice(&serves.to_bytes());
+    }
     let text = |v: &str| HeaderValue::from_str(v).expect("pod ids and hex are header-safe");
     // Values new on every request are sent as HPACK literals never indexed: indexing
     // them only evicts the entries that repeat and makes the encoder compare them
@@ -179,6 +190,14 @@ pub fn sign(
     let mac = canonical_mac(secret, method, path_and_query, headers);
     let signature = hex::encode(mac.finalize().into_bytes());
     headers.insert(SIGNATURE_HEADER, unique(&signature));
+}
+
+/// The API request a protocol-2 request serves, as [`sign`] put it in the request id; a
+/// random id for a call that serves none (or a pod of the previous release's forward).
+/// Read after the signature was verified: only then is the id the sender's.
+pub fn serves(headers: &HeaderMap) -> Option<RequestId> {
+    let id = headers.get(REQUEST_ID_HEADER)?.as_bytes();
+    RequestId::parse(id.get(..16)?)
 }
 
 fn is_signed(name: &str) -> bool {

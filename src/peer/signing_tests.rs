@@ -25,10 +25,15 @@ fn signed_push(at: SystemTime, body: &[u8]) -> HeaderMap {
         &mut headers,
         body,
         at,
-        &pod("a"),
-        &pod("b"),
+        (&pod("a"), &pod("b")),
+        Some(served()),
     );
     headers
+}
+
+/// The API request the pushes [`signed_push`] signs forward.
+fn served() -> RequestId {
+    RequestId::parse(b"00f067aa0ba902b7").unwrap()
 }
 
 fn check(
@@ -194,6 +199,22 @@ fn request_ids_are_unique_per_signature() {
     let b = signed_push(now, b"{}");
     assert_ne!(a[REQUEST_ID_HEADER], b[REQUEST_ID_HEADER]);
     assert_ne!(a[SIGNATURE_HEADER], b[SIGNATURE_HEADER]);
+    // Both forward pushes of one API request: its id leads theirs, for the owner's log.
+    assert_eq!((serves(&a), serves(&b)), (Some(served()), Some(served())));
+    let mut unserved = HeaderMap::new();
+    let (me, you) = (pod("a"), pod("b"));
+    sign(
+        &secret(1),
+        &Method::GET,
+        PATH,
+        &mut unserved,
+        b"",
+        now,
+        (&me, &you),
+        None,
+    );
+    assert_ne!(serves(&unserved), Some(served()));
+    assert!(check(&unserved, Method::GET, PATH, now).is_ok());
     // New on every request, so sent as HPACK literals never indexed (`sign`).
     for name in [REQUEST_ID_HEADER, DIGEST_HEADER, SIGNATURE_HEADER] {
         assert!(a[name].is_sensitive(), "{name}");

@@ -101,9 +101,9 @@ impl ForwardedPush {
         const KEY: HeaderName = HeaderName::from_static(IDEMPOTENCY_KEY);
         const DEADLINE: HeaderName = HeaderName::from_static(DEADLINE_HEADER);
         const HOP: HeaderName = HeaderName::from_static(HOP_HEADER);
-        // Room for these 7, the trace's 3 and the signature's 7 (`peer::signing::sign`):
+        // Room for these 7, the trace's 2 and the signature's 7 (`peer::signing::sign`):
         // a map that grows rehashes every name in it.
-        let mut headers = HeaderMap::with_capacity(17);
+        let mut headers = HeaderMap::with_capacity(16);
         // Tenant and key were validated as visible ASCII, so these always convert.
         let text = |v: &str| HeaderValue::from_str(v).expect("validated header text");
         headers.insert(TENANT, text(&self.tenant));

@@ -109,8 +109,8 @@ fn signed_for(secret: &ClusterSecret, at: SystemTime, to: &str, body: &[u8]) -> 
         &mut headers,
         body,
         at,
-        &pod("test-client"),
-        &pod(to),
+        (&pod("test-client"), &pod(to)),
+        None,
     );
     headers
 }
