@@ -1,5 +1,6 @@
 //! Steady-state Redis load of a pod with the default timings (poll 1 s, renew 5 s,
-//! heartbeat 5 s): at most 2 round trips per second per pod, counted by the client.
+//! heartbeat 5 s): at most 2 round trips per second per pod, counted by the client, and
+//! at 1,024 shards at most 2 KB per second each way, counted by Redis (`INFO stats`).
 //!
 //! The pods run as `posgate serve` does, with the POS connection manager (an empty
 //! directory), so its directory version check is counted too. The bound follows from
@@ -7,7 +8,11 @@
 //! directory version check per four, one pub/sub PING per five: 1.85/s), so it is a
 //! behaviour check, not a speed check: a slower machine makes fewer calls, not more. The
 //! measured rates and Redis's own `INFO commandstats` (where a script counts each inner
-//! call) are printed for the issue notes.
+//! call) are printed for the issue notes:
+//!
+//! ```sh
+//! cargo test --test it redis_round_trips -- --nocapture
+//! ```
 
 use std::time::Duration;
 
@@ -21,11 +26,48 @@ use crate::support::wait::wait_for;
 use crate::support::{pod, RedisServer};
 
 const CLUSTER: &str = "rt";
-const PODS: usize = 3;
 const WINDOW: Duration = Duration::from_secs(10);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_makes_at_most_two_round_trips_per_second_in_steady_state() {
+    let load = steady_state(3, 64).await;
+    for rate in &load.round_trips {
+        assert!(*rate <= 2.0, "steady-state round trips per pod: {load:?}");
+        assert!(*rate > 0.5, "the pods stopped talking to Redis: {load:?}");
+    }
+}
+
+/// What a pod sends Redis and gets back does not grow with the shard count: the poll
+/// answers a digest while nothing changed, and renewals name their leases by shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_sends_and_receives_under_2_kb_per_second_at_1024_shards() {
+    let load = steady_state(5, 1024).await;
+    assert!(
+        load.bytes_in <= 2048.0 && load.bytes_out <= 2048.0,
+        "bytes per pod per second into and out of Redis: {load:?}"
+    );
+    assert!(
+        load.bytes_in > 100.0,
+        "the pods stopped talking to Redis: {load:?}"
+    );
+}
+
+/// Steady-state Redis load per pod per second.
+#[derive(Debug)]
+#[allow(dead_code)] // Read through `Debug` in the assertions' messages.
+struct Load {
+    /// Client round trips, per pod.
+    round_trips: Vec<f64>,
+    /// Bytes into and out of Redis (`INFO stats`), per pod.
+    bytes_in: f64,
+    bytes_out: f64,
+    /// Commands Redis ran, those inside scripts included (`INFO commandstats`), per pod.
+    commands: f64,
+}
+
+/// Runs `pods` pods of a cluster with `shards` shards until they are ready and settled,
+/// then measures their Redis load over [`WINDOW`] and stops them.
+async fn steady_state(pods: usize, shards: u32) -> Load {
     let redis = RedisServer::start();
     let options = RedisOptions::default();
     // An existing cluster: the store generation is older than one member TTL, so the
@@ -33,7 +75,7 @@ async fn a_pod_makes_at_most_two_round_trips_per_second_in_steady_state() {
     let setup = RedisStore::connect(&redis.url(), CLUSTER, options.clone())
         .await
         .unwrap();
-    setup.snapshot(64).await.unwrap();
+    setup.snapshot(shards).await.unwrap();
     redis.command(&[
         "HSET",
         &format!("posgate:{{{CLUSTER}}}:gen"),
@@ -41,9 +83,12 @@ async fn a_pod_makes_at_most_two_round_trips_per_second_in_steady_state() {
         "0",
     ]);
 
-    let core = CoreConfig::default();
-    let mut pods = Vec::new();
-    for i in 0..PODS {
+    let core = CoreConfig {
+        shards,
+        ..CoreConfig::default()
+    };
+    let mut running = Vec::new();
+    for i in 0..pods {
         let store = RedisStore::connect(&redis.url(), CLUSTER, options.clone())
             .await
             .unwrap();
@@ -51,49 +96,73 @@ async fn a_pod_makes_at_most_two_round_trips_per_second_in_steady_state() {
         let id = PodId::new(format!("rt-{i}")).unwrap();
         let config = PodConfig::new(id, url, core.clone(), None);
         let handle = Pod::start_with_terminals(config, store.clone(), listener).unwrap();
-        pods.push((store, handle));
+        running.push((store, handle));
     }
-    wait_for("the pods to be ready", Duration::from_secs(30), || {
-        pods.iter().all(|(_, h)| h.status.borrow().ready)
-    })
+    wait_for(
+        "the pods to own every shard",
+        Duration::from_secs(60),
+        || {
+            let owned: usize = running
+                .iter()
+                .map(|(_, h)| {
+                    h.status
+                        .borrow()
+                        .shards
+                        .iter()
+                        .filter(|s| s.serving)
+                        .count()
+                })
+                .sum();
+            running.iter().all(|(_, h)| h.status.borrow().ready) && owned == shards as usize
+        },
+    )
     .await;
     // Let the first renewals and heartbeats of every pod fall into their regular rhythm.
     tokio::time::sleep(core.renew_interval).await;
 
     redis.command(&["CONFIG", "RESETSTAT"]);
-    let before: Vec<u64> = pods.iter().map(|(s, _)| s.round_trips()).collect();
+    let before: Vec<u64> = running.iter().map(|(s, _)| s.round_trips()).collect();
     tokio::time::sleep(WINDOW).await;
-    let rates: Vec<f64> = pods
+    let per_second = |n: f64| n / WINDOW.as_secs_f64();
+    let round_trips = running
         .iter()
         .zip(&before)
-        .map(|((s, _), b)| (s.round_trips() - b) as f64 / WINDOW.as_secs_f64())
+        .map(|((s, _), b)| per_second((s.round_trips() - b) as f64))
         .collect();
-    let stats = info_commandstats(&redis.url()).await;
-    eprintln!("[round-trips] client round trips/s per pod over {WINDOW:?}: {rates:.2?}");
-    eprintln!("[round-trips] redis INFO commandstats for {PODS} pods over {WINDOW:?}:\n{stats}");
-    for rate in &rates {
-        assert!(*rate <= 2.0, "steady-state round trips per pod: {rates:?}");
-        assert!(*rate > 0.5, "the pods stopped talking to Redis: {rates:?}");
-    }
-    for (_, handle) in &mut pods {
+    let stats = info(&redis.url(), "stats").await;
+    let commandstats = info(&redis.url(), "commandstats").await;
+    let per_pod = |n: u64| per_second(n as f64) / pods as f64;
+    let load = Load {
+        round_trips,
+        bytes_in: per_pod(field(&stats, "total_net_input_bytes")),
+        bytes_out: per_pod(field(&stats, "total_net_output_bytes")),
+        commands: per_pod(field(&stats, "total_commands_processed")),
+    };
+    eprintln!("[round-trips] {pods} pods, {shards} shards, over {WINDOW:?}: {load:.1?}");
+    eprintln!("[round-trips] redis INFO commandstats:\n{commandstats}");
+    for (_, handle) in &mut running {
         handle.shutdown();
     }
-    for (_, handle) in &mut pods {
+    for (_, handle) in &mut running {
         handle.wait().await.unwrap();
     }
+    load
 }
 
-/// Redis's own count of commands (a script's inner calls count there too).
-async fn info_commandstats(url: &str) -> String {
+/// The number `name:<n>` in an `INFO` answer.
+fn field(info: &str, name: &str) -> u64 {
+    info.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in INFO:\n{info}"))
+}
+
+/// One section of Redis's `INFO` (`commandstats` counts a script's inner calls too).
+async fn info(url: &str, section: &str) -> String {
     let client = redis::Client::open(url).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
+    redis::cmd("INFO")
+        .arg(section)
         .query_async(&mut conn)
         .await
-        .unwrap();
-    info.lines()
-        .filter(|l| l.starts_with("cmdstat_"))
-        .collect::<Vec<_>>()
-        .join("\n")
+        .unwrap()
 }

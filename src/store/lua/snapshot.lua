@@ -1,12 +1,21 @@
 -- snapshot: one atomic read of generation, live members, lease holders and the
 -- placement. Writes only to create a missing generation and to prune expired members.
--- KEYS[1] gen, KEYS[2] members, KEYS[3] member-info, KEYS[4] epochs, KEYS[5] placement,
--- KEYS[6..] lease:<shard> for shards 0..n-1
--- ARGV[1] nonce, ARGV[2..] shard ids aligned with KEYS[6..]
--- Reply: {gen_id, age_ms, {member_json...}, {lease...}, placement, heartbeats} where
--- lease is {} (free) or {owner, epoch}, placement is {} (none) or {version, table_json},
--- and heartbeats is the generation's heartbeat count (see heartbeat.lua). Members are not sorted here: Lua compares strings with the server's
--- locale, so the client sorts by pod id.
+-- KEYS[1] gen, KEYS[2] members, KEYS[3] member-info, KEYS[4] epochs, KEYS[5] placement
+-- ARGV[1] nonce, ARGV[2] shard count n, ARGV[3] the lease key of shard 0 without its
+-- "0" (leases are ARGV[3] .. shard for shards 0..n-1), ARGV[4] the digest of the view
+-- the caller holds ('' for none)
+-- Reply: {gen_id, age_ms, heartbeats, digest, view} where view is {} when `digest`
+-- equals ARGV[4] (the caller's view is current) and otherwise {{member_json...},
+-- {lease...}, placement}: lease is {} (free) or {owner, epoch}, placement {} (none) or
+-- {version, table_json}. heartbeats is the generation's heartbeat count (see
+-- heartbeat.lua). Members are not sorted for the caller: Lua compares strings with the
+-- server's locale, so the client sorts by pod id.
+--
+-- Why a digest: this script runs every poll interval on every pod, and the view grows
+-- with the shard count (1,024 leases are ~40 KB) while it rarely changes. The digest is
+-- SHA-1 over the view as read, so "unchanged" is never a guess: no state of its own in
+-- Redis to keep, bound or lose. The lease keys are named here, not passed as KEYS, for
+-- the same reason; they share the other keys' hash tag, so they are in the same slot.
 -- '' never matches a generation id, so check_gen always answers the current one.
 local g, now = check_gen(KEYS[1], '', ARGV[1])
 local live_from = int(now)
@@ -17,8 +26,7 @@ if #expired > 0 then
     redis.call('HDEL', KEYS[3], pod)
   end
 end
--- One multi-key read each instead of a call per member and per shard: this script runs
--- every poll interval on every pod.
+-- One multi-key read each instead of a call per member and per shard.
 local members = {}
 local pods = redis.call('ZRANGEBYSCORE', KEYS[2], live_from, '+inf')
 if #pods > 0 then
@@ -29,15 +37,32 @@ if #pods > 0 then
     end
   end
 end
+-- The digest's text: members in a fixed order (any order this server keeps), then each
+-- lease and the placement as stored.
+local sorted = {}
+for i, m in ipairs(members) do
+  sorted[i] = m
+end
+table.sort(sorted)
+local text = {table.concat(sorted, '\n'), '\n'}
+local n = tonumber(ARGV[2])
 local leases = {}
-if #KEYS >= 6 then
-  local owners = redis.call('MGET', unpack(KEYS, 6))
-  local epochs = redis.call('HMGET', KEYS[4], unpack(ARGV, 2))
+if n > 0 then
+  local names, shards = {}, {}
+  for s = 0, n - 1 do
+    names[s + 1] = ARGV[3] .. s
+    shards[s + 1] = s
+  end
+  -- unpack is limited by the Lua stack (8,000 values): 1,024 shards is far below it.
+  local owners = redis.call('MGET', unpack(names))
+  local epochs = redis.call('HMGET', KEYS[4], unpack(shards))
   for i, owner in ipairs(owners) do
     if owner then
       leases[i] = {owner, tonumber(epochs[i]) or 0}
+      text[#text + 1] = owner .. ' ' .. (epochs[i] or '0') .. '\n'
     else
       leases[i] = {}
+      text[#text + 1] = '\n'
     end
   end
 end
@@ -45,6 +70,12 @@ local placement = {}
 local stored = redis.call('HMGET', KEYS[5], 'version', 'table')
 if stored[1] and stored[2] then
   placement = {stored[1], stored[2]}
+  text[#text + 1] = stored[1] .. ' ' .. stored[2]
 end
 local beats = tonumber(redis.call('HGET', KEYS[1], 'heartbeats')) or 0
-return {g[2], g[3], members, leases, placement, beats}
+local digest = redis.sha1hex(table.concat(text))
+local view = {}
+if digest ~= ARGV[4] then
+  view = {members, leases, placement}
+end
+return {g[2], g[3], beats, digest, view}

@@ -2,6 +2,7 @@
 //! and arguments laid out as the scripts in `store/lua/` expect them (see the table in
 //! the parent module) and its reply parsed in `reply.rs`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -109,8 +110,10 @@ impl CoordStore for RedisStore {
         shards: &[ShardId],
     ) -> Result<Checked<Vec<RenewOutcome>>, StoreError> {
         let k = &self.shared.keys;
-        let keys = self.with_leases(vec![k.generation(), k.epochs()], shards);
-        let args = shard_args(lease_args(call), shards);
+        let keys = [k.generation(), k.epochs()];
+        let mut args = lease_args(call);
+        args.push(self.lease_prefix()?);
+        let args = shard_args(args, shards);
         let script = &self.shared.scripts.renew;
         let reply = self.run("renew", script, &keys, &args, self.durable());
         map_ok(checked(reply.await?, None, shards.len())?, |v| {
@@ -138,18 +141,26 @@ impl CoordStore for RedisStore {
 
     async fn snapshot(&self, shards: u32) -> Result<Snapshot, StoreError> {
         let k = &self.shared.keys;
-        let all: Vec<ShardId> = (0..shards).collect();
-        let prefix = vec![
+        let keys = vec![
             k.generation(),
             k.members(),
             k.member_info(),
             k.epochs(),
             k.placement(),
         ];
-        let keys = self.with_leases(prefix, &all);
-        let args = shard_args(vec![nonce()], &all);
+        let lease_prefix = self.lease_prefix()?;
+        // The view this store read last, if any, so that Redis answers only its digest
+        // while it is current (`snapshot.lua`).
+        let held = self.shared.view.lock().expect("not poisoned").clone();
+        let held = held.filter(|v| v.shards == shards);
+        let digest = held.as_ref().map_or(String::new(), |v| v.digest.clone());
+        let args = vec![nonce(), shards.to_string(), lease_prefix, digest];
         let reply = self.call("snapshot", &self.shared.scripts.snapshot, keys, args);
-        parse_snapshot(reply.await?, shards)
+        let (snapshot, read) = parse_snapshot(reply.await?, shards, held.as_deref())?;
+        if let Some(read) = read {
+            *self.shared.view.lock().expect("not poisoned") = Some(Arc::new(read));
+        }
+        Ok(snapshot)
     }
 
     async fn place(

@@ -14,6 +14,7 @@ use redis::Value;
 
 use crate::core::lease::{AcquireOutcome, Checked, RenewOutcome};
 use crate::core::membership::{GenerationInfo, Lease, Member, Snapshot};
+use crate::core::placement::Placement;
 use crate::core::PodId;
 use crate::store::directory::{Refusal, Restored};
 use crate::store::{parse_placement, ClusterMeta, StoreError};
@@ -206,10 +207,65 @@ pub(super) fn released(reply: Value, shards: usize) -> Result<Vec<bool>, StoreEr
         .collect()
 }
 
-pub(super) fn parse_snapshot(reply: Value, shards: u32) -> Result<Snapshot, StoreError> {
-    let [id, age, members, leases, placement, heartbeats]: [Value; 6] = items(reply)?
+pub(super) fn parse_snapshot(
+    reply: Value,
+    shards: u32,
+    held: Option<&View>,
+) -> Result<(Snapshot, Option<View>), StoreError> {
+    let [id, age, heartbeats, digest, view]: [Value; 5] = items(reply)?
         .try_into()
-        .map_err(|v: Vec<Value>| bad(format!("snapshot has {} parts, expected 6", v.len())))?;
+        .map_err(|v: Vec<Value>| bad(format!("snapshot has {} parts, expected 5", v.len())))?;
+    let digest = text(&digest)?.to_string();
+    let parts: Result<[Value; 3], Vec<Value>> = items(view)?.try_into();
+    let (view, read) = match parts {
+        Ok([members, leases, placement]) => {
+            let view = View {
+                shards,
+                digest,
+                members: parse_members(members)?,
+                leases: parse_leases(leases, shards)?,
+                placement: parse_stored_placement(placement, shards)?,
+            };
+            (view.clone(), Some(view))
+        }
+        Err(v) if v.is_empty() => match held {
+            Some(held) if held.digest == digest => (held.clone(), None),
+            _ => {
+                return Err(bad(
+                    "snapshot called a view unchanged that this pod does not hold",
+                ))
+            }
+        },
+        Err(v) => {
+            return Err(bad(format!(
+                "snapshot view has {} parts, expected 3",
+                v.len()
+            )))
+        }
+    };
+    let snapshot = Snapshot {
+        generation: generation(&id, &age)?,
+        members: view.members,
+        leases: view.leases,
+        placement: view.placement,
+        heartbeats: uint(&heartbeats)?,
+    };
+    Ok((snapshot, read))
+}
+
+/// The members, leases and placement a snapshot read in full, with the digest
+/// `snapshot.lua` computed over them: while Redis answers the same digest, the view is
+/// unchanged and rebuilt from this.
+#[derive(Clone, Debug)]
+pub(super) struct View {
+    pub(super) shards: u32,
+    pub(super) digest: String,
+    members: Vec<Member>,
+    leases: Vec<Option<Lease>>,
+    placement: Option<Placement>,
+}
+
+fn parse_members(members: Value) -> Result<Vec<Member>, StoreError> {
     let mut members = items(members)?
         .iter()
         .map(|m| {
@@ -218,6 +274,10 @@ pub(super) fn parse_snapshot(reply: Value, shards: u32) -> Result<Snapshot, Stor
         })
         .collect::<Result<Vec<_>, _>>()?;
     members.sort_by(|a, b| a.pod.cmp(&b.pod));
+    Ok(members)
+}
+
+fn parse_leases(leases: Value, shards: u32) -> Result<Vec<Option<Lease>>, StoreError> {
     let leases = items(leases)?
         .into_iter()
         .map(|l| match items(l)?.as_slice() {
@@ -235,23 +295,20 @@ pub(super) fn parse_snapshot(reply: Value, shards: u32) -> Result<Snapshot, Stor
             leases.len()
         )));
     }
-    let placement = match items(placement)?.as_slice() {
-        [] => None,
+    Ok(leases)
+}
+
+fn parse_stored_placement(placement: Value, shards: u32) -> Result<Option<Placement>, StoreError> {
+    match items(placement)?.as_slice() {
+        [] => Ok(None),
         [version, table] => {
             let version = text(version)?
                 .parse()
                 .map_err(|e| bad(format!("bad placement version: {e}")))?;
-            Some(parse_placement(version, text(table)?, shards)?)
+            Ok(Some(parse_placement(version, text(table)?, shards)?))
         }
-        other => return Err(bad(format!("placement entry with {} items", other.len()))),
-    };
-    Ok(Snapshot {
-        generation: generation(&id, &age)?,
-        members,
-        leases,
-        placement,
-        heartbeats: uint(&heartbeats)?,
-    })
+        other => Err(bad(format!("placement entry with {} items", other.len()))),
+    }
 }
 
 /// Applies `f` to an `Ok` answer; a generation change passes through untouched.
@@ -291,7 +348,7 @@ mod tests {
         );
         assert!(acquire_outcome(Value::Array(vec![s("acquired"), Value::Int(-1)])).is_err());
         assert!(renew_outcome(Value::Array(vec![s("renewed"), Value::Int(1)])).is_err());
-        assert!(parse_snapshot(Value::Array(vec![]), 0).is_err());
+        assert!(parse_snapshot(Value::Array(vec![]), 0, None).is_err());
     }
 
     #[test]
