@@ -46,36 +46,40 @@ end
 table.sort(sorted)
 local text = {table.concat(sorted, '\n'), '\n'}
 local n = tonumber(ARGV[2])
-local leases = {}
+local owners, epochs = {}, {}
 if n > 0 then
   local names, shards = {}, {}
   for s = 0, n - 1 do
     names[s + 1] = ARGV[3] .. s
     shards[s + 1] = s
   end
-  -- unpack is limited by the Lua stack (8,000 values): 1,024 shards is far below it.
-  local owners = redis.call('MGET', unpack(names))
-  local epochs = redis.call('HMGET', KEYS[4], unpack(shards))
+  -- unpack is limited by the Lua stack (8,000 values): 4,096 shards is below it.
+  owners = redis.call('MGET', unpack(names))
+  epochs = redis.call('HMGET', KEYS[4], unpack(shards))
   for i, owner in ipairs(owners) do
-    if owner then
-      leases[i] = {owner, tonumber(epochs[i]) or 0}
-      text[#text + 1] = owner .. ' ' .. (epochs[i] or '0') .. '\n'
-    else
-      leases[i] = {}
-      text[#text + 1] = '\n'
-    end
+    text[#text + 1] = (owner or '') .. ' ' .. (owner and epochs[i] or '') .. '\n'
   end
 end
-local placement = {}
 local stored = redis.call('HMGET', KEYS[5], 'version', 'table')
 if stored[1] and stored[2] then
-  placement = {stored[1], stored[2]}
   text[#text + 1] = stored[1] .. ' ' .. stored[2]
 end
 local beats = tonumber(redis.call('HGET', KEYS[1], 'heartbeats')) or 0
 local digest = redis.sha1hex(table.concat(text))
-local view = {}
-if digest ~= ARGV[4] then
-  view = {members, leases, placement}
+if digest == ARGV[4] then
+  return {g[2], g[3], beats, digest, {}}
 end
-return {g[2], g[3], beats, digest, view}
+-- Changed: the view itself, built only now (most polls end above).
+local leases = {}
+for i, owner in ipairs(owners) do
+  if owner then
+    leases[i] = {owner, tonumber(epochs[i]) or 0}
+  else
+    leases[i] = {}
+  end
+end
+local placement = {}
+if stored[1] and stored[2] then
+  placement = {stored[1], stored[2]}
+end
+return {g[2], g[3], beats, digest, {members, leases, placement}}
