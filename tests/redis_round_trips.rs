@@ -146,6 +146,29 @@ async fn steady_state(pods: usize, shards: u32) -> Load {
     for (_, handle) in &mut running {
         handle.wait().await.unwrap();
     }
+    // Redis's CPU for one poll of an unchanged view, for the capacity guide: the cost of
+    // a pod's poll that the bytes above do not show.
+    setup.snapshot(shards).await.unwrap();
+    redis.command(&["CONFIG", "RESETSTAT"]);
+    for _ in 0..100 {
+        setup.snapshot(shards).await.unwrap();
+    }
+    let commandstats = info(&redis.url(), "commandstats").await;
+    let cpu = |name: &str| {
+        let line = commandstats.lines().find(|l| l.starts_with(name));
+        line.and_then(|l| {
+            l.split(",usec=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<f64>()
+                .ok()
+        })
+    };
+    let poll_us = cpu("cmdstat_evalsha:").expect("evalsha in commandstats") / 100.0;
+    eprintln!(
+        "[round-trips] {shards} shards: Redis CPU per poll of an unchanged view {poll_us:.0} us"
+    );
     load
 }
 

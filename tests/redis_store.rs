@@ -402,3 +402,42 @@ async fn a_release_is_seen(
         .unwrap_or_else(|_| panic!("a release not seen on changes() {when}"))
         .unwrap();
 }
+
+/// The poll answers only a digest while the view is unchanged (`snapshot.lua`): what the
+/// pod rebuilds from the view it read last must be what Redis holds, through an
+/// acquisition by another pod, a lease that expires and a different shard count.
+#[tokio::test]
+async fn a_poll_sees_every_change_to_the_view_it_read_last() {
+    let server = RedisServer::start();
+    let (poller, writer) = (connect(&server.url()).await, connect(&server.url()).await);
+    let owners = |s: &posgate::core::membership::Snapshot| {
+        s.leases
+            .iter()
+            .map(|l| l.as_ref().map(|l| (l.owner.to_string(), l.epoch)))
+            .collect::<Vec<_>>()
+    };
+    let first = poller.snapshot(4).await.unwrap();
+    assert_eq!(owners(&first), vec![None; 4]);
+    let again = poller.snapshot(4).await.unwrap();
+    assert_eq!(owners(&again), owners(&first));
+    assert_eq!(again.members, first.members);
+
+    let g = generation(&writer).await;
+    let short = Duration::from_millis(300);
+    let epoch = acquired(
+        leases::acquire(&writer, &g, &pod("b"), &[2], short)
+            .await
+            .unwrap(),
+    )[0];
+    let held = poller.snapshot(4).await.unwrap();
+    assert_eq!(
+        owners(&held),
+        vec![None, None, Some(("b".into(), epoch)), None]
+    );
+    assert_eq!(owners(&poller.snapshot(4).await.unwrap()), owners(&held));
+    tokio::time::sleep(short * 2).await;
+    assert_eq!(owners(&poller.snapshot(4).await.unwrap()), vec![None; 4]);
+    // Another shard count is another view, never the one held for 4.
+    assert_eq!(poller.snapshot(8).await.unwrap().leases.len(), 8);
+    assert_eq!(poller.snapshot(4).await.unwrap().leases.len(), 4);
+}

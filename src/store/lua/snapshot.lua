@@ -56,8 +56,17 @@ if n > 0 then
   -- unpack is limited by the Lua stack (8,000 values): 4,096 shards is below it.
   owners = redis.call('MGET', unpack(names))
   epochs = redis.call('HMGET', KEYS[4], unpack(shards))
+  -- Pieces, not one string per shard: Lua interns every string it makes.
+  local t = #text
   for i, owner in ipairs(owners) do
-    text[#text + 1] = (owner or '') .. ' ' .. (owner and epochs[i] or '') .. '\n'
+    if owner then
+      -- Pod ids have no spaces, epochs are digits: no two leases read alike.
+      text[t + 1], text[t + 2], text[t + 3], text[t + 4] = owner, ' ', epochs[i] or '', '\n'
+      t = t + 4
+    else
+      text[t + 1] = '\n'
+      t = t + 1
+    end
   end
 end
 local stored = redis.call('HMGET', KEYS[5], 'version', 'table')
