@@ -80,8 +80,8 @@ fuzz_target!(|input: Input| {
         &mut headers,
         &input.body,
         at,
-        &from,
-        &me,
+        (&from, &me),
+        None,
     );
     let verified = signing::verify_head(&secrets, &method, path, &headers, now, &me);
     let within = u64::from(input.skew_secs.unsigned_abs()) <= signing::MAX_CLOCK_SKEW.as_secs();

@@ -107,7 +107,13 @@ impl Keys {
 
     /// The lease of `shard`: string owner pod id with a `PX` expiry.
     pub fn lease(&self, shard: ShardId) -> String {
-        self.name(format_args!("lease:{shard}"))
+        format!("{}{shard}", self.leases())
+    }
+
+    /// What every lease key starts with, the shard following: the scripts that touch
+    /// many leases (`renew.lua`, `snapshot.lua`) name them from it.
+    pub fn leases(&self) -> String {
+        self.name("lease:")
     }
 
     /// What the last drained release of `shard` left for its next holder: string, the
@@ -252,6 +258,7 @@ mod tests {
             assert!(name.starts_with("posgate:{prod-eu.1}:"), "{name}");
         }
         assert_eq!(k.lease(7), "posgate:{prod-eu.1}:lease:7");
+        assert_eq!(k.leases() + "7", k.lease(7));
         assert_eq!(k.generation(), "posgate:{prod-eu.1}:gen");
         assert_eq!(k.terminals(9), "posgate:{prod-eu.1}:terminals:9");
         assert_eq!(

@@ -1,8 +1,8 @@
 -- renew: extend a batch of our own leases (owner-checked PEXPIRE).
 -- KEYS[1] gen, KEYS[2] epochs
--- ARGV[1] caller generation, ARGV[2] nonce, ARGV[3] pod id, ARGV[4] ttl ms, ARGV[5] the
--- lease key of shard 0 without its "0", ARGV[6..] shard ids (the leases are ARGV[5] ..
--- shard, the epochs hash fields the shard ids)
+-- ARGV[1] caller generation, ARGV[2] nonce, ARGV[3] pod id, ARGV[4] ttl ms, ARGV[5] what
+-- every lease key starts with, ARGV[6..] shard ids (the leases are ARGV[5] .. shard, the
+-- epochs hash fields the shard ids)
 -- Reply: {'gen', id, age_ms} | {'ok', outcome...} where outcome is
 --   {'renewed'} | {'missing', epoch} | {'held', owner, epoch}
 -- `epoch`: the shard's last epoch (0: none). Not above the caller's, a missing lease was

@@ -1,9 +1,9 @@
 -- snapshot: one atomic read of generation, live members, lease holders and the
 -- placement. Writes only to create a missing generation and to prune expired members.
 -- KEYS[1] gen, KEYS[2] members, KEYS[3] member-info, KEYS[4] epochs, KEYS[5] placement
--- ARGV[1] nonce, ARGV[2] shard count n, ARGV[3] the lease key of shard 0 without its
--- "0" (leases are ARGV[3] .. shard for shards 0..n-1), ARGV[4] the digest of the view
--- the caller holds ('' for none)
+-- ARGV[1] nonce, ARGV[2] shard count n, ARGV[3] what every lease key starts with (the
+-- leases are ARGV[3] .. shard for shards 0..n-1), ARGV[4] the digest of the view the
+-- caller holds ('' for none)
 -- Reply: {gen_id, age_ms, heartbeats, digest, view} where view is {} when `digest`
 -- equals ARGV[4] (the caller's view is current) and otherwise {{member_json...},
 -- {lease...}, placement}: lease is {} (free) or {owner, epoch}, placement {} (none) or

@@ -112,7 +112,7 @@ impl CoordStore for RedisStore {
         let k = &self.shared.keys;
         let keys = [k.generation(), k.epochs()];
         let mut args = lease_args(call);
-        args.push(self.lease_prefix()?);
+        args.push(k.leases());
         let args = shard_args(args, shards);
         let script = &self.shared.scripts.renew;
         let reply = self.run("renew", script, &keys, &args, self.durable());
@@ -148,13 +148,12 @@ impl CoordStore for RedisStore {
             k.epochs(),
             k.placement(),
         ];
-        let lease_prefix = self.lease_prefix()?;
         // The view this store read last, if any, so that Redis answers only its digest
         // while it is current (`snapshot.lua`).
         let held = self.shared.view.lock().expect("not poisoned").clone();
         let held = held.filter(|v| v.shards == shards);
         let digest = held.as_ref().map_or(String::new(), |v| v.digest.clone());
-        let args = vec![nonce(), shards.to_string(), lease_prefix, digest];
+        let args = vec![nonce(), shards.to_string(), k.leases(), digest];
         let reply = self.call("snapshot", &self.shared.scripts.snapshot, keys, args);
         let (snapshot, read) = parse_snapshot(reply.await?, shards, held.as_deref())?;
         if let Some(read) = read {
