@@ -8,8 +8,8 @@
 -- equals ARGV[4] (the caller's view is current) and otherwise {{member_json...},
 -- {lease...}, placement}: lease is {} (free) or {owner, epoch}, placement {} (none) or
 -- {version, table_json}. heartbeats is the generation's heartbeat count (see
--- heartbeat.lua). Members are not sorted for the caller: Lua compares strings with the
--- server's locale, so the client sorts by pod id.
+-- heartbeat.lua). Members come in this server's string order (Lua compares with the
+-- server's locale), so the client sorts them by pod id.
 --
 -- Why a digest: this script runs every poll interval on every pod, and the view grows
 -- with the shard count (1,024 leases are ~40 KB) while it rarely changes. The digest is
@@ -39,12 +39,8 @@ if #pods > 0 then
 end
 -- The digest's text: members in a fixed order (any order this server keeps), then each
 -- lease and the placement as stored.
-local sorted = {}
-for i, m in ipairs(members) do
-  sorted[i] = m
-end
-table.sort(sorted)
-local text = {table.concat(sorted, '\n'), '\n'}
+table.sort(members)
+local text = {table.concat(members, '\n'), '\n'}
 local n = tonumber(ARGV[2])
 local owners, epochs = {}, {}
 if n > 0 then
@@ -69,8 +65,10 @@ if n > 0 then
     end
   end
 end
+local placement = {}
 local stored = redis.call('HMGET', KEYS[5], 'version', 'table')
 if stored[1] and stored[2] then
+  placement = {stored[1], stored[2]}
   text[#text + 1] = stored[1] .. ' ' .. stored[2]
 end
 local beats = tonumber(redis.call('HGET', KEYS[1], 'heartbeats')) or 0
@@ -86,9 +84,5 @@ for i, owner in ipairs(owners) do
   else
     leases[i] = {}
   end
-end
-local placement = {}
-if stored[1] and stored[2] then
-  placement = {stored[1], stored[2]}
 end
 return {g[2], g[3], beats, digest, {members, leases, placement}}

@@ -3,11 +3,11 @@
 //! Every operation is exactly one script call (one client round trip, counted by
 //! [`RedisStore::round_trips`]), so each is atomic in Redis; the scripts live in
 //! `store/lua/` with `lib.lua` prepended, and take every key name as `KEYS` (all under
-//! one hash tag, see `store::keys`) so they also run on Redis Cluster; but the
-//! snapshot, which runs every poll interval, names the shards' leases itself (under the
-//! same hash tag, so in the same slot) and answers only a digest while the view it read
-//! last is current: a poll sends and receives about as many bytes at 4,096 shards as at
-//! 64.
+//! one hash tag, see `store::keys`) so they also run on Redis Cluster; but the snapshot
+//! and the renewal, which run every few seconds, name the shards' leases themselves
+//! (under the same hash tag, so in the same slot), and the snapshot answers only a
+//! digest while the view the pod read last is current: a poll sends and receives about
+//! as many bytes at 4,096 shards as at 64.
 //!
 //! | operation | script | keys (all passed as `KEYS`) | generation check |
 //! |---|---|---|---|

@@ -151,7 +151,6 @@ impl CoordStore for RedisStore {
         // The view this store read last, if any, so that Redis answers only its digest
         // while it is current (`snapshot.lua`).
         let held = self.shared.view.lock().expect("not poisoned").clone();
-        let held = held.filter(|v| v.shards == shards);
         let digest = held.as_ref().map_or(String::new(), |v| v.digest.clone());
         let args = vec![nonce(), shards.to_string(), k.leases(), digest];
         let reply = self.call("snapshot", &self.shared.scripts.snapshot, keys, args);

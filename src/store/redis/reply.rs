@@ -220,7 +220,6 @@ pub(super) fn parse_snapshot(
     let (view, read) = match parts {
         Ok([members, leases, placement]) => {
             let view = View {
-                shards,
                 digest,
                 members: parse_members(members)?,
                 leases: parse_leases(leases, shards)?,
@@ -255,10 +254,10 @@ pub(super) fn parse_snapshot(
 
 /// The members, leases and placement a snapshot read in full, with the digest
 /// `snapshot.lua` computed over them: while Redis answers the same digest, the view is
-/// unchanged and rebuilt from this.
+/// unchanged and rebuilt from this. The digest covers one line per lease, so a view of
+/// another shard count never matches.
 #[derive(Clone, Debug)]
 pub(super) struct View {
-    pub(super) shards: u32,
     pub(super) digest: String,
     members: Vec<Member>,
     leases: Vec<Option<Lease>>,
