@@ -115,4 +115,8 @@ pub struct ShardStatus {
     /// connections kept: delivering while `serving` (the cluster-wide verdict stands),
     /// parked otherwise, until the lease is confirmed again.
     pub suspended: bool,
+    /// The pod the shard moves to once a slot of the move budget is free
+    /// (`--max-moving-shards`); the placement keeps it with `assigned` until then.
+    /// `None` when its move does not wait.
+    pub next_owner: Option<PodId>,
 }

@@ -51,6 +51,7 @@ fn member() -> Member {
         queue: 0,
         batch: 0,
         broadcast: 0,
+        moves: 0,
     }
 }
 

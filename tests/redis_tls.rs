@@ -60,6 +60,7 @@ async fn round_trip(store: &RedisStore) {
         queue: 0,
         batch: 0,
         broadcast: 0,
+        moves: 0,
     };
     let beat = store.heartbeat(&generation.id, &member, &meta, TTL).await;
     assert!(matches!(beat, Ok(Checked::Ok(_))), "heartbeat: {beat:?}");

@@ -261,6 +261,7 @@ fn member(id: &str) -> Member {
         queue: 0,
         batch: 0,
         broadcast: 0,
+        moves: 0,
     }
 }
 

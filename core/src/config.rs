@@ -34,6 +34,10 @@ pub struct CoreConfig {
     /// Upper bound for a graceful shutdown: stop serving, release, deregister
     /// (`--shutdown-budget`, 10 s).
     pub shutdown_budget: Duration,
+    /// At most this many shards in planned motion across the cluster: assigned to one
+    /// live pod and leased by another (`--max-moving-shards`, an eighth of the shards).
+    /// Shards of crashed or drained pods never wait for it.
+    pub max_moving_shards: u32,
 }
 
 /// A configuration the safety argument cannot work with.
@@ -71,6 +75,7 @@ impl Default for CoreConfig {
             debounce: Duration::from_secs(1),
             close_budget: Duration::from_secs(2),
             shutdown_budget: Duration::from_secs(10),
+            max_moving_shards: 8,
         }
     }
 }
@@ -95,6 +100,11 @@ impl CoreConfig {
     pub fn validate(&self) -> Result<(), InvalidTimings> {
         if self.shards == 0 || self.shards > 4096 {
             return Err(InvalidTimings::Shards(self.shards));
+        }
+        if self.max_moving_shards == 0 {
+            return Err(InvalidTimings::Zero {
+                flag: "max-moving-shards",
+            });
         }
         for (flag, d) in [
             ("lease-ttl", self.lease_ttl),

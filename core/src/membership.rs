@@ -48,6 +48,11 @@ pub struct Member {
     /// does, so none stalls on a shard whose owner would not send it.
     #[serde(default)]
     pub broadcast: u32,
+    /// Whether the pod counts planned moves against the move budget ([`MOVE_BUDGET`]): 0
+    /// in records of releases before it, which write whole placements and no steps.
+    /// Only a pod that has it writes the steps toward a placement's target.
+    #[serde(default)]
+    pub moves: u32,
 }
 
 /// [`Member::handover`] of a pod that drains: it closes a moved shard's terminals one
@@ -56,6 +61,10 @@ pub const HANDOVER_DRAIN: u32 = 1;
 
 /// [`Member::batch`] of a pod that serves the peer batch route (`posgate::push::batch`).
 pub const BATCH_PEER_ROUTE: u32 = 1;
+
+/// [`Member::moves`] of a pod that writes placement steps under the move budget
+/// (`crate::placement::step`).
+pub const MOVE_BUDGET: u32 = 1;
 
 /// [`Member::broadcast`] of a pod that walks broadcasts (`posgate::push::broadcast`).
 pub const BROADCAST_WALK: u32 = 1;

@@ -20,9 +20,22 @@
 //!    of [`Assignment::compute`] on the pods below quota.
 //!
 //! So the number of shards that change pod is exactly the shards of departed pods plus the
-//! excess over quota, the minimum for a balanced table. What it does not do: decide when
-//! to change the placement (the reconciler, after its debounce), or store it (the
-//! `CoordStore`, with a version compare-and-set).
+//! excess over quota, the minimum for a balanced table.
+//!
+//! [`step`] takes the cluster there under a move budget: a shard *in motion* is assigned
+//! to one live member and leased by another (its terminals are about to move), and a
+//! step admits planned moves only while at most `budget` shards are in motion. A move is
+//! planned when its placed owner is live and no other live pod holds the shard (the
+//! owner serves it, or is about to claim it); every other move is free and never waits:
+//! the shards of a departed pod (crashed, or drained after SIGTERM: nobody serves them),
+//! and shards already in motion (re-aimed, still one shard in motion). Because
+//! `rebalance` moves the fewest shards, each step leaves the rest of the way shorter by
+//! what it admitted, so repeated steps settle on a balanced table.
+//!
+//! What it does not do: decide when to change the placement (the reconciler, after its
+//! debounce and on later polls while steps remain), or store it (the `CoordStore`, with
+//! a version compare-and-set, so a step is counted against the leases read in the same
+//! snapshot as the version it replaces).
 
 use std::cmp::Reverse;
 
@@ -61,6 +74,71 @@ impl Placement {
             version: self.version + 1,
             assignment: rebalance(&self.assignment, pods, shards),
         }
+    }
+}
+
+/// One step from a placement toward its target under a move budget (see the module docs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Step {
+    /// The table to write: `from`, with the free moves and the admitted planned moves of
+    /// `target` applied. Equal to `from` when nothing may move.
+    pub assignment: Assignment,
+    /// Planned moves admitted into this step (each took a free slot of the budget).
+    pub admitted: u32,
+    /// Planned moves left waiting for a slot.
+    pub waiting: u32,
+}
+
+/// The step from `from` toward `target` (its pods are the live members) when `holder`
+/// tells who leases each shard, admitting planned moves while fewer than `budget` shards
+/// are in motion. Planned moves are admitted round-robin over the pods they go to, then
+/// by shard, so a scale-out of several pods starts on all of them and every pod computes
+/// the same step from the same inputs.
+pub fn step<'a>(
+    from: &Assignment,
+    target: &Assignment,
+    holder: impl Fn(ShardId) -> Option<&'a PodId>,
+    budget: u32,
+) -> Step {
+    let live = |p: &PodId| target.pods().binary_search(p).is_ok();
+    let shards = target.owner_indices().len() as ShardId;
+    let mut in_motion = 0u32;
+    let mut owner: Vec<u32> = Vec::with_capacity(shards as usize);
+    // Planned moves: (rank among the moves to the same pod, shard).
+    let mut planned: Vec<(u32, ShardId)> = Vec::new();
+    let mut ranks = vec![0u32; target.pods().len()];
+    for s in 0..shards {
+        let to = target.owner_indices()[s as usize];
+        let placed = from
+            .owner(s)
+            .and_then(|p| target.pods().binary_search(p).ok())
+            .map(|i| i as u32);
+        let held = holder(s).filter(|h| live(h));
+        if held.is_some_and(|h| from.owner(s) != Some(h)) {
+            in_motion += 1;
+        }
+        match placed {
+            // Its live placed owner holds it, or nobody live does yet (the owner may
+            // claim it before it reads this step): it starts moving now.
+            Some(p) if p != to && held.is_none_or(|h| *h == target.pods()[p as usize]) => {
+                planned.push((ranks[to as usize], s));
+                ranks[to as usize] += 1;
+                owner.push(p);
+            }
+            _ => owner.push(to),
+        }
+    }
+    planned.sort_unstable();
+    let slots = budget.saturating_sub(in_motion) as usize;
+    let admitted = planned.len().min(slots);
+    for &(_, s) in &planned[..admitted] {
+        owner[s as usize] = target.owner_indices()[s as usize];
+    }
+    Step {
+        assignment: Assignment::from_parts(target.pods().to_vec(), owner, shards)
+            .expect("every owner is a live member"),
+        admitted: admitted as u32,
+        waiting: (planned.len() - admitted) as u32,
     }
 }
 

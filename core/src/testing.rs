@@ -11,7 +11,7 @@ pub fn pod(name: &str) -> PodId {
 }
 
 /// A member `name` reachable at `http://<name>`, of protocol 2, closing whole shards
-/// on a planned move (handover 0).
+/// on a planned move (handover 0), writing placement steps under the move budget.
 pub fn member(name: &str) -> Member {
     Member {
         pod: pod(name),
@@ -24,6 +24,7 @@ pub fn member(name: &str) -> Member {
         queue: 0,
         batch: 0,
         broadcast: 0,
+        moves: crate::membership::MOVE_BUDGET,
     }
 }
 

@@ -77,6 +77,11 @@ pub struct ServeArgs {
     /// A membership change is applied once the view was stable this long
     #[arg(long, env = "POSGATE_REBALANCE_DEBOUNCE", default_value = "1s", value_parser = parse_duration)]
     pub rebalance_debounce: Duration,
+    /// At most this many shards in planned motion across the cluster (assigned to one
+    /// live pod, leased by another); more moves wait for a slot. Shards of crashed or
+    /// drained pods never wait [default: an eighth of --shards, at least 1]
+    #[arg(long, env = "POSGATE_MAX_MOVING_SHARDS", value_name = "N")]
+    pub max_moving_shards: Option<u32>,
     /// Time a shard's connections get to close after it stops being served
     #[arg(long, env = "POSGATE_CLOSE_BUDGET", default_value = "2s", value_parser = parse_duration)]
     pub close_budget: Duration,
@@ -141,6 +146,7 @@ impl ServeArgs {
             debounce: self.rebalance_debounce,
             close_budget: self.close_budget,
             shutdown_budget: self.shutdown_budget,
+            max_moving_shards: self.max_moving_shards.unwrap_or((self.shards / 8).max(1)),
         };
         core.validate()
             .map_err(|e| invalid(core_error_flag(&e), e.to_string()))?;

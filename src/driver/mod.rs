@@ -107,6 +107,7 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
             } else {
                 0
             },
+            moves: crate::core::membership::MOVE_BUDGET,
         };
         // A pod that drains names itself in every release, for the next holder to ask
         // (`ReleaseNote`); one that closes whole shards leaves nothing to ask about.
@@ -231,6 +232,15 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
         self.slots = slots;
         let rollbacks = self.situation.update(&self.rec);
         self.cx.metrics.store_rollbacks.inc_by(rollbacks);
+        for (result, n) in self.situation.new_moves(&self.rec) {
+            if n > 0 {
+                self.cx
+                    .metrics
+                    .planned_moves
+                    .get_or_create(&[("result", result)])
+                    .inc_by(n);
+            }
+        }
         let status = report::pod_status(&self.rec, now);
         self.status.send_if_modified(|current| {
             let changed = *current != status;

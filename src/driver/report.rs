@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use tracing::{info, warn};
 
-use crate::core::reconciler::{Outage, Reconciler, ShardState};
+use crate::core::reconciler::{MoveCounts, Outage, Reconciler, ShardState};
 use crate::core::ring::Assignment;
 use crate::core::{PodId, ShardId};
 use crate::status::{PlacementStatus, PodStatus, ShardStatus, StoreStatus};
@@ -27,6 +27,7 @@ pub(super) fn pod_status(rec: &Reconciler, now: Instant) -> PodStatus {
                 epoch: lease.map(|l| l.epoch),
                 serving: rec.serving(shard, now).is_some(),
                 suspended: matches!(rec.shard_state(shard), Some(ShardState::Suspended { .. })),
+                next_owner: rec.waiting_for(shard).cloned(),
             }
         })
         .collect();
@@ -70,6 +71,7 @@ pub(super) struct Situation {
     generation: Option<String>,
     applied: Assignment,
     rollbacks: u64,
+    moves: MoveCounts,
 }
 
 impl Situation {
@@ -81,7 +83,19 @@ impl Situation {
             generation: rec.generation().map(str::to_owned),
             applied: rec.assignment().clone(),
             rollbacks: rec.rollbacks(),
+            moves: rec.moves(),
         }
+    }
+
+    /// The planned moves counted since the last call, by result (`elected`, `skipped`,
+    /// `failed`).
+    pub fn new_moves(&mut self, rec: &Reconciler) -> [(&'static str, u64); 3] {
+        let (now, was) = (rec.moves(), std::mem::replace(&mut self.moves, rec.moves()));
+        [
+            ("elected", now.elected - was.elected),
+            ("skipped", now.skipped - was.skipped),
+            ("failed", now.failed - was.failed),
+        ]
     }
 
     /// Logs what changed since the last call; returns how many times the store was found

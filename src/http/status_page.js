@@ -56,11 +56,13 @@ function colours(pods) {
 }
 
 // The order the table used: a shard held through an outage first, then no holder, then
-// a holder other than the placement's choice.
+// a holder other than the placement's choice, then a move waiting for a slot of the
+// move budget (its holder keeps serving it meanwhile).
 function shardState(s) {
   if (s.suspended) return "suspended";
   if (s.owner === null) return "unowned";
   if (s.assigned !== s.owner) return "moving";
+  if (s.next_owner) return "waiting";
   return "served";
 }
 
@@ -89,7 +91,7 @@ function renderRing(view, colour) {
   const g = document.getElementById("segments");
   const n = view.shards.length;
   const outer = [], served = [], marked = [];
-  const count = { served: 0, moving: 0, unowned: 0, suspended: 0 };
+  const count = { served: 0, moving: 0, waiting: 0, unowned: 0, suspended: 0 };
   for (const s of view.shards) {
     const [t0, t1] = [s.shard / n, (s.shard + 1) / n];
     const state = shardState(s);
@@ -102,7 +104,8 @@ function renderRing(view, colour) {
     });
     const connected = s.terminals_connected ?? "?", listed = s.terminals_listed ?? "?";
     svg("title", {}, seg).textContent = `shard ${s.shard}: ${state}, held by ` +
-      `${s.owner ?? "nobody"}, assigned to ${s.assigned ?? "nobody"}, epoch ` +
+      `${s.owner ?? "nobody"}, assigned to ${s.assigned ?? "nobody"}` +
+      (s.next_owner ? `, then to ${s.next_owner} once a move slot is free` : "") + `, epoch ` +
       `${s.epoch ?? "–"}, ${connected} of ${listed} terminals connected`;
     // Marked segments last, so their outlines are not painted over by a neighbour.
     (state === "served" ? served : marked).push(seg);
@@ -121,7 +124,7 @@ function renderRing(view, colour) {
   }
   label(labels, 0, -28, `${n} shards`, { "text-anchor": "middle", class: "big" });
   const lines = [`${count.served} served`, `${count.moving} moving`,
-    `${count.unowned} unowned`, `${count.suspended} suspended`];
+    `${count.waiting} waiting`, `${count.unowned} unowned`, `${count.suspended} suspended`];
   lines.forEach((line, i) => label(labels, 0, -4 + 16 * i, line, { "text-anchor": "middle" }));
   return count;
 }
@@ -145,6 +148,7 @@ function renderLegend(view, pods, colour) {
   });
   for (const [cls, fill, text] of [
     ["seg moving", "#ccc", "moving: held by one pod, assigned to another"],
+    ["seg waiting", "#ccc", "waiting: to move once a move slot is free (--max-moving-shards)"],
     ["seg unowned", "url(#hatch)", "unowned: no lease holder"],
     ["seg suspended", "#ccc", "held past its lease through a Redis outage"],
   ]) {
@@ -363,9 +367,11 @@ function renderTable(view) {
     if (state === "suspended") row.className = "held";
     else if (state === "unowned") row.className = "orphan";
     else if (state === "moving") row.className = "moving";
+    else if (state === "waiting") row.className = "waiting";
     cell(row, s.shard, "num");
     cell(row, s.assigned);
     cell(row, s.owner);
+    cell(row, s.next_owner);
     cell(row, s.epoch, "num");
     cell(row, s.terminals_connected, "num");
     cell(row, s.terminals_listed, "num");

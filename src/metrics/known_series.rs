@@ -59,6 +59,9 @@ pub(super) const DIAL_RESULTS: [&str; 7] = [
 /// The `path` values of the push API metrics.
 pub(super) const PUSH_PATHS: [&str; 3] = ["local", "forwarded", "none"];
 
+/// The `result` values of `posgate_planned_moves_total` (`MoveCounts`).
+pub(super) const MOVE_RESULTS: [&str; 3] = ["elected", "skipped", "failed"];
+
 /// The `delivery` values of `posgate_shards_suspended`: held past the lease deadline and
 /// delivering (the cluster-wide verdict stands) or parked (connections kept, nothing
 /// delivered).
@@ -183,6 +186,9 @@ impl Metrics {
             let _ = self
                 .shards_suspended
                 .get_or_create(&[("delivery", delivery)]);
+        }
+        for result in MOVE_RESULTS {
+            let _ = self.planned_moves.get_or_create(&[("result", result)]);
         }
         for verdict in crate::status::VERDICTS {
             let _ = self.store_verdict.get_or_create(&[("verdict", verdict)]);

@@ -91,6 +91,8 @@ pub struct Metrics {
     pub store_errors: Family<Label, Counter>,
     pub store_reachable: Gauge,
     pub store_rollbacks: Counter,
+    pub planned_moves: Family<Label, Counter>,
+    pub shards_waiting_for_slot: Gauge,
     pub store_unreachable_seconds: Gauge<f64, AtomicU64>,
     pub store_verdict: Family<Label, Gauge>,
     pub peers_reaching_store: Gauge,
@@ -179,6 +181,8 @@ impl Metrics {
             store_errors: Family::default(),
             store_reachable: Gauge::default(),
             store_rollbacks: Counter::default(),
+            planned_moves: Family::default(),
+            shards_waiting_for_slot: Gauge::default(),
             store_unreachable_seconds: Gauge::default(),
             store_verdict: Family::default(),
             peers_reaching_store: Gauge::default(),
@@ -293,6 +297,16 @@ impl Metrics {
             "posgate_store_reachable",
             "1 when the last store call succeeded",
             self.store_reachable.clone(),
+        );
+        r.register(
+            "posgate_planned_moves",
+            "Planned shard moves this pod put in placement steps, by result (elected: took a slot of the move budget; skipped: left waiting for one; failed: the step's write lost)",
+            self.planned_moves.clone(),
+        );
+        r.register(
+            "posgate_shards_waiting_for_slot",
+            "Shards whose planned move waits for a slot of the move budget (--max-moving-shards), in this pod's view",
+            self.shards_waiting_for_slot.clone(),
         );
         r.register(
             "posgate_store_rollbacks",

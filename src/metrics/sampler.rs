@@ -103,6 +103,13 @@ impl Sampler {
         }
         m.shards_without_owner
             .set(status.shards.iter().filter(|s| s.owner.is_none()).count() as i64);
+        m.shards_waiting_for_slot.set(
+            status
+                .shards
+                .iter()
+                .filter(|s| s.next_owner.is_some())
+                .count() as i64,
+        );
         for s in &status.shards {
             m.shard_served
                 .get_or_create(&[("shard", s.shard)])
@@ -187,6 +194,7 @@ mod tests {
                     epoch: serving.contains(&s).then_some(7),
                     serving: serving.contains(&s),
                     suspended: false,
+                    next_owner: None,
                 })
                 .collect(),
             ..PodStatus::default()

@@ -150,6 +150,7 @@ async fn protocol_1_is_accepted_only_during_a_rolling_upgrade() {
         queue: 0,
         batch: 0,
         broadcast: 0,
+        moves: 0,
     };
     server.status.send_replace(PodStatus {
         members: vec![

@@ -48,6 +48,7 @@ fn member(id: &str, url: &str, peer_protocol: u32) -> Member {
         queue: 0,
         batch: 0,
         broadcast: 0,
+        moves: 0,
     }
 }
 
@@ -73,6 +74,7 @@ async fn cluster_view_shape() {
                 epoch: Some(7),
                 serving: true,
                 suspended: false,
+                next_owner: Some(pod("pod-b")),
             },
             ShardStatus {
                 shard: 1,
@@ -81,6 +83,7 @@ async fn cluster_view_shape() {
                 epoch: None,
                 serving: false,
                 suspended: true,
+                next_owner: None,
             },
         ],
         ..status_of("pod-a", true)
@@ -106,8 +109,8 @@ async fn cluster_view_shape() {
             {"pod": "pod-b", "url": "http://b:8080", "queue": null},
         ],
         "shards": [
-            {"shard": 0, "assigned": "pod-a", "owner": "pod-a", "epoch": 7, "serving": true, "suspended": false, "terminals_connected": null, "terminals_listed": null},
-            {"shard": 1, "assigned": "pod-b", "owner": null, "epoch": null, "serving": false, "suspended": true, "terminals_connected": null, "terminals_listed": null},
+            {"shard": 0, "assigned": "pod-a", "owner": "pod-a", "epoch": 7, "serving": true, "suspended": false, "next_owner": "pod-b", "terminals_connected": null, "terminals_listed": null},
+            {"shard": 1, "assigned": "pod-b", "owner": null, "epoch": null, "serving": false, "suspended": true, "next_owner": null, "terminals_connected": null, "terminals_listed": null},
         ],
         // No sampler runs here, so the pod's timeline has no points yet.
         "timelines": [{"pod": "pod-a", "points": []}],
@@ -145,6 +148,7 @@ async fn the_cluster_view_shows_a_queue_a_previous_release_peer_does_not_send_as
                 epoch: None,
                 serving: false,
                 suspended: false,
+                next_owner: None,
             })
             .collect(),
         ..status_of("pod-a", true)

@@ -105,6 +105,8 @@ pub fn state_of(s: &Value) -> &'static str {
         "unowned"
     } else if s["assigned"] != s["owner"] {
         "moving"
+    } else if s["next_owner"].is_string() {
+        "waiting"
     } else {
         "served"
     }

@@ -173,3 +173,104 @@ fn golden_rebalance() {
         "1550050055113330331143304044445513541031541340135103345405051441"
     );
 }
+
+/// Shards leased by a live member other than the one they are placed on.
+fn in_motion(placed: &Assignment, holders: &[Option<PodId>]) -> usize {
+    (0..holders.len() as ShardId)
+        .filter(|&s| {
+            holders[s as usize]
+                .as_ref()
+                .is_some_and(|h| placed.pods().contains(h) && placed.owner(s) != Some(h))
+        })
+        .count()
+}
+
+/// Drives steps the way the cluster does: after each step one shard in motion is
+/// released and claimed by its placed owner (the slowest possible progress), then the
+/// next step is computed from the new holders.
+fn settle(from: &Assignment, pods: &[PodId], shards: u32, budget: u32) -> (Assignment, usize) {
+    let mut placed = from.clone();
+    let mut holders: Vec<Option<PodId>> = (0..shards).map(|s| from.owner(s).cloned()).collect();
+    for steps in 0..10 * shards as usize {
+        let target = rebalance(&placed, pods, shards);
+        let next = step(&placed, &target, |s| holders[s as usize].as_ref(), budget);
+        placed = next.assignment;
+        assert!(
+            in_motion(&placed, &holders) <= budget as usize,
+            "step {steps}"
+        );
+        if placed == target && in_motion(&placed, &holders) == 0 {
+            return (placed, steps);
+        }
+        let moving = (0..shards).find(|&s| holders[s as usize].as_ref() != placed.owner(s));
+        if let Some(s) = moving {
+            holders[s as usize] = placed.owner(s).cloned();
+        }
+    }
+    panic!("no settled placement");
+}
+
+#[test]
+fn steps_keep_the_budget_and_settle_on_a_balanced_table() {
+    for (n, added, shards, budget) in [
+        (6, 3, 64, 4),
+        (6, 1, 64, 1),
+        (20, 5, 1024, 8),
+        (3, 10, 64, 64),
+    ] {
+        let pods = random_pods(n as u64, n + added);
+        let from = Assignment::compute(&pods[..n], shards);
+        let (placed, steps) = settle(&from, &pods, shards, budget);
+        assert_balanced(&placed, &pods, shards);
+        // The budget spreads the fewest moves over steps; it adds none.
+        let fewest = fewest_moves(&from, &pods, shards);
+        assert!(placed.moved_from(&from) <= fewest + 1, "{n}+{added}");
+        assert!(
+            steps >= fewest / budget as usize,
+            "{n}+{added}: {steps} steps"
+        );
+    }
+}
+
+#[test]
+fn a_departed_pods_shards_move_at_once_whatever_the_budget() {
+    let pods = random_pods(7, 6);
+    let shards = 64;
+    let from = Assignment::compute(&pods, shards);
+    // Budget 1, already used by a shard in motion between two live pods; and pods[0]
+    // is gone while still holding its leases (killed: they have not expired yet).
+    let mut holders: Vec<Option<PodId>> = (0..shards).map(|s| from.owner(s).cloned()).collect();
+    let busy = from.shards_of(&pods[1]).next().unwrap();
+    holders[busy as usize] = Some(pods[2].clone());
+    let live = &pods[1..];
+    let target = rebalance(&from, live, shards);
+    let next = step(&from, &target, |s| holders[s as usize].as_ref(), 1);
+    for s in from.shards_of(&pods[0]) {
+        assert_eq!(next.assignment.owner(s), target.owner(s), "shard {s}");
+    }
+    assert_eq!(next.admitted, 0);
+    // The same for a fresh cluster: nothing is held, nothing is placed, all is placed.
+    let none = Placement::none(shards).assignment;
+    let first = Assignment::compute(&pods, shards);
+    let next = step(&none, &first, |_| None, 1);
+    assert_eq!(
+        (next.assignment, next.admitted, next.waiting),
+        (first, 0, 0)
+    );
+}
+
+#[test]
+fn planned_moves_start_on_every_gaining_pod() {
+    let pods = random_pods(11, 9);
+    let shards = 64;
+    let from = Assignment::compute(&pods[..6], shards);
+    let target = rebalance(&from, &pods, shards);
+    let next = step(&from, &target, |s| from.owner(s), 3);
+    assert_eq!(next.admitted, 3);
+    assert!(next.waiting > 0);
+    let gained: std::collections::BTreeSet<&PodId> = (0..shards)
+        .filter(|&s| next.assignment.owner(s) != from.owner(s))
+        .filter_map(|s| next.assignment.owner(s))
+        .collect();
+    assert_eq!(gained.len(), 3, "one move to each new pod");
+}

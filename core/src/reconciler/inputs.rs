@@ -95,19 +95,24 @@ impl Reconciler {
     /// The answer to [`Action::Place`] for `placement`: `Ok(true)` stored, `Ok(false)` the
     /// store's version was not the expected one (someone else changed it first).
     pub fn handle_place(&mut self, now: Instant, placement: Placement, result: OpResult<bool>) {
-        self.placing = None;
+        let admitted = u64::from(self.placing.take().unwrap_or(0));
         match result {
             Ok(true) => {
+                self.moves.elected += admitted;
                 self.store_ok(now);
                 self.stored = Stored::Version(placement.version);
                 self.placement = placement;
                 self.witness.placement_followed(now);
             }
             Ok(false) => {
+                self.moves.failed += admitted;
                 self.store_ok(now);
                 self.poll.reschedule(now);
             }
-            Err(OpFailed) => self.store_failed(now),
+            Err(OpFailed) => {
+                self.moves.failed += admitted;
+                self.store_failed(now);
+            }
         }
         self.reconcile(now);
     }

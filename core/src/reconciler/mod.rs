@@ -185,6 +185,19 @@ pub struct PeerReport {
     pub reaching: usize,
 }
 
+/// The planned moves this pod put in placement steps it wrote (see
+/// [`crate::placement::step`]), as the seeds' group election reports its slots.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MoveCounts {
+    /// Admitted into a step the store accepted: each took a move slot.
+    pub elected: u64,
+    /// Left waiting for a slot by a step this pod wrote (counted once per step).
+    pub skipped: u64,
+    /// Admitted into a step whose write failed (another pod wrote first, or the store
+    /// failed); the next step counts them again.
+    pub failed: u64,
+}
+
 /// The store's placement as of the last snapshot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Stored {
@@ -207,9 +220,14 @@ pub struct Reconciler {
     placement: Placement,
     /// What the last snapshot said about the stored placement.
     stored: Stored,
-    /// The version of the placement this pod is writing ([`Action::Place`] sent, not
-    /// answered): one write at a time.
-    placing: Option<u64>,
+    /// A placement write is out ([`Action::Place`] sent, not answered; one at a time),
+    /// with the planned moves it admitted.
+    placing: Option<u32>,
+    /// The target of the followed placement (its version, and the balanced table for its
+    /// members it steps toward under the move budget).
+    target: Option<(u64, Assignment)>,
+    /// Planned moves admitted, left waiting, and lost with a failed write.
+    moves: MoveCounts,
     debounce: Debounce,
     members: Vec<Member>,
     /// What this pod saw the store acknowledge, to prove it went back in time.
@@ -241,6 +259,8 @@ impl Reconciler {
             placement: Placement::none(cfg.shards),
             stored: Stored::Unknown,
             placing: None,
+            target: None,
+            moves: MoveCounts::default(),
             debounce: Debounce::default(),
             heartbeat: Timer::due_at(now),
             poll: Timer::due_at(now),
@@ -376,6 +396,18 @@ impl Reconciler {
     /// The placement followed (see [`crate::placement`]), if any yet.
     pub fn placement(&self) -> Option<&Placement> {
         (self.placement.version > 0).then_some(&self.placement)
+    }
+    /// The pod `shard` goes to once a move slot is free, when the followed placement
+    /// keeps it elsewhere for now (see [`crate::placement::step`]).
+    pub fn waiting_for(&self, shard: ShardId) -> Option<&PodId> {
+        let (version, target) = self.target.as_ref()?;
+        let to = target.owner(shard)?;
+        (*version == self.placement.version && self.placement.assignment.owner(shard) != Some(to))
+            .then_some(to)
+    }
+    /// Planned moves this pod admitted into placement steps, left waiting, or lost.
+    pub fn moves(&self) -> MoveCounts {
+        self.moves
     }
     /// Live members from the last snapshot.
     pub fn members(&self) -> &[Member] {

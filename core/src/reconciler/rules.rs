@@ -11,8 +11,10 @@ use super::shard::{Shard, Stray};
 use super::store_view::{History, StoreView};
 use super::{Action, AfterStop, Close, Outage, Reconciler, ShardState, Stop, StopReason, Stored};
 use crate::lease::Claim;
-use crate::membership::{GenerationInfo, HANDOVER_DRAIN};
-use crate::placement::Placement;
+use crate::membership::{GenerationInfo, HANDOVER_DRAIN, MOVE_BUDGET};
+use crate::placement::{rebalance, step, Placement};
+use crate::ring::Assignment;
+use crate::PodId;
 use crate::ShardId;
 
 impl Reconciler {
@@ -397,6 +399,16 @@ impl Reconciler {
     // from the same inputs, so whichever write lands first is the one everybody adopts, and
     // the others' writes fail harmlessly and trigger a poll.
     //
+    // That write is a step ([`step`]): it moves what must move at once (the shards of
+    // departed pods) and as many planned moves as the move budget (`--max-moving-shards`)
+    // leaves room for, counted from the leases of the snapshot that showed the version it
+    // replaces. The stepper, one pod, writes the further steps from its later polls until
+    // the placement reaches its target; the compare-and-set makes every step count
+    // against leases read with the version it replaces, so no interleaving of writers
+    // exceeds the budget. Pods of earlier releases write the whole `Placement::next` on a
+    // membership change and no steps: in a mixed cluster a change is budgeted when a pod
+    // of this release writes it first.
+    //
     // After the store lost its data, pods that remember the last placement put it back
     // unchanged (even during the recovery hold): shards stay where they were while members
     // re-register. The same after a store that went back in time (a failover that lost the
@@ -405,8 +417,9 @@ impl Reconciler {
     // may the membership change the placement again, because until then the member list
     // in the store is incomplete.
 
-    /// Writes a placement when one is due: the remembered one after a data loss, or the
-    /// next one once a membership change has been stable for the debounce period.
+    /// Writes a placement when one is due: the remembered one after a data loss; the
+    /// next one once a membership change has been stable for the debounce period; or the
+    /// next step toward it while shards wait for a move slot (see [`step`]).
     pub(super) fn update_placement(&mut self, now: Instant) {
         if self.placing.is_some() || self.store.failing() {
             return;
@@ -422,29 +435,88 @@ impl Reconciler {
                     version: remembered.version + 1,
                     assignment: remembered.assignment.clone(),
                 };
-                self.send_place(None, restored);
+                self.send_place(None, restored, 0);
                 return;
             }
         }
         // The store went back to an older version (it lost ours): put ours back as it
         // was, version included, so pods that followed it see no change.
         if expected.is_some_and(|stored| stored < self.placement.version) {
-            self.send_place(expected, self.placement.clone());
+            self.send_place(expected, self.placement.clone(), 0);
             return;
         }
-        if self.holding(now) || !self.debounce.ready(now, self.cfg.debounce) {
+        if self.holding(now) {
             return;
         }
-        let Some(view) = self.debounce.take() else {
+        // A settled membership change is written by every pod (pods of earlier releases
+        // too: whichever write lands first is followed). The steps after it only by the
+        // stepper, so 200 pods do not race for each one.
+        let pods = if self.debounce.ready(now, self.cfg.debounce) {
+            let Some(view) = self.debounce.take() else {
+                return;
+            };
+            view
+        } else if self.debounce.pending() || !self.stepper() {
+            self.aim();
             return;
+        } else {
+            self.placement.assignment.pods().to_vec()
         };
-        // From version 0 (nothing known) this is `Placement::initial`.
-        let next = self.placement.next(&view, self.cfg.shards);
-        self.send_place(expected, next);
+        if pods.is_empty() {
+            return;
+        }
+        let target = self.aim_at(&pods);
+        let step = step(
+            &self.placement.assignment,
+            &target,
+            |s| self.shards[s as usize].lease.as_ref().map(|l| &l.owner),
+            self.cfg.max_moving_shards,
+        );
+        if step.assignment == self.placement.assignment {
+            return;
+        }
+        self.moves.skipped += u64::from(step.waiting);
+        let next = Placement {
+            version: self.placement.version + 1,
+            assignment: step.assignment,
+        };
+        self.send_place(expected, next, step.admitted);
     }
 
-    fn send_place(&mut self, expected: Option<u64>, placement: Placement) {
-        self.placing = Some(placement.version);
+    /// Whether this pod writes the placement's steps toward its target: the first member
+    /// (by pod id) that counts moves against the budget ([`MOVE_BUDGET`]).
+    fn stepper(&self) -> bool {
+        self.members
+            .iter()
+            .find(|m| m.moves >= MOVE_BUDGET)
+            .is_some_and(|m| m.pod == self.me)
+    }
+
+    /// Keeps the target of the followed placement for its own members up to date (for
+    /// [`Reconciler::waiting_for`]).
+    fn aim(&mut self) {
+        if self.placement.version > 0 {
+            let pods = self.placement.assignment.pods().to_vec();
+            self.aim_at(&pods);
+        }
+    }
+
+    /// The balanced table for `pods` reached from the followed placement in the fewest
+    /// moves, computed once per placement version and member set.
+    fn aim_at(&mut self, pods: &[PodId]) -> Assignment {
+        let version = self.placement.version;
+        match &self.target {
+            Some((v, t)) if *v == version && t.pods() == pods => t.clone(),
+            _ => {
+                let t = rebalance(&self.placement.assignment, pods, self.cfg.shards);
+                self.target = Some((version, t.clone()));
+                t
+            }
+        }
+    }
+
+    fn send_place(&mut self, expected: Option<u64>, placement: Placement, admitted: u32) {
+        self.placing = Some(admitted);
         self.actions.push_back(Action::Place {
             expected,
             placement,

@@ -128,6 +128,11 @@ impl Debounce {
         self.due(debounce).is_some_and(|t| now >= t)
     }
 
+    /// Whether a member set different from the applied one is waiting to settle.
+    pub fn pending(&self) -> bool {
+        self.pending.is_some()
+    }
+
     pub fn take(&mut self) -> Option<Vec<PodId>> {
         self.pending.take().map(|p| p.view)
     }

@@ -2,8 +2,8 @@
 //! SSH session, a runbook step). One pod's `GET /v1/cluster?include=terminals`, read
 //! with an operator token, drawn as text: the store as that pod sees it, the placement
 //! version and when it last changed, the members, shards and connected terminals per
-//! pod, and every shard that is moving, unowned or suspended. `--watch` draws again
-//! every interval.
+//! pod, and every shard that is moving, waiting for a move slot, unowned or suspended.
+//! `--watch` draws again every interval.
 //!
 //! Not for: the flags (`posgate::config::status_args`) or the view itself
 //! (`posgate::http`'s `/v1/cluster`, documented in `docs/openapi.yaml`).
@@ -145,6 +145,9 @@ struct ShardView {
     assigned: Option<String>,
     owner: Option<String>,
     suspended: bool,
+    /// Absent in views of earlier releases.
+    #[serde(default)]
+    next_owner: Option<String>,
     terminals_connected: Option<u64>,
 }
 
@@ -226,7 +229,8 @@ fn render(view: &ClusterView, settings: &StatusConfig) -> String {
     for m in &view.members {
         pods.entry(&m.pod).or_default().member = true;
     }
-    let (mut moving, mut unowned, mut suspended) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut moving, mut waiting, mut unowned, mut suspended) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for s in &view.shards {
         if let Some(pod) = &s.assigned {
             pods.entry(pod).or_default().assigned += 1;
@@ -247,6 +251,9 @@ fn render(view: &ClusterView, settings: &StatusConfig) -> String {
                 name(&s.owner),
                 name(&s.assigned)
             ));
+        }
+        if let Some(next) = &s.next_owner {
+            waiting.push(format!("{} {} -> {next}", s.shard, name(&s.assigned)));
         }
         if s.owner.is_none() {
             unowned.push(s.shard.to_string());
@@ -288,6 +295,7 @@ fn render(view: &ClusterView, settings: &StatusConfig) -> String {
     );
     for (what, list) in [
         ("moving", &moving),
+        ("waiting for a move slot", &waiting),
         ("unowned", &unowned),
         ("suspended", &suspended),
     ] {
@@ -338,7 +346,7 @@ mod tests {
             "recovery_hold_ms":null},"placement":{"version":4,"changed_ms_ago":1500},
             "members":[{"pod":"pod-a","url":"u"},{"pod":"pod-b","url":"u"}],
             "shards":[
-             {"shard":0,"assigned":"pod-a","owner":"pod-a","epoch":1,"serving":true,"suspended":false,"terminals_connected":5},
+             {"shard":0,"assigned":"pod-a","owner":"pod-a","epoch":1,"serving":true,"suspended":false,"next_owner":"pod-b","terminals_connected":5},
              {"shard":1,"assigned":"pod-b","owner":"pod-a","epoch":1,"serving":true,"suspended":false,"terminals_connected":3},
              {"shard":2,"assigned":"pod-b","owner":null,"epoch":null,"serving":false,"suspended":false,"terminals_connected":null},
              {"shard":3,"assigned":"pod-b","owner":"pod-c","epoch":2,"serving":false,"suspended":true,"terminals_connected":null}],
@@ -382,6 +390,10 @@ mod tests {
         );
         assert!(
             text.contains("\nmoving (3): 1 pod-a -> pod-b, 2 nobody -> pod-b, 3 pod-c -> pod-b\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\nwaiting for a move slot (1): 0 pod-a -> pod-b\n"),
             "{text}"
         );
         assert!(text.contains("\nunowned (1): 2\n"), "{text}");

@@ -150,5 +150,6 @@ fn sim_member(id: &PodId, ms: u64) -> Member {
         queue: 0,
         batch: 0,
         broadcast: 0,
+        moves: crate::core::membership::MOVE_BUDGET,
     }
 }

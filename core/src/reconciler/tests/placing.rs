@@ -48,3 +48,106 @@ fn a_lost_placement_race_polls_and_follows_the_winner() {
     assert_eq!(r.placement(), Some(&winner));
     assert!(places(&drain(&mut r)).is_empty());
 }
+
+/// Leases of all 8 shards: held by `a` with epoch 7, except `moved` (released).
+fn held_by_a_but(moved: &[ShardId]) -> Vec<Option<Lease>> {
+    (0..8)
+        .map(|s| {
+            (!moved.contains(&s)).then(|| Lease {
+                owner: pod("a"),
+                epoch: 7,
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn a_move_budget_spreads_a_scale_out_over_steps_written_by_the_stepper() {
+    let (mut r, t) = serving_pod("a", &["a"]);
+    r.cfg.max_moving_shards = 2;
+    let before = r.placement().cloned().unwrap();
+    // b and c join while a serves all 8 shards.
+    r.handle_snapshot(
+        t,
+        Ok(snapshot(&r, "g", &["a", "b", "c"], held_by_a_but(&[]))),
+    );
+    let t = t + cfg().debounce;
+    r.handle_timeout(t);
+    let first = places(&settle(&mut r, t))[0].1.clone();
+    let moving: Vec<ShardId> = (0..8)
+        .filter(|&s| first.assignment.owner(s) != Some(&pod("a")))
+        .collect();
+    assert_eq!(moving.len(), 2, "two slots: {first:?}");
+    let waiting: Vec<ShardId> = (0..8).filter(|&s| r.waiting_for(s).is_some()).collect();
+    assert!(!waiting.is_empty());
+    assert!(waiting.iter().all(|s| !moving.contains(s)));
+    assert_eq!(r.moves().elected, 2);
+    // Polls while both are still leased by a: the budget is full, nothing is written.
+    r.handle_snapshot(
+        t,
+        Ok(snapshot(&r, "g", &["a", "b", "c"], held_by_a_but(&[]))),
+    );
+    assert!(places(&drain(&mut r)).is_empty());
+    // a released them: two slots are free, the stepper writes the next step.
+    r.handle_snapshot(
+        t,
+        Ok(snapshot(&r, "g", &["a", "b", "c"], held_by_a_but(&moving))),
+    );
+    let second = places(&settle(&mut r, t))[0].1.clone();
+    assert_eq!(second.version, first.version + 1);
+    assert_eq!(second.assignment.moved_from(&first.assignment), 2);
+    // Done once every move completed: the target of the first placement.
+    let target = crate::placement::rebalance(&before.assignment, first.assignment.pods(), 8);
+    let mut released = moving.clone();
+    while r.placement().unwrap().assignment != target {
+        released = (0..8)
+            .filter(|&s| r.assignment().owner(s) != Some(&pod("a")))
+            .collect();
+        r.handle_snapshot(
+            t,
+            Ok(snapshot(
+                &r,
+                "g",
+                &["a", "b", "c"],
+                held_by_a_but(&released),
+            )),
+        );
+        assert!(
+            !places(&settle(&mut r, t)).is_empty(),
+            "stuck at {:?}",
+            r.placement()
+        );
+    }
+    assert!((0..8).all(|s| r.waiting_for(s).is_none()));
+    assert!(released.len() >= 4);
+}
+
+#[test]
+fn only_the_stepper_writes_steps_and_a_departed_pods_shards_never_wait() {
+    // b follows a's placement for {a, b}, then c joins: a is the stepper, b writes the
+    // debounced change only.
+    let (mut r, t) = serving_pod("b", &["a", "b"]);
+    r.cfg.max_moving_shards = 1;
+    let ab = r.placement().cloned().unwrap();
+    let leases: Vec<Option<Lease>> = (0..8)
+        .map(|s| {
+            ab.assignment.owner(s).map(|p| Lease {
+                owner: p.clone(),
+                epoch: 7,
+            })
+        })
+        .collect();
+    r.handle_snapshot(t, Ok(snapshot(&r, "g", &["a", "b", "c"], leases.clone())));
+    let t = t + cfg().debounce;
+    r.handle_timeout(t);
+    let step = places(&settle(&mut r, t))[0].1.clone();
+    assert_eq!(step.assignment.moved_from(&ab.assignment), 1);
+    r.handle_snapshot(t, Ok(snapshot(&r, "g", &["a", "b", "c"], vec![None; 8])));
+    assert!(places(&drain(&mut r)).is_empty(), "b is not the stepper");
+    // a is gone (killed, its leases not expired): all of its shards move in one write.
+    r.handle_snapshot(t, Ok(snapshot(&r, "g", &["b", "c"], leases)));
+    let t = t + cfg().debounce;
+    r.handle_timeout(t);
+    let after = places(&settle(&mut r, t))[0].1.clone();
+    assert!((0..8).all(|s| after.assignment.owner(s) != Some(&pod("a"))));
+}
