@@ -34,9 +34,9 @@ pub struct CoreConfig {
     /// Upper bound for a graceful shutdown: stop serving, release, deregister
     /// (`--shutdown-budget`, 10 s).
     pub shutdown_budget: Duration,
-    /// At most this many shards in planned motion across the cluster: assigned to one
-    /// live pod and leased by another (`--max-moving-shards`, an eighth of the shards).
-    /// Shards of crashed or drained pods never wait for it.
+    /// At most this many shards in motion across the cluster: assigned to a live pod
+    /// that does not hold them yet (`--max-moving-shards`, an eighth of the shards).
+    /// Shards of crashed or drained pods never wait for it (see `placement::step`).
     pub max_moving_shards: u32,
 }
 

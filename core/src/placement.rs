@@ -22,13 +22,17 @@
 //! So the number of shards that change pod is exactly the shards of departed pods plus the
 //! excess over quota, the minimum for a balanced table.
 //!
-//! [`step`] takes the cluster there under a move budget: a shard *in motion* is assigned
-//! to one live member and leased by another (its terminals are about to move), and a
-//! step admits planned moves only while at most `budget` shards are in motion. A move is
-//! planned when its placed owner is live and no other live pod holds the shard (the
-//! owner serves it, or is about to claim it); every other move is free and never waits:
-//! the shards of a departed pod (crashed, or drained after SIGTERM: nobody serves them),
-//! and shards already in motion (re-aimed, still one shard in motion). Because
+//! [`step`] takes the cluster there under a move budget: a shard is *in motion* while it
+//! is assigned to a live member that does not hold its lease yet (another pod holds it,
+//! or nobody: its terminals are moving, or waiting for their new owner to claim them),
+//! and a step admits *planned* moves, those of a shard its live placed owner holds, only
+//! while fewer than `budget` shards are in motion. Every other move is free and never
+//! waits: the shards of a departed pod (crashed, or drained after SIGTERM: nobody serves
+//! them), and shards already in motion (re-aimed, still one shard in motion). Free moves
+//! of departed pods' shards may take the count above the budget; planned moves then
+//! wait until their new owners hold them. A slot is free again when the new owner holds
+//! the lease, so a pod that joins but never claims holds up at most `budget` shards.
+//! Because
 //! `rebalance` moves the fewest shards, each step leaves the rest of the way shorter by
 //! what it admitted, so repeated steps settle on a balanced table.
 //!
@@ -90,8 +94,8 @@ pub struct Step {
 }
 
 /// The step from `from` toward `target` (its pods are the live members) when `holder`
-/// tells who leases each shard, admitting planned moves while fewer than `budget` shards
-/// are in motion. Planned moves are admitted round-robin over the pods they go to, then
+/// tells who leases each shard (any pod, live or not), admitting planned moves while
+/// fewer than `budget` shards are in motion. Planned moves are admitted round-robin over the pods they go to, then
 /// by shard, so a scale-out of several pods starts on all of them and every pod computes
 /// the same step from the same inputs.
 pub fn step<'a>(
@@ -100,7 +104,6 @@ pub fn step<'a>(
     holder: impl Fn(ShardId) -> Option<&'a PodId>,
     budget: u32,
 ) -> Step {
-    let live = |p: &PodId| target.pods().binary_search(p).is_ok();
     let shards = target.owner_indices().len() as ShardId;
     let mut in_motion = 0u32;
     let mut owner: Vec<u32> = Vec::with_capacity(shards as usize);
@@ -113,14 +116,13 @@ pub fn step<'a>(
             .owner(s)
             .and_then(|p| target.pods().binary_search(p).ok())
             .map(|i| i as u32);
-        let held = holder(s).filter(|h| live(h));
-        if held.is_some_and(|h| from.owner(s) != Some(h)) {
+        let held_by_placed = placed.is_some() && holder(s) == from.owner(s);
+        if placed.is_some() && !held_by_placed {
             in_motion += 1;
         }
         match placed {
-            // Its live placed owner holds it, or nobody live does yet (the owner may
-            // claim it before it reads this step): it starts moving now.
-            Some(p) if p != to && held.is_none_or(|h| *h == target.pods()[p as usize]) => {
+            // Its live placed owner holds it: moving it sets it in motion.
+            Some(p) if p != to && held_by_placed => {
                 planned.push((ranks[to as usize], s));
                 ranks[to as usize] += 1;
                 owner.push(p);

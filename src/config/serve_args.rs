@@ -77,8 +77,8 @@ pub struct ServeArgs {
     /// A membership change is applied once the view was stable this long
     #[arg(long, env = "POSGATE_REBALANCE_DEBOUNCE", default_value = "1s", value_parser = parse_duration)]
     pub rebalance_debounce: Duration,
-    /// At most this many shards in planned motion across the cluster (assigned to one
-    /// live pod, leased by another); more moves wait for a slot. Shards of crashed or
+    /// At most this many shards in motion across the cluster (assigned to a pod that
+    /// does not hold them yet); more planned moves wait for a slot. Shards of crashed or
     /// drained pods never wait [default: an eighth of --shards, at least 1]
     #[arg(long, env = "POSGATE_MAX_MOVING_SHARDS", value_name = "N")]
     pub max_moving_shards: Option<u32>,

@@ -13,8 +13,6 @@ use super::{Action, AfterStop, Close, Outage, Reconciler, ShardState, Stop, Stop
 use crate::lease::Claim;
 use crate::membership::{GenerationInfo, HANDOVER_DRAIN, MOVE_BUDGET};
 use crate::placement::{rebalance, step, Placement};
-use crate::ring::Assignment;
-use crate::PodId;
 use crate::ShardId;
 
 impl Reconciler {
@@ -451,24 +449,37 @@ impl Reconciler {
         // A settled membership change is written by every pod (pods of earlier releases
         // too: whichever write lands first is followed). The steps after it only by the
         // stepper, so 200 pods do not race for each one.
-        let pods = if self.debounce.ready(now, self.cfg.debounce) {
+        let view = if self.debounce.ready(now, self.cfg.debounce) {
             let Some(view) = self.debounce.take() else {
                 return;
             };
-            view
+            Some(view)
         } else if self.debounce.pending() || !self.stepper() {
-            self.aim();
+            self.aim(false);
             return;
         } else {
-            self.placement.assignment.pods().to_vec()
+            None
         };
-        if pods.is_empty() {
+        let settled_change;
+        let target = match view {
+            Some(pods) => {
+                settled_change = rebalance(&self.placement.assignment, &pods, self.cfg.shards);
+                &settled_change
+            }
+            None => {
+                self.aim(true);
+                match &self.target {
+                    Some((_, target)) => target,
+                    None => return,
+                }
+            }
+        };
+        if target.pods().is_empty() {
             return;
         }
-        let target = self.aim_at(&pods);
         let step = step(
             &self.placement.assignment,
-            &target,
+            target,
             |s| self.shards[s as usize].lease.as_ref().map(|l| &l.owner),
             self.cfg.max_moving_shards,
         );
@@ -492,26 +503,21 @@ impl Reconciler {
             .is_some_and(|m| m.pod == self.me)
     }
 
-    /// Keeps the target of the followed placement for its own members up to date (for
-    /// [`Reconciler::waiting_for`]).
-    fn aim(&mut self) {
-        if self.placement.version > 0 {
-            let pods = self.placement.assignment.pods().to_vec();
-            self.aim_at(&pods);
-        }
-    }
-
-    /// The balanced table for `pods` reached from the followed placement in the fewest
-    /// moves, computed once per placement version and member set.
-    fn aim_at(&mut self, pods: &[PodId]) -> Assignment {
+    /// Keeps `target` the balanced table for the followed placement's members, reached
+    /// from it in the fewest moves (read by [`Reconciler::waiting_for`]): computed once
+    /// per placement version. `exact` also compares the members, which a version alone
+    /// names except after a failover that lost writes; the stepper, which writes steps
+    /// from it, asks for that (for everyone else it only marks shards as waiting).
+    fn aim(&mut self, exact: bool) {
         let version = self.placement.version;
-        match &self.target {
-            Some((v, t)) if *v == version && t.pods() == pods => t.clone(),
-            _ => {
-                let t = rebalance(&self.placement.assignment, pods, self.cfg.shards);
-                self.target = Some((version, t.clone()));
-                t
-            }
+        let pods = self.placement.assignment.pods();
+        let fresh = self
+            .target
+            .as_ref()
+            .is_some_and(|(v, t)| *v == version && (!exact || t.pods() == pods));
+        if !fresh {
+            let target = rebalance(&self.placement.assignment, pods, self.cfg.shards);
+            self.target = Some((version, target));
         }
     }
 

@@ -49,14 +49,19 @@ fn a_lost_placement_race_polls_and_follows_the_winner() {
     assert!(places(&drain(&mut r)).is_empty());
 }
 
-/// Leases of all 8 shards: held by `a` with epoch 7, except `moved` (released).
-fn held_by_a_but(moved: &[ShardId]) -> Vec<Option<Lease>> {
+/// Leases of all 8 shards, epoch 7: `claimed` held by the pod the placement `r` follows
+/// assigns them to, `released` by nobody, the rest by `a`.
+fn leases(r: &Reconciler, claimed: &[ShardId], released: &[ShardId]) -> Vec<Option<Lease>> {
     (0..8)
         .map(|s| {
-            (!moved.contains(&s)).then(|| Lease {
-                owner: pod("a"),
-                epoch: 7,
-            })
+            let owner = if claimed.contains(&s) {
+                r.assignment().owner(s).cloned()?
+            } else if released.contains(&s) {
+                return None;
+            } else {
+                pod("a")
+            };
+            Some(Lease { owner, epoch: 7 })
         })
         .collect()
 }
@@ -66,11 +71,9 @@ fn a_move_budget_spreads_a_scale_out_over_steps_written_by_the_stepper() {
     let (mut r, t) = serving_pod("a", &["a"]);
     r.cfg.max_moving_shards = 2;
     let before = r.placement().cloned().unwrap();
+    let abc = ["a", "b", "c"];
     // b and c join while a serves all 8 shards.
-    r.handle_snapshot(
-        t,
-        Ok(snapshot(&r, "g", &["a", "b", "c"], held_by_a_but(&[]))),
-    );
+    r.handle_snapshot(t, Ok(snapshot(&r, "g", &abc, leases(&r, &[], &[]))));
     let t = t + cfg().debounce;
     r.handle_timeout(t);
     let first = places(&settle(&mut r, t))[0].1.clone();
@@ -82,36 +85,25 @@ fn a_move_budget_spreads_a_scale_out_over_steps_written_by_the_stepper() {
     assert!(!waiting.is_empty());
     assert!(waiting.iter().all(|s| !moving.contains(s)));
     assert_eq!(r.moves().elected, 2);
-    // Polls while both are still leased by a: the budget is full, nothing is written.
-    r.handle_snapshot(
-        t,
-        Ok(snapshot(&r, "g", &["a", "b", "c"], held_by_a_but(&[]))),
-    );
-    assert!(places(&drain(&mut r)).is_empty());
-    // a released them: two slots are free, the stepper writes the next step.
-    r.handle_snapshot(
-        t,
-        Ok(snapshot(&r, "g", &["a", "b", "c"], held_by_a_but(&moving))),
-    );
+    // Polls while both are still leased by a, then released and not claimed yet: the
+    // moves are not done, nothing more is written.
+    for released in [&[][..], &moving] {
+        r.handle_snapshot(t, Ok(snapshot(&r, "g", &abc, leases(&r, &[], released))));
+        assert!(places(&drain(&mut r)).is_empty());
+    }
+    // b and c hold them: two slots are free, the stepper writes the next step.
+    r.handle_snapshot(t, Ok(snapshot(&r, "g", &abc, leases(&r, &moving, &[]))));
     let second = places(&settle(&mut r, t))[0].1.clone();
     assert_eq!(second.version, first.version + 1);
     assert_eq!(second.assignment.moved_from(&first.assignment), 2);
     // Done once every move completed: the target of the first placement.
     let target = crate::placement::rebalance(&before.assignment, first.assignment.pods(), 8);
-    let mut released = moving.clone();
+    let mut claimed = moving.clone();
     while r.placement().unwrap().assignment != target {
-        released = (0..8)
+        claimed = (0..8)
             .filter(|&s| r.assignment().owner(s) != Some(&pod("a")))
             .collect();
-        r.handle_snapshot(
-            t,
-            Ok(snapshot(
-                &r,
-                "g",
-                &["a", "b", "c"],
-                held_by_a_but(&released),
-            )),
-        );
+        r.handle_snapshot(t, Ok(snapshot(&r, "g", &abc, leases(&r, &claimed, &[]))));
         assert!(
             !places(&settle(&mut r, t)).is_empty(),
             "stuck at {:?}",
@@ -119,7 +111,7 @@ fn a_move_budget_spreads_a_scale_out_over_steps_written_by_the_stepper() {
         );
     }
     assert!((0..8).all(|s| r.waiting_for(s).is_none()));
-    assert!(released.len() >= 4);
+    assert!(claimed.len() >= 4);
 }
 
 #[test]
