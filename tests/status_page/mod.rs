@@ -4,8 +4,9 @@
 //! URL fragment, and checks on the rendered DOM (members, the ring of 64 segments read
 //! back against `/v1/cluster` (`picture`), 64 shard rows with owners and epochs); a pod
 //! over a real `redis-server` frozen with SIGSTOP past the lease TTL, whose page shows
-//! the cluster-wide verdict and every shard held and delivering, then Redis back; and a
-//! cluster of three pods with terminals, steady and then mid-rebalance (`cluster`).
+//! the cluster-wide verdict and every shard held and delivering, then Redis back; a
+//! member that never claims, with the shards waiting for a move slot drawn as such; and
+//! a cluster of three pods with terminals, steady and then mid-rebalance (`cluster`).
 //! Chromium is the Debian package `chromium` (`scripts/test` installs it); without it
 //! the test says so and passes, as the browser is a test tool, not part of posgate,
 //! except under `CI=true`, where it fails (`support::tools`).
@@ -19,15 +20,18 @@ mod picture;
 use std::process::Command;
 use std::time::Duration;
 
+use posgate::core::membership::Member;
 use posgate::core::CoreConfig;
+use posgate::core::PodId;
 use posgate::credentials::ApiTokens;
 use posgate::pod::Pod;
 use posgate::store::memory::MemoryStore;
 use posgate::store::redis::RedisStore;
+use posgate::store::{ClusterMeta, CoordStore};
 
 use crate::support::api;
 use crate::support::pod::{self, CLUSTER, SHARDS};
-use crate::support::wait::{secs, wait_for};
+use crate::support::wait::{secs, wait_for, wait_for_async};
 use crate::support::RedisServer;
 
 const TOKEN: &str = "status-page-token-0123456789";
@@ -191,6 +195,82 @@ async fn the_status_page_renders_the_ring() {
     );
     assert!(!bare.contains("<td>page-pod</td>"), "{bare}");
 
+    pod.shutdown();
+    pod.wait().await.unwrap();
+}
+
+/// A member that registers and never claims: with a move budget of 1, the one shard
+/// moved to it stays unowned (its slot is not free until it holds it), and every other
+/// shard the placement will give it is drawn waiting, still served by page-pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_page_draws_shards_waiting_for_a_move_slot() {
+    let Some(bin) = browser() else {
+        return;
+    };
+    let (listener, url) = pod::listen().await;
+    let mut config = page_config("page-pod", &url);
+    config.core.max_moving_shards = 1;
+    let member_ttl = config.core.member_ttl;
+    let store = MemoryStore::new();
+    let mut pod = Pod::start(config, store.clone(), listener, ()).unwrap();
+    wait_for("the pod to be ready", Duration::from_secs(20), || {
+        pod.status.borrow().ready
+    })
+    .await;
+    let silent = Member {
+        pod: PodId::new("pod-z").unwrap(),
+        url: "http://127.0.0.1:9".into(),
+        version: "silent".into(),
+        ring_version: posgate::core::ring::RING_VERSION.into(),
+        started_ms: 0,
+        peer_protocol: 2,
+        handover: 0,
+        queue: 0,
+        batch: 0,
+        broadcast: 0,
+        moves: 0,
+    };
+    let heartbeats = tokio::spawn(async move {
+        let meta = ClusterMeta::current(SHARDS);
+        loop {
+            let generation = store.snapshot(SHARDS).await.unwrap().generation.id;
+            let _ = store
+                .heartbeat(&generation, &silent, &meta, member_ttl)
+                .await;
+            tokio::time::sleep(member_ttl / 4).await;
+        }
+    });
+    let half = SHARDS as usize / 2;
+    let count = |view: &serde_json::Value, state: &str| {
+        (0..SHARDS as usize)
+            .filter(|&s| picture::state_of(&view["shards"][s]) == state)
+            .count()
+    };
+    let settled = |view: &serde_json::Value| {
+        count(view, "unowned") == 1 && count(view, "waiting") == half - 1
+    };
+    wait_for_async(
+        "one shard moved, the rest waiting",
+        Duration::from_secs(20),
+        || async { settled(&cluster_view(&url).await) },
+    )
+    .await;
+    let page = format!("{url}/#token={TOKEN}");
+    let before = cluster_view(&url).await;
+    let (dom, _) = dump_dom(bin, &page).await;
+    let after = cluster_view(&url).await;
+    assert!(settled(&before) && settled(&after), "{after}");
+    let drawn = picture::read_and_check(&dom, &before, &after);
+    assert_eq!(drawn.in_state("waiting").len(), half - 1, "{dom}");
+    assert_eq!(drawn.in_state("unowned").len(), 1, "{dom}");
+    assert!(dom.contains(&format!("{} waiting", half - 1)), "{dom}");
+    let waiting = drawn.in_state("waiting")[0];
+    assert_eq!(
+        before["shards"][waiting as usize]["next_owner"], "pod-z",
+        "{before}"
+    );
+    assert!(dom.contains("once a move slot is free"), "{dom}");
+    heartbeats.abort();
     pod.shutdown();
     pod.wait().await.unwrap();
 }
