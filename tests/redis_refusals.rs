@@ -14,9 +14,9 @@ use std::io::Write;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use crate::support::leases;
 use crate::support::redis_server::free_port;
 use crate::support::RedisServer;
+use crate::support::{leases, pod};
 use posgate::core::lease::Checked;
 use posgate::core::membership::Member;
 use posgate::core::placement::Placement;
@@ -40,19 +40,7 @@ fn pod() -> PodId {
 }
 
 fn member() -> Member {
-    Member {
-        pod: pod(),
-        url: "http://pod-a.test:8080".into(),
-        version: "refusals".into(),
-        ring_version: "r1".into(),
-        started_ms: 1,
-        peer_protocol: 2,
-        handover: 0,
-        queue: 0,
-        batch: 0,
-        broadcast: 0,
-        moves: 0,
-    }
+    pod::member(pod().as_str())
 }
 
 /// A store on `redis` holding shard 0 and a placement; the generation id.

@@ -6,11 +6,10 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::support::pod::member;
 use crate::support::tls::TestPki;
 use crate::support::RedisServer;
 use posgate::core::lease::Checked;
-use posgate::core::membership::Member;
-use posgate::core::PodId;
 use posgate::store::redis::{ClientCert, RedisOptions, RedisStore};
 use posgate::store::{ClusterMeta, CoordStore, StoreError};
 
@@ -49,19 +48,7 @@ async fn round_trip(store: &RedisStore) {
     let meta = ClusterMeta::current(SHARDS);
     store.pin_meta(&meta).await.expect("pin_meta over TLS");
     let generation = store.snapshot(SHARDS).await.expect("snapshot").generation;
-    let member = Member {
-        pod: PodId::new("tls-a").unwrap(),
-        url: "http://tls-a.test:8080".into(),
-        version: "test".into(),
-        ring_version: meta.ring.clone(),
-        started_ms: 1,
-        peer_protocol: 2,
-        handover: 0,
-        queue: 0,
-        batch: 0,
-        broadcast: 0,
-        moves: 0,
-    };
+    let member = member("tls-a");
     let beat = store.heartbeat(&generation.id, &member, &meta, TTL).await;
     assert!(matches!(beat, Ok(Checked::Ok(_))), "heartbeat: {beat:?}");
     let snap = store.snapshot(SHARDS).await.expect("snapshot");

@@ -17,9 +17,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use crate::support::leases;
+use crate::support::pod::member;
 use crate::support::RedisServer;
 use posgate::core::lease::{AcquireOutcome, Checked, Claim, LeaseCall, ReleaseNote, RenewOutcome};
-use posgate::core::membership::{Member, Snapshot};
+use posgate::core::membership::Snapshot;
 use posgate::core::placement::Placement;
 use posgate::core::{Epoch, PodId, ShardId};
 use posgate::store::memory::MemoryStore;
@@ -247,22 +248,6 @@ impl Wiper for RedisWiper {
 
 fn pod(id: &str) -> PodId {
     PodId::new(id).unwrap()
-}
-
-fn member(id: &str) -> Member {
-    Member {
-        pod: pod(id),
-        url: format!("http://{id}.test:8080"),
-        version: "diff".into(),
-        ring_version: "r1".into(),
-        started_ms: 42,
-        peer_protocol: 2,
-        handover: 0,
-        queue: 0,
-        batch: 0,
-        broadcast: 0,
-        moves: 0,
-    }
 }
 
 /// The snapshot after a hard wipe, retried while the client reconnects.

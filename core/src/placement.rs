@@ -32,9 +32,8 @@
 //! of departed pods' shards may take the count above the budget; planned moves then
 //! wait until their new owners hold them. A slot is free again when the new owner holds
 //! the lease, so a pod that joins but never claims holds up at most `budget` shards.
-//! Because
-//! `rebalance` moves the fewest shards, each step leaves the rest of the way shorter by
-//! what it admitted, so repeated steps settle on a balanced table.
+//! Because `rebalance` moves the fewest shards, each step leaves the rest of the way
+//! shorter by what it admitted, so repeated steps settle on a balanced table.
 //!
 //! What it does not do: decide when to change the placement (the reconciler, after its
 //! debounce and on later polls while steps remain), or store it (the `CoordStore`, with
@@ -95,9 +94,9 @@ pub struct Step {
 
 /// The step from `from` toward `target` (its pods are the live members) when `holder`
 /// tells who leases each shard (any pod, live or not), admitting planned moves while
-/// fewer than `budget` shards are in motion. Planned moves are admitted round-robin over the pods they go to, then
-/// by shard, so a scale-out of several pods starts on all of them and every pod computes
-/// the same step from the same inputs.
+/// fewer than `budget` shards are in motion. Planned moves are admitted round-robin over
+/// the pods they go to, then by shard, so a scale-out of several pods starts on all of
+/// them and every pod computes the same step from the same inputs.
 pub fn step<'a>(
     from: &Assignment,
     target: &Assignment,

@@ -140,17 +140,8 @@ async fn protocol_1_is_accepted_only_during_a_rolling_upgrade() {
         headers
     };
     let member = |id: &str, protocol: u32| Member {
-        pod: pod(id),
-        url: "http://x:1".into(),
-        version: "0.1.0".into(),
-        ring_version: "test".into(),
-        started_ms: 1,
         peer_protocol: protocol,
-        handover: 0,
-        queue: 0,
-        batch: 0,
-        broadcast: 0,
-        moves: 0,
+        ..crate::support::pod::member(id)
     };
     server.status.send_replace(PodStatus {
         members: vec![

@@ -35,20 +35,12 @@ async fn health_and_readiness() {
     server.stop().await;
 }
 
-/// A member of the view, advertising `peer_protocol`, no handover and no queue.
+/// A member of the view at `url`, advertising `peer_protocol`, no handover and no queue.
 fn member(id: &str, url: &str, peer_protocol: u32) -> Member {
     Member {
-        pod: pod(id),
         url: url.to_string(),
-        version: "0.1.0".to_string(),
-        ring_version: "test".to_string(),
-        started_ms: 1,
         peer_protocol,
-        handover: 0,
-        queue: 0,
-        batch: 0,
-        broadcast: 0,
-        moves: 0,
+        ..crate::support::pod::member(id)
     }
 }
 

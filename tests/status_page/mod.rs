@@ -20,9 +20,7 @@ mod picture;
 use std::process::Command;
 use std::time::Duration;
 
-use posgate::core::membership::Member;
 use posgate::core::CoreConfig;
-use posgate::core::PodId;
 use posgate::credentials::ApiTokens;
 use posgate::pod::Pod;
 use posgate::store::memory::MemoryStore;
@@ -217,19 +215,7 @@ async fn the_status_page_draws_shards_waiting_for_a_move_slot() {
         pod.status.borrow().ready
     })
     .await;
-    let silent = Member {
-        pod: PodId::new("pod-z").unwrap(),
-        url: "http://127.0.0.1:9".into(),
-        version: "silent".into(),
-        ring_version: posgate::core::ring::RING_VERSION.into(),
-        started_ms: 0,
-        peer_protocol: 2,
-        handover: 0,
-        queue: 0,
-        batch: 0,
-        broadcast: 0,
-        moves: 0,
-    };
+    let silent = pod::member("pod-z");
     let heartbeats = tokio::spawn(async move {
         let meta = ClusterMeta::current(SHARDS);
         loop {

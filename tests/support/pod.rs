@@ -13,6 +13,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use posgate::config::{PodConfig, PosConfig};
+use posgate::core::membership::Member;
 use posgate::core::{CoreConfig, Epoch, PodId, ShardId};
 use posgate::credentials::{ApiTokens, ClusterSecret};
 use posgate::pod::{Pod, PodHandle};
@@ -36,6 +37,25 @@ pub fn store_options() -> RedisOptions {
         response_timeout: STORE_TIMEOUT,
         connect_timeout: STORE_TIMEOUT,
         ..Default::default()
+    }
+}
+
+/// A member record for a test that registers or shows one itself: `id` at
+/// `http://<id>.test:8080`, peer protocol 2, no optional capability; change fields with
+/// `Member { .., ..member(id) }`.
+pub fn member(id: &str) -> Member {
+    Member {
+        pod: PodId::new(id).unwrap(),
+        url: format!("http://{id}.test:8080"),
+        version: "test".into(),
+        ring_version: posgate::core::ring::RING_VERSION.into(),
+        started_ms: 1,
+        peer_protocol: 2,
+        handover: 0,
+        queue: 0,
+        batch: 0,
+        broadcast: 0,
+        moves: 0,
     }
 }
 

@@ -508,6 +508,8 @@ impl Reconciler {
     /// per placement version. `exact` also compares the members, which a version alone
     /// names except after a failover that lost writes; the stepper, which writes steps
     /// from it, asks for that (for everyone else it only marks shards as waiting).
+    /// Comparing every pod's member list on each of its inputs made the 200-pod
+    /// simulation 1.5x slower (133 s for 2 seeds against 88 s).
     fn aim(&mut self, exact: bool) {
         let version = self.placement.version;
         let pods = self.placement.assignment.pods();
