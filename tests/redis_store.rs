@@ -441,3 +441,150 @@ async fn a_poll_sees_every_change_to_the_view_it_read_last() {
     assert_eq!(poller.snapshot(8).await.unwrap().leases.len(), 8);
     assert_eq!(poller.snapshot(4).await.unwrap().leases.len(), 4);
 }
+
+/// Pod leases (`lib.lua`): while every member reads them, a pod's leases have no expiry
+/// of their own and live with the pod: held while it is a member or its pod lease
+/// exists, an orphan once neither (deleted by the next snapshot, taken over by an
+/// acquire). A member of an earlier release makes every pod give its leases their own
+/// expiry again, and its departure takes them back to the pod lease.
+#[tokio::test]
+async fn a_pods_leases_live_with_its_membership_and_its_pod_lease() {
+    use crate::support::pod::member;
+    use posgate::core::membership::{Member, POD_LEASE};
+    use posgate::store::ClusterMeta;
+
+    let server = RedisServer::start();
+    let (a, b) = (connect(&server.url()).await, connect(&server.url()).await);
+    let g = generation(&a).await;
+    let meta = ClusterMeta::current(4);
+    let capable = |id: &str| Member {
+        pod_lease: POD_LEASE,
+        ..member(id)
+    };
+    let register = |store: &RedisStore, m: Member| {
+        let (store, g, meta) = (store.clone(), g.clone(), meta.clone());
+        async move { store.heartbeat(&g, &m, &meta, TTL).await.unwrap() }
+    };
+    register(&a, capable("a")).await;
+    register(&b, capable("b")).await;
+    generation(&a).await;
+    generation(&b).await;
+    let key = |what: &str| format!("posgate:{{test}}:{what}");
+    let pttl = |shard: u32| server.command(&["PTTL", &key(&format!("lease:{shard}"))]);
+
+    let epoch = acquired(leases::acquire(&a, &g, &pod("a"), &[1], TTL).await.unwrap())[0];
+    assert_eq!(
+        pttl(1),
+        ":-1",
+        "a lease kept by the pod lease has no expiry"
+    );
+    assert_eq!(server.command(&["EXISTS", &key("pod-lease:a")]), ":1");
+    assert_eq!(
+        leases::renew(&a, &g, &pod("a"), &[1], TTL).await.unwrap(),
+        Checked::Ok(vec![RenewOutcome::Renewed])
+    );
+    let held_by_a = Checked::Ok(vec![AcquireOutcome::HeldBy {
+        owner: pod("a"),
+        epoch,
+    }]);
+    // A live member's lease is held even without its pod lease (lost in a failover).
+    server.command(&["DEL", &key("pod-lease:a")]);
+    assert_eq!(
+        leases::acquire(&b, &g, &pod("b"), &[1], TTL).await.unwrap(),
+        held_by_a
+    );
+    // A pod that deregistered to drain keeps its leases by its pod lease.
+    leases::renew(&a, &g, &pod("a"), &[1], TTL).await.unwrap();
+    a.deregister(&pod("a")).await.unwrap();
+    assert_eq!(
+        leases::acquire(&b, &g, &pod("b"), &[1], TTL).await.unwrap(),
+        held_by_a
+    );
+    // Neither: an orphan. The snapshot shows it free and deletes it; an acquire takes it.
+    server.command(&["DEL", &key("pod-lease:a")]);
+    assert_eq!(b.snapshot(4).await.unwrap().leases[1], None);
+    assert_eq!(server.command(&["EXISTS", &key("lease:1")]), ":0");
+    let taken = acquired(leases::acquire(&b, &g, &pod("b"), &[1], TTL).await.unwrap())[0];
+    assert!(taken > epoch);
+
+    // A member of an earlier release: b's leases get their own expiry at its next call.
+    acquired(leases::acquire(&b, &g, &pod("b"), &[2], TTL).await.unwrap());
+    register(&a, member("old")).await;
+    generation(&b).await;
+    leases::renew(&b, &g, &pod("b"), &[2], TTL).await.unwrap();
+    for shard in [1, 2] {
+        let ms: i64 = pttl(shard).trim_start_matches(':').parse().unwrap();
+        assert!(ms > 0, "lease {shard} without its own expiry: {ms}");
+    }
+    assert_eq!(server.command(&["EXISTS", &key("pod-lease:b")]), ":0");
+    // It leaves: back to the pod lease, every lease of b persisted.
+    a.deregister(&pod("old")).await.unwrap();
+    generation(&b).await;
+    leases::renew(&b, &g, &pod("b"), &[2], TTL).await.unwrap();
+    assert_eq!((pttl(1), pttl(2)), (":-1".into(), ":-1".into()));
+    assert_eq!(server.command(&["EXISTS", &key("pod-lease:b")]), ":1");
+}
+
+/// An orphan's lease ended: its owner cannot make it held again, not by renewing it
+/// with an expiry, not by writing its pod lease again, not by registering again (each
+/// deletes its orphans first, so a re-claim gets a higher epoch, as after an expiry).
+#[tokio::test]
+async fn an_orphaned_lease_is_never_revived_by_its_owner() {
+    use crate::support::pod::member;
+    use posgate::core::membership::{Member, POD_LEASE};
+    use posgate::store::ClusterMeta;
+
+    const SHORT: Duration = Duration::from_millis(300);
+    let server = RedisServer::start();
+    // Two clients of pod "a": one whose last snapshot shows only members that read pod
+    // leases, one whose last snapshot also shows a member of an earlier release.
+    let (by_pod, by_lease) = (connect(&server.url()).await, connect(&server.url()).await);
+    let g = generation(&by_pod).await;
+    let meta = ClusterMeta::current(4);
+    let a = Member {
+        pod_lease: POD_LEASE,
+        ..member("a")
+    };
+    by_pod.heartbeat(&g, &a, &meta, SHORT).await.unwrap();
+    generation(&by_pod).await;
+    let epochs = acquired(
+        leases::acquire(&by_pod, &g, &pod("a"), &[1, 2, 3], SHORT)
+            .await
+            .unwrap(),
+    );
+    by_lease
+        .heartbeat(&g, &member("old"), &meta, TTL)
+        .await
+        .unwrap();
+    generation(&by_lease).await;
+    // a's registration and pod lease lapse: its three leases are orphans.
+    tokio::time::sleep(SHORT + Duration::from_millis(200)).await;
+    let exists =
+        |shard: u32| server.command(&["EXISTS", &format!("posgate:{{test}}:lease:{shard}")]);
+
+    // Renewed with an expiry: missing, not revived.
+    assert_eq!(
+        leases::renew(&by_lease, &g, &pod("a"), &[2], TTL)
+            .await
+            .unwrap(),
+        Checked::Ok(vec![RenewOutcome::Missing { epoch: epochs[1] }])
+    );
+    assert_eq!(exists(2), ":0");
+    // The pod lease written again: a fresh acquisition, and the other orphan gone.
+    let again = acquired(
+        leases::acquire(&by_pod, &g, &pod("a"), &[3], SHORT)
+            .await
+            .unwrap(),
+    )[0];
+    assert!(again > epochs[2]);
+    assert_eq!(exists(1), ":0");
+    // Registering again: the leases its membership alone held are gone.
+    acquired(
+        leases::acquire(&by_pod, &g, &pod("a"), &[1], SHORT)
+            .await
+            .unwrap(),
+    );
+    tokio::time::sleep(SHORT + Duration::from_millis(200)).await;
+    by_pod.heartbeat(&g, &a, &meta, TTL).await.unwrap();
+    assert_eq!((exists(1), exists(3)), (":0".into(), ":0".into()));
+}

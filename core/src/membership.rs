@@ -53,6 +53,12 @@ pub struct Member {
     /// Only a pod that has it writes the steps toward a placement's target.
     #[serde(default)]
     pub moves: u32,
+    /// Whether the pod reads and keeps leases by pod lease ([`POD_LEASE`]; the Redis
+    /// store's `pod-lease:<pod>` key): 0 in records of releases before it, which only
+    /// understand leases with an expiry of their own. Pods keep their leases by one pod
+    /// lease only while every member has it.
+    #[serde(default)]
+    pub pod_lease: u32,
 }
 
 /// [`Member::handover`] of a pod that drains: it closes a moved shard's terminals one
@@ -65,6 +71,10 @@ pub const BATCH_PEER_ROUTE: u32 = 1;
 /// [`Member::moves`] of a pod that writes placement steps under the move budget
 /// (`crate::placement::step`).
 pub const MOVE_BUDGET: u32 = 1;
+
+/// [`Member::pod_lease`] of a pod whose store keeps its leases by one pod lease when
+/// every member can read that (`docs/design.md` "Pod leases").
+pub const POD_LEASE: u32 = 1;
 
 /// [`Member::broadcast`] of a pod that walks broadcasts (`posgate::push::broadcast`).
 pub const BROADCAST_WALK: u32 = 1;

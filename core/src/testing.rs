@@ -25,6 +25,7 @@ pub fn member(name: &str) -> Member {
         batch: 0,
         broadcast: 0,
         moves: crate::membership::MOVE_BUDGET,
+        pod_lease: crate::membership::POD_LEASE,
     }
 }
 

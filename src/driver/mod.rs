@@ -108,6 +108,7 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
                 0
             },
             moves: crate::core::membership::MOVE_BUDGET,
+            pod_lease: crate::core::membership::POD_LEASE,
         };
         // A pod that drains names itself in every release, for the next holder to ask
         // (`ReleaseNote`); one that closes whole shards leaves nothing to ask about.

@@ -24,7 +24,8 @@
 //! push queued by this pod (whatever its store call answered: a lost answer may hide a
 //! write that happened), a store notification of one queued by a pod that does not hold
 //! the shard, each terminal's own timers (expiry, the window), and every 30 s a read of
-//! all served shards' waiting terminals, so a lost wake-up delays a push by that much.
+//! the waiting terminals of the next 64 served shards, so a lost wake-up delays a push by
+//! 30 s per 64 shards served at most.
 //!
 //! Not for: accepting a push (`route`, `owner`), or the store's rules (`store::queue`).
 
@@ -69,9 +70,14 @@ pub const COPY_TIMEOUT: Duration = Duration::from_secs(10);
 /// to [`MAX_RETRY_PAUSE`].
 const RETRY_PAUSE: Duration = Duration::from_millis(500);
 const MAX_RETRY_PAUSE: Duration = Duration::from_secs(30);
-/// How often a pod reads the waiting terminals of all the shards it serves (one store
-/// call), in case a wake-up was lost.
+/// How often a pod reads the waiting terminals of the shards it serves (one store call,
+/// at most [`WAITING_SCAN_SHARDS`] of them, the next ones at the next scan), in case a
+/// wake-up was lost.
 const WAITING_SCAN: Duration = Duration::from_secs(30);
+/// How many shards one scan reads: each costs Redis a command, so a pod serving more
+/// (hundreds, with 1,024 shards and few pods) takes several scans to cover them all
+/// rather than making Redis's load grow with the shard count.
+const WAITING_SCAN_SHARDS: usize = 64;
 /// How often the queue's gauges are set from what the drains read.
 const GAUGE_EVERY: Duration = Duration::from_secs(1);
 /// Pause while the shard is not served for a moment (a lease renewed late): only the
@@ -301,10 +307,11 @@ impl Drains {
         let mut gauges = tokio::time::interval(GAUGE_EVERY);
         let mut scan = tokio::time::interval(WAITING_SCAN);
         scan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut scan_from: ShardId = 0;
         loop {
             tokio::select! {
                 _ = gauges.tick() => self.set_gauges(),
-                _ = scan.tick() => self.clone().scan(),
+                _ = scan.tick() => scan_from = self.clone().scan(scan_from),
                 event = events.0.recv() => match event {
                     Some(Served::Start(shard)) => self.start(shard),
                     Some(Served::Stop(shard, done)) => {
@@ -375,15 +382,18 @@ impl Drains {
         });
     }
 
-    /// Reads the waiting terminals of every shard served here, in one call, and wakes
-    /// their drains: a wake-up that was lost (the reply of a pod's own store call, a
-    /// notification missed without a resubscription) delays a push by this period at
-    /// most.
-    fn scan(self: Arc<Self>) {
-        let shards: Vec<ShardId> = lock(&self.shards).keys().copied().collect();
-        if shards.is_empty() {
-            return;
-        }
+    /// Reads the waiting terminals of the next [`WAITING_SCAN_SHARDS`] shards served here
+    /// from shard `from` on (wrapping around), in one call, and wakes their drains: a
+    /// wake-up that was lost (the reply of a pod's own store call, a notification missed
+    /// without a resubscription) delays a push by [`WAITING_SCAN`] per
+    /// [`WAITING_SCAN_SHARDS`] shards served here at most. Returns where the next scan
+    /// starts.
+    fn scan(self: Arc<Self>, from: ShardId) -> ShardId {
+        let served: Vec<ShardId> = lock(&self.shards).keys().copied().collect();
+        let shards = scan_slice(served, from);
+        let Some(&last) = shards.last() else {
+            return 0;
+        };
         tokio::spawn(async move {
             match self.store.waiting(&shards).await {
                 Ok(terminals) => {
@@ -394,6 +404,7 @@ impl Drains {
                 Err(e) => debug!(error = %e, "queue: the periodic scan failed"),
             }
         });
+        last + 1
     }
 
     /// Ends `shard`'s drains, once each has recorded what it sent.
@@ -956,9 +967,39 @@ fn answered(state: &State) -> bool {
     matches!(state, State::Delivered { .. } | State::Rejected { .. })
 }
 
+/// The shards a scan from shard `from` reads: the first [`WAITING_SCAN_SHARDS`] of those
+/// `served`, in shard order from `from` on, wrapping around.
+fn scan_slice(mut served: Vec<ShardId>, from: ShardId) -> Vec<ShardId> {
+    served.sort_unstable();
+    let split = served.partition_point(|&s| s < from);
+    served.rotate_left(split);
+    served.truncate(WAITING_SCAN_SHARDS);
+    served
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Successive scans cover every served shard, each at most `WAITING_SCAN_SHARDS` at
+    /// a time, so a pod serving 205 of 1,024 shards reads them in four scans.
+    #[test]
+    fn scans_read_a_bounded_slice_and_cover_every_served_shard_in_turn() {
+        let served: Vec<ShardId> = (0..1024).filter(|s| s % 5 == 1).rev().collect();
+        let (mut from, mut seen) = (0, std::collections::BTreeSet::new());
+        for _ in 0..4 {
+            let slice = scan_slice(served.clone(), from);
+            assert!(slice.len() <= WAITING_SCAN_SHARDS, "{}", slice.len());
+            from = slice.last().unwrap() + 1;
+            seen.extend(slice);
+        }
+        assert_eq!(seen.len(), served.len());
+        // The next scan goes on after the last one read; a few served shards are one
+        // read.
+        let next = served.iter().copied().filter(|&s| s >= from).min();
+        assert_eq!(scan_slice(served, from).first().copied(), next);
+        assert_eq!(scan_slice(vec![9, 3], 4), vec![9, 3]);
+    }
 
     #[test]
     fn only_a_moments_refusals_are_tried_again() {

@@ -12,7 +12,8 @@
 //! | `posgate:{<cluster>}:members` | sorted set | pod id -> registration expiry, ms by Redis `TIME`. A member is live while its score is >= now; expired entries are pruned by the snapshot script |
 //! | `posgate:{<cluster>}:member-info` | hash | pod id -> JSON [`Member`](crate::core::membership::Member) (url, version, ring version, start time); written and removed together with `members` |
 //! | `posgate:{<cluster>}:epochs` | hash | shard -> last fencing epoch handed out. Never deleted by posgate, so epochs stay monotonic while Redis keeps its data; after a data loss `max(last + 1, now_ms)` keeps them increasing |
-//! | `posgate:{<cluster>}:lease:<shard>` | string, `PX` ttl | the shard's lease: value = owner pod id, expiry = lease TTL by Redis time. Its epoch is the `epochs` entry of the shard |
+//! | `posgate:{<cluster>}:lease:<shard>` | string | the shard's lease: value = owner pod id. Its epoch is the `epochs` entry of the shard. Held while the key exists and its owner is a live member, or its owner's `pod-lease` exists, or it has an expiry of its own (`PX` lease TTL by Redis time, renewed per lease while any member is of a release before pod leases); a key that is none of these is an orphan, deleted by the next snapshot and taken over by an acquire |
+//! | `posgate:{<cluster>}:pod-lease:<pod>` | string, `PX` ttl | `1` while the pod keeps its leases by one key: extended to the lease TTL by each of its acquire and renew calls, deleted by the pod when a member of an earlier release appears. While it exists, no lease of the pod has an expiry of its own. At most one per pod, gone a lease TTL after the pod stops |
 //! | `posgate:{<cluster>}:terminals:<shard>` | hash | the terminal directory of one shard: terminal id -> JSON `{"addr", "server_name"}` ([`Entry`](crate::store::directory::Entry)); written by `posgate terminals`, read by the shard's owner |
 //! | `posgate:{<cluster>}:terminal-labels:<shard>` | hash | the labels of the shard's terminals that have any: terminal id -> text form `k=v;k=v` ([`Labels`](crate::api::Labels)), at most 16 pairs of at most 127 bytes each. Written in the same script call as the terminal's entry (`directory_upsert.lua`, `directory_remove.lua`, `directory_restore.lua`) and counted in the shard's version; kept apart from the JSON entry so that a previous release's import, which rewrites that JSON, cannot drop labels. Read by the shard's owner with its terminals; a field whose terminal is absent from `terminals:<shard>` (left by a previous release's `remove`) is ignored. Lost with the directory, and written back with it by the owners (`restore`) |
 //! | `posgate:{<cluster>}:terminals-version` | hash | shard -> directory version, set to `max(previous + 1, TIME ms)` by every write that changes the shard's terminals; owners poll it |
@@ -105,15 +106,29 @@ impl Keys {
         self.name("epochs")
     }
 
-    /// The lease of `shard`: string owner pod id with a `PX` expiry.
+    /// The lease of `shard`: string owner pod id, with a `PX` expiry or kept by the
+    /// owner's [`Keys::pod_lease`].
     pub fn lease(&self, shard: ShardId) -> String {
-        format!("{}{shard}", self.leases())
+        self.name(format_args!("lease:{shard}"))
     }
 
-    /// What every lease key starts with, the shard following: the scripts that touch
-    /// many leases (`renew.lua`, `snapshot.lua`) name them from it.
-    pub fn leases(&self) -> String {
-        self.name("lease:")
+    /// What every pod-lease key starts with, the pod id following.
+    fn pod_leases(&self) -> String {
+        self.name("pod-lease:")
+    }
+
+    /// The pod lease of `pod`: string `1` with a `PX` expiry, extended by each of its
+    /// lease calls, while none of its leases has an expiry of its own.
+    pub fn pod_lease(&self, pod: &crate::core::PodId) -> String {
+        format!("{}{pod}", self.pod_leases())
+    }
+
+    /// What every key name of the cluster starts with: the scripts that touch many
+    /// leases or look up their owners' pod leases (`acquire.lua`, `renew.lua`,
+    /// `snapshot.lua`) name them from it, as `<prefix>lease:<shard>` and
+    /// `<prefix>pod-lease:<pod>`.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
     }
 
     /// What the last drained release of `shard` left for its next holder: string, the
@@ -258,7 +273,11 @@ mod tests {
             assert!(name.starts_with("posgate:{prod-eu.1}:"), "{name}");
         }
         assert_eq!(k.lease(7), "posgate:{prod-eu.1}:lease:7");
-        assert_eq!(k.leases() + "7", k.lease(7));
+        assert_eq!(format!("{}lease:7", k.prefix()), k.lease(7));
+        assert_eq!(
+            format!("{}pod-lease:p-1", k.prefix()),
+            k.pod_lease(&crate::core::PodId::new("p-1").unwrap())
+        );
         assert_eq!(k.generation(), "posgate:{prod-eu.1}:gen");
         assert_eq!(k.terminals(9), "posgate:{prod-eu.1}:terminals:9");
         assert_eq!(

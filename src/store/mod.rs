@@ -15,6 +15,11 @@
 //! - **Epochs never decrease**, even across a restart that lost everything:
 //!   `epoch = max(last_epoch(shard) + 1, store_time_ms)`.
 //! - **Owner checks.** Renew and release act only on keys whose value is the caller.
+//! - **Lease lifetime.** A lease lives at least `ttl` after the last acquire or renew
+//!   that named it (by the store clock), until released. It may live longer, never
+//!   shorter: Redis keeps a pod's leases by one pod lease while every member reads them
+//!   (`docs/design.md`, "Pod leases"), so a lease the pod stopped renewing lasts while
+//!   the pod renews others or stays a member; the memory store expires each on its own.
 //! - **Placement compare-and-set.** [`CoordStore::place`] replaces the stored placement
 //!   only when the caller names the version the store holds (or `None` when it holds
 //!   none); it never checks the generation, so a placement can be put back after a wipe.

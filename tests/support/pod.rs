@@ -56,6 +56,7 @@ pub fn member(id: &str) -> Member {
         batch: 0,
         broadcast: 0,
         moves: 0,
+        pod_lease: 0,
     }
 }
 

@@ -151,5 +151,6 @@ fn sim_member(id: &PodId, ms: u64) -> Member {
         batch: 0,
         broadcast: 0,
         moves: crate::core::membership::MOVE_BUDGET,
+        pod_lease: crate::core::membership::POD_LEASE,
     }
 }

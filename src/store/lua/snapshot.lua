@@ -1,9 +1,10 @@
 -- snapshot: one atomic read of generation, live members, lease holders and the
 -- placement. Writes only to create a missing generation and to prune expired members.
 -- KEYS[1] gen, KEYS[2] members, KEYS[3] member-info, KEYS[4] epochs, KEYS[5] placement
--- ARGV[1] nonce, ARGV[2] shard count n, ARGV[3] what every lease key starts with (the
--- leases are ARGV[3] .. shard for shards 0..n-1), ARGV[4] the digest of the view the
--- caller holds ('' for none)
+-- ARGV[1] nonce, ARGV[2] shard count n, ARGV[3] what every key of the cluster starts
+-- with (the leases are ARGV[3] .. 'lease:' .. shard for shards 0..n-1, the pod leases
+-- ARGV[3] .. 'pod-lease:' .. pod), ARGV[4] the digest of the view the caller holds
+-- ('' for none)
 -- Reply: {gen_id, age_ms, heartbeats, digest, view} where view is {} when `digest`
 -- equals ARGV[4] (the caller's view is current) and otherwise {{member_json...},
 -- {lease...}, placement}: lease is {} (free) or {owner, epoch}, placement {} (none) or
@@ -46,11 +47,28 @@ local owners, epochs = {}, {}
 if n > 0 then
   local names, shards = {}, {}
   for s = 0, n - 1 do
-    names[s + 1] = ARGV[3] .. s
+    names[s + 1] = ARGV[3] .. 'lease:' .. s
     shards[s + 1] = s
   end
   -- unpack is limited by the Lua stack (8,000 values): 4,096 shards is below it.
   owners = redis.call('MGET', unpack(names))
+  -- Orphans: only leases of owners that are not live members are looked at (none while
+  -- the cluster is steady), each owner's pod lease once.
+  local live, leased = {}, {}
+  for _, pod in ipairs(pods) do
+    live[pod] = true
+  end
+  for i, owner in ipairs(owners) do
+    if owner and not live[owner] then
+      if leased[owner] == nil then
+        leased[owner] = redis.call('EXISTS', ARGV[3] .. 'pod-lease:' .. owner) == 1
+      end
+      if not leased[owner] and redis.call('PTTL', names[i]) == -1 then
+        redis.call('DEL', names[i])
+        owners[i] = false
+      end
+    end
+  end
   epochs = redis.call('HMGET', KEYS[4], unpack(shards))
   -- Pieces, not one string per shard: Lua interns every string it makes.
   local t = #text

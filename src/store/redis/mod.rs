@@ -14,10 +14,10 @@
 //! | `pin_meta` | `pin_meta.lua` | meta | no |
 //! | `heartbeat` | `heartbeat.lua` | gen, members, member-info, meta | yes, then meta |
 //! | `deregister` | `deregister.lua` | members, member-info | no |
-//! | `acquire` | `acquire.lua` | gen, epochs, `lease:<s>`... | yes |
-//! | `renew` | `renew.lua` | gen, epochs (and `lease:<s>`..., named in the script) | yes |
+//! | `acquire` | `acquire.lua` | gen, epochs, members, the caller's `pod-lease`, `lease:<s>`..., `release-note:<s>`... (and other owners' `pod-lease`s; every `lease:<s>` when the upkeep changes) | yes |
+//! | `renew` | `renew.lua` | gen, epochs, the caller's `pod-lease` (and `lease:<s>`..., named in the script) | yes |
 //! | `release` | `release.lua` | `lease:<s>`... | no (owner check only) |
-//! | `snapshot` | `snapshot.lua` | gen, members, member-info, epochs, placement (and `lease:0..n`, named in the script) | creates it if missing |
+//! | `snapshot` | `snapshot.lua` | gen, members, member-info, epochs, placement (and `lease:0..n` and the `pod-lease`s of owners that are not members, named in the script) | creates it if missing |
 //! | `place` | `place.lua` | placement | no (version compare-and-set) |
 //!
 //! Connection handling, and why:
@@ -66,8 +66,13 @@
 //! Meanwhile calls fail, each within its deadline, and the pod rides that out as any
 //! other store failure (static stability).
 //!
-//! What it does not do: decide anything (policy is in `crate::core`), or talk to a Redis
-//! Cluster.
+//! Lease upkeep (`docs/design.md`, "Pod leases"): the one choice made here, because it is
+//! about the key layout only. While the members of the last full snapshot all read pod
+//! leases, `acquire` and `renew` keep this pod's leases by one `pod-lease:<pod>` key;
+//! otherwise each lease keeps its own expiry, as pods of earlier releases expect.
+//!
+//! What it does not do: decide who owns what (policy is in `crate::core`), or talk to a
+//! Redis Cluster.
 
 mod broadcast;
 mod client;

@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use super::reply::{
     acquire_outcome, bad, checked, map_ok, parse_snapshot, released, renew_outcome, uint,
 };
-use super::RedisStore;
+use super::{reply, RedisStore};
 use crate::core::lease::{AcquireOutcome, Checked, Claim, LeaseCall, ReleaseNote, RenewOutcome};
 use crate::core::membership::{Member, Snapshot};
 use crate::core::placement::Placement;
@@ -42,6 +42,19 @@ fn lease_args(call: &LeaseCall<'_>) -> Vec<String> {
     ]
 }
 
+impl RedisStore {
+    /// The upkeep arguments of `acquire.lua` and `renew.lua` (`lib.lua`, "Pod leases"):
+    /// the mode and the shard count, decided by the members of the last snapshot this
+    /// store read in full. Before any, each lease keeps its own expiry and nothing is
+    /// converted (a pod lease left from before is deleted: the leases it kept stay held
+    /// while their owner is a live member, which a pod that calls this is).
+    fn upkeep(&self) -> [String; 2] {
+        let view = self.shared.view.lock().expect("not poisoned");
+        let (mode, shards) = view.as_deref().map_or(("lease", 0), reply::View::upkeep);
+        [mode.to_string(), shards.to_string()]
+    }
+}
+
 impl CoordStore for RedisStore {
     async fn pin_meta(&self, meta: &ClusterMeta) -> Result<(), StoreError> {
         let (keys, args) = (vec![self.shared.keys.meta()], vec![to_json(meta)?]);
@@ -60,7 +73,13 @@ impl CoordStore for RedisStore {
         ttl: Duration,
     ) -> Result<Checked<u64>, StoreError> {
         let k = &self.shared.keys;
-        let keys = vec![k.generation(), k.members(), k.member_info(), k.meta()];
+        let keys = vec![
+            k.generation(),
+            k.members(),
+            k.member_info(),
+            k.meta(),
+            k.pod_lease(&member.pod),
+        ];
         let args = vec![
             generation.to_string(),
             nonce(),
@@ -69,6 +88,7 @@ impl CoordStore for RedisStore {
             to_json(meta)?,
             ttl_ms(ttl).to_string(),
             k.events(),
+            k.prefix().to_string(),
         ];
         let reply = self.call("heartbeat", &self.shared.scripts.heartbeat, keys, args);
         map_ok(checked(reply.await?, Some(meta), 1)?, |beats| {
@@ -93,9 +113,18 @@ impl CoordStore for RedisStore {
     ) -> Result<Checked<Vec<AcquireOutcome>>, StoreError> {
         let k = &self.shared.keys;
         let shards: Vec<ShardId> = claims.iter().map(|c| c.shard).collect();
-        let mut keys = self.with_leases(vec![k.generation(), k.epochs()], &shards);
+        let fixed = vec![
+            k.generation(),
+            k.epochs(),
+            k.members(),
+            k.pod_lease(call.pod),
+        ];
+        let mut keys = self.with_leases(fixed, &shards);
         keys.extend(shards.iter().map(|&s| k.release_note(s)));
-        let mut args = shard_args(lease_args(call), &shards);
+        let mut args = lease_args(call);
+        args.extend(self.upkeep());
+        args.push(k.prefix().to_string());
+        let mut args = shard_args(args, &shards);
         args.extend(claims.iter().map(|c| c.floor.to_string()));
         let script = &self.shared.scripts.acquire;
         let reply = self.run("acquire", script, &keys, &args, self.durable());
@@ -110,9 +139,15 @@ impl CoordStore for RedisStore {
         shards: &[ShardId],
     ) -> Result<Checked<Vec<RenewOutcome>>, StoreError> {
         let k = &self.shared.keys;
-        let keys = [k.generation(), k.epochs()];
+        let keys = [
+            k.generation(),
+            k.epochs(),
+            k.pod_lease(call.pod),
+            k.members(),
+        ];
         let mut args = lease_args(call);
-        args.push(k.leases());
+        args.push(k.prefix().to_string());
+        args.extend(self.upkeep());
         let args = shard_args(args, shards);
         let script = &self.shared.scripts.renew;
         let reply = self.run("renew", script, &keys, &args, self.durable());
@@ -152,7 +187,7 @@ impl CoordStore for RedisStore {
         // while it is current (`snapshot.lua`).
         let held = self.shared.view.lock().expect("not poisoned").clone();
         let digest = held.as_ref().map_or(String::new(), |v| v.digest.clone());
-        let args = vec![nonce(), shards.to_string(), k.leases(), digest];
+        let args = vec![nonce(), shards.to_string(), k.prefix().to_string(), digest];
         let reply = self.call("snapshot", &self.shared.scripts.snapshot, keys, args);
         let (snapshot, read) = parse_snapshot(reply.await?, shards, held.as_deref())?;
         if let Some(read) = read {

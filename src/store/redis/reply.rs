@@ -264,6 +264,20 @@ pub(super) struct View {
     placement: Option<Placement>,
 }
 
+impl View {
+    /// How the leases of a pod reading this view are kept (`lib.lua`, "Pod leases"):
+    /// `"pod"` when every member it shows reads pod leases, else `"lease"`; and the
+    /// shard count, for the scripts that convert a pod's leases from one to the other.
+    pub(super) fn upkeep(&self) -> (&'static str, usize) {
+        let pod = !self.members.is_empty()
+            && self
+                .members
+                .iter()
+                .all(|m| m.pod_lease >= crate::core::membership::POD_LEASE);
+        (if pod { "pod" } else { "lease" }, self.leases.len())
+    }
+}
+
 fn parse_members(members: Value) -> Result<Vec<Member>, StoreError> {
     let mut members = items(members)?
         .iter()
