@@ -38,8 +38,7 @@ local function next_epoch(last, floor)
 end
 -- A held lease of another pod: its owner is live, or its key is not an orphan.
 local function held(name, owner)
-  local live = redis.call('ZSCORE', KEYS[3], owner)
-  return (live and tonumber(live) >= now) or not orphan(name, owner, ARGV[7] .. 'pod-lease:')
+  return live_member(KEYS[3], owner, now) or not orphan(name, owner, ARGV[7] .. 'pod-lease:')
 end
 for i = 5, 4 + n do
   local shard = ARGV[i + 3]
