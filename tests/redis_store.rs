@@ -13,6 +13,7 @@ use crate::support::stall_proxy::StallProxy;
 use crate::support::{RedisProxy, RedisServer};
 use posgate::core::lease::{AcquireOutcome, Checked, RenewOutcome};
 use posgate::core::{Epoch, PodId};
+use posgate::store::keys::Keys;
 use posgate::store::redis::{RedisOptions, RedisStore, REBUILD_AFTER_TIMEOUTS};
 use posgate::store::{CoordStore, StoreError};
 
@@ -469,8 +470,9 @@ async fn a_pods_leases_live_with_its_membership_and_its_pod_lease() {
     register(&b, capable("b")).await;
     generation(&a).await;
     generation(&b).await;
-    let key = |what: &str| format!("posgate:{{test}}:{what}");
-    let pttl = |shard: u32| server.command(&["PTTL", &key(&format!("lease:{shard}"))]);
+    let keys = Keys::new("test").unwrap();
+    let pod_lease = |id: &str| keys.pod_lease(&pod(id));
+    let pttl = |shard: u32| server.command(&["PTTL", &keys.lease(shard)]);
 
     let epoch = acquired(leases::acquire(&a, &g, &pod("a"), &[1], TTL).await.unwrap())[0];
     assert_eq!(
@@ -478,7 +480,7 @@ async fn a_pods_leases_live_with_its_membership_and_its_pod_lease() {
         ":-1",
         "a lease kept by the pod lease has no expiry"
     );
-    assert_eq!(server.command(&["EXISTS", &key("pod-lease:a")]), ":1");
+    assert_eq!(server.command(&["EXISTS", &pod_lease("a")]), ":1");
     assert_eq!(
         leases::renew(&a, &g, &pod("a"), &[1], TTL).await.unwrap(),
         Checked::Ok(vec![RenewOutcome::Renewed])
@@ -488,7 +490,7 @@ async fn a_pods_leases_live_with_its_membership_and_its_pod_lease() {
         epoch,
     }]);
     // A live member's lease is held even without its pod lease (lost in a failover).
-    server.command(&["DEL", &key("pod-lease:a")]);
+    server.command(&["DEL", &pod_lease("a")]);
     assert_eq!(
         leases::acquire(&b, &g, &pod("b"), &[1], TTL).await.unwrap(),
         held_by_a
@@ -501,9 +503,9 @@ async fn a_pods_leases_live_with_its_membership_and_its_pod_lease() {
         held_by_a
     );
     // Neither: an orphan. The snapshot shows it free and deletes it; an acquire takes it.
-    server.command(&["DEL", &key("pod-lease:a")]);
+    server.command(&["DEL", &pod_lease("a")]);
     assert_eq!(b.snapshot(4).await.unwrap().leases[1], None);
-    assert_eq!(server.command(&["EXISTS", &key("lease:1")]), ":0");
+    assert_eq!(server.command(&["EXISTS", &keys.lease(1)]), ":0");
     let taken = acquired(leases::acquire(&b, &g, &pod("b"), &[1], TTL).await.unwrap())[0];
     assert!(taken > epoch);
 
@@ -516,13 +518,13 @@ async fn a_pods_leases_live_with_its_membership_and_its_pod_lease() {
         let ms: i64 = pttl(shard).trim_start_matches(':').parse().unwrap();
         assert!(ms > 0, "lease {shard} without its own expiry: {ms}");
     }
-    assert_eq!(server.command(&["EXISTS", &key("pod-lease:b")]), ":0");
+    assert_eq!(server.command(&["EXISTS", &pod_lease("b")]), ":0");
     // It leaves: back to the pod lease, every lease of b persisted.
     a.deregister(&pod("old")).await.unwrap();
     generation(&b).await;
     leases::renew(&b, &g, &pod("b"), &[2], TTL).await.unwrap();
     assert_eq!((pttl(1), pttl(2)), (":-1".into(), ":-1".into()));
-    assert_eq!(server.command(&["EXISTS", &key("pod-lease:b")]), ":1");
+    assert_eq!(server.command(&["EXISTS", &pod_lease("b")]), ":1");
 }
 
 /// An orphan's lease ended: its owner cannot make it held again, not by renewing it
@@ -559,8 +561,7 @@ async fn an_orphaned_lease_is_never_revived_by_its_owner() {
     generation(&by_lease).await;
     // a's registration and pod lease lapse: its three leases are orphans.
     tokio::time::sleep(SHORT + Duration::from_millis(200)).await;
-    let exists =
-        |shard: u32| server.command(&["EXISTS", &format!("posgate:{{test}}:lease:{shard}")]);
+    let exists = |shard: u32| server.command(&["EXISTS", &Keys::new("test").unwrap().lease(shard)]);
 
     // Renewed with an expiry: missing, not revived.
     assert_eq!(

@@ -112,15 +112,10 @@ impl Keys {
         self.name(format_args!("lease:{shard}"))
     }
 
-    /// What every pod-lease key starts with, the pod id following.
-    fn pod_leases(&self) -> String {
-        self.name("pod-lease:")
-    }
-
     /// The pod lease of `pod`: string `1` with a `PX` expiry, extended by each of its
     /// lease calls, while none of its leases has an expiry of its own.
     pub fn pod_lease(&self, pod: &crate::core::PodId) -> String {
-        format!("{}{pod}", self.pod_leases())
+        self.name(format_args!("pod-lease:{pod}"))
     }
 
     /// What every key name of the cluster starts with: the scripts that touch many

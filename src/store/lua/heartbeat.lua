@@ -24,11 +24,7 @@ if (not old) or tonumber(old) < now then
   -- alone, which ended: orphans (lib.lua), deleted before registering could revive them.
   if redis.call('EXISTS', KEYS[5]) == 0 then
     local shards = tonumber(cjson.decode(ARGV[5]).shards) or 0
-    for _, name in ipairs(leases_of(pod, ARGV[8] .. 'lease:', shards)) do
-      if redis.call('PTTL', name) == -1 then
-        redis.call('DEL', name)
-      end
-    end
+    drop_orphans(leases_of(pod, ARGV[8] .. 'lease:', shards))
   end
   redis.call('PUBLISH', ARGV[7], 'join ' .. pod)
 end

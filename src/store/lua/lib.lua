@@ -105,6 +105,20 @@ local function leases_of(pod, prefix, n)
   return mine
 end
 
+-- Deletes the leases among `names` that have no expiry of their own, for an owner that
+-- is neither a live member nor keeping a pod lease: they are orphans. Returns the rest.
+local function drop_orphans(names)
+  local rest = {}
+  for _, name in ipairs(names) do
+    if redis.call('PTTL', name) == -1 then
+      redis.call('DEL', name)
+    else
+      rest[#rest + 1] = name
+    end
+  end
+  return rest
+end
+
 -- Whether `pod` is a live member of the `members` sorted set at `now`.
 local function live_member(members, pod, now)
   local expiry = redis.call('ZSCORE', members, pod)
@@ -120,13 +134,12 @@ end
 local function upkeep(mode, key, pod, ttl, prefix, n, live)
   if mode == 'pod' then
     if not redis.call('SET', key, '1', 'PX', ttl, 'GET') then
-      local held = live()
-      for _, name in ipairs(leases_of(pod, prefix, n)) do
-        if held or redis.call('PTTL', name) ~= -1 then
-          redis.call('PERSIST', name)
-        else
-          redis.call('DEL', name)
-        end
+      local mine = leases_of(pod, prefix, n)
+      if not live() then
+        mine = drop_orphans(mine)
+      end
+      for _, name in ipairs(mine) do
+        redis.call('PERSIST', name)
       end
     end
     return nil
