@@ -9,6 +9,7 @@
 //!   disconnected, and afterwards every shard's directory is back in Redis, exactly as
 //!   imported, each written by the pod holding the shard's lease with that epoch.
 
+use crate::support::leases::Deletes;
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
@@ -157,9 +158,9 @@ async fn the_script_writes_only_a_lost_shard_for_its_current_epoch_holder() {
         }))
     );
     // A held it again and let it go: the shard's last epoch is still A's, the lease is not.
-    assert_eq!(store.release(&b, &[lost], None).await.unwrap(), vec![true]);
+    assert_eq!(store.delete(&b, &[lost], None).await.unwrap(), vec![true]);
     let e2 = acquire(&store, &g1, &a, lost).await;
-    assert_eq!(store.release(&a, &[lost], None).await.unwrap(), vec![true]);
+    assert_eq!(store.delete(&a, &[lost], None).await.unwrap(), vec![true]);
     let released = restore(&a, e2, &g1, &g0, lost, &terminals);
     assert_eq!(
         answer(store.restore(&released).await),

@@ -26,6 +26,7 @@ mod http_api;
 mod http_connections;
 mod https;
 mod k8s_manifests;
+mod lease_handover;
 mod move_budget;
 mod observability;
 mod openapi_sync;

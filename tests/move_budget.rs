@@ -6,7 +6,6 @@
 //! within the lease TTL plus a few seconds, whatever the budget.
 
 use std::collections::BTreeSet;
-use std::ffi::OsString;
 use std::time::{Duration, Instant};
 
 use posgate::core::membership::Snapshot;
@@ -14,33 +13,18 @@ use posgate::core::{CoreConfig, PodId, ShardId};
 use posgate::store::redis::RedisStore;
 use posgate::store::CoordStore;
 
-use crate::support::binary::{fast_flags, BinPod};
+use crate::support::binary::{cluster_pod, BinPod};
 use crate::support::pod::{store_options, CLUSTER, SHARDS};
-use crate::support::redis_server::free_port;
 use crate::support::RedisServer;
 
 const BUDGET: usize = 4;
 
 fn serve(redis: &RedisServer, id: &str) -> BinPod {
-    let port = free_port();
-    let mut args: Vec<OsString> = [
-        "--redis-url",
+    cluster_pod(
         &redis.url(),
-        "--cluster",
-        CLUSTER,
-        "--pod-id",
         id,
-        "--insecure",
-        "--max-moving-shards",
-        &BUDGET.to_string(),
-        "--advertise-url",
-        &format!("http://127.0.0.1:{port}"),
-    ]
-    .into_iter()
-    .map(OsString::from)
-    .collect();
-    args.extend(fast_flags().into_iter().map(OsString::from));
-    BinPod::serve(port, args)
+        &["--max-moving-shards", &BUDGET.to_string()],
+    )
 }
 
 /// Shards leased by a live member other than the one the placement assigns them to.
@@ -60,7 +44,7 @@ fn in_motion(snap: &Snapshot) -> Vec<ShardId> {
 
 /// Every member is in the placement, which is balanced, and every shard is leased by the
 /// pod it is assigned to.
-fn settled(snap: &Snapshot) -> bool {
+pub(crate) fn settled(snap: &Snapshot) -> bool {
     let Some(placement) = &snap.placement else {
         return false;
     };

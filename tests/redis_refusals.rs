@@ -10,6 +10,7 @@
 //! The pod treats `Refused` like an unreachable store (`outage_pods.rs` shows a pod
 //! holding its shards through `READONLY`).
 
+use crate::support::leases::Deletes;
 use std::io::Write;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
@@ -91,7 +92,7 @@ async fn every_call(
                 .map(drop),
         ),
         ("place", store.place(Some(1), &placement).await.map(drop)),
-        ("release", store.release(&pod(), &[2], None).await.map(drop)),
+        ("release", store.delete(&pod(), &[2], None).await.map(drop)),
         (
             "deregister",
             store.deregister(&PodId::new("pod-gone").unwrap()).await,

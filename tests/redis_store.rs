@@ -5,6 +5,7 @@
 //! `rediss://` is only exercised here up to the TLS handshake (against a plain server,
 //! which must fail cleanly); `redis_tls.rs` runs it against a TLS server.
 
+use crate::support::leases::Deletes;
 use std::time::{Duration, Instant};
 
 use crate::support::leases;
@@ -156,7 +157,7 @@ async fn owner_checks_on_renew_and_release() {
             epoch
         }])
     );
-    assert_eq!(store.release(&b, &[1], None).await.unwrap(), vec![false]);
+    assert_eq!(store.delete(&b, &[1], None).await.unwrap(), vec![false]);
     let snap = store.snapshot(4).await.unwrap();
     assert_eq!(
         snap.leases[1].as_ref().map(|l| (&l.owner, l.epoch)),
@@ -179,7 +180,7 @@ async fn release_is_seen_on_changes_within_a_second() {
     let mut rx = peer.changes();
     rx.borrow_and_update();
     let sent = Instant::now();
-    assert_eq!(owner.release(&a, &[0], None).await.unwrap(), vec![true]);
+    assert_eq!(owner.delete(&a, &[0], None).await.unwrap(), vec![true]);
     tokio::time::timeout(Duration::from_secs(1), rx.changed())
         .await
         .expect("no change within 1 s")
@@ -212,7 +213,7 @@ async fn round_trips_count_one_per_call() {
     leases::acquire(&store, &g, &pod("a"), &[0, 1, 2], TTL)
         .await
         .unwrap();
-    store.release(&pod("a"), &[0, 1, 2], None).await.unwrap();
+    store.delete(&pod("a"), &[0, 1, 2], None).await.unwrap();
     assert_eq!(store.round_trips() - start, 3);
 }
 
@@ -397,7 +398,7 @@ async fn a_release_is_seen(
     let a = pod("a");
     acquired(leases::acquire(store, g, &a, &[0], TTL).await.unwrap());
     rx.borrow_and_update();
-    store.release(&a, &[0], None).await.unwrap();
+    store.delete(&a, &[0], None).await.unwrap();
     tokio::time::timeout(Duration::from_secs(1), rx.changed())
         .await
         .unwrap_or_else(|_| panic!("a release not seen on changes() {when}"))
@@ -588,4 +589,129 @@ async fn an_orphaned_lease_is_never_revived_by_its_owner() {
     tokio::time::sleep(SHORT + Duration::from_millis(200)).await;
     by_pod.heartbeat(&g, &a, &meta, TTL).await.unwrap();
     assert_eq!((exists(1), exists(3)), (":0".into(), ":0".into()));
+}
+
+/// A lease handover (`release.lua` with a target): owner-checked, one script, a new
+/// epoch above the floor, the key never free. The target finds it its own at its next
+/// acquire (`AlreadyMine`, the handed epoch). Under pod leases the key stays without an
+/// expiry (the target's pod lease keeps it); for a target that keeps none (a member of
+/// an earlier release is live), it gets the lease TTL, no more than the target's
+/// registration has left. A target that is no live member gets nothing: the lease is
+/// deleted.
+#[tokio::test]
+async fn a_lease_is_handed_to_a_live_member_with_a_new_epoch() {
+    use crate::support::pod::member;
+    use posgate::core::lease::{Release, Released};
+    use posgate::core::membership::{Member, POD_LEASE};
+    use posgate::store::ClusterMeta;
+
+    let server = RedisServer::start();
+    let (a, b) = (connect(&server.url()).await, connect(&server.url()).await);
+    let g = generation(&a).await;
+    let meta = ClusterMeta::current(4);
+    for (store, id) in [(&a, "a"), (&b, "b")] {
+        let m = Member {
+            pod_lease: POD_LEASE,
+            ..member(id)
+        };
+        store.heartbeat(&g, &m, &meta, TTL).await.unwrap();
+    }
+    generation(&a).await;
+    generation(&b).await;
+    // b keeps a pod lease once it made a lease call.
+    leases::renew(&b, &g, &pod("b"), &[], TTL).await.unwrap();
+    let keys = Keys::new("test").unwrap();
+    let pttl = |shard: u32| server.command(&["PTTL", &keys.lease(shard)]);
+    let epochs = acquired(
+        leases::acquire(&a, &g, &pod("a"), &[0, 1, 2], TTL)
+            .await
+            .unwrap(),
+    );
+    let to = |shard, to: &str, floor| Release {
+        shard,
+        to: Some(pod(to)),
+        floor,
+    };
+    // Not a's: nothing changes.
+    assert_eq!(
+        b.release(&pod("b"), &[to(0, "b", 0)], None, TTL)
+            .await
+            .unwrap(),
+        [Released::NotHeld]
+    );
+    let far = epochs[1] + 1_000_000;
+    let handed = a
+        .release(
+            &pod("a"),
+            &[
+                to(0, "b", 0),
+                to(1, "b", far),
+                to(2, "nobody", 0),
+                to(3, "b", 0),
+            ],
+            None,
+            TTL,
+        )
+        .await
+        .unwrap();
+    let Released::HandedOver { epoch: e0 } = handed[0] else {
+        panic!("{handed:?}");
+    };
+    assert!(e0 > epochs[0], "{e0} after {}", epochs[0]);
+    assert_eq!(handed[1], Released::HandedOver { epoch: far + 1 });
+    // To a pod that is no live member: deleted, as a plain release. Not a's: untouched.
+    assert_eq!(handed[2..], [Released::Deleted, Released::NotHeld]);
+    assert_eq!(server.command(&["EXISTS", &keys.lease(2)]), ":0");
+    assert_eq!(pttl(0), ":-1", "b's pod lease keeps it");
+    let snap = a.snapshot(4).await.unwrap();
+    let lease = snap.leases[0].as_ref().unwrap();
+    assert_eq!((&lease.owner, lease.epoch), (&pod("b"), e0));
+    assert_eq!(
+        leases::acquire(&b, &g, &pod("b"), &[0, 1], TTL)
+            .await
+            .unwrap(),
+        Checked::Ok(vec![
+            AcquireOutcome::AlreadyMine { epoch: e0 },
+            AcquireOutcome::AlreadyMine { epoch: far + 1 },
+        ])
+    );
+    // a's renewal now finds b's lease: a does not serve it any more.
+    assert!(matches!(
+        leases::renew(&a, &g, &pod("a"), &[0], TTL).await.unwrap(),
+        Checked::Ok(ref o) if matches!(o[..], [RenewOutcome::HeldBy { .. }])
+    ));
+
+    // A target without a pod lease (b's calls keep leases by expiry once a member of an
+    // earlier release is live): the handed key gets the lease TTL, but no more than b's
+    // registration has left (a target that crashed keeps it no longer than its own).
+    a.heartbeat(&g, &member("old"), &meta, TTL).await.unwrap();
+    generation(&b).await;
+    leases::renew(&b, &g, &pod("b"), &[0], TTL).await.unwrap();
+    acquired(
+        leases::acquire(&a, &g, &pod("a"), &[3, 2], TTL)
+            .await
+            .unwrap(),
+    );
+    let b_member = Member {
+        pod_lease: POD_LEASE,
+        ..member("b")
+    };
+    let pttl_ms = |shard| -> i64 { pttl(shard).trim_start_matches(':').parse().unwrap() };
+    let handed = a
+        .release(&pod("a"), &[to(3, "b", 0)], None, TTL)
+        .await
+        .unwrap();
+    assert!(matches!(handed[..], [Released::HandedOver { .. }]));
+    let ms = pttl_ms(3);
+    assert!(ms > 2_000 && ms <= TTL.as_millis() as i64, "{ms}");
+    b.heartbeat(&g, &b_member, &meta, Duration::from_secs(2))
+        .await
+        .unwrap();
+    let handed = a
+        .release(&pod("a"), &[to(2, "b", 0)], None, TTL)
+        .await
+        .unwrap();
+    assert!(matches!(handed[..], [Released::HandedOver { .. }]));
+    let ms = pttl_ms(2);
+    assert!(ms > 0 && ms <= 2_000, "{ms}");
 }

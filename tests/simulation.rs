@@ -27,6 +27,11 @@ fn many_seeds_keep_the_invariants() {
         total.acquisitions >= seeds * 64,
         "too few acquisitions: {total:?}"
     );
+    // Planned moves handed leases straight to their next owners (`release.lua`).
+    assert!(
+        total.leases_handed_over >= seeds,
+        "too few leases handed over: {total:?}"
+    );
     // Static stability: pods kept delivering through store outages.
     assert!(
         total.served_in_outage >= seeds,

@@ -13,13 +13,16 @@
 //! `last + 1`-only epoch would rank lowest), owner checks, generation checks, expiry,
 //! membership or release results.
 
+use crate::support::leases::Deletes;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use crate::support::leases;
 use crate::support::pod::member;
 use crate::support::RedisServer;
-use posgate::core::lease::{AcquireOutcome, Checked, Claim, LeaseCall, ReleaseNote, RenewOutcome};
+use posgate::core::lease::{
+    AcquireOutcome, Checked, Claim, LeaseCall, Release, ReleaseNote, Released, RenewOutcome,
+};
 use posgate::core::membership::Snapshot;
 use posgate::core::placement::Placement;
 use posgate::core::{Epoch, PodId, ShardId};
@@ -340,14 +343,14 @@ async fn run<S: CoordStore>(store: &S, wiper: &mut dyn Wiper) -> Transcript {
         "release b",
         vec![text(format!(
             "{:?}",
-            store.release(&b, &[0, 4], None).await.unwrap()
+            store.delete(&b, &[0, 4], None).await.unwrap()
         ))],
     );
     t.push(
         "release c",
         vec![text(format!(
             "{:?}",
-            store.release(&c, &[7, 7], None).await.unwrap()
+            store.delete(&c, &[7, 7], None).await.unwrap()
         ))],
     );
     t.snapshot(&store.snapshot(SHARDS).await.unwrap());
@@ -362,7 +365,7 @@ async fn run<S: CoordStore>(store: &S, wiper: &mut dyn Wiper) -> Transcript {
         "release b expired",
         vec![text(format!(
             "{:?}",
-            store.release(&b, &[6], None).await.unwrap()
+            store.delete(&b, &[6], None).await.unwrap()
         ))],
     );
     t.acquire(&[6], leases::acquire(store, &g0, &a, &[6], LONG).await);
@@ -378,7 +381,7 @@ async fn run<S: CoordStore>(store: &S, wiper: &mut dyn Wiper) -> Transcript {
         vec![text(format!(
             "{:?}",
             store
-                .release(&a, &[6, 5], Some(&note("a", LONG)))
+                .delete(&a, &[6, 5], Some(&note("a", LONG)))
                 .await
                 .unwrap()
         ))],
@@ -393,13 +396,51 @@ async fn run<S: CoordStore>(store: &S, wiper: &mut dyn Wiper) -> Transcript {
         vec![text(format!(
             "{:?}",
             store
-                .release(&c, &[6], Some(&note("c", SHORT)))
+                .delete(&c, &[6], Some(&note("c", SHORT)))
                 .await
                 .unwrap()
         ))],
     );
     tokio::time::sleep(PAST_SHORT).await;
     t.acquire(&[6], leases::acquire(store, &g0, &a, &[6], LONG).await);
+
+    // Handovers: a's lease of 6 to b (a live member) with a new epoch, which b's next
+    // acquire finds as its own; a's lease of 4 to a pod that is no member (deleted); a
+    // handover by a pod the lease does not name (nothing changes).
+    let hand = |shard, to: &str| Release {
+        shard,
+        to: Some(pod(to)),
+        floor: FAR,
+    };
+    let r = store
+        .release(&a, &[hand(6, "b"), hand(4, "nobody")], None, LONG)
+        .await
+        .unwrap();
+    let mut toks = Vec::new();
+    for (s, r) in [6, 4].into_iter().zip(&r) {
+        toks.push(text(format!("[{s}]")));
+        match r {
+            Released::HandedOver { epoch } => {
+                t.acquired.entry(s).or_default().push(*epoch);
+                toks.extend([text("HandedOver"), Tok::Epoch(s, *epoch)]);
+            }
+            other => toks.push(text(format!("{other:?}"))),
+        }
+    }
+    t.push("release a to b", toks);
+    t.push(
+        "release c to a",
+        vec![text(format!(
+            "{:?}",
+            store
+                .release(&c, &[hand(6, "a")], None, LONG)
+                .await
+                .unwrap()
+        ))],
+    );
+    t.snapshot(&store.snapshot(SHARDS).await.unwrap());
+    t.acquire(&[6], leases::acquire(store, &g0, &b, &[6], LONG).await);
+    t.renew(&[6], leases::renew(store, &g0, &a, &[6], LONG).await);
 
     // Member expiry, rejoin and deregistration.
     t.unit(
@@ -456,7 +497,7 @@ async fn run<S: CoordStore>(store: &S, wiper: &mut dyn Wiper) -> Transcript {
     t.acquire(&[7], store.acquire(&call(&a), &floored(7, 3 * FAR)).await);
     t.acquire(&[7], store.acquire(&call(&c), &floored(7, 2 * FAR)).await);
     t.renew(&[7], store.renew(&call(&a), &[7]).await);
-    store.release(&c, &[7], None).await.unwrap();
+    store.delete(&c, &[7], None).await.unwrap();
     t.renew(&[7], store.renew(&call(&c), &[7]).await);
 
     // Soft wipe: same connection, everything lost.
@@ -500,7 +541,7 @@ async fn run<S: CoordStore>(store: &S, wiper: &mut dyn Wiper) -> Transcript {
         "release b",
         vec![text(format!(
             "{:?}",
-            store.release(&b, &[1, 2, 3, 4], None).await.unwrap()
+            store.delete(&b, &[1, 2, 3, 4], None).await.unwrap()
         ))],
     );
     t.unit(

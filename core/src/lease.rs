@@ -83,6 +83,30 @@ impl AcquireOutcome {
     }
 }
 
+/// One lease to give up (owner-checked, `release.lua`): deleted, or, with `to`, handed
+/// to that pod in the same script with a new epoch above `floor` (a planned move to a
+/// live member that takes handovers, [`crate::membership::HANDOVER_LEASE`]): the key
+/// never is free, so nobody waits for a debounce or races a `SET NX` for it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Release {
+    pub shard: ShardId,
+    pub to: Option<PodId>,
+    /// The highest epoch the releaser knows for the shard (see [`Claim::floor`]).
+    pub floor: Epoch,
+}
+
+/// What one [`Release`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Released {
+    /// The lease did not name the caller: nothing changed.
+    NotHeld,
+    /// Deleted (its note, if any, left for the next acquire).
+    Deleted,
+    /// Now `to`'s, with this new epoch; `to` learns it from its next acquire
+    /// (`AlreadyMine`).
+    HandedOver { epoch: Epoch },
+}
+
 /// What a pod that drains leaves with its release of a lease, written in the same script
 /// as the delete: who released it (the drainer the next holder must ask before it dials)
 /// and for how long that is worth knowing (the drain budget: the drain is over by then).

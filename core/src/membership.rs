@@ -65,6 +65,12 @@ pub struct Member {
 /// batch at a time, when the new owner asks, and asks its predecessor the same way.
 pub const HANDOVER_DRAIN: u32 = 1;
 
+/// [`Member::handover`] of a pod that also gives and takes a lease in one script
+/// ([`crate::lease::Release::to`]): on a planned move the leaving owner hands the lease
+/// to the assigned pod with a new epoch, and a pod under SIGTERM first writes the
+/// placement without itself, so its shards go straight to their next owners.
+pub const HANDOVER_LEASE: u32 = 2;
+
 /// [`Member::batch`] of a pod that serves the peer batch route (`posgate::push::batch`).
 pub const BATCH_PEER_ROUTE: u32 = 1;
 

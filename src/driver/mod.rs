@@ -259,7 +259,7 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
             Action::Heartbeat { generation } => self.cx.heartbeat(generation),
             Action::Acquire { generation, claims } => self.cx.acquire(generation, claims),
             Action::Renew { generation, shards } => self.cx.renew(generation, shards),
-            Action::Release { shards } => self.cx.release(shards),
+            Action::Release { releases } => self.cx.release(releases),
             Action::Deregister => self.cx.deregister(),
             Action::Place {
                 expected,
@@ -344,7 +344,8 @@ impl<S: CoordStore, H: ServingHook> Driver<S, H> {
                 rec.handle_acquire(now, &shards, health.check(now, "acquire", r))
             }
             Done::Renew(shards, r) => rec.handle_renew(now, &shards, health.check(now, "renew", r)),
-            Done::Release(shards, r) => {
+            Done::Release(releases, r) => {
+                let shards: Vec<ShardId> = releases.iter().map(|r| r.shard).collect();
                 rec.handle_release(now, &shards, health.check(now, "release", r))
             }
             Done::Deregister(r) => rec.handle_deregister(now, health.check(now, "deregister", r)),

@@ -12,7 +12,9 @@ use futures::future::{join_all, BoxFuture};
 use futures::FutureExt;
 use tracing::{debug, info, warn};
 
-use crate::core::lease::{AcquireOutcome, Checked, Claim, LeaseCall, ReleaseNote, RenewOutcome};
+use crate::core::lease::{
+    AcquireOutcome, Checked, Claim, LeaseCall, Release, ReleaseNote, Released, RenewOutcome,
+};
 use crate::core::membership::{Member, Snapshot};
 use crate::core::placement::Placement;
 use crate::core::reconciler::{OpFailed, OpResult, PeerReport};
@@ -33,7 +35,7 @@ pub(super) enum Done {
         Result<Checked<Vec<AcquireOutcome>>, StoreError>,
     ),
     Renew(Vec<ShardId>, Result<Checked<Vec<RenewOutcome>>, StoreError>),
-    Release(Vec<ShardId>, Result<Vec<bool>, StoreError>),
+    Release(Vec<Release>, Result<Vec<Released>, StoreError>),
     Deregister(Result<(), StoreError>),
     Place(Placement, Result<bool, StoreError>),
     Peers(PeerReport),
@@ -110,17 +112,21 @@ impl<S: CoordStore> OpContext<S> {
         }
     }
 
-    pub fn release(self: &Arc<Self>, shards: Vec<ShardId>) -> Op {
+    pub fn release(self: &Arc<Self>, releases: Vec<Release>) -> Op {
         let cx = self.clone();
         async move {
             let result = cx
                 .bounded(
                     "release",
-                    cx.store
-                        .release(&cx.member.pod, &shards, cx.release_note.as_ref()),
+                    cx.store.release(
+                        &cx.member.pod,
+                        &releases,
+                        cx.release_note.as_ref(),
+                        cx.core.lease_ttl,
+                    ),
                 )
                 .await;
-            Done::Release(shards, result)
+            Done::Release(releases, result)
         }
         .boxed()
     }
@@ -351,9 +357,19 @@ impl Metrics {
                     );
                 }
             }
-            Done::Release(_, Ok(released)) => {
-                for &r in released {
-                    count("release", if r { "released" } else { "not_held" });
+            Done::Release(releases, Ok(outcomes)) => {
+                for (r, outcome) in releases.iter().zip(outcomes) {
+                    count(
+                        "release",
+                        match outcome {
+                            Released::NotHeld => "not_held",
+                            Released::Deleted => "released",
+                            Released::HandedOver { .. } => "handed_over",
+                        },
+                    );
+                    if let (Released::HandedOver { epoch }, Some(to)) = (outcome, &r.to) {
+                        info!(shard = r.shard, to = %to, epoch, "lease handed over");
+                    }
                 }
             }
             Done::Acquire(shards, Ok(Checked::GenerationChanged(_)))

@@ -42,7 +42,7 @@ const LEASE_OUTCOMES: [(&str, &[&str]); 3] = [
             "error",
         ],
     ),
-    ("release", &["released", "not_held", "error"]),
+    ("release", &["released", "handed_over", "not_held", "error"]),
 ];
 
 /// The `result` values of `posgate_dials_total` (see `DialError::label`).

@@ -56,7 +56,7 @@ use super::link::{
 use super::pacer::{Jitter, Pacer};
 use super::session::RequestSender;
 use crate::core::lease::StaleEpoch;
-use crate::core::membership::{Member, HANDOVER_DRAIN};
+use crate::core::membership::{Member, HANDOVER_DRAIN, HANDOVER_LEASE};
 use crate::core::reconciler::{Close, Stop, StopReason};
 use crate::core::{Epoch, ShardId};
 use crate::metrics::Metrics;
@@ -471,9 +471,11 @@ impl<D: Directory> ServingHook for ConnectionManager<D> {
         .boxed()
     }
 
+    /// Drains (and so also takes leases handed over: the new owner of a handed lease
+    /// walks the shard like any other it acquires).
     fn handover(&self) -> u32 {
         if self.inner.walk.is_some() {
-            HANDOVER_DRAIN
+            HANDOVER_LEASE
         } else {
             0
         }

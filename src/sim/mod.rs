@@ -72,6 +72,8 @@ pub struct SimStats {
     pub faults: u64,
     pub acquisitions: u64,
     pub handovers: u64,
+    /// Leases a planned move handed straight to their next owner (`release.lua`).
+    pub leases_handed_over: u64,
     pub invariant_checks: u64,
     /// Checks that found two pods holding one shard, the older epoch fenced (a holder
     /// through an outage overtaken by a pod its quorum could not hear).
@@ -134,6 +136,7 @@ impl SimStats {
         self.faults += other.faults;
         self.acquisitions += other.acquisitions;
         self.handovers += other.handovers;
+        self.leases_handed_over += other.leases_handed_over;
         self.invariant_checks += other.invariant_checks;
         self.fenced_overlaps += other.fenced_overlaps;
         self.served_in_outage += other.served_in_outage;

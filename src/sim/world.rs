@@ -32,8 +32,10 @@ use super::faults::{self, Fault};
 use super::keys::{Heard, Keys};
 use super::later::Ledger;
 use super::{SimConfig, SimStats};
-use crate::core::lease::{AcquireOutcome, Checked, Claim, RenewOutcome, StaleEpoch};
-use crate::core::membership::{Member, Snapshot, HANDOVER_DRAIN};
+use crate::core::lease::{
+    AcquireOutcome, Checked, Claim, Release, Released, RenewOutcome, StaleEpoch,
+};
+use crate::core::membership::{Member, Snapshot, HANDOVER_LEASE};
 use crate::core::placement::Placement;
 use crate::core::reconciler::{Action, Close, OpFailed, OpResult, PeerReport, Reconciler, Stop};
 use crate::core::{Epoch, PodId, ShardId};
@@ -54,7 +56,7 @@ enum Call {
     Poll,
     Acquire(String, Vec<Claim>),
     Renew(String, Vec<ShardId>),
-    Release(Vec<ShardId>),
+    Release(Vec<Release>),
     Deregister,
     Place(Option<u64>, Placement),
 }
@@ -65,7 +67,7 @@ enum Reply {
     Snapshot(OpResult<Snapshot>),
     Acquire(Vec<ShardId>, OpResult<Checked<Vec<AcquireOutcome>>>),
     Renew(Vec<ShardId>, OpResult<Checked<Vec<RenewOutcome>>>),
-    Release(Vec<ShardId>, OpResult<Vec<bool>>),
+    Release(Vec<ShardId>, OpResult<Vec<Released>>),
     Deregister(OpResult<()>),
     Place(Placement, OpResult<bool>),
 }
@@ -422,7 +424,7 @@ impl<'a> World<'a> {
                 Action::Renew { generation, shards } => {
                     self.send(pod, Call::Renew(generation, shards))
                 }
-                Action::Release { shards } => self.send(pod, Call::Release(shards)),
+                Action::Release { releases } => self.send(pod, Call::Release(releases)),
                 Action::Deregister => self.send(pod, Call::Deregister),
                 Action::Place {
                     expected,

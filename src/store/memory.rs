@@ -40,7 +40,8 @@ use super::queue::{
 };
 use super::{ClusterMeta, CoordStore, StoreError};
 use crate::core::lease::{
-    next_epoch, AcquireOutcome, Checked, Claim, LeaseCall, ReleaseNote, RenewOutcome,
+    next_epoch, AcquireOutcome, Checked, Claim, LeaseCall, Release, ReleaseNote, Released,
+    RenewOutcome,
 };
 use crate::core::membership::{GenerationInfo, Lease, Member, Snapshot};
 use crate::core::placement::Placement;
@@ -353,29 +354,51 @@ impl MemoryState {
         Checked::Ok(out)
     }
 
-    /// See `lua/release.lua`: no generation check, owner-checked delete, one
-    /// notification per deleted lease; with `note`, each deleted lease leaves it for the
-    /// next acquire.
+    /// See `lua/release.lua`: no generation check; each lease of `pod` is handed to its
+    /// target when that is a live member (a new epoch above the floor, expiring `ttl`
+    /// from now but not after the target's registration) or deleted; one notification per lease given up; with `note`, each
+    /// leaves it for the next acquire.
     pub fn release(
         &mut self,
         now_ms: u64,
         pod: &PodId,
-        shards: &[ShardId],
+        releases: &[Release],
         note: Option<&ReleaseNote>,
-    ) -> Vec<bool> {
-        shards
+        ttl: Duration,
+    ) -> Vec<Released> {
+        releases
             .iter()
-            .map(|&shard| {
-                let mine = self.lease_owner(now_ms, shard) == Some(pod);
-                if mine {
-                    self.leases.remove(&shard);
-                    if let Some(note) = note {
-                        let expiry = now_ms.saturating_add(ttl_ms(note.ttl));
-                        self.notes.insert(shard, (note.member.clone(), expiry));
-                    }
-                    self.notifications += 1;
+            .map(|r| {
+                if self.lease_owner(now_ms, r.shard) != Some(pod) {
+                    return Released::NotHeld;
                 }
-                mine
+                // The target's registration expiry, while it is live.
+                let until =
+                    r.to.as_ref()
+                        .and_then(|to| self.members.get(to))
+                        .map(|(e, _)| *e)
+                        .filter(|&e| e >= now_ms);
+                let outcome = match (&r.to, until) {
+                    (Some(to), Some(until)) => {
+                        let epoch = next_epoch(self.last_epoch(r.shard), now_ms, r.floor);
+                        let expiry = now_ms
+                            .saturating_add(ttl_ms(ttl))
+                            .min(until.max(now_ms + 1));
+                        self.leases.insert(r.shard, (to.clone(), expiry));
+                        self.epochs.insert(r.shard, epoch);
+                        Released::HandedOver { epoch }
+                    }
+                    _ => {
+                        self.leases.remove(&r.shard);
+                        Released::Deleted
+                    }
+                };
+                if let Some(note) = note {
+                    let expiry = now_ms.saturating_add(ttl_ms(note.ttl));
+                    self.notes.insert(r.shard, (note.member.clone(), expiry));
+                }
+                self.notifications += 1;
+                outcome
             })
             .collect()
     }
@@ -537,10 +560,11 @@ impl CoordStore for MemoryStore {
     async fn release(
         &self,
         pod: &PodId,
-        shards: &[ShardId],
+        releases: &[Release],
         note: Option<&ReleaseNote>,
-    ) -> Result<Vec<bool>, StoreError> {
-        Ok(self.with_state(|s, now| s.release(now, pod, shards, note)))
+        ttl: Duration,
+    ) -> Result<Vec<Released>, StoreError> {
+        Ok(self.with_state(|s, now| s.release(now, pod, releases, note, ttl)))
     }
 
     async fn snapshot(&self, shards: u32) -> Result<Snapshot, StoreError> {

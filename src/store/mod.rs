@@ -36,7 +36,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use crate::core::lease::{AcquireOutcome, Checked, Claim, LeaseCall, ReleaseNote, RenewOutcome};
+use crate::core::lease::{
+    AcquireOutcome, Checked, Claim, LeaseCall, Release, ReleaseNote, Released, RenewOutcome,
+};
 use crate::core::membership::{Member, Snapshot};
 use crate::core::placement::Placement;
 use crate::core::ring::Assignment;
@@ -142,16 +144,19 @@ pub trait CoordStore: Send + Sync + 'static {
         shards: &[ShardId],
     ) -> impl Future<Output = Result<Checked<Vec<RenewOutcome>>, StoreError>> + Send;
 
-    /// Deletes each lease that `pod` holds (owner-checked) and publishes a release
-    /// notification; with `note`, each deleted lease leaves it (for `note.ttl`) to the
-    /// next [`CoordStore::acquire`] of the shard. Returns, per shard, whether a lease of
-    /// `pod` was deleted.
+    /// Gives up each lease that `pod` holds (owner-checked), in one call: deleted, or,
+    /// with [`Release::to`] a live member, handed to it with a new epoch above the
+    /// release's floor (the key keeps an expiry of `ttl` unless the target keeps a pod
+    /// lease). Publishes a release notification for each; with `note`, each leaves it
+    /// (for `note.ttl`) to the next [`CoordStore::acquire`] of the shard. Answers per
+    /// release, in order.
     fn release(
         &self,
         pod: &PodId,
-        shards: &[ShardId],
+        releases: &[Release],
         note: Option<&ReleaseNote>,
-    ) -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send;
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Vec<Released>, StoreError>> + Send;
 
     /// Live members, all lease holders and the placement in one atomic read; creates the
     /// generation if the store has none.

@@ -1,5 +1,6 @@
 //! The store through failovers, without pods: where calls go, and that they come back.
 
+use crate::support::leases::Deletes;
 use std::time::{Duration, Instant};
 
 use posgate::core::lease::{Checked, RenewOutcome};
@@ -66,7 +67,7 @@ async fn a_sentinel_store_follows_a_planned_failover_and_a_killed_master() {
     );
     // The same data (nothing was lost), and the event subscription moved too.
     assert_eq!(store.snapshot(4).await.unwrap().generation.id, generation);
-    assert_eq!(store.release(&a, &[0], None).await.unwrap(), vec![true]);
+    assert_eq!(store.delete(&a, &[0], None).await.unwrap(), vec![true]);
     tokio::time::timeout(Duration::from_secs(5), changes.changed())
         .await
         .expect("the release is heard from the new master")

@@ -30,6 +30,30 @@ pub const BROADCAST_TOKEN: &str = "terminal-pod-test-broadcast-token";
 pub const SCOPED_BROADCAST_TOKEN: &str = "terminal-pod-test-scoped-broadcast-token";
 pub const BROADCAST_TENANT: &str = "bcast";
 
+/// A coordination-only `posgate serve` pod `id` of cluster [`CLUSTER`] on `redis_url`,
+/// with the fast timings and `extra` flags (no terminals, plain HTTP).
+pub fn cluster_pod(redis_url: &str, id: &str, extra: &[&str]) -> BinPod {
+    let port = free_port();
+    let advertise = format!("http://127.0.0.1:{port}");
+    let mut args: Vec<OsString> = [
+        "--redis-url",
+        redis_url,
+        "--cluster",
+        CLUSTER,
+        "--pod-id",
+        id,
+        "--insecure",
+        "--advertise-url",
+        &advertise,
+    ]
+    .iter()
+    .chain(extra)
+    .map(OsString::from)
+    .collect();
+    args.extend(fast_flags().into_iter().map(OsString::from));
+    BinPod::serve(port, args)
+}
+
 /// Runs the binary with `args` and only the environment in `env` (so a developer's
 /// `POSGATE_*` variables cannot change the outcome).
 pub fn posgate(args: &[&str], env: &[(&str, &str)]) -> Output {
@@ -119,6 +143,11 @@ impl BinPod {
             .filter(|l| needles.iter().all(|n| l.contains(n)))
             .map(str::to_owned)
             .collect()
+    }
+
+    /// The exit status, once the process has exited.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
     }
 
     /// Panics with the log if the process has exited.

@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use posgate::core::lease::{AcquireOutcome, Checked, Claim, LeaseCall, RenewOutcome};
+use posgate::core::lease::{
+    AcquireOutcome, Checked, Claim, LeaseCall, Release, ReleaseNote, Released, RenewOutcome,
+};
 use posgate::core::{PodId, ShardId};
 use posgate::store::{CoordStore, StoreError};
 
@@ -64,4 +66,38 @@ pub async fn renew(
     ttl: Duration,
 ) -> Result<Checked<Vec<RenewOutcome>>, StoreError> {
     store.renew(&call(generation, pod, ttl), shards).await
+}
+
+/// Releases as the tests before lease handovers wrote them: each lease deleted (no
+/// target), answered `true` where one of `pod` was deleted. Tests of handovers call
+/// `CoordStore::release` with their own `Release`s.
+pub trait Deletes {
+    fn delete(
+        &self,
+        pod: &PodId,
+        shards: &[ShardId],
+        note: Option<&ReleaseNote>,
+    ) -> impl std::future::Future<Output = Result<Vec<bool>, StoreError>>;
+}
+
+impl<S: CoordStore> Deletes for S {
+    async fn delete(
+        &self,
+        pod: &PodId,
+        shards: &[ShardId],
+        note: Option<&ReleaseNote>,
+    ) -> Result<Vec<bool>, StoreError> {
+        let releases: Vec<Release> = shards
+            .iter()
+            .map(|&shard| Release {
+                shard,
+                to: None,
+                floor: 0,
+            })
+            .collect();
+        let answers = self
+            .release(pod, &releases, note, Duration::from_secs(60))
+            .await?;
+        Ok(answers.iter().map(|a| *a == Released::Deleted).collect())
+    }
 }

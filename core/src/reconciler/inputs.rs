@@ -9,7 +9,7 @@ use super::shard::{ClaimEnd, Shard};
 use super::{
     Action, AfterStop, OpFailed, OpResult, PeerReport, Reconciler, ShardState, StopReason, Stored,
 };
-use crate::lease::{AcquireOutcome, Checked, RenewOutcome, StaleEpoch, MAX_EPOCH};
+use crate::lease::{AcquireOutcome, Checked, Released, RenewOutcome, StaleEpoch, MAX_EPOCH};
 use crate::membership::{Lease, Snapshot};
 use crate::placement::Placement;
 use crate::types::{PodId, ShardId};
@@ -222,7 +222,7 @@ impl Reconciler {
         &mut self,
         now: Instant,
         shards: &[ShardId],
-        result: OpResult<Vec<bool>>,
+        result: OpResult<Vec<Released>>,
     ) {
         match result {
             // The lease expires by itself; we stopped serving before sending the release.
@@ -298,9 +298,10 @@ impl Reconciler {
         self.reconcile(now);
     }
 
-    /// Start a graceful shutdown: stop serving everything, release, deregister.
+    /// Start a graceful shutdown: place this pod out of the placement (serving
+    /// meanwhile), stop serving everything, hand over or release, deregister.
     pub fn begin_shutdown(&mut self, now: Instant) {
-        self.lifecycle.move_to_draining(now);
+        self.lifecycle.move_to_placing_out(now);
         self.reconcile(now);
     }
 

@@ -1,5 +1,5 @@
-//! The pod's lifecycle: running, then (on a graceful shutdown) draining its shards,
-//! deregistering, finished; and beside that stage, its presence in the cluster
+//! The pod's lifecycle: running, then (on a graceful shutdown) placing itself out of the
+//! placement while it still serves, draining its shards, deregistering, finished; and beside that stage, its presence in the cluster
 //! (registered, ready).
 //!
 //! Two enums, changed only through the methods here, so a deregistration cannot be in
@@ -37,7 +37,13 @@ enum Presence {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Life {
     Running,
-    /// Shutdown began at `started`: shards are stopped and released.
+    /// Shutdown began at `started`: the pod writes the placement without itself and
+    /// serves its shards meanwhile, so each can be handed to its next owner
+    /// (`rules.rs`, `place_itself_out`).
+    PlacingOut {
+        started: Instant,
+    },
+    /// Shutdown began at `started`: shards are stopped and released (handed over).
     Draining {
         started: Instant,
     },
@@ -95,25 +101,39 @@ impl Lifecycle {
     /// When the graceful shutdown under way began.
     pub fn shutdown_started(&self) -> Option<Instant> {
         match self.inner {
-            Life::Draining { started } | Life::Deregistering { started } => Some(started),
+            Life::PlacingOut { started }
+            | Life::Draining { started }
+            | Life::Deregistering { started } => Some(started),
             Life::Running | Life::Finished => None,
         }
     }
 
-    /// Shutting down and `Deregister` not sent yet.
+    /// Shutting down, stopping shards, and `Deregister` not sent yet.
     pub fn draining(&self) -> bool {
         matches!(self.inner, Life::Draining { .. })
+    }
+
+    /// Shutting down, still serving while the placement without this pod is written.
+    pub fn placing_out(&self) -> bool {
+        matches!(self.inner, Life::PlacingOut { .. })
     }
 
     pub fn finished(&self) -> bool {
         self.inner == Life::Finished
     }
 
-    /// A graceful shutdown is asked for at `now`. Asking again changes nothing: the budget
-    /// counts from the first request.
-    pub fn move_to_draining(&mut self, now: Instant) {
+    /// A graceful shutdown is asked for at `now`: it begins by placing the pod out.
+    /// Asking again changes nothing: the budget counts from the first request.
+    pub fn move_to_placing_out(&mut self, now: Instant) {
         if self.inner == Life::Running {
-            self.inner = Life::Draining { started: now };
+            self.inner = Life::PlacingOut { started: now };
+        }
+    }
+
+    /// The placement without the pod is written, or will not be: stop the shards.
+    pub fn move_to_draining(&mut self) {
+        if let Life::PlacingOut { started } = self.inner {
+            self.inner = Life::Draining { started };
         }
     }
 

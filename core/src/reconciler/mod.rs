@@ -60,7 +60,7 @@ use self::store_view::StoreView;
 use self::timers::{Debounce, Timer};
 use self::witness::Witness;
 use super::config::CoreConfig;
-use super::lease::{Claim, MAX_EPOCH};
+use super::lease::{Claim, Release, MAX_EPOCH};
 use super::membership::{Lease, Member};
 use super::placement::Placement;
 use super::ring::Assignment;
@@ -86,8 +86,9 @@ pub enum Action {
         generation: String,
         shards: Vec<ShardId>,
     },
-    /// Owner-checked delete of these leases -> [`Reconciler::handle_release`].
-    Release { shards: Vec<ShardId> },
+    /// Owner-checked delete of these leases, or handover to the pod each names ->
+    /// [`Reconciler::handle_release`].
+    Release { releases: Vec<Release> },
     /// Remove this pod's registration -> [`Reconciler::handle_deregister`].
     Deregister,
     /// Begin serving (or resume with a new epoch): dial the shard's terminals with `epoch`.
@@ -282,6 +283,28 @@ impl Reconciler {
 
     // ----- outputs -------------------------------------------------------------------
 
+    /// The timers a pod that serves acts on: polls, heartbeats, renewals (what
+    /// `fire_timers` sends), the serving deadlines, and the wake-up that tells a pause
+    /// (woken at least every half renew interval, a longer gap means this pod did not
+    /// run, never that it had nothing to do).
+    fn serving_timers(&self) -> Vec<Option<Instant>> {
+        let mut timers = vec![
+            self.poll.next(),
+            self.last_seen.map(|t| t + self.cfg.renew_interval / 2),
+        ];
+        if self.generation.is_some() {
+            timers.push(self.heartbeat.next());
+        }
+        if !self.renewable().is_empty() {
+            timers.push(self.renew.next());
+        }
+        timers.extend(self.shards.iter().map(|s| match s.view() {
+            ShardState::Serving { deadline, .. } => Some(deadline),
+            _ => None,
+        }));
+        timers
+    }
+
     /// The next thing to do, if any.
     pub fn poll_action(&mut self) -> Option<Action> {
         self.actions.pop_front()
@@ -292,35 +315,35 @@ impl Reconciler {
         if self.is_finished() {
             return None;
         }
-        if let Some(started) = self.lifecycle.shutdown_started() {
-            // Shutdown progresses on answers; only its budget is a timer.
-            return Some(started + self.cfg.shutdown_budget);
-        }
         let mut next: Option<Instant> = None;
         let mut at = |t: Option<Instant>| {
             if let Some(t) = t {
                 next = Some(next.map_or(t, |n| n.min(t)));
             }
         };
-        at(self.poll.next());
-        if self.generation.is_some() {
-            at(self.heartbeat.next());
+        if let Some(started) = self.lifecycle.shutdown_started() {
+            // Shutdown progresses on answers; its budget is a timer, and while the pod
+            // places itself out (serving meanwhile) so are the ends of that wait and
+            // the timers of serving. Only those: nothing else fires until the pod stops
+            // (a debounce or hold passed meanwhile would wake it again and again).
+            at(Some(started + self.cfg.shutdown_budget));
+            if self.lifecycle.placing_out() {
+                // Only the ends still ahead: one that passed while the placement write
+                // is in flight would wake the pod for nothing, too.
+                for end in [started + self.cfg.debounce, started + self.cfg.debounce * 2] {
+                    at(Some(end).filter(|&t| self.last_seen.is_none_or(|seen| t > seen)));
+                }
+                self.serving_timers().into_iter().for_each(at);
+            }
+            return next;
         }
-        if !self.renewable().is_empty() {
-            at(self.renew.next());
-        }
+        self.serving_timers().into_iter().for_each(&mut at);
         if self.store.failing() {
             at(self.probe.next());
         }
-        // Woken at least every half renew interval, a longer gap means this pod did not
-        // run (a pause), never that it had nothing to do.
-        at(self.last_seen.map(|t| t + self.cfg.renew_interval / 2));
         at(self.store.verdict_lapses_at(self.verdict_life()));
         let claims_allowed = self.claims_allowed();
         for (i, s) in self.shards.iter().enumerate() {
-            if let ShardState::Serving { deadline, .. } = s.view() {
-                at(Some(deadline));
-            }
             let retry_pending = claims_allowed
                 && s.unheld().is_some()
                 && self.placement.assignment.owner(i as ShardId) == Some(&self.me);

@@ -10,10 +10,10 @@ use std::time::Instant;
 use super::shard::{Shard, Stray};
 use super::store_view::{History, StoreView};
 use super::{Action, AfterStop, Close, Outage, Reconciler, ShardState, Stop, StopReason, Stored};
-use crate::lease::Claim;
-use crate::membership::{GenerationInfo, HANDOVER_DRAIN, MOVE_BUDGET};
+use crate::lease::{Claim, Release};
+use crate::membership::{GenerationInfo, HANDOVER_DRAIN, HANDOVER_LEASE, MOVE_BUDGET};
 use crate::placement::{rebalance, step, Placement};
-use crate::ShardId;
+use crate::{PodId, ShardId};
 
 impl Reconciler {
     pub(super) fn reconcile(&mut self, now: Instant) {
@@ -33,7 +33,7 @@ impl Reconciler {
             self.hold_until = None;
         }
         self.stop_unassigned(holding);
-        self.send_releases();
+        self.send_releases(now);
         // While the store fails, polls (not claims) find out when it is back.
         let mut claims = if !self.store.failing() {
             self.reclaims()
@@ -201,16 +201,22 @@ impl Reconciler {
         }
     }
 
-    pub(super) fn send_releases(&mut self) {
-        let mut shards = Vec::new();
-        for (s, sh) in self.shards.iter_mut().enumerate() {
-            if sh.release_due() {
-                sh.release_sent();
-                shards.push(s as ShardId);
+    /// Sends the releases due, each handed to the shard's next owner when it takes
+    /// handovers ([`Self::handover_to`]), else deleted.
+    pub(super) fn send_releases(&mut self, now: Instant) {
+        let mut releases = Vec::new();
+        for s in 0..self.cfg.shards {
+            if self.shards[s as usize].release_due() {
+                self.shards[s as usize].release_sent();
+                releases.push(Release {
+                    shard: s,
+                    to: self.handover_to(s, now),
+                    floor: self.floor(s),
+                });
             }
         }
-        if !shards.is_empty() {
-            self.actions.push_back(Action::Release { shards });
+        if !releases.is_empty() {
+            self.actions.push_back(Action::Release { releases });
         }
     }
 
@@ -315,6 +321,15 @@ impl Reconciler {
     }
 
     pub(super) fn drive_shutdown(&mut self, now: Instant, started: Instant) {
+        if self.lifecycle.placing_out() {
+            if self.place_itself_out(now, started) {
+                // Still serving everything: keep renewing, and poll after a lost
+                // compare-and-set.
+                self.fire_timers(now);
+                return;
+            }
+            self.lifecycle.move_to_draining();
+        }
         for s in 0..self.cfg.shards {
             let sh = &mut self.shards[s as usize];
             if sh.held_epoch().is_some() {
@@ -323,7 +338,7 @@ impl Reconciler {
                 sh.move_to_releasing();
             }
         }
-        self.send_releases();
+        self.send_releases(now);
         let busy = self
             .shards
             .iter()
@@ -335,6 +350,91 @@ impl Reconciler {
             self.lifecycle.move_to_deregistering();
             self.actions.push_back(Action::Deregister);
         }
+    }
+
+    /// A pod under SIGTERM whose every other member takes lease handovers
+    /// ([`HANDOVER_LEASE`]) writes the placement without itself (it knows it is leaving:
+    /// no membership debounce), serving its shards meanwhile; then each is stopped and
+    /// its lease handed to the pod that placement names (`send_releases`). Returns
+    /// whether that write is still to be made or answered.
+    ///
+    /// It writes as soon as a member the placement does not name yet has registered, and
+    /// otherwise after one debounce period: in a rollout the replacement pod starts as
+    /// this one gets SIGTERM, and placing the shards on it directly moves each terminal
+    /// once, where spreading them over the others first would move many twice. Waiting
+    /// costs no push anything, because the shards are served until their handover.
+    /// Given up (the pod stops and releases as before, and the others move the shards
+    /// after their debounce) when the pod is alone, a member of an earlier release is
+    /// live, the store fails, or the write has not landed within two debounce periods (a
+    /// compare-and-set that keeps losing). Its own shards move at once (a drain is never
+    /// held back by the move budget); other planned moves only as the budget leaves
+    /// room, as in any step.
+    fn place_itself_out(&mut self, now: Instant, started: Instant) -> bool {
+        if !self.may_place_itself_out()
+            || now >= started + self.cfg.debounce * 2
+            || self.store.failing()
+            || self.holding(now)
+        {
+            return false;
+        }
+        if self.placing.is_some() {
+            return true;
+        }
+        let Stored::Version(expected) = self.stored else {
+            return false;
+        };
+        let placed = self.placement.assignment.pods();
+        let joined = self.members.iter().any(|m| !placed.contains(&m.pod));
+        if !joined && now < started + self.cfg.debounce {
+            return true;
+        }
+        let others: Vec<PodId> = self
+            .members
+            .iter()
+            .filter(|m| m.pod != self.me)
+            .map(|m| m.pod.clone())
+            .collect();
+        let target = rebalance(&self.placement.assignment, &others, self.cfg.shards);
+        let step = step(
+            &self.placement.assignment,
+            &target,
+            |s| self.shards[s as usize].lease.as_ref().map(|l| &l.owner),
+            self.cfg.max_moving_shards,
+        );
+        self.moves.skipped += u64::from(step.waiting);
+        let next = Placement {
+            version: self.placement.version + 1,
+            assignment: step.assignment,
+        };
+        self.send_place(Some(expected), next, step.admitted);
+        true
+    }
+
+    /// Whether a shutdown may place this pod out ([`Self::place_itself_out`], its
+    /// conditions that do not depend on time): the placement still gives it shards, and
+    /// there are other members, all taking lease handovers.
+    fn may_place_itself_out(&self) -> bool {
+        let assigned = (0..self.cfg.shards).any(|s| self.assigned(s));
+        let mut others = self.members.iter().filter(|m| m.pod != self.me).peekable();
+        let someone = others.peek().is_some();
+        assigned && someone && others.all(|m| m.handover >= HANDOVER_LEASE)
+    }
+
+    /// Whether the followed placement gives `s` to this pod.
+    fn assigned(&self, s: ShardId) -> bool {
+        self.placement.assignment.owner(s) == Some(&self.me)
+    }
+
+    /// The pod a release of `s` hands the lease to: the pod the placement names, when it
+    /// is another live member that takes handovers ([`HANDOVER_LEASE`]). Not during a
+    /// recovery hold (the placement may be one the store is still recovering).
+    fn handover_to(&self, s: ShardId, now: Instant) -> Option<PodId> {
+        let to = self.placement.assignment.owner(s)?;
+        let takes = self
+            .members
+            .iter()
+            .any(|m| m.pod == *to && m.handover >= HANDOVER_LEASE);
+        (*to != self.me && takes && !self.holding(now)).then(|| to.clone())
     }
 
     pub(super) fn store_ok(&mut self, now: Instant) {

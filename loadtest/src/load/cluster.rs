@@ -144,8 +144,11 @@ pub struct Cluster {
     pub client: HttpClient,
     /// Pods in service: ready and not faulted (pushes go there).
     pub targets: Targets,
-    /// Pods not faulted, ready or not (ownership is read from them).
+    /// Pods not faulted, ready or not, and pods that got SIGTERM until they exit (they
+    /// serve their shards until they hand them over): ownership is read from them.
     pub observers: Targets,
+    /// Pods that got SIGTERM and have not exited yet (out of `pods`, still observed).
+    pub leaving: Targets,
     /// Terminal numbers per shard.
     pub shard_terminals: Vec<Vec<u64>>,
     /// How long `posgate init` took before the first pod (once per cluster).
@@ -211,6 +214,7 @@ impl Cluster {
             client: http::client(),
             targets: Arc::new(RwLock::new(Vec::new())),
             observers: Arc::new(RwLock::new(Vec::new())),
+            leaving: Arc::new(RwLock::new(Vec::new())),
             shard_terminals,
             init_took,
             handshake_rate: None,
@@ -284,7 +288,14 @@ impl Cluster {
                 .collect()
         };
         *self.targets.write().unwrap_or_else(|p| p.into_inner()) = list(&|p| p.ready && !p.faulted);
-        *self.observers.write().unwrap_or_else(|p| p.into_inner()) = list(&|p| !p.faulted);
+        let mut observers = list(&|p| !p.faulted);
+        observers.extend(
+            self.leaving
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+        );
+        *self.observers.write().unwrap_or_else(|p| p.into_inner()) = observers;
         if let Some(prom) = &self.prometheus {
             if let Err(e) = prom.set_targets(&list(&|_| true)) {
                 eprintln!("prometheus targets not updated: {e}");

@@ -3,6 +3,7 @@
 //!
 //! Not for: measuring them (`measure`) or judging them (`checks`).
 
+use crate::load::pushgen::Targets;
 use std::time::{Duration, Instant};
 
 use super::{
@@ -276,28 +277,45 @@ async fn stop_gracefully(c: &mut Cluster, i: usize) -> Result<(), LoadError> {
 const EXIT_LIMIT: Duration = Duration::from_secs(20);
 
 /// A pod sent SIGTERM and taken out of the cluster's lists, kept (with its Redis proxy)
-/// until it exits on its own.
+/// until it exits on its own. Until then the sampler still asks it what it serves: it
+/// serves its shards until it hands them over.
 struct Leaving {
     pod: PodProc,
     signalled: Instant,
+    leaving: Targets,
+    observers: Targets,
 }
 
 /// Takes pod `i` out of service and sends it SIGTERM, without waiting for it to exit.
 async fn terminate(c: &mut Cluster, i: usize) -> Result<Leaving, LoadError> {
+    let entry = (c.pods[i].id.clone(), c.pods[i].url.clone());
+    c.leaving
+        .write()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(entry);
     c.out_of_service(i);
     c.pods[i].signal(Signal::Term).await?;
     Ok(Leaving {
         pod: c.forget(i),
         signalled: Instant::now(),
+        leaving: c.leaving.clone(),
+        observers: c.observers.clone(),
     })
 }
 
 impl Leaving {
     /// Waits for the exit, at most [`EXIT_LIMIT`] after the signal (then SIGKILL and an
-    /// error: a pod that outstays its grace period is a failure, as in Kubernetes).
+    /// error: a pod that outstays its grace period is a failure, as in Kubernetes), and
+    /// stops observing it.
     async fn exited(mut self) -> Result<(), LoadError> {
         let left = EXIT_LIMIT.saturating_sub(self.signalled.elapsed());
-        if self.pod.proc.wait_exit(left).await.is_none() {
+        let exited = self.pod.proc.wait_exit(left).await;
+        for list in [&self.leaving, &self.observers] {
+            list.write()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|(id, _)| *id != self.pod.id);
+        }
+        if exited.is_none() {
             self.pod.proc.kill().await;
             return Err(LoadError::Timeout {
                 what: format!("{} exiting after SIGTERM", self.pod.id),

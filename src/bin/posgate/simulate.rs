@@ -103,7 +103,7 @@ pub fn main(args: &SimulateArgs) -> ExitCode {
 }
 
 /// `<n> seeds in <t>s, <r> seeds/s, <e> events, <r> events/s, <f> faults, <a> acquisitions,
-/// <h> handovers, <o> fenced overlaps, <s> served in outages, <r> refused hellos, <k> keys
+/// <l> leases handed over, <h> handovers, <o> fenced overlaps, <s> served in outages, <r> refused hellos, <k> keys
 /// (<d> delivered), <a> attempts, <u> answered unknown, <d> deduplicated by the terminal
 /// (<x> across pods), <h> answers handed over, <t> terminals dialed on a release, <u>
 /// without one, <f> sessions fenced by the terminals, <p> released while a holder not
@@ -117,7 +117,7 @@ fn sim_line(seeds: u64, total: &SimStats, elapsed: Duration) -> String {
     let rate = |n: u64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
     format!(
         "{seeds} seeds in {secs:.1}s, {:.1} seeds/s, {} events, {:.0} events/s, {} faults, \
-         {} acquisitions, {} handovers, {} fenced overlaps, {} served in outages, \
+         {} acquisitions, {} leases handed over, {} handovers, {} fenced overlaps, {} served in outages, \
          {} refused hellos, {} keys ({} delivered), {} attempts, {} answered unknown, \
          {} deduplicated by the terminal ({} across pods), {} answers handed over, \
          {} terminals dialed on a release, {} without one, {} sessions fenced by the terminals, \
@@ -131,6 +131,7 @@ fn sim_line(seeds: u64, total: &SimStats, elapsed: Duration) -> String {
         rate(total.events),
         total.faults,
         total.acquisitions,
+        total.leases_handed_over,
         total.handovers,
         total.fenced_overlaps,
         total.served_in_outage,

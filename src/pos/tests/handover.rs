@@ -215,7 +215,7 @@ async fn the_new_owner_dials_each_terminal_only_after_the_old_one_closed_it() {
     let pki = Pki::new();
     let (server, directory, ids) = farm(&pki).await;
     let (a, a_metrics) = serving_a(&pki, &directory, LIMIT).await;
-    assert_eq!(a.handover(), HANDOVER_DRAIN);
+    assert_eq!(a.handover(), crate::core::membership::HANDOVER_LEASE);
 
     // A drains: the stop resolves, nothing is served, every session stays open.
     tokio::time::timeout(

@@ -3,7 +3,7 @@
 //! random latency, or lost after it was applied.
 
 use super::*;
-use crate::core::lease::{LeaseCall, ReleaseNote};
+use crate::core::lease::{LeaseCall, ReleaseNote, Released};
 
 impl World<'_> {
     /// A call reaches the store: apply it and send the reply (which may get lost).
@@ -63,13 +63,25 @@ impl World<'_> {
                 let r = store.renew(ms, &call, &shards).map_err(|_| OpFailed);
                 Reply::Renew(shards, r)
             }
-            Call::Release(shards) => {
+            Call::Release(releases) => {
                 // Like the driver: a pod that drains leaves a note with every release.
                 let note = ReleaseNote {
                     member: sim_member(&id, ms),
                     ttl: core.lease_ttl,
                 };
-                let r = store.release(ms, &id, &shards, Some(&note));
+                let r = store.release(ms, &id, &releases, Some(&note), core.lease_ttl);
+                for (rel, outcome) in releases.iter().zip(&r) {
+                    if let Released::HandedOver { epoch } = outcome {
+                        self.stats.leases_handed_over += 1;
+                        let to = rel.to.as_ref().map_or("?", |p| p.as_str());
+                        self.check.log(
+                            self.now,
+                            format_args!("store: {id} handed {} to {to} epoch {epoch}", rel.shard),
+                        );
+                        self.check.granted(self.now, rel.shard, *epoch)?;
+                    }
+                }
+                let shards = releases.iter().map(|r| r.shard).collect();
                 Reply::Release(shards, Ok(r))
             }
             Call::Deregister => {
@@ -119,7 +131,7 @@ pub(super) fn failed(call: Call) -> Reply {
         Call::Poll => Reply::Snapshot(Err(OpFailed)),
         Call::Acquire(_, c) => Reply::Acquire(c.iter().map(|c| c.shard).collect(), Err(OpFailed)),
         Call::Renew(_, s) => Reply::Renew(s, Err(OpFailed)),
-        Call::Release(s) => Reply::Release(s, Err(OpFailed)),
+        Call::Release(r) => Reply::Release(r.iter().map(|r| r.shard).collect(), Err(OpFailed)),
         Call::Deregister => Reply::Deregister(Err(OpFailed)),
         Call::Place(_, p) => Reply::Place(p, Err(OpFailed)),
     }
@@ -146,7 +158,7 @@ fn sim_member(id: &PodId, ms: u64) -> Member {
         ring_version: crate::core::ring::RING_VERSION.into(),
         started_ms: ms,
         peer_protocol: 2,
-        handover: HANDOVER_DRAIN,
+        handover: HANDOVER_LEASE,
         queue: 0,
         batch: 0,
         broadcast: 0,

@@ -23,6 +23,18 @@ fn claims(shards: &[ShardId]) -> Vec<Claim> {
         .collect()
 }
 
+/// Releases of `shards` that delete them (no handover).
+fn deletes(shards: &[ShardId]) -> Vec<Release> {
+    shards
+        .iter()
+        .map(|&shard| Release {
+            shard,
+            to: None,
+            floor: 0,
+        })
+        .collect()
+}
+
 /// Learns the generation the way a pod does: the first call answers it.
 fn generation(s: &mut MemoryState, now: u64) -> String {
     match s.acquire(now, &call("", &pod("x")), &claims(&[])).unwrap() {
@@ -68,7 +80,10 @@ fn epochs_increase_and_survive_wipe_by_the_clock() {
         other => panic!("{other:?}"),
     };
     let e1 = epoch(s.acquire(100, &call(&g, &a), &claims(&[3])).unwrap());
-    assert_eq!(s.release(100, &a, &[3], None), vec![true]);
+    assert_eq!(
+        s.release(100, &a, &deletes(&[3]), None, TTL),
+        [Released::Deleted]
+    );
     // Same millisecond: last + 1 wins over the clock.
     let e2 = epoch(s.acquire(100, &call(&g, &a), &claims(&[3])).unwrap());
     assert_eq!((e1, e2), (100, 101));
@@ -115,7 +130,7 @@ fn epochs_stay_above_the_floor_and_a_held_lease_is_bumped_above_it() {
         }])
     );
     // The next holder continues from the bumped epoch.
-    s.release(100, &a, &[0], None);
+    s.release(100, &a, &deletes(&[0]), None, TTL);
     let got = outcome(s.acquire(100, &call(&g, &b), &claims(&[0])).unwrap());
     assert_eq!(got.epoch(), 9_002);
 }
@@ -143,7 +158,10 @@ fn owner_checks_and_expiry() {
             RenewOutcome::Missing { epoch: 0 }
         ])
     );
-    assert_eq!(s.release(10, &b, &[1], None), vec![false]);
+    assert_eq!(
+        s.release(10, &b, &deletes(&[1]), None, TTL),
+        [Released::NotHeld]
+    );
     assert_eq!(
         s.acquire(20, &call(&g, &a), &claims(&[1])).unwrap(),
         Checked::Ok(vec![AcquireOutcome::AlreadyMine { epoch: 1 }])
@@ -210,7 +228,10 @@ async fn memory_store_bumps_changes() {
     let a = pod("a");
     store.acquire(&call(&g, &a), &claims(&[0])).await.unwrap();
     assert!(!rx.has_changed().unwrap());
-    assert_eq!(store.release(&a, &[0], None).await.unwrap(), vec![true]);
+    assert_eq!(
+        store.release(&a, &deletes(&[0]), None, TTL).await.unwrap(),
+        [Released::Deleted]
+    );
     assert!(rx.has_changed().unwrap());
     assert_eq!(*rx.borrow_and_update(), 1);
     store.wipe();

@@ -16,7 +16,7 @@
 //! | `deregister` | `deregister.lua` | members, member-info | no |
 //! | `acquire` | `acquire.lua` | gen, epochs, members, the caller's `pod-lease`, `lease:<s>`..., `release-note:<s>`... (and other owners' `pod-lease`s; every `lease:<s>` when the upkeep changes) | yes |
 //! | `renew` | `renew.lua` | gen, epochs, the caller's `pod-lease` (and `lease:<s>`..., named in the script) | yes |
-//! | `release` | `release.lua` | `lease:<s>`... | no (owner check only) |
+//! | `release` | `release.lua` | `lease:<s>`..., `release-note:<s>`..., epochs, members (and the targets' `pod-lease`s, named in the script) | no (owner check only) |
 //! | `snapshot` | `snapshot.lua` | gen, members, member-info, epochs, placement (and `lease:0..n` and the `pod-lease`s of owners that are not members, named in the script) | creates it if missing |
 //! | `place` | `place.lua` | placement | no (version compare-and-set) |
 //!

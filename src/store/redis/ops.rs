@@ -11,7 +11,9 @@ use super::reply::{
     acquire_outcome, bad, checked, map_ok, parse_snapshot, released, renew_outcome, uint,
 };
 use super::{reply, RedisStore};
-use crate::core::lease::{AcquireOutcome, Checked, Claim, LeaseCall, ReleaseNote, RenewOutcome};
+use crate::core::lease::{
+    AcquireOutcome, Checked, Claim, LeaseCall, Release, ReleaseNote, Released, RenewOutcome,
+};
 use crate::core::membership::{Member, Snapshot};
 use crate::core::placement::Placement;
 use crate::core::{PodId, ShardId};
@@ -159,17 +161,34 @@ impl CoordStore for RedisStore {
     async fn release(
         &self,
         pod: &PodId,
-        shards: &[ShardId],
+        releases: &[Release],
         note: Option<&ReleaseNote>,
-    ) -> Result<Vec<bool>, StoreError> {
+        ttl: Duration,
+    ) -> Result<Vec<Released>, StoreError> {
         let k = &self.shared.keys;
-        let mut keys = self.with_leases(Vec::new(), shards);
+        let shards: Vec<ShardId> = releases.iter().map(|r| r.shard).collect();
+        let mut keys = self.with_leases(Vec::new(), &shards);
         keys.extend(shards.iter().map(|&s| k.release_note(s)));
-        let (member, ttl) = match note {
+        keys.extend([k.epochs(), k.members()]);
+        let (member, note_ttl) = match note {
             Some(note) => (to_json(&note.member)?, ttl_ms(note.ttl).to_string()),
             None => (String::new(), String::new()),
         };
-        let args = shard_args(vec![pod.to_string(), k.events(), member, ttl], shards);
+        let head = vec![
+            pod.to_string(),
+            k.events(),
+            member,
+            note_ttl,
+            ttl_ms(ttl).to_string(),
+            k.prefix().to_string(),
+        ];
+        let mut args = shard_args(head, &shards);
+        args.extend(
+            releases
+                .iter()
+                .map(|r| r.to.as_ref().map_or(String::new(), PodId::to_string)),
+        );
+        args.extend(releases.iter().map(|r| r.floor.to_string()));
         let reply = self.call("release", &self.shared.scripts.release, keys, args);
         released(reply.await?, shards.len())
     }

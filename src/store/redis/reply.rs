@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use redis::Value;
 
-use crate::core::lease::{AcquireOutcome, Checked, RenewOutcome};
+use crate::core::lease::{AcquireOutcome, Checked, Released, RenewOutcome};
 use crate::core::membership::{GenerationInfo, Lease, Member, Snapshot};
 use crate::core::placement::Placement;
 use crate::core::PodId;
@@ -189,20 +189,28 @@ pub(super) fn restore_outcome(v: Value) -> Result<Restored, StoreError> {
 }
 
 /// One `0`/`1` per shard, exactly `shards` of them.
-pub(super) fn released(reply: Value, shards: usize) -> Result<Vec<bool>, StoreError> {
-    let deleted = items(reply)?;
-    if deleted.len() != shards {
+pub(super) fn released(reply: Value, shards: usize) -> Result<Vec<Released>, StoreError> {
+    let answers = items(reply)?;
+    if answers.len() != shards {
         return Err(bad(format!(
             "release answered {} items for {shards}",
-            deleted.len()
+            answers.len()
         )));
     }
-    deleted
-        .iter()
-        .map(|v| match uint(v)? {
-            0 => Ok(false),
-            1 => Ok(true),
-            n => Err(bad(format!("release answered {n}"))),
+    answers
+        .into_iter()
+        .map(|v| match v {
+            Value::Array(_) => match items(v)?.as_slice() {
+                [tag, epoch] if text(tag)? == "handed" => Ok(Released::HandedOver {
+                    epoch: uint(epoch)?,
+                }),
+                other => Err(bad(format!("release answered {other:?}"))),
+            },
+            v => match uint(&v)? {
+                0 => Ok(Released::NotHeld),
+                1 => Ok(Released::Deleted),
+                n => Err(bad(format!("release answered {n}"))),
+            },
         })
         .collect()
 }
@@ -393,9 +401,19 @@ mod tests {
     #[test]
     fn release_answers_must_match_the_request() {
         let reply = |v: Vec<i64>| Value::Array(v.into_iter().map(Value::Int).collect());
-        assert_eq!(released(reply(vec![1, 0]), 2).unwrap(), vec![true, false]);
+        assert_eq!(
+            released(reply(vec![1, 0]), 2).unwrap(),
+            [Released::Deleted, Released::NotHeld]
+        );
+        let handed = Value::Array(vec![Value::Array(vec![s("handed"), Value::Int(9)])]);
+        assert_eq!(
+            released(handed, 1).unwrap(),
+            [Released::HandedOver { epoch: 9 }]
+        );
         assert!(released(reply(vec![1]), 2).is_err());
         assert!(released(reply(vec![2]), 1).is_err());
+        let other = Value::Array(vec![Value::Array(vec![s("taken"), Value::Int(9)])]);
+        assert!(released(other, 1).is_err());
     }
 
     #[test]

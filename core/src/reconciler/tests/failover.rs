@@ -266,7 +266,7 @@ fn a_lease_of_ours_found_on_a_shard_given_to_another_pod_is_released_even_while_
     let released: Vec<ShardId> = drain(&mut r)
         .iter()
         .flat_map(|a| match a {
-            Action::Release { shards } => shards.clone(),
+            Action::Release { releases } => releases.iter().map(|r| r.shard).collect(),
             _ => vec![],
         })
         .collect();

@@ -9,7 +9,7 @@ mod placing;
 mod recovery;
 
 use super::*;
-use crate::lease::{AcquireOutcome, Checked, RenewOutcome, StaleEpoch};
+use crate::lease::{AcquireOutcome, Checked, Released, RenewOutcome, StaleEpoch};
 use crate::membership::{GenerationInfo, Lease, Snapshot};
 use crate::placement::Placement;
 use crate::testing::{member, pod};
@@ -119,7 +119,7 @@ fn releases(actions: &[Action]) -> Vec<ShardId> {
     actions
         .iter()
         .flat_map(|a| match a {
-            Action::Release { shards } => shards.clone(),
+            Action::Release { releases } => releases.iter().map(|r| r.shard).collect::<Vec<_>>(),
             other => panic!("expected only releases, got {other:?}"),
         })
         .collect()
@@ -200,7 +200,7 @@ fn releases_lost_shards_before_claiming_gained_ones() {
         acquires(&settle(&mut r, t)).is_empty(),
         "claimed before the release answered"
     );
-    r.handle_release(t, &stops, Ok(vec![true; stops.len()]));
+    r.handle_release(t, &stops, Ok(vec![Released::Deleted; stops.len()]));
     let mut claimed = acquires(&drain(&mut r));
     claimed.sort();
     assert_eq!(claimed, stops);
@@ -242,7 +242,7 @@ fn a_gained_shard_is_not_claimed_until_a_lost_one_is_released() {
         acquires(&drain(&mut r)).is_empty(),
         "claimed shard {gained} before the release of shard {lost} answered"
     );
-    r.handle_release(later, &[lost], Ok(vec![true]));
+    r.handle_release(later, &[lost], Ok(vec![Released::Deleted]));
     assert_eq!(acquires(&drain(&mut r)), vec![gained]);
 }
 
@@ -347,7 +347,11 @@ fn shutdown_stops_releases_then_deregisters() {
         r.handle_serving_stopped(t, s);
     }
     assert_eq!(releases(&drain(&mut r)), (0..8).collect::<Vec<_>>());
-    r.handle_release(t, &(0..8).collect::<Vec<_>>(), Ok(vec![true; 8]));
+    r.handle_release(
+        t,
+        &(0..8).collect::<Vec<_>>(),
+        Ok(vec![Released::Deleted; 8]),
+    );
     assert_eq!(drain(&mut r), vec![Action::Deregister]);
     r.handle_deregister(t, Ok(()));
     assert!(r.is_finished());
@@ -387,7 +391,7 @@ fn a_lost_acquire_answer_is_released_when_no_longer_wanted() {
     let released: Vec<ShardId> = drain(&mut r)
         .into_iter()
         .flat_map(|a| match a {
-            Action::Release { shards } => shards,
+            Action::Release { releases } => releases.iter().map(|r| r.shard).collect(),
             _ => vec![],
         })
         .collect();
