@@ -356,8 +356,8 @@ impl MemoryState {
 
     /// See `lua/release.lua`: no generation check; each lease of `pod` is handed to its
     /// target when that is a live member (a new epoch above the floor, expiring `ttl`
-    /// from now but not after the target's registration) or deleted; one notification per lease given up; with `note`, each
-    /// leaves it for the next acquire.
+    /// from now but not after the target's registration) or deleted; one notification
+    /// per lease given up; with `note`, each leaves it for the next acquire.
     pub fn release(
         &mut self,
         now_ms: u64,
@@ -372,14 +372,13 @@ impl MemoryState {
                 if self.lease_owner(now_ms, r.shard) != Some(pod) {
                     return Released::NotHeld;
                 }
-                // The target's registration expiry, while it is live.
-                let until =
-                    r.to.as_ref()
-                        .and_then(|to| self.members.get(to))
-                        .map(|(e, _)| *e)
-                        .filter(|&e| e >= now_ms);
-                let outcome = match (&r.to, until) {
-                    (Some(to), Some(until)) => {
+                // The target, with its registration's expiry, while it is live.
+                let target = r.to.as_ref().and_then(|to| match self.members.get(to) {
+                    Some((until, _)) if *until >= now_ms => Some((to, *until)),
+                    _ => None,
+                });
+                let outcome = match target {
+                    Some((to, until)) => {
                         let epoch = next_epoch(self.last_epoch(r.shard), now_ms, r.floor);
                         let expiry = now_ms
                             .saturating_add(ttl_ms(ttl))
@@ -388,7 +387,7 @@ impl MemoryState {
                         self.epochs.insert(r.shard, epoch);
                         Released::HandedOver { epoch }
                     }
-                    _ => {
+                    None => {
                         self.leases.remove(&r.shard);
                         Released::Deleted
                     }

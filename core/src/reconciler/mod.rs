@@ -287,22 +287,20 @@ impl Reconciler {
     /// `fire_timers` sends), the serving deadlines, and the wake-up that tells a pause
     /// (woken at least every half renew interval, a longer gap means this pod did not
     /// run, never that it had nothing to do).
-    fn serving_timers(&self) -> Vec<Option<Instant>> {
-        let mut timers = vec![
-            self.poll.next(),
-            self.last_seen.map(|t| t + self.cfg.renew_interval / 2),
-        ];
+    fn serving_timers(&self, mut at: impl FnMut(Option<Instant>)) {
+        at(self.poll.next());
+        at(self.last_seen.map(|t| t + self.cfg.renew_interval / 2));
         if self.generation.is_some() {
-            timers.push(self.heartbeat.next());
+            at(self.heartbeat.next());
         }
         if !self.renewable().is_empty() {
-            timers.push(self.renew.next());
+            at(self.renew.next());
         }
-        timers.extend(self.shards.iter().map(|s| match s.view() {
-            ShardState::Serving { deadline, .. } => Some(deadline),
-            _ => None,
-        }));
-        timers
+        for s in &self.shards {
+            if let ShardState::Serving { deadline, .. } = s.view() {
+                at(Some(deadline));
+            }
+        }
     }
 
     /// The next thing to do, if any.
@@ -333,11 +331,11 @@ impl Reconciler {
                 for end in [started + self.cfg.debounce, started + self.cfg.debounce * 2] {
                     at(Some(end).filter(|&t| self.last_seen.is_none_or(|seen| t > seen)));
                 }
-                self.serving_timers().into_iter().for_each(at);
+                self.serving_timers(at);
             }
             return next;
         }
-        self.serving_timers().into_iter().for_each(&mut at);
+        self.serving_timers(&mut at);
         if self.store.failing() {
             at(self.probe.next());
         }

@@ -146,9 +146,7 @@ impl Reconciler {
     /// the lease is or may be another pod's already: close now, as before.
     fn close_for(&self, reason: StopReason) -> Close {
         let planned = matches!(reason, StopReason::Rebalance | StopReason::Shutdown);
-        let mut others = self.members.iter().filter(|m| m.pod != self.me).peekable();
-        let someone = others.peek().is_some();
-        if planned && someone && others.all(|m| m.handover >= HANDOVER_DRAIN) {
+        if planned && self.others_speak(HANDOVER_DRAIN) {
             Close::Drain
         } else {
             Close::Now
@@ -414,10 +412,15 @@ impl Reconciler {
     /// conditions that do not depend on time): the placement still gives it shards, and
     /// there are other members, all taking lease handovers.
     fn may_place_itself_out(&self) -> bool {
-        let assigned = (0..self.cfg.shards).any(|s| self.assigned(s));
+        (0..self.cfg.shards).any(|s| self.assigned(s)) && self.others_speak(HANDOVER_LEASE)
+    }
+
+    /// Whether there are other members and every one speaks handover protocol
+    /// `handover` or later ([`crate::membership::Member::handover`]; our own record may be
+    /// stale and does not count).
+    fn others_speak(&self, handover: u32) -> bool {
         let mut others = self.members.iter().filter(|m| m.pod != self.me).peekable();
-        let someone = others.peek().is_some();
-        assigned && someone && others.all(|m| m.handover >= HANDOVER_LEASE)
+        others.peek().is_some() && others.all(|m| m.handover >= handover)
     }
 
     /// Whether the followed placement gives `s` to this pod.

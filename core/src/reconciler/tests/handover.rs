@@ -68,26 +68,6 @@ fn a_shutdown_drains_and_a_lost_lease_closes() {
         .collect();
     assert!(!closes.is_empty() && closes.iter().all(|c| *c == Close::Now));
 
-    // With a peer that drains, every shard of a shutdown drains.
-    let (mut r, t) = serving_pod("a", &["a"]);
-    let mut snap = with_handover(&r, &[("a", d), ("b", d)]);
-    // b is a member, but the placement still gives a everything (not yet debounced).
-    snap.placement = r.placement().cloned();
-    r.handle_snapshot(t, Ok(snap));
-    drain(&mut r);
-    r.begin_shutdown(t);
-    let stops: Vec<(StopReason, Close)> = drain(&mut r)
-        .iter()
-        .filter_map(|a| match a {
-            Action::StopServing(Stop { reason, close, .. }) => Some((*reason, *close)),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(stops.len(), 8, "{stops:?}");
-    assert!(stops
-        .iter()
-        .all(|s| *s == (StopReason::Shutdown, Close::Drain)));
-
     // A lease found gone is not ours to hand over: close now, drain or not.
     let (mut r, t) = serving_pod("a", &["a"]);
     r.handle_snapshot(t, Ok(with_handover(&r, &[("a", d), ("b", d)])));
@@ -179,6 +159,24 @@ fn rebalanced_beside(members: &[&str]) -> (Reconciler, Instant, Vec<(ShardId, Op
     (r, t, targets)
 }
 
+/// Acknowledges the stops among a shutdown's `actions`: all 8 shards drained, and each
+/// lease released to `to` (`None`: deleted). Returns the shards.
+fn all_drained_to(
+    r: &mut Reconciler,
+    t: Instant,
+    actions: &[Action],
+    to: Option<PodId>,
+) -> Vec<ShardId> {
+    let (stops, targets) = stopped(r, t, actions);
+    assert_eq!(stops.len(), 8);
+    assert!(stops
+        .iter()
+        .all(|s| (s.reason, s.close) == (StopReason::Shutdown, Close::Drain)));
+    assert_eq!(targets.len(), 8);
+    assert!(targets.iter().all(|(_, t)| *t == to), "{targets:?}");
+    stops.iter().map(|s| s.shard).collect()
+}
+
 #[test]
 fn a_shutdown_places_itself_out_first_and_hands_each_lease_to_its_next_owner() {
     let (mut r, t, actions) = shutdown_beside(HANDOVER_LEASE);
@@ -195,30 +193,18 @@ fn a_shutdown_places_itself_out_first_and_hands_each_lease_to_its_next_owner() {
     // Stored: every shard stops (drained), then each lease goes to b in its release.
     r.handle_place(t, next, Ok(true));
     let actions = drain(&mut r);
-    let (stops, targets) = stopped(&mut r, t, &actions);
-    assert_eq!(stops.len(), 8);
-    assert!(stops
-        .iter()
-        .all(|s| (s.reason, s.close) == (StopReason::Shutdown, Close::Drain)));
-    assert_eq!(targets.len(), 8);
-    assert!(
-        targets.iter().all(|(_, to)| *to == Some(pod("b"))),
-        "{targets:?}"
-    );
-    let shards: Vec<ShardId> = stops.iter().map(|s| s.shard).collect();
+    let shards = all_drained_to(&mut r, t, &actions, Some(pod("b")));
     r.handle_release(t, &shards, Ok(vec![Released::HandedOver { epoch: 9 }; 8]));
     assert_eq!(drain(&mut r), [Action::Deregister]);
 }
 
 #[test]
-fn a_shutdown_beside_an_earlier_release_stops_at_once_and_deletes() {
-    // b drains but takes no handover: the shutdown is the one before.
+fn a_shutdown_beside_an_earlier_release_drains_at_once_and_deletes() {
+    // b drains but takes no handover: every shard stops at once, drained, and its lease
+    // is deleted, as before handovers.
     let (mut r, t, actions) = shutdown_beside(HANDOVER_DRAIN);
     assert!(places(&actions).is_empty(), "{actions:?}");
-    let (stops, targets) = stopped(&mut r, t, &actions);
-    assert_eq!(stops.len(), 8);
-    assert_eq!(targets.len(), 8);
-    assert!(targets.iter().all(|(_, to)| to.is_none()), "{targets:?}");
+    all_drained_to(&mut r, t, &actions, None);
 }
 
 #[test]
