@@ -29,7 +29,7 @@ use posgate_pos_sim::DarkInterval;
 
 use crate::support::api::scraped;
 use crate::support::farm::{self, connect_limit};
-use crate::support::gateway::{moved, Gateway};
+use crate::support::gateway::{moved, open_loop, sent_between, summary, Gateway};
 use crate::support::pod::SHARDS;
 use crate::support::wait::{secs, wait_for};
 
@@ -94,6 +94,63 @@ async fn a_join_a_leave_and_a_rolling_restart_hand_each_moved_terminal_over_on_i
         &format!("{left} stopped and a pod started at once"),
     );
 
+    gw.assert_no_overlap(test);
+}
+
+/// A push for a moved terminal that the new owner has not asked for yet goes out on the
+/// old owner's draining session (`HANDOVER_RELAY`), instead of waiting for the close and
+/// the new owner's dial: under open-loop pushes through the pod that stays, the other
+/// one shuts down gracefully. The pod left relayed pushes through it, every push sent
+/// meanwhile was answered 200 in the end, and no terminal had two sessions at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_push_for_a_terminal_not_yet_released_goes_out_on_the_old_owners_session() {
+    let test = "relay";
+    const N: u64 = 1_000;
+    let mut gw = Gateway::start(2, farm::config(N), test).await;
+    let load = open_loop(gw.targets([1]), 500.0, N, test);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = gw.farm.counters();
+    let began = unix_ms();
+    gw.stop_pod(0).await;
+    wait_for("the leave rebalanced", connect_limit(), || gw.balanced()).await;
+    let ended = unix_ms();
+    let pushes = load.stop().await;
+    let during = summary(
+        test,
+        "sent during the leave",
+        &sent_between(&pushes, began, ended),
+    );
+    let metrics = gw.pods[0].handle.metrics.encode(Exposition::OpenMetrics);
+    let relays = |outcome: &str| {
+        scraped(
+            &metrics,
+            &format!("posgate_handover_relays_total{{outcome=\"{outcome}\"}}"),
+        )
+    };
+    let (relayed, not_relayed) = (relays("relayed"), relays("not_relayed"));
+    eprintln!(
+        "[{test}] relayed {relayed}, not relayed {not_relayed}, unknown {}",
+        relays("unknown")
+    );
+    assert!(
+        relayed > 0.0,
+        "[{test}] no push went out on the old owner's session"
+    );
+    assert!(
+        during.final_ok_ratio >= 0.999,
+        "[{test}] {:.2}% of the pushes sent during the leave answered 200: {:?}",
+        100.0 * during.final_ok_ratio,
+        during.by_final_outcome
+    );
+    let after = gw.farm.counters();
+    assert_eq!(
+        after.session_overlaps, before.session_overlaps,
+        "[{test}] session overlaps"
+    );
+    assert_eq!(
+        after.raw_overlaps, before.raw_overlaps,
+        "[{test}] raw overlaps"
+    );
     gw.assert_no_overlap(test);
 }
 

@@ -71,6 +71,12 @@ pub const HANDOVER_DRAIN: u32 = 1;
 /// placement without itself, so its shards go straight to their next owners.
 pub const HANDOVER_LEASE: u32 = 2;
 
+/// [`Member::handover`] of a pod that also relays pushes while it drains: until the new
+/// owner has asked for a terminal, a push for it that reached the new owner goes out on
+/// this pod's draining session (`POST /internal/v1/relay/{terminal}`), so a push never
+/// waits for the terminal's close and redial.
+pub const HANDOVER_RELAY: u32 = 3;
+
 /// [`Member::batch`] of a pod that serves the peer batch route (`posgate::push::batch`).
 pub const BATCH_PEER_ROUTE: u32 = 1;
 

@@ -322,6 +322,38 @@ async fn push(state: &HttpState, terminal: String, parts: &Parts, body: Bytes) -
     respond(answer)
 }
 
+/// `POST /internal/v1/relay/{id}`: the pod that took terminal `{id}`'s shard over
+/// relays a push, authenticated, to send on this pod's draining session of the
+/// terminal (`PushService::relay_here`): the terminal's answer, or `421` when nothing
+/// was sent. Not admitted against `--max-inflight`: the pod that relays holds the
+/// push's slot.
+pub(super) async fn relay(
+    State(state): State<Arc<HttpState>>,
+    Path(terminal): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let received = std::time::Instant::now();
+    let relayed = match ForwardedPush::decode(terminal, &headers, body) {
+        Ok(relayed) => relayed,
+        Err(why) => return bad_forward(why),
+    };
+    let deadline = clock::now() + relayed.deadline.min(MAX_TIMEOUT);
+    let trace = Trace::from_peer(
+        signing::serves(&headers),
+        &headers,
+        state.push.telemetry().is_on(),
+    );
+    let request = request_of(relayed, received, trace);
+    match state.push.relay_here(&request, deadline).await {
+        Owned::Answer(answer) => respond(answer),
+        Owned::NotHere => respond(Answer::error(
+            ErrorCode::ShardMoved,
+            "no draining session to the terminal here",
+        )),
+    }
+}
+
 /// The push a forward carries, received at `received`.
 fn request_of(f: ForwardedPush, received: std::time::Instant, trace: Trace) -> PushRequest {
     PushRequest {

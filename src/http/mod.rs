@@ -44,6 +44,7 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, delete, get, post};
+use axum::serve::ListenerExt;
 use axum::{middleware, Json, Router};
 use bytes::{Bytes, BytesMut};
 use futures::future::BoxFuture;
@@ -173,6 +174,17 @@ impl Routes {
     }
 }
 
+/// `listener`, its connections accepted with `TCP_NODELAY`, as the TLS listener's are:
+/// answers are small and latency-sensitive, and Nagle held a response's second write
+/// back for the caller's delayed ACK (~40 ms on Linux) on fresh connections.
+fn without_nagle(
+    listener: tokio::net::TcpListener,
+) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = std::net::SocketAddr> {
+    listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    })
+}
+
 /// The `{id}` segment of `path` when `route` (a route with one `{id}` segment) matches
 /// it, decoded as the router's `Path` extractor decodes it (`Err` when that is not
 /// UTF-8, which the handlers answer only after the caller is authenticated). What the
@@ -203,6 +215,7 @@ fn router(state: Arc<HttpState>) -> Router {
             post(internal::release_terminals),
         )
         .route(wire::DRAINING_ROUTE, post(internal::draining))
+        .route(wire::RELAY_ROUTE, post(internal::relay))
         .route(wire::PUSH_BATCH_ROUTE, post(internal::push_batch))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
@@ -262,7 +275,7 @@ pub async fn serve(
     );
     match tls {
         None => {
-            let listener = JsonHeadErrorsListener(listener);
+            let listener = JsonHeadErrorsListener(without_nagle(listener));
             serve::run(listener, routes, limits, metrics, shutdown).await;
         }
         Some(tls) => {
@@ -440,7 +453,19 @@ mod tests {
     use axum::routing::post;
     use tower_service::Service;
 
-    use super::{api, route_id, wire};
+    use super::{api, route_id, wire, without_nagle};
+
+    /// A plain connection is accepted with Nagle off (the TLS listener sets it too).
+    #[tokio::test]
+    async fn plain_connections_are_accepted_without_nagle() {
+        use axum::serve::Listener;
+        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = tcp.local_addr().unwrap();
+        let mut listener = without_nagle(tcp);
+        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (accepted, _) = listener.accept().await;
+        assert!(accepted.nodelay().unwrap());
+    }
 
     /// The fast lane takes exactly the paths the router's push routes would match, and
     /// its id is the segment the router's `Path` extractor would see.

@@ -160,6 +160,9 @@ impl Metrics {
                 .handover_releases
                 .get_or_create(&[("outcome", outcome)]);
         }
+        for outcome in ["relayed", "not_relayed", "unknown"] {
+            let _ = self.handover_relays.get_or_create(&[("outcome", outcome)]);
+        }
         for how in ["released", "budget", "resumed", "unannounced"] {
             let _ = self.drains_ended.get_or_create(&[("how", how)]);
         }

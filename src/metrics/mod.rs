@@ -105,6 +105,7 @@ pub struct Metrics {
     pub connections_closed: Family<Label, Counter>,
     // Planned moves, per terminal (`pos::handover`, the manager's drain).
     pub handover_releases: Family<Label, Counter>,
+    pub handover_relays: Family<Label, Counter>,
     pub handover_waiting: Gauge,
     pub handover_dark: Histogram,
     pub draining_sessions: Gauge,
@@ -193,6 +194,7 @@ impl Metrics {
             dial_queue_depth: Gauge::default(),
             connections_closed: Family::default(),
             handover_releases: Family::default(),
+            handover_relays: Family::default(),
             push_batches: Family::default(),
             push_batch_items: Family::default(),
             handover_waiting: Gauge::default(),
@@ -347,6 +349,7 @@ impl Metrics {
         );
         r.register("posgate_connections_closed", "Terminal connections that ended, by reason (lost: died under us; stopped: shard stopped or terminal removed; hello_failed)", self.connections_closed.clone());
         r.register("posgate_handover_releases", "Requests to a shard's previous owner to close terminals before this pod dials them, by outcome (released; not_draining: it does not drain the shard; failed: unreachable, slow or refused; the last two make the rest of the shard dial normally)", self.handover_releases.clone());
+        r.register("posgate_handover_relays", "Pushes for a terminal not yet released by a shard's previous owner, sent through that owner's draining session, by outcome (relayed: the terminal answered there, or it may have; not_relayed: nothing was sent there, and the push waited for this pod's own session; unknown: the previous owner did not answer)", self.handover_relays.clone());
         r.register(
             "posgate_handover_terminals_waiting",
             "Terminals of shards taken over that wait for their previous owner to close them before their first dial",

@@ -204,15 +204,16 @@ impl PeerClient {
         .await
     }
 
-    /// Forwards `push` to `owner`: the status and body it answers within `timeout`.
+    /// Sends `push` to `owner` on `route` (`wire::PUSH_ROUTE`, or `wire::RELAY_ROUTE`
+    /// to a shard's previous owner): the status and body it answers within `timeout`.
     pub async fn push(
         &self,
-        owner: &PeerTarget,
+        (owner, route): (&PeerTarget, &str),
         push: &ForwardedPush,
         trace: &Trace,
         timeout: Duration,
     ) -> Result<(StatusCode, Bytes), SendError> {
-        let (path, headers) = push.encode();
+        let (path, headers) = push.encode(route);
         self.send(
             Method::POST,
             owner,

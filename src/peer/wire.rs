@@ -12,6 +12,12 @@
 //! pods that advertise the queue (`Member::queue`) are sent one, and the owner answers
 //! `202` with the push's status while it waits.
 //!
+//! A push relayed through a shard's previous owner (`POST /internal/v1/relay/{terminal}`,
+//! [`RELAY_ROUTE`]) is encoded as a forwarded push: the new owner sends it while the
+//! terminal's session is still the predecessor's, draining (`crate::push` `owner`). The
+//! answer is the public one, or `421` when the predecessor sent nothing. Only members
+//! that advertise it (`Member::handover` 3 or more) are sent one.
+//!
 //! A batch's pushes for one owner travel as one request (`POST
 //! /internal/v1/push-batch`, [`ForwardedBatch`], JSON with base64 bodies: the signature
 //! covers the body, so everything a header carries for one push is in it) and come back
@@ -55,6 +61,10 @@ pub const RELEASE_TERMINALS_ROUTE: &str = "/internal/v1/release-terminals/{id}";
 /// `POST`: a pod that drains shard `{id}` tells a member so (body [`Draining`]), before
 /// it releases the lease: whoever acquires the shard next asks it first -> `204`.
 pub const DRAINING_ROUTE: &str = "/internal/v1/draining/{id}";
+/// `POST`: a push for a terminal whose session the pod asked still drains there (`{id}`
+/// is the terminal), encoded as [`ForwardedPush`]: sent on that session -> the public
+/// answer, or `421` when nothing was sent. Sent by the pod that took the shard over.
+pub const RELAY_ROUTE: &str = "/internal/v1/relay/{id}";
 /// Most terminals one [`ReleaseTerminals`] may name.
 pub const MAX_RELEASE_TERMINALS: usize = 64;
 /// Most bytes of a [`HandedOver`] answer: the pod answering stops adding keys (newest
@@ -93,8 +103,9 @@ pub struct ForwardedPush {
 }
 
 impl ForwardedPush {
-    /// The request's path and headers (the body is [`ForwardedPush::body`]).
-    pub fn encode(&self) -> (String, HeaderMap) {
+    /// The request's path on `route` ([`PUSH_ROUTE`] or [`RELAY_ROUTE`]) and its
+    /// headers (the body is [`ForwardedPush::body`]).
+    pub fn encode(&self, route: &str) -> (String, HeaderMap) {
         // Names made at compile time: a name given as text is parsed, and one that is
         // not a standard header copied, on every insert.
         const TENANT: HeaderName = HeaderName::from_static(TENANT_HEADER);
@@ -127,11 +138,11 @@ impl ForwardedPush {
             const COLLAPSE: HeaderName = HeaderName::from_static(COLLAPSE_HEADER);
             headers.insert(COLLAPSE, text(collapse));
         }
-        (path_of(PUSH_ROUTE, &self.terminal), headers)
+        (path_of(route, &self.terminal), headers)
     }
 
-    /// The push a request to [`PUSH_ROUTE`] for `terminal` carries, or what is wrong
-    /// with it.
+    /// The push a request to [`PUSH_ROUTE`] (or [`RELAY_ROUTE`]) for `terminal`
+    /// carries, or what is wrong with it.
     pub fn decode(
         terminal: String,
         headers: &HeaderMap,
@@ -686,7 +697,7 @@ mod tests {
     #[test]
     fn a_forwarded_push_decodes_to_what_was_encoded() {
         let sent = push();
-        let (path, headers) = sent.encode();
+        let (path, headers) = sent.encode(PUSH_ROUTE);
         assert_eq!(path, "/internal/v1/push/pos-1");
         // Values new on every push stay out of the HPACK table (`encode`).
         assert!(headers[IDEMPOTENCY_KEY].is_sensitive() && headers[DEADLINE_HEADER].is_sensitive());
@@ -700,7 +711,7 @@ mod tests {
             collapse_key: Some("price-list".into()),
             ..push()
         };
-        let (_, headers) = later.encode();
+        let (_, headers) = later.encode(PUSH_ROUTE);
         assert_eq!(headers[TTL_HEADER], "3600000");
         let got = ForwardedPush::decode("pos-1".into(), &headers, later.body.clone()).unwrap();
         assert_eq!(got, later);
@@ -708,7 +719,7 @@ mod tests {
 
     #[test]
     fn a_forwarded_push_without_its_fields_is_refused() {
-        let (_, headers) = push().encode();
+        let (_, headers) = push().encode(PUSH_ROUTE);
         for (name, bad) in [
             (HOP_HEADER, Some("0")),
             (TENANT_HEADER, None),

@@ -15,6 +15,11 @@
 //! remaining gate opens and the terminals are dialed at the pacer's rate; a session the
 //! predecessor still has is then fenced by the terminal on our newer hello.
 //!
+//! Until the walk reached a terminal, its session is still the predecessor's: a push for
+//! it may be relayed there (by the push layer, through
+//! [`TerminalLink::draining_at`](super::manager::TerminalLink::draining_at)), which the
+//! predecessor sends on that session ([`ConnectionManager::draining_session`]).
+//!
 //! Both ends of the handover belong to this layer: the successor's walk asks through a
 //! [`Predecessor`] (the peer client is one: the signed calls of `peer::wire`), and the
 //! predecessor answers through [`Handovers`] (the connection manager is one), which the
@@ -35,7 +40,7 @@ use futures::FutureExt;
 
 use super::link::LinkShared;
 use super::manager::ConnectionManager;
-use crate::core::membership::Member;
+use crate::core::membership::{Member, HANDOVER_RELAY};
 use crate::core::ShardId;
 use crate::metrics::Metrics;
 use crate::peer::{PeerClient, PeerTarget};
@@ -339,6 +344,9 @@ pub(super) struct Walk {
     /// Who is asked, and how: kept for a drain that cuts the walk short.
     cfg: WalkConfig,
     from: Member,
+    /// The predecessor, if it relays pushes on the sessions it drains
+    /// ([`HANDOVER_RELAY`]): shared with every push's lookup while the walk lasts.
+    relay: Option<Arc<Member>>,
 }
 
 impl Walk {
@@ -404,9 +412,16 @@ impl Walk {
         Walk {
             tx,
             _stop: stop_tx,
+            relay: (kept.1.handover >= HANDOVER_RELAY).then(|| Arc::new(kept.1.clone())),
             cfg: kept.0,
             from: kept.1,
         }
+    }
+
+    /// The predecessor a push may be relayed through while a terminal waits at its gate
+    /// (see [`HANDOVER_RELAY`]); `None` if it does not relay.
+    pub(super) fn relay(&self) -> Option<Arc<Member>> {
+        self.relay.clone()
     }
 
     /// The gate of a new link for `id`.

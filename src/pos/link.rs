@@ -17,7 +17,7 @@
 //! shard at once.
 
 use std::pin::pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -122,11 +122,44 @@ pub(crate) struct LinkShared {
     waiting: AtomicUsize,
     /// Tells the link task that a push started waiting.
     wake: Notify,
-    /// Set once the first dial finished, however it ended (readiness waits for it).
-    dialed: AtomicBool,
+    /// How far the first dial is, a [`FirstDial`] (readiness waits for `Done`; a push
+    /// is relayed through the predecessor while `Gated`).
+    first_dial: AtomicU8,
+}
+
+/// How far a link is with its first dial.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum FirstDial {
+    /// Due: no handover gate, or it opened (the predecessor closed its session, or the
+    /// walk fell back).
+    Due = 0,
+    /// Shut at a handover gate: the shard's predecessor still has the session.
+    Gated = 1,
+    /// Finished, however it ended.
+    Done = 2,
 }
 
 impl LinkShared {
+    /// The shared state of a link whose first dial waits at a handover gate.
+    pub(super) fn gated() -> Self {
+        let shared = LinkShared::default();
+        shared.set(FirstDial::Gated);
+        shared
+    }
+
+    fn set(&self, step: FirstDial) {
+        self.first_dial.store(step as u8, Ordering::Release);
+    }
+
+    fn first_dial(&self) -> FirstDial {
+        match self.first_dial.load(Ordering::Acquire) {
+            0 => FirstDial::Due,
+            1 => FirstDial::Gated,
+            _ => FirstDial::Done,
+        }
+    }
+
     /// Registers a waiting push unless `cap` pushes already wait; the guard unregisters.
     pub(crate) fn wait(self: &Arc<Self>, cap: usize) -> Option<WaitingPush> {
         let admitted = self
@@ -143,7 +176,12 @@ impl LinkShared {
     }
 
     pub(crate) fn dialed(&self) -> bool {
-        self.dialed.load(Ordering::Acquire)
+        self.first_dial() == FirstDial::Done
+    }
+
+    /// Whether the first dial still waits at its handover gate.
+    pub(crate) fn at_gate(&self) -> bool {
+        self.first_dial() == FirstDial::Gated
     }
 
     pub(super) fn urgent(&self) -> bool {
@@ -286,6 +324,9 @@ impl LinkTask {
                 },
                 None => None,
             };
+            if opened.is_some() {
+                self.shared.set(FirstDial::Due);
+            }
             let delivering = self.mode.wait_for(|m| m.delivery == Delivery::Delivering);
             tokio::select! {
                 waited = delivering => waited.ok()?,
@@ -327,7 +368,7 @@ impl LinkTask {
                 .observe(started.elapsed().as_secs_f64());
             let label = result.as_ref().map_or_else(DialError::label, |_| "ok");
             cx.metrics.dials.get_or_create(&[("result", label)]).inc();
-            self.shared.dialed.store(true, Ordering::Release);
+            self.shared.set(FirstDial::Done);
             match result {
                 Ok(session) => {
                     // Per terminal, so debug: a shard start connects thousands.

@@ -47,7 +47,7 @@ mod stats;
 pub use self::config::ManagerConfig;
 use self::directory_sync::poll_directory;
 use self::drain::Drained;
-pub use self::drain::Sending;
+pub use self::drain::{DrainingSession, Sending};
 use super::dialer::Dialer;
 use super::handover::{Released, Walk, WalkConfig};
 use super::link::{
@@ -56,7 +56,7 @@ use super::link::{
 use super::pacer::{Jitter, Pacer};
 use super::session::RequestSender;
 use crate::core::lease::StaleEpoch;
-use crate::core::membership::{Member, HANDOVER_DRAIN, HANDOVER_LEASE};
+use crate::core::membership::{Member, HANDOVER_DRAIN, HANDOVER_RELAY};
 use crate::core::reconciler::{Close, Stop, StopReason};
 use crate::core::{Epoch, ShardId};
 use crate::metrics::Metrics;
@@ -191,6 +191,9 @@ pub struct TerminalLink {
     state: watch::Receiver<LinkStatus>,
     shared: Arc<LinkShared>,
     sends: Arc<watch::Sender<usize>>,
+    /// The shard's previous owner while this pod walks the shard from it, if it relays
+    /// pushes (`handover`).
+    predecessor: Option<Arc<Member>>,
 }
 
 impl TerminalLink {
@@ -216,6 +219,16 @@ impl TerminalLink {
     /// Whether a session with an accepted hello is up now (any epoch).
     pub fn connected(&self) -> bool {
         matches!(self.state.borrow().state, LinkState::Connected { .. })
+    }
+
+    /// The shard's previous owner while it still holds this terminal's session as
+    /// draining: this pod took the shard over from a pod that relays pushes, and the
+    /// link's first dial waits at its handover gate. Once the gate opened, the
+    /// predecessor has closed the session (or the walk fell back: it is not answering).
+    pub fn draining_at(&self) -> Option<&Member> {
+        self.predecessor
+            .as_deref()
+            .filter(|_| self.shared.at_gate())
     }
 
     /// Waits until the link has a session whose hello was accepted for `epoch`, and
@@ -302,6 +315,7 @@ impl<D: Directory> ConnectionManager<D> {
                 state: link.state.clone(),
                 shared: link.shared.clone(),
                 sends: entry.sends.clone(),
+                predecessor: entry.walk.as_ref().and_then(Walk::relay),
             }),
             // Not read yet: only the first load can tell.
             None if entry.listing == Listing::Unread => Lookup::Loading,
@@ -326,6 +340,8 @@ impl<D: Directory> ConnectionManager<D> {
                     state: link.state.clone(),
                     shared: link.shared.clone(),
                     sends: entry.sends.clone(),
+                    // A broadcast waits for this pod's own sessions.
+                    predecessor: None,
                 })
                 .collect(),
         )
@@ -471,11 +487,11 @@ impl<D: Directory> ServingHook for ConnectionManager<D> {
         .boxed()
     }
 
-    /// Drains (and so also takes leases handed over: the new owner of a handed lease
-    /// walks the shard like any other it acquires).
+    /// Drains, relays pushes on draining sessions, and so also takes leases handed over
+    /// (the new owner of a handed lease walks the shard like any other it acquires).
     fn handover(&self) -> u32 {
         if self.inner.walk.is_some() {
-            HANDOVER_LEASE
+            HANDOVER_RELAY
         } else {
             0
         }

@@ -19,7 +19,7 @@ use opentelemetry::KeyValue;
 
 use super::answer::{Answer, Delivered, ErrorBody, ErrorCode, PushStatus};
 use super::{PushRequest, Trace};
-use crate::peer::wire::{BatchAnswer, ForwardedBatch, ForwardedPush};
+use crate::peer::wire::{BatchAnswer, ForwardedBatch, ForwardedPush, PUSH_ROUTE, RELAY_ROUTE};
 use crate::peer::{PeerClient, PeerTarget, SendError};
 use crate::telemetry::Telemetry;
 
@@ -70,13 +70,34 @@ impl ForwardClient {
         push: &PushRequest,
         deadline: Instant,
     ) -> Forwarded {
+        self.send((owner, PUSH_ROUTE), push, deadline).await
+    }
+
+    /// Relays `push` through `predecessor`, which drains the terminal's session
+    /// (`owner`), answering by `deadline` + grace. Its outcomes prove what a forward's
+    /// do: `421` ([`Forwarded::Moved`]) is a push the predecessor did not send.
+    pub async fn relay(
+        &self,
+        predecessor: &PeerTarget,
+        push: &PushRequest,
+        deadline: Instant,
+    ) -> Forwarded {
+        self.send((predecessor, RELAY_ROUTE), push, deadline).await
+    }
+
+    async fn send(
+        &self,
+        (owner, route): (&PeerTarget, &str),
+        push: &PushRequest,
+        deadline: Instant,
+    ) -> Forwarded {
         let remaining = deadline.saturating_duration_since(Instant::now());
         let wire = on_the_wire(push, remaining);
         let hop = push.trace.hop();
         let started = hop.context.is_some().then(SystemTime::now);
         let sent = self
             .peers
-            .push(owner, &wire, &hop, remaining + ANSWER_GRACE)
+            .push((owner, route), &wire, &hop, remaining + ANSWER_GRACE)
             .await;
         let status = sent.as_ref().map_or(0, |(s, _)| i64::from(s.as_u16()));
         self.record(

@@ -37,7 +37,7 @@ use crate::core::{PodId, ShardId};
 use crate::credentials::Tenant;
 use crate::metrics::Metrics;
 use crate::peer::PeerClient;
-use crate::pos::manager::{ConnectionManager, Lookup, TerminalLink};
+use crate::pos::manager::{ConnectionManager, DrainingSession, Lookup, TerminalLink};
 use crate::serving::ServingTable;
 use crate::status::PodStatus;
 use crate::store::directory::Directory;
@@ -121,6 +121,9 @@ pub trait Sessions: Send + Sync + 'static {
     /// A terminal refused an epoch on a push as stale (see
     /// `Reconciler::handle_stale_epoch`).
     fn report_stale(&self, refused: StaleEpoch);
+    /// `terminal`'s session in `shard` while the shard drains here and its new owner
+    /// has not asked for the terminal: where a push it relays goes.
+    fn draining(&self, shard: ShardId, terminal: &str) -> Option<DrainingSession>;
 }
 
 impl<D: Directory> Sessions for ConnectionManager<D> {
@@ -134,6 +137,10 @@ impl<D: Directory> Sessions for ConnectionManager<D> {
 
     fn report_stale(&self, refused: StaleEpoch) {
         ConnectionManager::report_stale(self, refused)
+    }
+
+    fn draining(&self, shard: ShardId, terminal: &str) -> Option<DrainingSession> {
+        self.draining_session(shard, terminal)
     }
 }
 
@@ -151,6 +158,10 @@ impl Sessions for NoTerminals {
     }
 
     fn report_stale(&self, _refused: StaleEpoch) {}
+
+    fn draining(&self, _shard: ShardId, _terminal: &str) -> Option<DrainingSession> {
+        None
+    }
 }
 
 /// See the module docs. Cheap to share behind an `Arc`.

@@ -20,9 +20,16 @@
 //! `"duplicate": true` (and counted): the terminal has the push from an earlier copy of
 //! the key.
 //!
+//! During a planned move, a terminal the new owner has not asked its predecessor for
+//! yet has only the predecessor's (draining) session: once the key is reserved, the
+//! push is relayed there (`relay`; the predecessor's side is `relay_here`), and waits
+//! for this pod's own session only if nothing went out.
+//!
 //! Not for: finding the owner or forwarding (`route`), or parsing HTTP (`crate::http`).
 
 use std::time::{Duration, Instant, SystemTime};
+
+use http::StatusCode;
 
 use opentelemetry::trace::SpanKind;
 use opentelemetry::KeyValue;
@@ -31,16 +38,22 @@ use tracing::{debug, warn};
 
 use super::answer::{Answer, Delivered, ErrorBody, ErrorCode};
 use super::idempotency::Reserve;
-use super::{PushRequest, PushService};
+use super::{Forwarded, PushRequest, PushService};
 use crate::clock::now;
 use crate::core::delivery::{self, Moment, Verdict, MIN_SEND_BUDGET};
 use crate::core::lease::StaleEpoch;
+use crate::core::membership::Member;
 use crate::core::shard::shard_of;
+use crate::core::Epoch;
 use crate::core::ShardId;
+use crate::peer::PeerTarget;
+use crate::pos::handover::RELEASE_TIMEOUT;
 use crate::pos::manager::{Lookup, TerminalLink};
 use crate::pos::push::{self as pos_push, Answered, PushFailure};
+use crate::pos::session::RequestSender;
 use crate::pos::wire::{PosPush, Receipt};
 use crate::serving::Grant;
+use crate::store::directory::Terminal;
 
 /// How often a push re-checks while the shard's terminal list loads.
 const LOADING_POLL: Duration = Duration::from_millis(10);
@@ -116,6 +129,18 @@ impl PushService {
                     ))
                 }
             };
+        // A shard being taken over whose walk has not reached the terminal: its session
+        // is still the predecessor's, and the push goes out there rather than wait for
+        // the close and our dial.
+        if let Some(from) = link.draining_at() {
+            let from = from.clone();
+            if let Some(relayed) = self.relay(push, &from, deadline).await {
+                if relayed.status != StatusCode::GATEWAY_TIMEOUT {
+                    reservation.complete(&relayed);
+                }
+                return Owned::Answer(relayed);
+            }
+        }
         loop {
             let Some(epoch) = self.serving.serving(shard, now()) else {
                 return Owned::NotHere;
@@ -168,66 +193,15 @@ impl PushService {
                 }
             }
             let grant = grant.expect("checked: served");
-            let hop = push.trace.context.as_ref().map(|c| c.child());
-            let started = SystemTime::now();
-            let wire = PosPush {
-                terminal: &push.terminal,
-                server_name: &link.terminal.server_name,
-                path: &self.settings.push_path,
-                tenant: &push.tenant.0,
-                key: &push.key,
-                epoch,
-                pod: &self.pod,
-                content_type: push.content_type.as_ref(),
-                body: push.body.clone(),
-                queued: None,
-                trace: hop.as_ref(),
-            };
-            let sent = pos_push::send(&mut sender, wire, remaining).await;
-            self.telemetry()
-                .record("terminal", SpanKind::Client, hop.as_ref(), started, || {
-                    let status = match &sent {
-                        Ok(Answered::Accepted { status, .. } | Answered::Refused { status }) => {
-                            i64::from(status.as_u16())
-                        }
-                        Err(_) => 0,
-                    };
-                    vec![
-                        KeyValue::new("posgate.terminal", push.terminal.clone()),
-                        KeyValue::new("posgate.epoch", epoch as i64),
-                        KeyValue::new("http.response.status_code", status),
-                    ]
-                });
+            let sent = self
+                .send(push, (&link.terminal, &mut sender), epoch, remaining)
+                .await;
             match sent {
                 Ok(answered) => {
-                    let answer = match answered {
-                        Answered::Accepted { status, receipt } => {
-                            if let Grant::Held(_) = grant {
-                                self.metrics.pushes_on_suspended.inc();
-                            }
-                            let duplicate = receipt == Receipt::Duplicate;
-                            if duplicate {
-                                // The terminal's dedup caught what no idempotency cache
-                                // here did (another owner, a restart, an evicted entry).
-                                self.metrics.push_duplicates.inc();
-                            }
-                            Answer::delivered(&Delivered {
-                                terminal: push.terminal.clone(),
-                                idempotency_key: push.key.clone(),
-                                pod: self.pod.clone(),
-                                shard,
-                                epoch,
-                                pos_status: status.as_u16(),
-                                latency_ms: push.received.elapsed().as_millis() as u64,
-                                duplicate,
-                            })
-                        }
-                        Answered::Refused { status } => {
-                            let mut body = with_key(push, "the terminal refused the push");
-                            body.pos_status = Some(status.as_u16());
-                            Answer::error_with(ErrorCode::PosRejected, body)
-                        }
-                    };
+                    if let (Grant::Held(_), Answered::Accepted { .. }) = (grant, &answered) {
+                        self.metrics.pushes_on_suspended.inc();
+                    }
+                    let answer = self.answer(push, shard, epoch, answered);
                     reservation.complete(&answer);
                     return Owned::Answer(answer);
                 }
@@ -252,13 +226,170 @@ impl PushService {
                 }
                 Err(PushFailure::Unknown(why)) => {
                     debug!(shard, epoch, %why, "push outcome unknown");
-                    let mut body = with_key(push, "no answer from the terminal; it may have received the push: retry with the same idempotency key");
-                    body.delivery = Some("unknown".into());
-                    return Owned::Answer(Answer::error_with(ErrorCode::PosTimeout, body));
+                    return Owned::Answer(unknown(push));
                 }
             }
         }
     }
+
+    /// Relays `push` through `from`, the shard's previous owner, which still holds the
+    /// terminal's session as draining (`HANDOVER_RELAY`): its answer if the push may
+    /// have reached the terminal there; `None` if it provably did not (the session is
+    /// gone, the terminal fenced it, the predecessor is unreachable), and the push
+    /// then waits for this pod's own session as any other. A predecessor that does not
+    /// answer holds the push at most as long as the walk's own ask would wait for it.
+    async fn relay(&self, push: &PushRequest, from: &Member, deadline: Instant) -> Option<Answer> {
+        let bound = deadline.min(now() + RELEASE_TIMEOUT);
+        let relayed = self
+            .forward
+            .relay(&PeerTarget::from(from), push, bound)
+            .await;
+        let (outcome, answer) = match relayed {
+            // Delivered, refused by the terminal, or sent without an answer there.
+            Forwarded::Answer(answer)
+                if [
+                    StatusCode::OK,
+                    StatusCode::BAD_GATEWAY,
+                    StatusCode::GATEWAY_TIMEOUT,
+                ]
+                .contains(&answer.status) =>
+            {
+                ("relayed", Some(answer))
+            }
+            Forwarded::Answer(_) | Forwarded::Moved | Forwarded::NotSent(_) => {
+                ("not_relayed", None)
+            }
+            Forwarded::Unknown(why) => {
+                debug!(from = %from.pod, %why, "relayed push: no answer from the predecessor");
+                ("unknown", Some(unknown(push)))
+            }
+        };
+        self.metrics
+            .handover_relays
+            .get_or_create(&[("outcome", outcome)])
+            .inc();
+        answer
+    }
+
+    /// Sends a push the shard's new owner relays on this pod's draining session of its
+    /// terminal, if there still is one (the new owner has not asked for the terminal).
+    /// [`Owned::NotHere`] (`421`) whenever nothing went out: no such session, too little
+    /// of the deadline left, or the terminal fenced the session (it has seen the new
+    /// owner's epoch). Nothing is reserved or kept here: the key is the new owner's.
+    pub async fn relay_here(&self, push: &PushRequest, deadline: Instant) -> Owned {
+        let shard = shard_of(&push.terminal, self.shards);
+        let Some(mut session) = self.sessions.draining(shard, &push.terminal) else {
+            return Owned::NotHere;
+        };
+        let remaining = deadline.saturating_duration_since(now());
+        if remaining < MIN_SEND_BUDGET {
+            return Owned::NotHere;
+        }
+        let epoch = session.epoch;
+        let sent = self
+            .send(
+                push,
+                (&session.terminal, &mut session.sender),
+                epoch,
+                remaining,
+            )
+            .await;
+        match sent {
+            Ok(answered) => Owned::Answer(self.answer(push, shard, epoch, answered)),
+            Err(PushFailure::NotSent(_) | PushFailure::StaleEpoch { .. }) => Owned::NotHere,
+            Err(PushFailure::Unknown(why)) => {
+                debug!(shard, epoch, %why, "relayed push outcome unknown");
+                Owned::Answer(unknown(push))
+            }
+        }
+    }
+
+    /// Sends `push` on `sender`, a session to `terminal` whose hello was accepted for
+    /// `epoch`, waiting `remaining` for the answer; the span is the terminal hop.
+    async fn send(
+        &self,
+        push: &PushRequest,
+        (terminal, sender): (&Terminal, &mut RequestSender),
+        epoch: Epoch,
+        remaining: Duration,
+    ) -> Result<Answered, PushFailure> {
+        let hop = push.trace.context.as_ref().map(|c| c.child());
+        let started = SystemTime::now();
+        let wire = PosPush {
+            terminal: &push.terminal,
+            server_name: &terminal.server_name,
+            path: &self.settings.push_path,
+            tenant: &push.tenant.0,
+            key: &push.key,
+            epoch,
+            pod: &self.pod,
+            content_type: push.content_type.as_ref(),
+            body: push.body.clone(),
+            queued: None,
+            trace: hop.as_ref(),
+        };
+        let sent = pos_push::send(sender, wire, remaining).await;
+        self.telemetry()
+            .record("terminal", SpanKind::Client, hop.as_ref(), started, || {
+                let status = match &sent {
+                    Ok(Answered::Accepted { status, .. } | Answered::Refused { status }) => {
+                        i64::from(status.as_u16())
+                    }
+                    Err(_) => 0,
+                };
+                vec![
+                    KeyValue::new("posgate.terminal", push.terminal.clone()),
+                    KeyValue::new("posgate.epoch", epoch as i64),
+                    KeyValue::new("http.response.status_code", status),
+                ]
+            });
+        sent
+    }
+
+    /// The caller's answer for the terminal's `answered`, sent by this pod with `epoch`.
+    fn answer(
+        &self,
+        push: &PushRequest,
+        shard: ShardId,
+        epoch: Epoch,
+        answered: Answered,
+    ) -> Answer {
+        match answered {
+            Answered::Accepted { status, receipt } => {
+                let duplicate = receipt == Receipt::Duplicate;
+                if duplicate {
+                    // The terminal's dedup caught what no idempotency cache here did
+                    // (another owner, a restart, an evicted entry).
+                    self.metrics.push_duplicates.inc();
+                }
+                Answer::delivered(&Delivered {
+                    terminal: push.terminal.clone(),
+                    idempotency_key: push.key.clone(),
+                    pod: self.pod.clone(),
+                    shard,
+                    epoch,
+                    pos_status: status.as_u16(),
+                    latency_ms: push.received.elapsed().as_millis() as u64,
+                    duplicate,
+                })
+            }
+            Answered::Refused { status } => {
+                let mut body = with_key(push, "the terminal refused the push");
+                body.pos_status = Some(status.as_u16());
+                Answer::error_with(ErrorCode::PosRejected, body)
+            }
+        }
+    }
+}
+
+/// The answer to a push that may have reached the terminal without its answer.
+fn unknown(push: &PushRequest) -> Answer {
+    let mut body = with_key(
+        push,
+        "no answer from the terminal; it may have received the push: retry with the same idempotency key",
+    );
+    body.delivery = Some("unknown".into());
+    Answer::error_with(ErrorCode::PosTimeout, body)
 }
 
 /// An error body that tells the caller the key to retry with.

@@ -3,6 +3,7 @@
 //! newer) and how the peer client fails.
 
 use super::*;
+use posgate::peer::wire::{ForwardedPush, RELAY_ROUTE};
 
 #[tokio::test]
 async fn internal_endpoint_requires_a_fresh_signature() {
@@ -59,6 +60,29 @@ async fn internal_endpoint_requires_a_fresh_signature() {
         .await
         .unwrap();
     assert!(!answer.store_reachable);
+
+    // A relayed push (`posgate::push` `owner`) is behind the same check; signed, it is
+    // `421` where no draining session to the terminal exists: nothing was sent.
+    let relay = format!("{}/internal/v1/relay/pos-1", server.base);
+    let (code, _) = post(&relay, HeaderMap::new(), full("")).await;
+    assert_eq!(code, StatusCode::UNAUTHORIZED);
+    let push = ForwardedPush {
+        tenant: "acme".into(),
+        terminal: "pos-1".into(),
+        key: "k-1".into(),
+        deadline: Duration::from_secs(2),
+        content_type: None,
+        body: Bytes::from_static(b"{}"),
+        ttl: None,
+        collapse_key: None,
+    };
+    let trace = posgate::push::Trace::entry(None, &HeaderMap::new(), false);
+    let to = target(&server.base, "pod-a");
+    let (status, body) = client
+        .push((&to, RELAY_ROUTE), &push, &trace, Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::MISDIRECTED_REQUEST, "{body:?}");
 
     let stranger = peer_client(Some(secret(3)), Duration::from_secs(2));
     let err = stranger

@@ -1,12 +1,12 @@
 //! Turning raw observations into numbers: shard moves, per-terminal session
 //! gaps (from the simulators' connection events) and dial rates per pod.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::Serialize;
 
 use super::{floor::Floor, observe::Owners, pushgen::PushRecord, sims::TerminalView};
-use posgate_pos_sim::dist::dist;
+use posgate_pos_sim::dist::{dist, Dist};
 
 /// Per shard, how many times its owner pod changed across the observations (in order),
 /// ignoring gaps where it had no owner.
@@ -196,6 +196,48 @@ pub fn latency_buckets(records: &[PushRecord], event_ms: u64) -> Vec<LatencyBuck
         .collect()
 }
 
+/// Push latency while shards moved, beside idle, in one run (ms, answered attempts).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct MovingLatency {
+    /// Sent from the event until convergence (or the end without one).
+    pub moving: Dist,
+    /// Of those, the pushes to terminals whose shard did not move: what the machine's
+    /// load during the move costs a push by itself, the floor of `moving`.
+    pub unmoved: Dist,
+    /// Sent before the event or after convergence.
+    pub idle: Dist,
+}
+
+/// Splits `records`' answered attempts into [`MovingLatency`]: the event at `event_ms`,
+/// convergence at `converged_ms`, the terminals of moved shards `moved`.
+pub fn moving_latency(
+    records: &[PushRecord],
+    (event_ms, converged_ms): (u64, Option<u64>),
+    moved: &HashSet<String>,
+) -> MovingLatency {
+    let (mut moving, mut unmoved, mut idle) = (Vec::new(), Vec::new(), Vec::new());
+    for p in records {
+        let answered = p.attempts().filter(|a| !a.unanswered && a.status != 0);
+        for a in answered {
+            let during =
+                a.sent_unix_ms >= event_ms && converged_ms.is_none_or(|c| a.sent_unix_ms < c);
+            if !during {
+                idle.push(a.latency_ms);
+                continue;
+            }
+            moving.push(a.latency_ms);
+            if !moved.contains(&p.terminal) {
+                unmoved.push(a.latency_ms);
+            }
+        }
+    }
+    MovingLatency {
+        moving: dist(moving),
+        unmoved: dist(unmoved),
+        idle: dist(idle),
+    }
+}
+
 /// TLS handshakes per second overall, as the terminals saw them: the largest rise of
 /// open connections between two samples at least 1 s apart, per second. `series` is
 /// `(unix ms, connections open)` in time order. A lower bound while connections also
@@ -353,9 +395,9 @@ mod tests {
         );
     }
 
-    #[test]
-    fn latency_buckets_by_send_second_relative_to_the_event() {
-        let attempt = |sent: u64, status: u16, latency_ms: u64| Attempt {
+    /// An attempt sent at `sent` (Unix ms); status 0 is unanswered.
+    fn attempt(sent: u64, status: u16, latency_ms: u64) -> Attempt {
+        Attempt {
             sent_unix_ms: sent,
             entry_pod: "p".into(),
             status,
@@ -363,13 +405,22 @@ mod tests {
             latency_ms,
             unanswered: status == 0,
             delivered_by: None,
-        };
-        let rec = |sent: u64, status: u16, latency_ms: u64| PushRecord {
-            terminal: "t".into(),
+        }
+    }
+
+    /// A push to `terminal` with one attempt.
+    fn record(terminal: &str, sent: u64, status: u16, latency_ms: u64) -> PushRecord {
+        PushRecord {
+            terminal: terminal.into(),
             idempotency_key: format!("k{sent}"),
             first: attempt(sent, status, latency_ms),
             retries: Vec::new(),
-        };
+        }
+    }
+
+    #[test]
+    fn latency_buckets_by_send_second_relative_to_the_event() {
+        let rec = |sent, status, latency_ms| record("t", sent, status, latency_ms);
         let records = [
             rec(9_500, 200, 3),
             rec(10_000, 200, 1),
@@ -387,6 +438,27 @@ mod tests {
         assert_eq!((b[1].p50_ms, b[1].max_ms), (1, 5_000));
         assert_eq!((b[0].p99_ms, b[2].p50_ms), (3, 7));
         assert_eq!((b[2].sent, b[2].max_ms), (2, 9));
+    }
+
+    #[test]
+    fn latency_while_moving_beside_idle() {
+        let rec = record;
+        let records = [
+            rec("a", 9_000, 200, 2),
+            rec("m", 10_000, 200, 40),
+            rec("m", 10_500, 0, 6_000),
+            rec("a", 19_999, 200, 30),
+            rec("a", 20_000, 200, 3),
+        ];
+        let moved = HashSet::from(["m".to_string()]);
+        let l = moving_latency(&records, (10_000, Some(20_000)), &moved);
+        assert_eq!(
+            (l.moving.count, l.moving.max, l.idle.count, l.idle.max),
+            (2, 40, 2, 3)
+        );
+        assert_eq!((l.unmoved.count, l.unmoved.max), (1, 30));
+        let l = moving_latency(&records, (10_000, None), &moved);
+        assert_eq!((l.moving.count, l.idle.count), (3, 1));
     }
 
     #[test]

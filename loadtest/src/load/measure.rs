@@ -246,6 +246,9 @@ pub async fn run_scenario(c: &mut Cluster, sc: Scenario) -> Result<ScenarioRepor
     // Pushes, Redis, processes.
     r.pushes = push_summary::summarize(&pushes, &action.hard_faults, c.profile.push_timeout_ms);
     r.push_latency_per_s = analysis::latency_buckets(&pushes, action.event_unix_ms);
+    let converged_ms = converged_after_s.map(|s| action.event_unix_ms + (s * 1000.0) as u64);
+    let window = (action.event_unix_ms, converged_ms);
+    r.push_moving = analysis::moving_latency(&pushes, window, &moved_ids);
     r.redis_commandstats = stats_delta(&cs0, &cs1);
     let top: u64 = TOP_LEVEL
         .iter()

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::{
     alerts::{self, AlertReport},
-    analysis::{self, clock_jump_s, LatencyBucket},
+    analysis::{self, clock_jump_s, LatencyBucket, MovingLatency},
     calibrate::HandshakeRate,
     dark::DarkTime,
     duplicates::DuplicateSummary,
@@ -96,6 +96,8 @@ pub struct ScenarioReport {
     pub takeover: Option<Takeover>,
     /// Push latency per second of send time (the latency chart's data).
     pub push_latency_per_s: Vec<LatencyBucket>,
+    /// Push latency while shards moved, beside idle and the machine's floor.
+    pub push_moving: MovingLatency,
     pub dial_limit_per_s: u64,
     /// TLS handshakes/s overall: the steepest 1-s rise of open connections (a lower
     /// bound while connections also close). A figure of the run, noisy (the sims are

@@ -231,10 +231,13 @@ impl<D: Directory> Inner<D> {
         new.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         for (id, terminal) in new {
             let (state_tx, state) = watch::channel(LinkStatus::new());
-            let shared = Arc::new(LinkShared::default());
+            let gate = entry.walk.as_ref().map(|walk| walk.gate(&id));
+            let shared = Arc::new(match gate {
+                Some(_) => LinkShared::gated(),
+                None => LinkShared::default(),
+            });
             let rng = SmallRng::from_rng(&mut *lock(&self.rng));
             let (ended_tx, ended) = tokio::sync::oneshot::channel();
-            let gate = entry.walk.as_ref().map(|walk| walk.gate(&id));
             entry.tasks.spawn(
                 LinkTask {
                     cx: self.links.clone(),

@@ -5,9 +5,12 @@
 //! shard ([`Sending`]), so the lease is released with every answer final: the kept
 //! answers the new owner takes over (`push::handover`) are complete.
 //!
-//! What a terminal sees when two pods disagree: this pod delivers nothing on a draining
-//! session, and the new owner dials a terminal only after this pod closed it (or, if
-//! asking failed, with a newer epoch, which the terminal's fence prefers). A pod that
+//! What a terminal sees when two pods disagree: this pod delivers nothing of its own on a
+//! draining session, only pushes the new owner relays to it before asking for the
+//! terminal ([`ConnectionManager::draining_session`]; the new owner holds the key's
+//! reservation, the terminal dedupes by key), and the new owner dials a terminal only
+//! after this pod closed it (or, if asking failed, with a newer epoch, which the
+//! terminal's fence prefers, refusing a relayed push on the older session). A pod that
 //! takes a shard back while it drains resumes it with its new epoch.
 //!
 //! Not for: the new owner's side (`pos::handover`), or deciding to drain (the
@@ -31,6 +34,17 @@ pub(super) struct Drained {
     since: Instant,
     /// The shard was handed on before its own walk finished: whom that walk asked.
     chain: Option<Chain>,
+}
+
+/// A terminal's session in a shard draining here, for a push the new owner relays
+/// through this pod before it asked for the terminal.
+#[derive(Debug)]
+pub struct DrainingSession {
+    pub terminal: Arc<Terminal>,
+    pub sender: RequestSender,
+    /// The epoch the session's hello was accepted with: this pod's, older than the
+    /// new owner's.
+    pub epoch: Epoch,
 }
 
 /// A push being sent on a shard's sessions; see [`super::TerminalLink::sending`].
@@ -272,6 +286,24 @@ async fn drain_budget<D: Directory>(
 }
 
 impl<D: Directory> ConnectionManager<D> {
+    /// `terminal`'s session, if `shard` drains here and the new owner has not asked for
+    /// the terminal yet. A release that asks for it meanwhile closes the session only
+    /// once the push sent on it is done: HTTP/2 closes a connection when its last
+    /// request handle is gone, and the one returned here is such a handle.
+    pub fn draining_session(&self, shard: ShardId, terminal: &str) -> Option<DrainingSession> {
+        let draining = lock(&self.inner.draining);
+        let link = draining.get(&shard)?.entry.links.get(terminal)?;
+        let status = link.state.borrow();
+        match (status.state, &status.sender) {
+            (LinkState::Connected { epoch }, Some(sender)) => Some(DrainingSession {
+                terminal: link.terminal.clone(),
+                sender: sender.clone(),
+                epoch,
+            }),
+            _ => None,
+        }
+    }
+
     /// A peer that took `shard` over asks for `terminals` (see the module docs).
     pub fn release_terminals(
         &self,

@@ -11,12 +11,12 @@ use tokio::sync::mpsc;
 
 use super::fake::{wait_until, FakeTerminal, Pki, LIMIT};
 use super::stop;
-use crate::core::membership::{Member, HANDOVER_DRAIN};
+use crate::core::membership::{Member, HANDOVER_DRAIN, HANDOVER_RELAY};
 use crate::core::reconciler::{Close, StopReason};
 use crate::core::ShardId;
 use crate::metrics::Metrics;
 use crate::pos::handover::{Predecessor, ReleaseFailed, Released, WalkConfig};
-use crate::pos::manager::{ConnectionManager, Lookup, ManagerConfig};
+use crate::pos::manager::{ConnectionManager, Lookup, ManagerConfig, TerminalLink};
 use crate::pos::LinkState;
 use crate::serving::ServingHook;
 use crate::status::PodStatus;
@@ -215,7 +215,7 @@ async fn the_new_owner_dials_each_terminal_only_after_the_old_one_closed_it() {
     let pki = Pki::new();
     let (server, directory, ids) = farm(&pki).await;
     let (a, a_metrics) = serving_a(&pki, &directory, LIMIT).await;
-    assert_eq!(a.handover(), crate::core::membership::HANDOVER_LEASE);
+    assert_eq!(a.handover(), HANDOVER_RELAY);
 
     // A drains: the stop resolves, nothing is served, every session stays open.
     tokio::time::timeout(
@@ -277,6 +277,76 @@ async fn the_new_owner_dials_each_terminal_only_after_the_old_one_closed_it() {
         assert_eq!(epochs, [5, 6], "{id}");
     }
     b.stop(stop(0, 6, StopReason::Shutdown, Close::Now)).await;
+}
+
+/// Until the new owner asked for a terminal, a push for it is relayed to the old owner's
+/// draining session (`HANDOVER_RELAY`): B's link names A while it waits at its gate, A
+/// finds the session with its own epoch, and neither does once the terminal moved.
+#[tokio::test]
+async fn a_terminal_not_yet_asked_for_is_reached_through_the_old_owners_session() {
+    let pki = Pki::new();
+    let (_server, directory, ids) = farm(&pki).await;
+    let (a, _) = serving_a(&pki, &directory, LIMIT).await;
+    a.stop(stop(0, 5, StopReason::Rebalance, Close::Drain))
+        .await;
+    let session = a.draining_session(0, &ids[0]).expect("a draining session");
+    assert_eq!(session.epoch, 5);
+    drop(session);
+
+    let relaying = Member {
+        handover: HANDOVER_RELAY,
+        ..member_a()
+    };
+    let (b, hold, link) =
+        gated_successor(&pki, &directory, &a, &relaying, &ids[TERMINALS - 1]).await;
+    let via = link.draining_at().map(|m| m.pod.clone());
+    assert_eq!(via, Some(relaying.pod.clone()));
+    hold.notify_one();
+    wait_until("B connected", || connected(&b, 6)).await;
+    assert!(link.draining_at().is_none(), "B has its own session now");
+    assert!(a.draining_session(0, &ids[0]).is_none(), "A released it");
+    b.stop(stop(0, 6, StopReason::Shutdown, Close::Now)).await;
+}
+
+/// A predecessor of an earlier release (`handover` below 3) is never relayed through.
+#[tokio::test]
+async fn a_predecessor_that_does_not_relay_is_not_named() {
+    let pki = Pki::new();
+    let (_server, directory, ids) = farm(&pki).await;
+    let (a, _) = serving_a(&pki, &directory, LIMIT).await;
+    a.stop(stop(0, 5, StopReason::Rebalance, Close::Drain))
+        .await;
+    let (b, hold, link) = gated_successor(&pki, &directory, &a, &member_a(), &ids[0]).await;
+    assert!(link.draining_at().is_none());
+    hold.notify_one();
+    wait_until("B connected", || connected(&b, 6)).await;
+    b.stop(stop(0, 6, StopReason::Shutdown, Close::Now)).await;
+}
+
+/// B taking shard 0 over (epoch 6) from the drained `a`, announced as `from`, its first
+/// ask held until the returned `Notify` is notified: every link waits at its gate
+/// meanwhile. B, the hold, and B's link to `id`.
+async fn gated_successor(
+    pki: &Pki,
+    directory: &Arc<MemoryDirectory>,
+    a: &ConnectionManager<MemoryDirectory>,
+    from: &Member,
+    id: &str,
+) -> (
+    ConnectionManager<MemoryDirectory>,
+    Arc<tokio::sync::Notify>,
+    TerminalLink,
+) {
+    let (local, hold) = Local::holding_first(a.clone());
+    let b = manager(pki, directory, local, Arc::new(Metrics::new()), LIMIT);
+    b.taken_over(0, 6, from);
+    b.start(0, 6);
+    let loaded = || b.shard(0).is_some_and(|v| v.links.len() == TERMINALS);
+    wait_until("B's links", loaded).await;
+    let Lookup::Found(link) = b.lookup(0, id) else {
+        panic!("B has the terminal's link");
+    };
+    (b, hold, link)
 }
 
 #[tokio::test]
