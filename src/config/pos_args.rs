@@ -19,7 +19,8 @@ use crate::pos::tls::{ClientIdentity, TlsFiles};
 /// be longer.
 pub const MAX_DIRECTORY_POLL: Duration = Duration::from_secs(5);
 
-/// Longest `--drain-budget`: a draining session delivers nothing, so it must not last.
+/// Longest `--drain-budget`: a draining session delivers only what a new owner relays to
+/// it, so it must not last.
 pub const MAX_DRAIN_BUDGET: Duration = Duration::from_secs(120);
 
 /// How a pod connects to POS terminals.
@@ -111,9 +112,9 @@ pub struct PosArgs {
     #[arg(long, env = "POSGATE_DIRECTORY_POLL", default_value = "4s", value_parser = parse_duration)]
     pub directory_poll: Duration,
     /// Planned moves: how long a shard handed over keeps its terminal sessions open
-    /// (delivering nothing) for the new owner to close each one right before it dials
-    /// it; the rest close then. 0 closes whole shards before release instead (at most
-    /// 120s)
+    /// (delivering only what the new owner relays) for the new owner to close each one
+    /// right before it dials it; the rest close then. 0 closes whole shards before
+    /// release instead (at most 120s)
     #[arg(long, env = "POSGATE_DRAIN_BUDGET", default_value = "15s", value_parser = parse_duration)]
     pub drain_budget: Duration,
 }

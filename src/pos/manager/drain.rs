@@ -1,5 +1,6 @@
 //! A shard handed over, at the pod that gives it up: its sessions stay open as
-//! *draining* (nothing is delivered or dialed on them) until the new owner asks for
+//! *draining* (nothing is dialed, and only what the new owner relays is delivered on
+//! them, [`ConnectionManager::draining_session`]) until the new owner asks for
 //! each terminal (`release`), right before it dials it; the drain budget closes what is
 //! left. The stop that begins a drain is acknowledged once no push is being sent on the
 //! shard ([`Sending`]), so the lease is released with every answer final: the kept
