@@ -295,17 +295,11 @@ pub(super) async fn serve_forwarded(
 /// forwarded again.
 async fn push(state: &HttpState, terminal: String, parts: &Parts, body: Bytes) -> Response {
     let received = std::time::Instant::now();
-    let forwarded = match ForwardedPush::decode(terminal, &parts.headers, body) {
-        Ok(forwarded) => forwarded,
+    let (request, deadline) = match single(state, terminal, &parts.headers, body, received) {
+        Ok(decoded) => decoded,
         Err(why) => return bad_forward(why),
     };
-    let deadline = clock::now() + forwarded.deadline.min(MAX_TIMEOUT);
-    let exporting = state.push.telemetry().is_on();
-    // The entry pod's request id, which it answers the caller with.
-    let serves = signing::serves(&parts.headers);
-    let trace = Trace::from_peer(serves, &parts.headers, exporting);
-    let line = PushLine::admit(state, &trace, &forwarded.terminal, received);
-    let request = request_of(forwarded, received, trace);
+    let line = PushLine::admit(state, &request.trace, &request.terminal, received);
     let answer = state.push.deliver_forwarded(&request, deadline).await;
     if let Some(line) = line {
         line.write("owner", "forwarded", &answer);
@@ -334,17 +328,10 @@ pub(super) async fn relay(
     body: Bytes,
 ) -> Response {
     let received = std::time::Instant::now();
-    let relayed = match ForwardedPush::decode(terminal, &headers, body) {
-        Ok(relayed) => relayed,
+    let (request, deadline) = match single(&state, terminal, &headers, body, received) {
+        Ok(decoded) => decoded,
         Err(why) => return bad_forward(why),
     };
-    let deadline = clock::now() + relayed.deadline.min(MAX_TIMEOUT);
-    let trace = Trace::from_peer(
-        signing::serves(&headers),
-        &headers,
-        state.push.telemetry().is_on(),
-    );
-    let request = request_of(relayed, received, trace);
     match state.push.relay_here(&request, deadline).await {
         Owned::Answer(answer) => respond(answer),
         Owned::NotHere => respond(Answer::error(
@@ -352,6 +339,23 @@ pub(super) async fn relay(
             "no draining session to the terminal here",
         )),
     }
+}
+
+/// The push a forward (or a relay) carries, received at `received`, with its deadline;
+/// or what is wrong with it.
+fn single(
+    state: &HttpState,
+    terminal: String,
+    headers: &HeaderMap,
+    body: Bytes,
+    received: std::time::Instant,
+) -> Result<(PushRequest, std::time::Instant), &'static str> {
+    let forwarded = ForwardedPush::decode(terminal, headers, body)?;
+    let deadline = clock::now() + forwarded.deadline.min(MAX_TIMEOUT);
+    // The entry pod's request id, which it answers the caller with.
+    let serves = signing::serves(headers);
+    let trace = Trace::from_peer(serves, headers, state.push.telemetry().is_on());
+    Ok((request_of(forwarded, received, trace), deadline))
 }
 
 /// The push a forward carries, received at `received`.

@@ -341,12 +341,10 @@ pub(super) struct Walk {
     tx: mpsc::UnboundedSender<Input>,
     /// Dropped with the handle: the walk asks for nothing more (gates hold `tx`).
     _stop: oneshot::Sender<()>,
-    /// Who is asked, and how: kept for a drain that cuts the walk short.
+    /// Who is asked, and how: kept for a drain that cuts the walk short, and shared
+    /// with every push's lookup while the walk lasts ([`Walk::relay`]).
     cfg: WalkConfig,
-    from: Member,
-    /// The predecessor, if it relays pushes on the sessions it drains
-    /// ([`HANDOVER_RELAY`]): shared with every push's lookup while the walk lasts.
-    relay: Option<Arc<Member>>,
+    from: Arc<Member>,
 }
 
 impl Walk {
@@ -367,7 +365,7 @@ impl Walk {
 #[derive(Clone, Debug)]
 pub(super) struct Chain {
     cfg: WalkConfig,
-    from: Member,
+    from: Arc<Member>,
 }
 
 impl Chain {
@@ -395,7 +393,7 @@ impl Walk {
     ) -> Walk {
         let (tx, rx) = mpsc::unbounded_channel();
         let (stop_tx, stop) = oneshot::channel();
-        let kept = (cfg.clone(), from.clone());
+        let kept = (cfg.clone(), Arc::new(from.clone()));
         tokio::spawn(
             Walker {
                 cfg,
@@ -412,7 +410,6 @@ impl Walk {
         Walk {
             tx,
             _stop: stop_tx,
-            relay: (kept.1.handover >= HANDOVER_RELAY).then(|| Arc::new(kept.1.clone())),
             cfg: kept.0,
             from: kept.1,
         }
@@ -421,7 +418,7 @@ impl Walk {
     /// The predecessor a push may be relayed through while a terminal waits at its gate
     /// (see [`HANDOVER_RELAY`]); `None` if it does not relay.
     pub(super) fn relay(&self) -> Option<Arc<Member>> {
-        self.relay.clone()
+        (self.from.handover >= HANDOVER_RELAY).then(|| self.from.clone())
     }
 
     /// The gate of a new link for `id`.
